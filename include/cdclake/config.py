@@ -1,0 +1,274 @@
+"""Pipeline configuration: parsed once, at the edge, into frozen dataclasses.
+
+Every error names the file and the field, so a broken YAML shows up in the Airflow UI
+(as a DAG import error) with enough information to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdclake.exceptions import ConfigError
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class OnError(str, Enum):
+    """What the load does with a record it cannot decode."""
+
+    FAIL = "fail"
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings shared by every client cdclake creates."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.properties}
+
+
+@dataclass(frozen=True)
+class CatalogConfig:
+    name: str
+    type: str
+    uri: str
+    warehouse: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One captured source table and where it lands."""
+
+    source: str  # "<schema>.<table>" in PostgreSQL
+    target: str  # table name inside the pipeline's namespace
+    key: tuple[str, ...] = ()  # overrides the Kafka key columns when set
+
+    @property
+    def source_schema(self) -> str:
+        return self.source.split(".", 1)[0]
+
+    @property
+    def source_table(self) -> str:
+        return self.source.split(".", 1)[1]
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    conn_id: str = "spark_default"
+    master: str = "local[2]"  # used by the CLI; Airflow takes the master from conn_id
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    path: Path
+    topic_prefix: str
+    kafka: KafkaConfig
+    catalog: CatalogConfig
+    namespace: str
+    tables: tuple[TableConfig, ...]
+    max_records_per_batch: int = 1_000_000
+    schedule: str | None = None
+    on_error: OnError = OnError.FAIL
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+    def topic_for(self, table: TableConfig) -> str:
+        return f"{self.topic_prefix}.{table.source}"
+
+    def table_for_topic(self, topic: str) -> TableConfig | None:
+        for table in self.tables:
+            if self.topic_for(table) == topic:
+                return table
+        return None
+
+    def qualified_target(self, table: TableConfig) -> str:
+        """The Spark SQL name of a target table: catalog.namespace.table."""
+        return f"{self.catalog.name}.{self.namespace}.{table.target}"
+
+
+class _Reader:
+    """Walks the raw YAML mapping and reports errors as `<file>: <field>: <problem>`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, where: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {where}: {problem}")
+
+    def interpolate(self, where: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+
+        def replace(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise self.fail(where, f"environment variable {name} is not set and has no default")
+
+        return _ENV_REF.sub(replace, value)
+
+    def get(self, data: Mapping[str, Any], where: str, key: str, kind: type, default: Any = ...):
+        here = f"{where}.{key}" if where else key
+        if key not in data or data[key] is None:
+            if default is ...:
+                raise self.fail(here, "is required")
+            return default
+        value = self.interpolate(here, data[key])
+        if kind is int and isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(here, f"must be a {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    def mapping(self, data: Mapping[str, Any], where: str, key: str, required: bool = True):
+        value = self.get(data, where, key, dict, ... if required else {})
+        return value
+
+    def string_map(self, data: Mapping[str, Any], where: str, key: str) -> dict[str, str]:
+        raw = self.mapping(data, where, key, required=False)
+        out: dict[str, str] = {}
+        for k, v in raw.items():
+            here = f"{where}.{key}.{k}" if where else f"{key}.{k}"
+            v = self.interpolate(here, v)
+            if isinstance(v, bool):
+                v = "true" if v else "false"
+            if not isinstance(v, (str, int, float)):
+                raise self.fail(here, f"must be a scalar, got {type(v).__name__}")
+            out[str(k)] = str(v)
+        return out
+
+
+_TOP_LEVEL = {
+    "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
+    "max_records_per_batch", "schedule", "on_error", "spark",
+}  # fmt: skip
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate one pipeline YAML file."""
+    path = Path(path).resolve()
+    reader = _Reader(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: file not found") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a YAML mapping at the top level")
+    unknown = sorted(set(raw) - _TOP_LEVEL)
+    if unknown:
+        raise reader.fail(unknown[0], f"unknown field (expected one of {sorted(_TOP_LEVEL)})")
+    return _parse_pipeline(reader, raw)
+
+
+def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
+    name = r.get(raw, "", "name", str)
+    if not _PIPELINE_NAME.match(name):
+        raise r.fail("name", f"{name!r} must be lower-case letters, digits and underscores")
+    kafka_raw = r.mapping(raw, "", "kafka")
+    kafka = KafkaConfig(
+        bootstrap_servers=r.get(kafka_raw, "kafka", "bootstrap_servers", str),
+        properties=r.string_map(kafka_raw, "kafka", "properties"),
+    )
+    catalog = _parse_catalog(r, r.mapping(raw, "", "catalog"))
+    namespace = r.get(raw, "", "namespace", str)
+    if not _IDENT.match(namespace):
+        raise r.fail("namespace", f"{namespace!r} is not a valid identifier")
+    max_records = r.get(raw, "", "max_records_per_batch", int, 1_000_000)
+    if max_records <= 0:
+        raise r.fail("max_records_per_batch", "must be greater than 0")
+    on_error_raw = r.get(raw, "", "on_error", str, OnError.FAIL.value)
+    try:
+        on_error = OnError(on_error_raw)
+    except ValueError:
+        choices = [e.value for e in OnError]
+        raise r.fail("on_error", f"{on_error_raw!r} is not one of {choices}") from None
+    spark_raw = r.mapping(raw, "", "spark", required=False)
+    spark = SparkConfig(
+        conn_id=r.get(spark_raw, "spark", "conn_id", str, "spark_default"),
+        master=r.get(spark_raw, "spark", "master", str, "local[2]"),
+        conf=r.string_map(spark_raw, "spark", "conf"),
+    )
+    return PipelineConfig(
+        name=name,
+        path=r.path,
+        topic_prefix=r.get(raw, "", "topic_prefix", str),
+        kafka=kafka,
+        catalog=catalog,
+        namespace=namespace,
+        tables=_parse_tables(r, raw),
+        max_records_per_batch=max_records,
+        schedule=r.get(raw, "", "schedule", str, None),
+        on_error=on_error,
+        spark=spark,
+    )
+
+
+def _parse_catalog(r: _Reader, raw: Mapping[str, Any]) -> CatalogConfig:
+    name = r.get(raw, "catalog", "name", str)
+    if not _IDENT.match(name):
+        raise r.fail("catalog.name", f"{name!r} is not a valid identifier")
+    kind = r.get(raw, "catalog", "type", str)
+    if kind not in ("jdbc", "rest"):
+        raise r.fail("catalog.type", f"{kind!r} is not one of ['jdbc', 'rest']")
+    warehouse = r.get(raw, "catalog", "warehouse", str)
+    if "://" not in warehouse:  # a local path, relative to the config file
+        warehouse = (r.path.parent / warehouse).resolve().as_uri()
+    return CatalogConfig(
+        name=name,
+        type=kind,
+        uri=r.get(raw, "catalog", "uri", str),
+        warehouse=warehouse,
+        properties=r.string_map(raw, "catalog", "properties"),
+    )
+
+
+def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
+    items = r.get(raw, "", "tables", list)
+    if not items:
+        raise r.fail("tables", "must list at least one table")
+    tables: list[TableConfig] = []
+    for i, item in enumerate(items):
+        where = f"tables[{i}]"
+        if isinstance(item, str):
+            item = {"source": item}
+        if not isinstance(item, dict):
+            raise r.fail(where, "must be a string '<schema>.<table>' or a mapping")
+        source = r.get(item, where, "source", str)
+        parts = source.split(".")
+        if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
+            raise r.fail(f"{where}.source", f"{source!r} must be '<schema>.<table>'")
+        target = r.get(item, where, "target", str, parts[1])
+        if not _IDENT.match(target):
+            raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
+        key = r.get(item, where, "key", list, [])
+        for k in key:
+            if not isinstance(k, str) or not _IDENT.match(k):
+                raise r.fail(f"{where}.key", f"{k!r} is not a column name")
+        tables.append(TableConfig(source=source, target=target, key=tuple(key)))
+    seen: dict[str, str] = {}
+    for t in tables:
+        if t.target in seen:
+            raise r.fail("tables", f"{seen[t.target]} and {t.source} both land in {t.target!r}")
+        seen[t.target] = t.source
+    return tuple(tables)

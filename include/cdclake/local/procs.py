@@ -1,0 +1,114 @@
+"""Background processes started by the local stack, tracked by pid files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from cdclake.exceptions import StackError
+
+log = logging.getLogger(__name__)
+
+
+def read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still answers kill(0); treat it as gone
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def running(pidfile: Path) -> int | None:
+    pid = read_pid(pidfile)
+    return pid if pid is not None and pid_alive(pid) else None
+
+
+def start_daemon(
+    cmd: Sequence[str], pidfile: Path, logfile: Path, env: Mapping[str, str] | None = None
+) -> int:
+    """Start `cmd` in its own session (so `down` can stop its whole process group)."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+        )
+    pidfile.write_text(str(proc.pid))
+    log.info("started %s (pid %d), log %s", Path(cmd[0]).name, proc.pid, logfile)
+    return proc.pid
+
+
+def stop_daemon(pidfile: Path, timeout: float = 20.0) -> bool:
+    """Stop the process group recorded in `pidfile`; SIGKILL after `timeout`. True if stopped."""
+    pid = running(pidfile)
+    if pid is None:
+        pidfile.unlink(missing_ok=True)
+        return False
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(pid):
+            _reap(pid)
+            time.sleep(0.1)
+        if not _group_alive(pid):
+            break
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().split(")")[-1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, logfile: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    tail = ""
+    if logfile is not None and logfile.exists():
+        tail = "\n" + "\n".join(logfile.read_text(errors="replace").splitlines()[-30:])
+    raise StackError(f"{what} was not ready after {timeout:.0f}s{tail}")

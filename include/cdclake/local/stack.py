@@ -1,0 +1,255 @@
+"""`cdclake local up | down | status`: the whole local stack under one state directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdclake.exceptions import StackError
+from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
+from cdclake.local.broker import LocalBroker
+from cdclake.local.postgres import LocalPostgres
+from cdclake.local.procs import running, start_daemon, stop_daemon, wait_for
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    state_dir: Path
+    project_root: Path = PROJECT_ROOT
+    pg_port: int = 55432
+    kafka_port: int = 19092
+    topic_prefix: str = "demo"
+    source_db: str = "inventory"
+    catalog_db: str = "cdclake_catalog"
+    catalog_name: str = "lake"
+
+    @classmethod
+    def from_env(cls) -> StackSettings:
+        return cls(
+            state_dir=Path(os.environ.get("CDCLAKE_STATE_DIR", PROJECT_ROOT / ".cdclake")),
+            pg_port=int(os.environ.get("CDCLAKE_PG_PORT", "55432")),
+            kafka_port=int(os.environ.get("CDCLAKE_KAFKA_PORT", "19092")),
+        )
+
+    @property
+    def slot_name(self) -> str:
+        return f"cdclake_{self.topic_prefix}"
+
+    @property
+    def notification_topic(self) -> str:
+        return f"{self.topic_prefix}.debezium_notifications"
+
+    @property
+    def message_topic(self) -> str:
+        return f"{self.topic_prefix}.message"
+
+
+class LocalStack:
+    def __init__(self, settings: StackSettings) -> None:
+        self.s = settings
+        root = settings.state_dir
+        self.postgres = LocalPostgres(root / "postgres", settings.pg_port)
+        self.broker = LocalBroker(root / "broker", settings.kafka_port)
+        self.capture_dir = root / "capture"
+        self.capture_pidfile = self.capture_dir / "capture.pid"
+        self.capture_log = self.capture_dir / "capture.log"
+        self.warehouse = root / "warehouse"
+        self.airflow_home = root / "airflow"
+
+    # ---- endpoints -------------------------------------------------------------------
+    @property
+    def source_dsn(self) -> str:
+        return self.postgres.dsn_for(self.s.source_db)
+
+    def status(self) -> dict[str, Any]:
+        pg_port, db = self.s.pg_port, self.s.catalog_db
+        return {
+            "state_dir": str(self.s.state_dir),
+            "postgres": {
+                "running": self.postgres.is_ready(),
+                "pid": self.postgres.pid(),
+                "dsn": self.postgres.dsn,
+                "source_dsn": self.source_dsn,
+            },
+            "kafka": {
+                "running": self.broker.pid() is not None,
+                "pid": self.broker.pid(),
+                "bootstrap": self.broker.bootstrap,
+            },
+            "capture": {
+                "running": running(self.capture_pidfile) is not None,
+                "pid": running(self.capture_pidfile),
+                "topic_prefix": self.s.topic_prefix,
+                "slot": self.s.slot_name,
+                "notification_topic": self.s.notification_topic,
+                "log": str(self.capture_log),
+            },
+            "catalog": {
+                "name": self.s.catalog_name,
+                "type": "jdbc",
+                "uri": f"jdbc:postgresql://127.0.0.1:{pg_port}/{db}",
+                "sqlalchemy_uri": f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}/{db}",
+                "warehouse": self.warehouse.resolve().as_uri(),
+            },
+            "airflow": {
+                "home": str(self.airflow_home),
+                "dags_folder": str(self.s.project_root / "dags"),
+                "db": f"sqlite:///{self.airflow_home}/airflow.db",
+            },
+        }
+
+    # ---- up / down -------------------------------------------------------------------
+    def up(self) -> dict[str, Any]:
+        self.s.state_dir.mkdir(parents=True, exist_ok=True)
+        self.postgres.start()
+        self._seed_source()
+        self.postgres.ensure_database(self.s.catalog_db)
+        if self.broker.start():
+            # tansu keeps topics in memory: a fresh broker means the stream is gone, so
+            # everything derived from it starts over (the source database is kept).
+            self._reset_stream_state()
+        self._start_capture()
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        conns = connections(self.s.pg_port, self.broker.bootstrap, self.s.source_db)
+        setup_airflow_home(self.s.project_root, self.airflow_home, conns)
+        status = self.status()
+        (self.s.state_dir / "stack.json").write_text(json.dumps(status, indent=2))
+        return status
+
+    def down(self) -> dict[str, bool]:
+        stopped = {
+            "capture": stop_daemon(self.capture_pidfile, timeout=30),
+            "kafka": self.broker.stop(),
+            "postgres": self.postgres.stop(),
+        }
+        return stopped
+
+    def env(self) -> dict[str, str]:
+        """Variables a shell needs to use this stack's Airflow and endpoints."""
+        base = airflow_env(self.airflow_home)
+        return {
+            "AIRFLOW_HOME": base["AIRFLOW_HOME"],
+            "CDCLAKE_STATE_DIR": str(self.s.state_dir),
+            "CDCLAKE_KAFKA_BOOTSTRAP": self.broker.bootstrap,
+            "CDCLAKE_SOURCE_DSN": self.source_dsn,
+        }
+
+    # ---- parts -----------------------------------------------------------------------
+    def _seed_source(self) -> None:
+        self.postgres.ensure_database(self.s.source_db)
+        sql = resources.files("cdclake").joinpath("sql/inventory.sql").read_text()
+        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def _reset_stream_state(self) -> None:
+        stop_daemon(self.capture_pidfile, timeout=30)
+        (self.capture_dir / "offsets.dat").unlink(missing_ok=True)
+        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "select active_pid from pg_replication_slots where slot_name = %s",
+                (self.s.slot_name,),
+            ).fetchone()
+            if row is not None:
+                if row[0]:
+                    conn.execute("select pg_terminate_backend(%s)", (row[0],))
+                    time.sleep(1)
+                conn.execute("select pg_drop_replication_slot(%s)", (self.s.slot_name,))
+        with psycopg.connect(self.postgres.dsn, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{self.s.catalog_db}" with (force)')
+            conn.execute(f'create database "{self.s.catalog_db}"')
+        shutil.rmtree(self.warehouse, ignore_errors=True)
+        log.info("fresh broker: capture offsets, replication slot and lake were reset")
+
+    def _slot_active(self) -> bool:
+        with psycopg.connect(self.source_dsn) as conn:
+            row = conn.execute(
+                "select active from pg_replication_slots where slot_name = %s",
+                (self.s.slot_name,),
+            ).fetchone()
+        return bool(row and row[0])
+
+    def _start_capture(self) -> None:
+        if running(self.capture_pidfile) is not None:
+            return
+        self.capture_dir.mkdir(parents=True, exist_ok=True)
+        settings = {
+            "state_dir": str(self.capture_dir),
+            "topic_prefix": self.s.topic_prefix,
+            "pg_port": self.s.pg_port,
+            "dbname": self.s.source_db,
+            "slot_name": self.s.slot_name,
+            "schemas": ["inventory", "public"],
+            "notification_topic": self.s.notification_topic,
+            "kafka_bootstrap": self.broker.bootstrap,
+        }
+        settings_file = self.capture_dir / "settings.json"
+        settings_file.write_text(json.dumps(settings, indent=2))
+        cmd = [sys.executable, "-m", "cdclake.local.capture", "--settings", str(settings_file)]
+        start_daemon(cmd, self.capture_pidfile, self.capture_log)
+
+        def ready() -> bool:
+            if running(self.capture_pidfile) is None:
+                raise StackError(f"the capture process exited; see {self.capture_log}")
+            return self._slot_active()
+
+        wait_for("Debezium capture (replication slot active)", ready, 180, self.capture_log)
+
+    def wait_for_capture(self, timeout: float = 120.0) -> None:
+        """Block until every change committed so far in the source is in Kafka.
+
+        Writes a transactional logical-decoding message and waits for it on the
+        connector's message topic: everything committed before it was sent before it.
+        """
+        from confluent_kafka import Consumer, TopicPartition
+
+        marker = uuid.uuid4().hex
+        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+            conn.execute("select pg_logical_emit_message(true, 'cdclake.sync', %s)", (marker,))
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.broker.bootstrap,
+                "group.id": f"cdclake-sync-{marker}",
+                "enable.auto.commit": False,
+            }
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                md = consumer.list_topics(timeout=5).topics.get(self.s.message_topic)
+                if md is not None and not md.error:
+                    break
+                time.sleep(0.5)
+            else:
+                raise StackError(f"topic {self.s.message_topic} never appeared")
+            parts = [TopicPartition(self.s.message_topic, p, 0) for p in md.partitions]
+            consumer.assign(parts)
+            while time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is None or msg.error() or msg.value() is None:
+                    continue
+                if marker.encode() in msg.value() or _b64(marker) in msg.value():
+                    return
+            raise StackError(f"capture did not deliver the sync marker within {timeout:.0f}s")
+        finally:
+            consumer.close()
+
+
+def _b64(text: str) -> bytes:
+    import base64
+
+    return base64.b64encode(text.encode())

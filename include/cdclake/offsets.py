@@ -1,0 +1,138 @@
+"""Offset ranges and the arithmetic of a batch plan. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from cdclake.exceptions import DataLossError
+
+SUMMARY_OFFSETS = "cdclake.offsets"  # snapshot-summary key holding the consumed offsets
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Records [start, end) of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    low: int  # earliest offset still in Kafka
+    high: int  # next offset Kafka will assign
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    pipeline: str
+    batch_id: str
+    ranges: tuple[OffsetRange, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(r.size for r in self.ranges)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "pipeline": self.pipeline,
+                "batch_id": self.batch_id,
+                "ranges": [asdict(r) for r in self.ranges],
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchPlan:
+        data = json.loads(text)
+        return cls(
+            pipeline=data["pipeline"],
+            batch_id=data["batch_id"],
+            ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
+        )
+
+
+def plan_batch(
+    committed: Mapping[TopicPartition, int | None],
+    watermarks: Mapping[TopicPartition, Watermarks],
+    max_records: int,
+) -> tuple[OffsetRange, ...]:
+    """Cut the next batch: per partition from the committed offset towards the end.
+
+    A partition with nothing committed starts at its earliest offset. The cap is shared
+    fairly: small backlogs are taken whole and the rest is split evenly, so one busy table
+    cannot starve the others. Partitions with nothing to read are left out.
+    """
+    starts: dict[TopicPartition, int] = {}
+    for tp, marks in watermarks.items():
+        start = committed.get(tp)
+        if start is None:
+            start = marks.low
+        elif start < marks.low:
+            raise DataLossError(
+                f"{tp[0]} partition {tp[1]}: the last committed offset is {start} but the "
+                f"earliest offset still in Kafka is {marks.low}; records {start}..{marks.low - 1} "
+                "were deleted by retention before they were loaded. Recover by running an "
+                "incremental snapshot of that table (cdclake_snapshot DAG or `cdclake snapshot`) "
+                "and then a rebuild backfill."
+            )
+        elif start > marks.high:
+            raise DataLossError(
+                f"{tp[0]} partition {tp[1]}: the last committed offset {start} is beyond the "
+                f"end of the partition ({marks.high}); the topic was probably deleted and "
+                "recreated. Rebuild the table with a backfill in rebuild mode."
+            )
+        starts[tp] = start
+
+    backlog = {tp: watermarks[tp].high - s for tp, s in starts.items() if watermarks[tp].high > s}
+    take = share_cap(backlog, max_records)
+    return tuple(
+        sorted(
+            OffsetRange(tp[0], tp[1], starts[tp], starts[tp] + n) for tp, n in take.items() if n
+        )
+    )
+
+
+def share_cap(backlog: Mapping[TopicPartition, int], cap: int) -> dict[TopicPartition, int]:
+    """Split `cap` records over partitions: smallest backlogs whole, the rest evenly."""
+    if cap <= 0:
+        raise ValueError("cap must be positive")
+    out: dict[TopicPartition, int] = {}
+    remaining = cap
+    ordered = sorted(backlog.items(), key=lambda kv: (kv[1], kv[0]))
+    for i, (tp, n) in enumerate(ordered):
+        share = remaining // (len(ordered) - i)
+        out[tp] = min(n, share)
+        remaining -= out[tp]
+    return out
+
+
+def encode_offsets(offsets: Mapping[TopicPartition, int]) -> str:
+    """The snapshot-summary value: {topic: {partition: next offset to read}}."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+
+def decode_offsets(text: str) -> dict[TopicPartition, int]:
+    data = json.loads(text)
+    return {(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
+
+
+def merge_offsets(
+    older: Mapping[TopicPartition, int], newer: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """Offsets after a commit: every partition ever consumed, the newest position wins."""
+    return {**older, **newer}
