@@ -1,0 +1,203 @@
+"""Transform: raw Kafka records of one topic -> typed change rows.
+
+The schemas seen in the batch are known on the driver (they are few), so each record's
+payload is parsed by `from_json` with its own schema's type and decoded into one unified
+row type for the topic: the latest schema's columns, plus columns that only older
+records carry. Widening changes (int -> bigint, float -> double, more decimal digits)
+are cast up; anything else fails with the column and the two types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cdclake.debezium import ConnectField, decode_column, lake_type, parse_connect_schema, parse_type
+from cdclake.exceptions import DecodeError
+
+OP = "_cdc_op"
+DELETED = "_cdc_deleted"
+SOURCE_TS = "_cdc_source_ts"
+LSN = "_cdc_lsn"
+PARTITION = "_cdc_kafka_partition"
+OFFSET = "_cdc_kafka_offset"
+METADATA_COLUMNS = {
+    OP: "string",
+    SOURCE_TS: "timestamp",
+    LSN: "bigint",
+    PARTITION: "int",
+    OFFSET: "bigint",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # Spark DDL type of the lake column
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class TopicSchema:
+    """The unified shape of one topic's rows in this batch."""
+
+    key: tuple[Column, ...]
+    columns: tuple[Column, ...]  # source columns, latest schema's order first
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.key)
+
+
+_WIDENING = {("int", "bigint"), ("float", "double"), ("date", "timestamp_ntz")}
+
+
+def _widens(old: str, new: str) -> bool:
+    if old == new or (old, new) in _WIDENING:
+        return True
+    if old.startswith("decimal(") and new.startswith("decimal("):
+        p0, s0 = (int(x) for x in old[8:-1].split(","))
+        p1, s1 = (int(x) for x in new[8:-1].split(","))
+        return s1 == s0 and p1 >= p0
+    return False
+
+
+def value_row_fields(envelope: ConnectField, where: str) -> tuple[ConnectField, ...]:
+    after = envelope.child("after") or envelope.child("before")
+    if envelope.type != "struct" or envelope.child("op") is None or after is None:
+        raise DecodeError(f"{where}: value is not a Debezium change event envelope")
+    return after.fields
+
+
+def unify_columns(
+    schemas_oldest_first: Sequence[tuple[ConnectField, ...]], where: str
+) -> tuple[Column, ...]:
+    """One column list for many schema versions of the same table."""
+    latest: dict[str, Column] = {}
+    order: list[str] = []
+    for fields in schemas_oldest_first:
+        for f in fields:
+            col = Column(f.name, lake_type(f), f.optional)
+            if f.name in latest and not _widens(latest[f.name].type, col.type):
+                raise DecodeError(
+                    f"{where}: column {f.name!r} changed type from {latest[f.name].type} to "
+                    f"{col.type}, which is not a widening cdclake can apply"
+                )
+            if f.name not in latest:
+                order.append(f.name)
+            latest[f.name] = col
+    newest = [f.name for f in schemas_oldest_first[-1]] if schemas_oldest_first else []
+    ordered = newest + [n for n in order if n not in newest]
+    return tuple(latest[n] for n in ordered)
+
+
+def topic_schema(
+    key_schemas: Sequence[str], value_schemas: Sequence[str], key_override: Sequence[str],
+    where: str,
+) -> TopicSchema:  # fmt: skip
+    """Schemas are given oldest first (by the last offset that used them)."""
+    value_fields = [
+        value_row_fields(parse_connect_schema(s), where) for s in value_schemas
+    ]
+    columns = unify_columns(value_fields, where)
+    if key_override:
+        by_name = {c.name: c for c in columns}
+        missing = [k for k in key_override if k not in by_name]
+        if missing:
+            raise DecodeError(f"{where}: key column(s) {missing} are not columns of the table")
+        key = tuple(Column(k, by_name[k].type, False) for k in key_override)
+    else:
+        key_fields = [parse_connect_schema(s).fields for s in key_schemas]
+        if not key_fields:
+            if columns:
+                raise DecodeError(
+                    f"{where}: records have no key (table without a primary key?); "
+                    "set `key:` for this table in the pipeline config"
+                )
+            key = ()
+        else:
+            key = tuple(Column(c.name, c.type, False) for c in unify_columns(key_fields, where))
+    key_names = {k.name for k in key}
+    present = {c.name for c in columns}
+    columns = tuple(k for k in key if k.name not in present) + tuple(
+        Column(c.name, c.type, c.name not in key_names) for c in columns
+    )
+    return TopicSchema(key=key, columns=columns)
+
+
+def _struct_ddl(fields: Sequence[ConnectField]) -> str:
+    return ",".join(f"`{f.name}`:{parse_type(f)}" for f in fields)
+
+
+def _decoded_row(parsed, fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """Struct of all unified columns from a parsed row struct (null stays null)."""
+    from pyspark.sql import functions as F
+
+    by_name = {f.name: f for f in fields}
+    parts = []
+    for c in columns:
+        f = by_name.get(c.name)
+        if f is None:
+            parts.append(F.lit(None).cast(c.type).alias(c.name))
+        else:
+            parts.append(decode_column(parsed[f.name], f).cast(c.type).alias(c.name))
+    return F.when(parsed.isNull(), F.lit(None)).otherwise(F.struct(*parts))
+
+
+def decode_changes(
+    raw, schema: TopicSchema, key_schemas: Mapping[int, str], value_schemas: Mapping[int, str]
+):
+    """Raw records of one topic -> one row per record with key, after, before and metadata.
+
+    Output columns: `key` (struct of key columns), `after`, `before` (structs of all
+    columns), `op`, `is_tombstone`, source timestamp and LSN, Kafka partition and offset.
+    """
+    from pyspark.sql import functions as F
+
+    key_cols = schema.key
+    value_cases = None
+    for sid, text in value_schemas.items():
+        env = parse_connect_schema(text)
+        fields = value_row_fields(env, "value")
+        ddl = (
+            f"struct<before:struct<{_struct_ddl(fields)}>,after:struct<{_struct_ddl(fields)}>,"
+            "op:string,ts_ms:bigint,source:struct<ts_ms:bigint,lsn:bigint>>"
+        )
+        parsed = F.from_json(F.col("value_payload"), ddl)
+        decoded = F.struct(
+            _decoded_row(parsed["before"], fields, schema.columns).alias("before"),
+            _decoded_row(parsed["after"], fields, schema.columns).alias("after"),
+            parsed["op"].alias("op"),
+            parsed["source"]["ts_ms"].alias("source_ts_ms"),
+            parsed["source"]["lsn"].alias("lsn"),
+        )
+        cond = F.col("value_schema_id") == F.lit(sid)
+        value_cases = (F.when(cond, decoded) if value_cases is None
+                       else value_cases.when(cond, decoded))  # fmt: skip
+
+    key_cases = None
+    for sid, text in key_schemas.items():
+        fields = parse_connect_schema(text).fields
+        parsed = F.from_json(F.col("key_payload"), f"struct<{_struct_ddl(fields)}>")
+        decoded = _decoded_row(parsed, fields, key_cols)
+        cond = F.col("key_schema_id") == F.lit(sid)
+        key_cases = F.when(cond, decoded) if key_cases is None else key_cases.when(cond, decoded)
+
+    value_expr = value_cases if value_cases is not None else F.lit(None)
+    df = raw.select(
+        "partition", "offset", "timestamp", "is_tombstone",
+        (key_cases if key_cases is not None else F.lit(None)).alias("key"),
+        value_expr.alias("value"),
+    )  # fmt: skip
+    return df.select(
+        "partition",
+        "offset",
+        "timestamp",
+        "is_tombstone",
+        "key",
+        F.col("value.after").alias("after"),
+        F.col("value.before").alias("before"),
+        F.col("value.op").alias("op"),
+        F.col("value.source_ts_ms").alias("source_ts_ms"),
+        F.col("value.lsn").alias("lsn"),
+    )

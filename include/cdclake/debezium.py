@@ -1,0 +1,263 @@
+"""Debezium / Kafka Connect JSON schemas: what a field is, how Spark parses it, and which
+lossless Iceberg-compatible type it becomes.
+
+Parsing happens in the JVM (`from_json` with a type derived from the record's own schema)
+and every conversion is a Spark column expression: no Python per row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdclake.exceptions import DecodeError
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+DATE = "io.debezium.time.Date"
+CONNECT_DATE = "org.apache.kafka.connect.data.Date"
+TIMESTAMP = "io.debezium.time.Timestamp"
+CONNECT_TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
+MICRO_TIMESTAMP = "io.debezium.time.MicroTimestamp"
+NANO_TIMESTAMP = "io.debezium.time.NanoTimestamp"
+ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+TIME = "io.debezium.time.Time"
+CONNECT_TIME = "org.apache.kafka.connect.data.Time"
+MICRO_TIME = "io.debezium.time.MicroTime"
+NANO_TIME = "io.debezium.time.NanoTime"
+
+MAX_DECIMAL_PRECISION = 38
+
+
+@dataclass(frozen=True)
+class ConnectField:
+    """One field of a Kafka Connect schema, as written by the JSON converter."""
+
+    name: str
+    type: str
+    optional: bool = True
+    logical: str | None = None
+    params: tuple[tuple[str, str], ...] = ()
+    fields: tuple[ConnectField, ...] = ()  # struct members
+    items: ConnectField | None = None  # array element
+    values: ConnectField | None = None  # map value
+
+    def param(self, key: str, default: str | None = None) -> str | None:
+        return dict(self.params).get(key, default)
+
+    def child(self, name: str) -> ConnectField | None:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        return None
+
+
+def parse_connect_schema(schema: Mapping[str, Any] | str, name: str = "") -> ConnectField:
+    """Turn the `schema` part of a JSON-with-schema record into a ConnectField tree."""
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    kind = schema.get("type")
+    if not isinstance(kind, str):
+        raise DecodeError(f"schema of {name or 'record'} has no type: {str(schema)[:200]}")
+    params = schema.get("parameters") or {}
+    return ConnectField(
+        name=schema.get("field", name),
+        type=kind,
+        optional=bool(schema.get("optional", True)),
+        logical=schema.get("name"),
+        params=tuple(sorted((str(k), str(v)) for k, v in params.items())),
+        fields=tuple(parse_connect_schema(f) for f in schema.get("fields", ()) or ()),
+        items=parse_connect_schema(schema["items"], "items") if "items" in schema else None,
+        values=parse_connect_schema(schema["values"], "values") if "values" in schema else None,
+    )
+
+
+# ---- Spark types ---------------------------------------------------------------------
+
+_PRIMITIVE_PARSE = {
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "bigint",
+    "float32": "float",
+    "float": "float",
+    "float64": "double",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "string",  # base64 text in JSON
+}
+
+
+def parse_type(f: ConnectField) -> str:
+    """The Spark type `from_json` should read this field's JSON as (DDL string)."""
+    if f.type == "struct":
+        if f.logical == VARIABLE_SCALE_DECIMAL:
+            return "struct<scale:int,value:string>"
+        return "string"  # kept as its JSON text
+    if f.type == "array" and f.items is not None:
+        return f"array<{parse_type(f.items)}>"
+    if f.type == "map" and f.values is not None:
+        return f"map<string,{parse_type(f.values)}>"
+    try:
+        return _PRIMITIVE_PARSE[f.type]
+    except KeyError:
+        raise DecodeError(f"field {f.name!r} has unknown Connect type {f.type!r}") from None
+
+
+def lake_type(f: ConnectField) -> str:
+    """The Spark (and so Iceberg) type a field is stored as."""
+    lg = f.logical
+    if lg == DECIMAL:
+        precision, scale = decimal_params(f)
+        return f"decimal({precision},{scale})"
+    if lg in (DATE, CONNECT_DATE):
+        return "date"
+    if lg in (TIMESTAMP, CONNECT_TIMESTAMP, MICRO_TIMESTAMP, NANO_TIMESTAMP):
+        return "timestamp_ntz"
+    if lg == ZONED_TIMESTAMP:
+        return "timestamp"
+    if lg in (TIME, CONNECT_TIME, MICRO_TIME, NANO_TIME):
+        return "string"  # 'HH:MM:SS.ffffff': Spark 3.5 cannot write Iceberg's time type
+    if lg == VARIABLE_SCALE_DECIMAL:
+        return "string"  # exact decimal text: the scale varies per value
+    if f.type == "bytes":
+        return "binary"
+    if f.type in ("int8", "int16"):
+        return "int"
+    if f.type == "array" and f.items is not None:
+        return f"array<{lake_type(f.items)}>"
+    if f.type == "map" and f.values is not None:
+        return f"map<string,{lake_type(f.values)}>"
+    if f.type == "struct":
+        return "string"
+    return parse_type(f)
+
+
+def decimal_params(f: ConnectField) -> tuple[int, int]:
+    scale = int(f.param("scale", "0") or 0)
+    precision_text = f.param("connect.decimal.precision")
+    precision = int(precision_text) if precision_text else MAX_DECIMAL_PRECISION
+    if precision > MAX_DECIMAL_PRECISION:
+        raise DecodeError(
+            f"field {f.name!r} is numeric({precision},{scale}); Iceberg decimals hold at most "
+            f"{MAX_DECIMAL_PRECISION} digits. Set the connector's decimal.handling.mode=string "
+            "for this table."
+        )
+    if scale < 0:
+        return min(MAX_DECIMAL_PRECISION, precision - scale), 0
+    return max(precision, scale), scale
+
+
+# ---- decoding expressions --------------------------------------------------------------
+
+
+def decode_column(col, f: ConnectField):
+    """Spark Column turning the parsed JSON value of `f` into its lake type."""
+    from pyspark.sql import functions as F
+
+    lg = f.logical
+    if lg == DECIMAL:
+        precision, scale = decimal_params(f)
+        raw_scale = int(f.param("scale", "0") or 0)
+        return decimal_from_base64(col, precision, raw_scale)
+    if lg in (DATE, CONNECT_DATE):
+        return F.date_from_unix_date(col)
+    if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
+        return F.timestamp_millis(col).cast("timestamp_ntz")
+    if lg == MICRO_TIMESTAMP:
+        return F.timestamp_micros(col).cast("timestamp_ntz")
+    if lg == NANO_TIMESTAMP:
+        return F.timestamp_micros(F.floor(col / 1000)).cast("timestamp_ntz")
+    if lg == ZONED_TIMESTAMP:
+        return col.cast("timestamp")
+    if lg in (TIME, CONNECT_TIME):
+        return time_text(col * 1000)
+    if lg == MICRO_TIME:
+        return time_text(col)
+    if lg == NANO_TIME:
+        return time_text(F.floor(col / 1000))
+    if lg == VARIABLE_SCALE_DECIMAL:
+        unscaled = unscaled_from_base64(col["value"])
+        return scaled_text(unscaled.cast("string"), col["scale"])
+    if f.type == "bytes":
+        return F.unbase64(col)
+    if f.type in ("int8", "int16"):
+        return col.cast("int")
+    if f.type == "array" and f.items is not None:
+        items = f.items
+        if lake_type(items) == parse_type(items):
+            return col
+        return F.transform(col, lambda x: decode_column(x, items))
+    if f.type == "map" and f.values is not None:
+        values = f.values
+        if lake_type(values) == parse_type(values):
+            return col
+        return F.transform_values(col, lambda _k, v: decode_column(v, values))
+    return col
+
+
+_TWO64 = "18446744073709551616"
+
+
+def unscaled_from_base64(col):
+    """Big-endian two's-complement bytes (base64) -> decimal(38,0), in the JVM.
+
+    The bytes are sign-extended to 16, split into a signed high and an unsigned low
+    64-bit half with `conv`, and recombined so no intermediate leaves decimal(38,0).
+    """
+    from pyspark.sql import functions as F
+
+    hexed = F.hex(F.unbase64(col))
+    negative = F.conv(F.substring(hexed, 1, 1), 16, 10).cast("int") >= 8
+    pad = F.when(negative, F.lit("F")).otherwise(F.lit("0"))
+    padded = F.when(F.length(hexed) == 0, F.lit("0" * 32)).otherwise(
+        F.call_function("lpad", hexed, F.lit(32), pad)
+    )
+    hi = F.conv(F.substring(padded, 1, 16), 16, -10).cast("decimal(38,0)")
+    lo = F.conv(F.substring(padded, 17, 16), 16, 10).cast("decimal(38,0)")
+    two64 = F.lit(_TWO64).cast("decimal(38,0)")
+    value = F.when(hi >= 0, hi * two64 + lo).otherwise((hi + 1) * two64 - (two64 - lo))
+    return F.when(col.isNull(), F.lit(None)).otherwise(value.cast("decimal(38,0)"))
+
+
+def scaled_text(digits, scale):
+    """'-12345' with scale 2 -> '-123.45' (scale may be a column); exact, as text."""
+    from pyspark.sql import functions as F
+
+    scale = F.lit(scale) if isinstance(scale, int) else scale
+    negative = digits.startswith("-")
+    absolute = F.regexp_replace(digits, "^-", "")
+    width = F.greatest(F.length(absolute), scale + 1)
+    padded = F.call_function("lpad", absolute, width, F.lit("0"))
+    int_len = F.length(padded) - scale
+    fractional = F.concat(padded.substr(F.lit(1), int_len), F.lit("."), padded.substr(int_len + 1, scale))
+    zeros = F.call_function("repeat", F.lit("0"), -scale)
+    text = F.when(scale <= 0, F.concat(absolute, zeros)).otherwise(fractional)
+    return F.when(digits.isNull(), F.lit(None)).otherwise(
+        F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), text)
+    )
+
+
+def decimal_from_base64(col, precision: int, scale: int):
+    unscaled = unscaled_from_base64(col)
+    return scaled_text(unscaled.cast("string"), scale).cast(
+        f"decimal({precision},{max(scale, 0)})"
+    )
+
+
+def time_text(micros):
+    """Microseconds since midnight -> 'HH:MM:SS.ffffff' (24:00:00 stays 24:00:00)."""
+    from pyspark.sql import functions as F
+
+    def two(x):
+        return F.lpad(x.cast("string"), 2, "0")
+
+    hours = F.floor(micros / 3_600_000_000)
+    minutes = F.floor(micros / 60_000_000) % 60
+    seconds = F.floor(micros / 1_000_000) % 60
+    frac = F.lpad((micros % 1_000_000).cast("string"), 6, "0")
+    text = F.concat(two(hours), F.lit(":"), two(minutes), F.lit(":"), two(seconds), F.lit("."), frac)
+    return F.when(micros.isNull(), F.lit(None)).otherwise(text)

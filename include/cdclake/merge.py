@@ -1,0 +1,113 @@
+"""Load: create or evolve the Iceberg table, MERGE the resolved changes, and put the
+consumed offsets into the same Iceberg commit's snapshot summary."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from cdclake.changes import DELETED, METADATA_COLUMNS, TopicSchema
+
+log = logging.getLogger(__name__)
+
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+}
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def build_create_sql(table: str, schema: TopicSchema, properties: Mapping[str, str]) -> str:
+    cols = [
+        f"{quote(c.name)} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
+    ]
+    cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
+    props = ", ".join(f"'{k}'='{v}'" for k, v in {**TABLE_PROPERTIES, **properties}.items())
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg "
+        f"TBLPROPERTIES ({props})"
+    )
+
+
+def build_merge_sql(table: str, source_view: str, schema: TopicSchema) -> str:
+    names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
+    updates = ", ".join(f"t.{quote(n)} = s.{quote(n)}" for n in names)
+    insert_cols = ", ".join(quote(n) for n in names)
+    insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
+    return (
+        f"MERGE INTO {table} t USING {source_view} s ON {on} "
+        f"WHEN MATCHED AND s.{DELETED} THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {updates} "
+        f"WHEN NOT MATCHED AND NOT s.{DELETED} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
+    )
+
+
+def ensure_table(spark, table: str, schema: TopicSchema, properties: Mapping[str, str]) -> bool:
+    """Create the table on first sight, add columns that appeared since. True if created."""
+    created = not spark.catalog.tableExists(table)
+    if created:
+        spark.sql(build_create_sql(table, schema, properties))
+        if schema.key_names:
+            keys = ", ".join(quote(k) for k in schema.key_names)
+            spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
+        log.info("created %s with key %s", table, schema.key_names)
+        return True
+    existing = {f.name for f in spark.table(table).schema.fields}
+    for c in schema.columns:
+        if c.name not in existing:
+            spark.sql(f"ALTER TABLE {table} ADD COLUMN {quote(c.name)} {c.type}")
+            log.info("%s: added column %s %s", table, c.name, c.type)
+    return False
+
+
+@contextmanager
+def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
+    """Snapshot-summary properties for every Iceberg commit this thread makes inside.
+
+    Iceberg's Spark writes read them from `CommitMetadata`'s thread-local; PySpark pins
+    each Python thread to one JVM thread, and SQL commands commit on the calling thread.
+    """
+    jvm = spark.sparkContext._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    cls = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata", True, loader)
+    field = cls.getDeclaredField("COMMIT_PROPERTIES")
+    field.setAccessible(True)
+    local = field.get(None)
+    jmap = jvm.java.util.HashMap()
+    for k, v in properties.items():
+        jmap.put(k, v)
+    local.set(jmap)
+    try:
+        yield
+    finally:
+        local.remove()
+
+
+def commit_empty(spark, table: str, properties: Mapping[str, str]) -> None:
+    """A snapshot with no data change, carrying the summary (offsets moved, rows did not)."""
+    jvm = spark.sparkContext._jvm
+    ice = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    append = ice.newAppend()
+    for k, v in properties.items():
+        append = append.set(k, v)
+    append.commit()
+
+
+def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:
+    """Snapshot id and summary of the table's current snapshot, read through the JVM."""
+    jvm = spark.sparkContext._jvm
+    ice = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    ice.refresh()
+    snap = ice.currentSnapshot()
+    if snap is None:
+        return None, {}
+    return int(snap.snapshotId()), dict(snap.summary())

