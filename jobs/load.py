@@ -1,0 +1,36 @@
+"""spark-submit entry point: load one planned micro-batch of a pipeline.
+
+    spark-submit jobs/load.py --pipeline include/pipelines/demo.yaml --plan '<plan JSON>'
+"""
+
+import argparse
+import json
+import logging
+import sys
+
+from cdclake.config import load_pipeline
+from cdclake.exceptions import CdclakeError
+from cdclake.job import run_batch
+from cdclake.offsets import BatchPlan
+from cdclake.spark import build_session
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="load.py")
+    parser.add_argument("--pipeline", required=True, help="pipeline YAML file")
+    parser.add_argument("--plan", required=True, help="batch plan JSON (from the plan task)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        pipeline = load_pipeline(args.pipeline)
+        plan = BatchPlan.from_json(args.plan)
+        results = run_batch(build_session(pipeline), pipeline, plan)
+    except CdclakeError as exc:
+        print(f"cdclake: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"batch_id": plan.batch_id, "tables": [r.to_dict() for r in results]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
