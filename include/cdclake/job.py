@@ -19,7 +19,12 @@ from cdclake.merge import (
     ensure_table,
 )
 from cdclake.offsets import (
+    SUMMARY_BATCH,
+    SUMMARY_DELETES,
     SUMMARY_OFFSETS,
+    SUMMARY_RECORDS,
+    SUMMARY_SOURCE_TS,
+    SUMMARY_UPSERTS,
     BatchPlan,
     OffsetRange,
     TopicPartition,
@@ -30,12 +35,6 @@ from cdclake.reader import read_ranges
 from cdclake.resolve import find_invalid, resolve_latest
 
 log = logging.getLogger(__name__)
-
-SUMMARY_BATCH = "cdclake.batch-id"
-SUMMARY_RECORDS = "cdclake.records"
-SUMMARY_UPSERTS = "cdclake.upserts"
-SUMMARY_DELETES = "cdclake.deletes"
-SUMMARY_SOURCE_TS = "cdclake.max-source-ts-ms"
 
 
 @dataclass

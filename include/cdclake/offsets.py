@@ -8,7 +8,13 @@ from dataclasses import asdict, dataclass
 
 from cdclake.exceptions import DataLossError
 
-SUMMARY_OFFSETS = "cdclake.offsets"  # snapshot-summary key holding the consumed offsets
+# Keys cdclake writes into each Iceberg snapshot summary it commits.
+SUMMARY_OFFSETS = "cdclake.offsets"  # the consumed offsets: the exactly-once state
+SUMMARY_BATCH = "cdclake.batch-id"
+SUMMARY_RECORDS = "cdclake.records"
+SUMMARY_UPSERTS = "cdclake.upserts"
+SUMMARY_DELETES = "cdclake.deletes"
+SUMMARY_SOURCE_TS = "cdclake.max-source-ts-ms"
 
 TopicPartition = tuple[str, int]
 

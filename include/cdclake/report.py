@@ -1,0 +1,68 @@
+"""Per-table figures after a load: what the batch did and how far behind the lake is."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from cdclake.catalog import load_catalog, table_state
+from cdclake.config import PipelineConfig
+from cdclake.kafka import fetch_watermarks
+from cdclake.offsets import (
+    SUMMARY_BATCH,
+    SUMMARY_DELETES,
+    SUMMARY_RECORDS,
+    SUMMARY_SOURCE_TS,
+    SUMMARY_UPSERTS,
+)
+
+
+
+@dataclass(frozen=True)
+class TableReport:
+    table: str
+    exists: bool
+    batch_id: str | None
+    loaded_this_batch: bool
+    records: int
+    upserts: int
+    deletes: int
+    offsets_behind: int
+    committed_at_ms: int | None
+    seconds_behind_source: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def report_pipeline(pipeline: PipelineConfig, batch_id: str | None, now_ms: int) -> list[TableReport]:
+    cat = load_catalog(pipeline.catalog)
+    topics = [pipeline.topic_for(t) for t in pipeline.tables]
+    marks = fetch_watermarks(pipeline.kafka, topics)
+    out = []
+    for table in pipeline.tables:
+        state = table_state(cat, pipeline, table)
+        topic = pipeline.topic_for(table)
+        behind = sum(
+            max(0, m.high - state.offsets.get(tp, m.low)) for tp, m in marks.items() if tp[0] == topic
+        )
+        summary = state.summary
+        this_batch = batch_id is not None and summary.get(SUMMARY_BATCH) == batch_id
+        source_ts = summary.get(SUMMARY_SOURCE_TS)
+        lag = None
+        if source_ts is not None:
+            lag = 0.0 if behind == 0 else max(0.0, (now_ms - int(source_ts)) / 1000)
+        out.append(
+            TableReport(
+                table=pipeline.qualified_target(table),
+                exists=state.exists,
+                batch_id=summary.get(SUMMARY_BATCH),
+                loaded_this_batch=this_batch,
+                records=int(summary.get(SUMMARY_RECORDS, 0)) if this_batch else 0,
+                upserts=int(summary.get(SUMMARY_UPSERTS, 0)) if this_batch else 0,
+                deletes=int(summary.get(SUMMARY_DELETES, 0)) if this_batch else 0,
+                offsets_behind=behind,
+                committed_at_ms=state.committed_at_ms,
+                seconds_behind_source=lag,
+            )
+        )
+    return out

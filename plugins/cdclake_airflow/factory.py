@@ -1,0 +1,91 @@
+"""Build one `cdclake__<pipeline>` DAG per pipeline YAML: plan -> load -> report.
+
+Parsing reads the YAML files only (no network, database or Spark), so DAG files load
+fast; a broken config raises a ConfigError naming its file and field, which Airflow shows
+as the DAG file's import error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, TriggerRule, task
+
+from cdclake.config import PipelineConfig, load_pipeline
+from cdclake.spark import spark_conf
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LOAD_APPLICATION = PROJECT_ROOT / "jobs" / "load.py"
+
+
+def pipelines_dir() -> Path:
+    return Path(os.environ.get("CDCLAKE_PIPELINES_DIR", PROJECT_ROOT / "include" / "pipelines"))
+
+
+def table_asset(pipeline: PipelineConfig, target: str) -> Asset:
+    name = f"{pipeline.catalog.name}.{pipeline.namespace}.{target}"
+    return Asset(name=name, uri=f"iceberg://{pipeline.catalog.name}/{pipeline.namespace}/{target}")
+
+
+def _spark_binary() -> str | None:
+    """spark-submit of this environment when there is one; else the connection decides."""
+    local = Path(sys.executable).parent / "spark-submit"
+    return str(local) if local.exists() else None
+
+
+def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
+    from cdclake_airflow import tasks
+
+    assets = [table_asset(pipeline, t.target) for t in pipeline.tables]
+    dag = DAG(
+        dag_id=f"cdclake__{pipeline.name}",
+        description=f"Load Debezium changes of pipeline {pipeline.name} into Iceberg",
+        schedule=pipeline.schedule,
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        tags=["cdclake", pipeline.name],
+        default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
+        doc_md=(
+            f"Pipeline `{pipeline.name}` from `{pipeline.path}`.\n\n"
+            "**plan** reads the committed offsets from each Iceberg table and Kafka's end "
+            "offsets; **load** runs the Spark job on exactly that range and commits the "
+            "offsets with the data; **report** emits one asset event per table."
+        ),
+    )
+    path = str(pipeline.path)
+    with dag:
+        plan = task(task_id="plan")(tasks.plan)(path)
+        has_work = task.short_circuit(task_id="has_work", ignore_downstream_trigger_rules=False)(
+            tasks.has_work
+        )(plan)
+        load = SparkSubmitOperator(
+            task_id="load",
+            application=str(LOAD_APPLICATION),
+            application_args=["--pipeline", path, "--plan", "{{ ti.xcom_pull(task_ids='plan') }}"],
+            conn_id=pipeline.spark.conn_id,
+            conf=spark_conf(pipeline),
+            name=f"cdclake-{pipeline.name}",
+            spark_binary=_spark_binary(),
+            env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+            execution_timeout=dt.timedelta(hours=2),
+        )
+        report = task(
+            task_id="report", outlets=assets, trigger_rule=TriggerRule.NONE_FAILED
+        )(tasks.report)(path, plan)
+        has_work >> load >> report
+    return dag
+
+
+def build_pipeline_dags(directory: Path | None = None) -> dict[str, DAG]:
+    directory = directory or pipelines_dir()
+    dags: dict[str, DAG] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        pipeline = load_pipeline(path)
+        dag = build_pipeline_dag(pipeline)
+        dags[dag.dag_id] = dag
+    return dags
