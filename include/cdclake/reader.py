@@ -165,28 +165,34 @@ def _arrow_schema():
     )
 
 
-def _append(cols: dict, seen: set[int], topic: str, partition: int, offset: int, msg) -> None:
-    error = None
-    parts: dict[str, object] = {}
-    for side, data in (("key", msg.key()), ("value", msg.value())):
-        parts[f"{side}_schema_id"] = parts[f"{side}_schema"] = parts[f"{side}_payload"] = None
+def record_row(
+    seen: set[int], topic: str, partition: int, offset: int, timestamp: int,
+    key: bytes | None, value: bytes | None,
+) -> dict[str, object]:  # fmt: skip
+    """One raw row: the record split into schema id, schema text (first time only) and
+    payload per side; an envelope that cannot be split is kept with its error."""
+    row: dict[str, object] = {
+        "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
+        "is_tombstone": value is None, "error": None,
+    }  # fmt: skip
+    for side, data in (("key", key), ("value", value)):
+        row[f"{side}_schema_id"] = row[f"{side}_schema"] = row[f"{side}_payload"] = None
         if data is None:
             continue
         try:
             schema, payload = split_envelope(data)
             sid = schema_id(schema)
-            parts[f"{side}_schema_id"] = sid
-            parts[f"{side}_payload"] = payload.decode("utf-8")
+            row[f"{side}_payload"] = payload.decode("utf-8")
+            row[f"{side}_schema_id"] = sid
             if sid not in seen:
                 seen.add(sid)
-                parts[f"{side}_schema"] = schema.decode("utf-8")
+                row[f"{side}_schema"] = schema.decode("utf-8")
         except (ValueError, UnicodeDecodeError) as exc:
-            error = f"{side}: {exc}"
-    cols["topic"].append(topic)
-    cols["partition"].append(partition)
-    cols["offset"].append(offset)
-    cols["timestamp"].append(msg.timestamp()[1])
-    for name, value in parts.items():
-        cols[name].append(value)
-    cols["is_tombstone"].append(msg.value() is None)
-    cols["error"].append(error)
+            row["error"] = f"{side}: {exc}"
+    return row
+
+
+def _append(cols: dict, seen: set[int], topic: str, partition: int, offset: int, msg) -> None:
+    row = record_row(seen, topic, partition, offset, msg.timestamp()[1], msg.key(), msg.value())
+    for name in _COLUMNS:
+        cols[name].append(row[name])

@@ -1,0 +1,42 @@
+# cdclake: `make demo` runs the whole thing on the local stack; `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: venv demo test test-unit up down status lint clean
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
+	  echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip check
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/demo.py
+
+test: venv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest
+
+test-unit: venv
+	$(PY) -m pytest tests/unit
+
+up: venv
+	$(PY) -m cdclake local up
+
+down:
+	@test -x $(PY) && $(PY) -m cdclake local down || true
+
+status: venv
+	$(PY) -m cdclake local status
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean: down
+	rm -rf .cdclake

@@ -1,0 +1,56 @@
+import pytest
+
+from cdclake.changes import Column, topic_schema, unify_columns
+from cdclake.debezium import parse_connect_schema
+from cdclake.exceptions import DecodeError
+
+
+def fields(*cols):
+    return parse_connect_schema(
+        {"type": "struct", "fields": [{"type": t, "optional": True, "field": n} for n, t in cols]}
+    ).fields
+
+
+def test_unify_keeps_latest_order_and_old_columns():
+    cols = unify_columns([fields(("id", "int32"), ("old", "string")),
+                          fields(("id", "int32"), ("new", "string"))], "t")
+    assert [c.name for c in cols] == ["id", "new", "old"]
+
+
+def test_unify_applies_widening():
+    cols = unify_columns([fields(("n", "int32")), fields(("n", "int64"))], "t")
+    assert cols == (Column("n", "bigint"),)
+
+
+def test_unify_rejects_narrowing_or_unrelated_changes():
+    with pytest.raises(DecodeError, match="'n' changed type from string to int"):
+        unify_columns([fields(("n", "string")), fields(("n", "int32"))], "topic x")
+
+
+def _envelope(*cols):
+    row = [{"type": t, "optional": True, "field": n} for n, t in cols]
+    return (
+        '{"type":"struct","fields":[{"type":"struct","fields":%s,"field":"before"},'
+        '{"type":"struct","fields":%s,"field":"after"},{"type":"string","field":"op"}]}'
+        % (str(row).replace("'", '"').replace("True", "true"),
+           str(row).replace("'", '"').replace("True", "true"))
+    )
+
+
+def test_topic_schema_takes_key_from_kafka_key_and_marks_it_required():
+    key = '{"type":"struct","fields":[{"type":"int32","optional":false,"field":"id"}]}'
+    schema = topic_schema([key], [_envelope(("id", "int32"), ("name", "string"))], (), "t")
+    assert schema.key == (Column("id", "int", False),)
+    assert schema.columns == (Column("id", "int", False), Column("name", "string", True))
+
+
+def test_table_without_key_needs_a_configured_key():
+    with pytest.raises(DecodeError, match="set `key:`"):
+        topic_schema([], [_envelope(("a", "int32"))], (), "pg.public.nokey")
+    schema = topic_schema([], [_envelope(("a", "int32"), ("b", "string"))], ("a",), "t")
+    assert schema.key_names == ("a",)
+
+
+def test_configured_key_must_be_a_column():
+    with pytest.raises(DecodeError, match=r"\['zz'\]"):
+        topic_schema([], [_envelope(("a", "int32"))], ("zz",), "t")

@@ -1,0 +1,87 @@
+from pathlib import Path
+
+import pytest
+
+from cdclake.config import OnError, load_pipeline
+from cdclake.exceptions import ConfigError
+
+VALID = """
+name: shop
+topic_prefix: pg
+kafka: {bootstrap_servers: "k1:9092,k2:9092", properties: {security.protocol: SSL}}
+catalog: {name: lake, type: jdbc, uri: "jdbc:postgresql://db:5432/cat", warehouse: wh}
+namespace: shop
+tables:
+  - public.orders
+  - {source: public.items, target: order_items, key: [order_id, line]}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_valid_config_parses_into_typed_objects(tmp_path):
+    p = load_pipeline(write(tmp_path, VALID))
+    assert p.name == "shop"
+    assert p.kafka.client_config()["bootstrap.servers"] == "k1:9092,k2:9092"
+    assert p.kafka.client_config()["security.protocol"] == "SSL"
+    assert p.catalog.warehouse == (tmp_path / "wh").resolve().as_uri()
+    assert [t.target for t in p.tables] == ["orders", "order_items"]
+    assert p.tables[1].key == ("order_id", "line")
+    assert p.topic_for(p.tables[0]) == "pg.public.orders"
+    assert p.qualified_target(p.tables[1]) == "lake.shop.order_items"
+    assert p.on_error is OnError.FAIL
+    assert p.max_records_per_batch == 1_000_000
+
+
+def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("KAFKA_HOSTS", "broker:29092")
+    text = VALID.replace('"k1:9092,k2:9092"', '"${KAFKA_HOSTS}"').replace(
+        "namespace: shop", "namespace: ${NS_UNSET:-fallback}"
+    )
+    p = load_pipeline(write(tmp_path, text))
+    assert p.kafka.bootstrap_servers == "broker:29092"
+    assert p.namespace == "fallback"
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (("name: shop", "name: Shop-1"), "name"),  # bad pipeline name
+        (("name: shop\n", ""), "name"),  # missing required field
+        (("namespace: shop", "namespace: 3rd"), "namespace"),  # not an identifier
+        (("type: jdbc", "type: glue"), "catalog.type"),  # unsupported catalog
+        (("  - public.orders", "  - orders"), "tables[0].source"),  # no schema part
+        (("key: [order_id, line]", "key: [1]"), "tables[1].key"),  # key not a name
+        (("tables:", "max_records_per_batch: 0\ntables:"), "max_records_per_batch"),
+        (("tables:", "on_error: ignore\ntables:"), "on_error"),  # not a known mode
+        (("tables:", "colour: blue\ntables:"), "colour"),  # unknown top-level field
+        (("bootstrap_servers: \"k1:9092,k2:9092\"", "bootstrap_servers: \"${NOPE_UNSET}\""),
+         "kafka.bootstrap_servers"),  # env var missing without default
+        (("target: order_items", "target: orders"), "tables"),  # two sources, one target
+    ],
+)
+def test_bad_config_names_file_and_field(tmp_path, change, field):
+    old, new = change
+    assert old in VALID
+    path = write(tmp_path, VALID.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert str(path) in str(err.value)
+    assert f": {field}:" in str(err.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_pipeline(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_pipeline(write(tmp_path, "name: [unclosed"))
+
+
+def test_demo_pipeline_is_valid():
+    root = Path(__file__).resolve().parents[2]
+    p = load_pipeline(root / "include" / "pipelines" / "demo.yaml")
+    assert {t.source for t in p.tables} >= {"inventory.customers", "inventory.orders"}

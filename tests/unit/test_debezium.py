@@ -1,0 +1,60 @@
+import pytest
+
+from cdclake.debezium import decimal_params, lake_type, parse_connect_schema, parse_type
+from cdclake.exceptions import DecodeError
+
+
+def field(kind, name=None, **params):
+    schema = {"type": kind, "optional": True, "field": "c"}
+    if name:
+        schema["name"] = name
+    if params:
+        schema["parameters"] = params
+    return parse_connect_schema(schema)
+
+
+@pytest.mark.parametrize(
+    "schema, parsed, stored",
+    [
+        (field("int16"), "int", "int"),  # smallint widens to Iceberg int
+        (field("int32"), "int", "int"),
+        (field("int64"), "bigint", "bigint"),
+        (field("float"), "float", "float"),
+        (field("double"), "double", "double"),
+        (field("boolean"), "boolean", "boolean"),
+        (field("string"), "string", "string"),
+        (field("bytes"), "string", "binary"),  # base64 text decoded to bytes
+        (field("bytes", "org.apache.kafka.connect.data.Decimal", scale="2",
+               **{"connect.decimal.precision": "10"}), "string", "decimal(10,2)"),
+        (field("int32", "io.debezium.time.Date"), "int", "date"),
+        (field("int64", "io.debezium.time.MicroTimestamp"), "bigint", "timestamp_ntz"),
+        (field("int64", "io.debezium.time.Timestamp"), "bigint", "timestamp_ntz"),
+        (field("string", "io.debezium.time.ZonedTimestamp"), "string", "timestamp"),
+        (field("int64", "io.debezium.time.MicroTime"), "bigint", "string"),
+        (field("string", "io.debezium.data.Json"), "string", "string"),
+        (field("string", "io.debezium.data.Uuid"), "string", "string"),
+    ],
+)
+def test_types(schema, parsed, stored):
+    assert parse_type(schema) == parsed
+    assert lake_type(schema) == stored
+
+
+def test_array_of_dates_decodes_its_elements():
+    schema = parse_connect_schema(
+        {"type": "array", "field": "days", "items": {"type": "int32", "name": "io.debezium.time.Date"}}
+    )
+    assert parse_type(schema) == "array<int>"
+    assert lake_type(schema) == "array<date>"
+
+
+def test_decimal_wider_than_iceberg_is_rejected_with_a_remedy():
+    schema = field("bytes", "org.apache.kafka.connect.data.Decimal", scale="2",
+                   **{"connect.decimal.precision": "50"})
+    with pytest.raises(DecodeError, match="decimal.handling.mode=string"):
+        decimal_params(schema)
+
+
+def test_unknown_connect_type_is_an_error_naming_the_field():
+    with pytest.raises(DecodeError, match="'c'"):
+        parse_type(field("int128"))
