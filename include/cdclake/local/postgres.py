@@ -7,6 +7,7 @@ the `postgres` system user (created by the Debian package) and is driven through
 from __future__ import annotations
 
 import glob
+import hashlib
 import logging
 import os
 import pwd
@@ -71,13 +72,39 @@ def ensure_installed() -> Path:
     )
 
 
+def _postgres_can_reach(path: Path) -> bool:
+    """Can the `postgres` user traverse to `path` (or its nearest existing ancestor)?"""
+    while not path.exists():
+        path = path.parent
+    res = subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(path)],
+                         capture_output=True)  # fmt: skip
+    return res.returncode == 0
+
+
 class LocalPostgres:
+    """The cluster lives under `root`, unless the stack runs as root and the `postgres`
+    user cannot reach that directory (a checkout under /root, say): then it lives under
+    /var/lib/cdclake/<hash of root>, and `root/location` records where."""
+
     def __init__(self, root: Path, port: int) -> None:
         self.root = root
         self.port = port
-        self.data = root / "data"
-        self.sockdir = root / "run"
-        self.logfile = root / "postgres.log"
+        self.home = self._home()
+        self.data = self.home / "data"
+        self.sockdir = self.home / "run"
+        self.logfile = self.home / "postgres.log"
+
+    def _home(self) -> Path:
+        marker = self.root / "location"
+        if marker.exists():
+            return Path(marker.read_text().strip())
+        if os.geteuid() != 0:
+            return self.root
+        self._owner()
+        if _postgres_can_reach(self.root):
+            return self.root
+        digest = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:12]
+        return Path("/var/lib/cdclake") / digest
 
     @property
     def dsn(self) -> str:
@@ -118,10 +145,12 @@ class LocalPostgres:
             return
         bindir = ensure_installed()
         self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "location").write_text(f"{self.home}\n")
+        self.home.mkdir(parents=True, exist_ok=True)
         self.sockdir.mkdir(exist_ok=True)
         owner = self._owner()
         if owner:
-            shutil.chown(self.root, owner)
+            shutil.chown(self.home, owner)
             shutil.chown(self.sockdir, owner)
             self.logfile.touch()
             shutil.chown(self.logfile, owner)

@@ -1,0 +1,68 @@
+"""`cdclake local up | status | down` on a stack of its own (own state dir and ports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdclake.local.procs import pid_alive
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def cli(state: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "CDCLAKE_STATE_DIR": str(state),
+        "CDCLAKE_PG_PORT": "55452",
+        "CDCLAKE_KAFKA_PORT": "19112",
+    }
+    return subprocess.run([sys.executable, "-m", "cdclake", "local", *args], env=env,
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(int(entry.name))
+    return found
+
+
+def test_up_is_idempotent_status_lists_endpoints_and_down_leaves_nothing(tmp_path):
+    state = tmp_path / "stack"
+    try:
+        first = cli(state, "up")
+        assert first.returncode == 0, first.stderr[-3000:]
+        status = json.loads(cli(state, "status", "--json").stdout)
+        assert status["postgres"]["dsn"].endswith("127.0.0.1:55452/postgres")
+        assert status["kafka"]["bootstrap"] == "127.0.0.1:19112"
+        assert status["catalog"]["uri"] == "jdbc:postgresql://127.0.0.1:55452/cdclake_catalog"
+        assert status["catalog"]["warehouse"] == (state / "warehouse").as_uri()
+        assert status["airflow"]["home"] == str(state / "airflow")
+        assert all(status[p]["running"] for p in ("postgres", "kafka", "capture"))
+        pids = {p: status[p]["pid"] for p in ("postgres", "kafka", "capture")}
+        pg_home = (state / "postgres" / "location").read_text().strip()
+
+        again = cli(state, "up")
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert {p: json.loads(again.stdout)[p]["pid"] for p in pids} == pids
+    finally:
+        down = cli(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in pids.values() if pid_alive(p)]
+    assert processes_mentioning(str(state)) == []
+    assert processes_mentioning(pg_home) == []
+    status = json.loads(cli(state, "status", "--json").stdout)
+    assert not any(status[p]["running"] for p in ("postgres", "kafka", "capture"))
