@@ -1,6 +1,6 @@
 """spark-submit entry point: load one planned micro-batch of a pipeline.
 
-    spark-submit jobs/load.py --pipeline include/pipelines/demo.yaml --plan '<plan JSON>'
+spark-submit jobs/load.py --pipeline include/pipelines/demo.yaml --plan '<plan JSON>'
 """
 
 import argparse
@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", required=True, help="pipeline YAML file")
     parser.add_argument("--plan", required=True, help="batch plan JSON (from the plan task)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         pipeline = load_pipeline(args.pipeline)
         plan = BatchPlan.from_json(args.plan)

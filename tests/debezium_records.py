@@ -49,8 +49,14 @@ def decimal_b64(value: Decimal, scale: int) -> str:
     return base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
 
 
-def value_record(op: str, before: dict | None, after: dict | None, lsn: int | None = 100,
-                 columns: list[dict] = ITEM_COLUMNS, ts_ms: int = 1_700_000_000_000) -> bytes:  # fmt: skip
+def value_record(
+    op: str,
+    before: dict | None,
+    after: dict | None,
+    lsn: int | None = 100,
+    columns: list[dict] = ITEM_COLUMNS,
+    ts_ms: int = 1_700_000_000_000,
+) -> bytes:
     row = {"type": "struct", "optional": True, "name": "pg.public.items.Value", "fields": columns}
     schema = {
         "type": "struct", "optional": False, "name": "pg.public.items.Envelope",

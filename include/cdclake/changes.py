@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdclake.debezium import ConnectField, decode_column, lake_type, parse_connect_schema, parse_type
+from cdclake.debezium import (
+    ConnectField,
+    decode_column,
+    lake_type,
+    parse_connect_schema,
+    parse_type,
+)
 from cdclake.exceptions import DecodeError
 
 OP = "_cdc_op"
@@ -96,9 +102,7 @@ def topic_schema(
     where: str,
 ) -> TopicSchema:  # fmt: skip
     """Schemas are given oldest first (by the last offset that used them)."""
-    value_fields = [
-        value_row_fields(parse_connect_schema(s), where) for s in value_schemas
-    ]
+    value_fields = [value_row_fields(parse_connect_schema(s), where) for s in value_schemas]
     columns = unify_columns(value_fields, where)
     if key_override:
         by_name = {c.name: c for c in columns}

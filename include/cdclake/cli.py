@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     local_sub.add_parser("down", help="stop exactly the processes `up` started")
     st = local_sub.add_parser("status", help="endpoints and process state")
     st.add_argument("--json", action="store_true")
-    local_sub.add_parser("env", help="shell exports for this stack (eval \"$(...)\")")
+    local_sub.add_parser("env", help='shell exports for this stack (eval "$(...)")')
     local_sub.add_parser("wait", help="wait until the capture has sent every committed change")
 
     run = sub.add_parser("run", help="run one micro-batch of a pipeline")

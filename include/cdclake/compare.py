@@ -32,7 +32,7 @@ class TableComparison:
 def normalize(value: Any) -> Any:
     """Make PostgreSQL (psycopg) and Iceberg (pyarrow) values compare equal when they are."""
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc)
+        return value.astimezone(dt.UTC)
     if isinstance(value, dt.time):
         return value.isoformat(timespec="microseconds")
     if isinstance(value, Decimal):
@@ -44,7 +44,9 @@ def normalize(value: Any) -> Any:
     return value
 
 
-def lake_rows(pipeline: PipelineConfig, table: TableConfig, cat=None) -> tuple[list[str], list[tuple]]:
+def lake_rows(
+    pipeline: PipelineConfig, table: TableConfig, cat=None
+) -> tuple[list[str], list[tuple]]:
     from pyiceberg.exceptions import NoSuchTableError
 
     cat = cat or load_catalog(pipeline.catalog)
@@ -94,8 +96,15 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
     s_set, l_set = _multiset(source), _multiset(lake)
     missing = sorted((s_set - l_set).elements(), key=repr)
     extra = sorted((l_set - s_set).elements(), key=repr)
-    return TableComparison(table.source, pipeline.qualified_target(table), columns,
-                           sorted(source, key=repr), sorted(lake, key=repr), missing, extra)  # fmt: skip
+    return TableComparison(
+        source=table.source,
+        target=pipeline.qualified_target(table),
+        columns=columns,
+        source_rows=sorted(source, key=repr),
+        lake_rows=sorted(lake, key=repr),
+        missing=missing,
+        extra=extra,
+    )
 
 
 def _multiset(rows):

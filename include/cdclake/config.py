@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-class OnError(str, Enum):
+class OnError(StrEnum):
     """What the load does with a record it cannot decode."""
 
     FAIL = "fail"

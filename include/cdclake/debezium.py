@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cdclake.exceptions import DecodeError
@@ -233,7 +233,9 @@ def scaled_text(digits, scale):
     width = F.greatest(F.length(absolute), scale + 1)
     padded = F.call_function("lpad", absolute, width, F.lit("0"))
     int_len = F.length(padded) - scale
-    fractional = F.concat(padded.substr(F.lit(1), int_len), F.lit("."), padded.substr(int_len + 1, scale))
+    fractional = F.concat(
+        padded.substr(F.lit(1), int_len), F.lit("."), padded.substr(int_len + 1, scale)
+    )
     zeros = F.call_function("repeat", F.lit("0"), -scale)
     text = F.when(scale <= 0, F.concat(absolute, zeros)).otherwise(fractional)
     return F.when(digits.isNull(), F.lit(None)).otherwise(
@@ -243,9 +245,7 @@ def scaled_text(digits, scale):
 
 def decimal_from_base64(col, precision: int, scale: int):
     unscaled = unscaled_from_base64(col)
-    return scaled_text(unscaled.cast("string"), scale).cast(
-        f"decimal({precision},{max(scale, 0)})"
-    )
+    return scaled_text(unscaled.cast("string"), scale).cast(f"decimal({precision},{max(scale, 0)})")
 
 
 def time_text(micros):
@@ -259,5 +259,7 @@ def time_text(micros):
     minutes = F.floor(micros / 60_000_000) % 60
     seconds = F.floor(micros / 1_000_000) % 60
     frac = F.lpad((micros % 1_000_000).cast("string"), 6, "0")
-    text = F.concat(two(hours), F.lit(":"), two(minutes), F.lit(":"), two(seconds), F.lit("."), frac)
+    text = F.concat(
+        two(hours), F.lit(":"), two(minutes), F.lit(":"), two(seconds), F.lit("."), frac
+    )
     return F.when(micros.isNull(), F.lit(None)).otherwise(text)

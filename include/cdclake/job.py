@@ -80,8 +80,15 @@ def run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan) -> list[TableRes
             if not ranges:
                 continue
             results.append(
-                _load_table(spark, pipeline, plan, table, ranges,
-                            raw.where(F.col("topic") == topic), schemas.get(topic, {}))  # fmt: skip
+                _load_table(
+                    spark,
+                    pipeline,
+                    plan,
+                    table,
+                    ranges,
+                    raw.where(F.col("topic") == topic),
+                    schemas.get(topic, {}),
+                )  # fmt: skip
             )
         return results
     finally:

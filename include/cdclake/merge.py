@@ -26,9 +26,7 @@ def quote(name: str) -> str:
 
 
 def build_create_sql(table: str, schema: TopicSchema, properties: Mapping[str, str]) -> str:
-    cols = [
-        f"{quote(c.name)} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
-    ]
+    cols = [f"{quote(c.name)} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns]
     cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
     props = ", ".join(f"'{k}'='{v}'" for k, v in {**TABLE_PROPERTIES, **properties}.items())
     return (

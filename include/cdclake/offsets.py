@@ -104,9 +104,7 @@ def plan_batch(
     backlog = {tp: watermarks[tp].high - s for tp, s in starts.items() if watermarks[tp].high > s}
     take = share_cap(backlog, max_records)
     return tuple(
-        sorted(
-            OffsetRange(tp[0], tp[1], starts[tp], starts[tp] + n) for tp, n in take.items() if n
-        )
+        sorted(OffsetRange(tp[0], tp[1], starts[tp], starts[tp] + n) for tp, n in take.items() if n)
     )
 
 

@@ -16,7 +16,6 @@ from cdclake.offsets import (
 )
 
 
-
 @dataclass(frozen=True)
 class TableReport:
     table: str
@@ -34,7 +33,9 @@ class TableReport:
         return asdict(self)
 
 
-def report_pipeline(pipeline: PipelineConfig, batch_id: str | None, now_ms: int) -> list[TableReport]:
+def report_pipeline(
+    pipeline: PipelineConfig, batch_id: str | None, now_ms: int
+) -> list[TableReport]:
     cat = load_catalog(pipeline.catalog)
     topics = [pipeline.topic_for(t) for t in pipeline.tables]
     marks = fetch_watermarks(pipeline.kafka, topics)
@@ -43,7 +44,9 @@ def report_pipeline(pipeline: PipelineConfig, batch_id: str | None, now_ms: int)
         state = table_state(cat, pipeline, table)
         topic = pipeline.topic_for(table)
         behind = sum(
-            max(0, m.high - state.offsets.get(tp, m.low)) for tp, m in marks.items() if tp[0] == topic
+            max(0, m.high - state.offsets.get(tp, m.low))
+            for tp, m in marks.items()
+            if tp[0] == topic
         )
         summary = state.summary
         this_batch = batch_id is not None and summary.get(SUMMARY_BATCH) == batch_id

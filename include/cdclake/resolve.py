@@ -14,9 +14,10 @@ def find_invalid(changes, schema: TopicSchema, topic: str) -> None:
 
     key_missing = F.lit(True)
     for k in schema.key_names:
-        key_missing = key_missing & F.coalesce(
-            F.col("key")[k], F.col("after")[k], F.col("before")[k]
-        ).isNull()
+        key_missing = (
+            key_missing
+            & F.coalesce(F.col("key")[k], F.col("after")[k], F.col("before")[k]).isNull()
+        )
     reason = (
         F.when(~F.col("is_tombstone") & F.col("op").isNull(),
                F.lit("value is not a Debezium envelope matching its schema"))
@@ -48,8 +49,10 @@ def resolve_latest(changes, schema: TopicSchema):
         for k in schema.key_names
     ]
     payload = F.struct("offset", "partition", "is_tombstone", "op", "after", "source_ts_ms", "lsn")
-    latest = changes.select(*keys, payload.alias("p")).groupBy(*schema.key_names).agg(
-        F.max_by("p", F.col("p.offset")).alias("r")
+    latest = (
+        changes.select(*keys, payload.alias("p"))
+        .groupBy(*schema.key_names)
+        .agg(F.max_by("p", F.col("p.offset")).alias("r"))
     )
     deleted = F.col("r.is_tombstone") | (F.col("r.op") == "d")
     cols = []

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, TriggerRule, task
-
 from cdclake.config import PipelineConfig, load_pipeline
 from cdclake.spark import spark_conf
 
@@ -45,7 +44,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         dag_id=f"cdclake__{pipeline.name}",
         description=f"Load Debezium changes of pipeline {pipeline.name} into Iceberg",
         schedule=pipeline.schedule,
-        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
         tags=["cdclake", pipeline.name],
@@ -74,9 +73,9 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
             execution_timeout=dt.timedelta(hours=2),
         )
-        report = task(
-            task_id="report", outlets=assets, trigger_rule=TriggerRule.NONE_FAILED
-        )(tasks.report)(path, plan)
+        report = task(task_id="report", outlets=assets, trigger_rule=TriggerRule.NONE_FAILED)(
+            tasks.report
+        )(path, plan)
         has_work >> load >> report
     return dag
 

@@ -34,6 +34,7 @@ def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
     from cdclake.config import load_pipeline
     from cdclake.offsets import BatchPlan
     from cdclake.report import report_pipeline
+
     from cdclake_airflow.factory import table_asset
 
     pipeline = load_pipeline(pipeline_path)

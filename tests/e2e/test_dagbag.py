@@ -12,7 +12,8 @@ SCRIPT = """
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder={dags!r})
 import json
-print(json.dumps({{"dags": sorted(bag.dags), "errors": {{k: str(v) for k, v in bag.import_errors.items()}}}}))
+errors = {{k: str(v) for k, v in bag.import_errors.items()}}
+print(json.dumps({{"dags": sorted(bag.dags), "errors": errors}}))
 """
 
 
@@ -38,7 +39,9 @@ def test_every_dag_imports_without_errors():
 def test_broken_pipeline_config_is_an_import_error_naming_file_and_field(tmp_path):
     good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
     bad = tmp_path / "shop.yaml"
-    bad.write_text(good.replace("name: demo", "name: shop").replace("namespace: demo", "namespace: 9x"))
+    bad.write_text(
+        good.replace("name: demo", "name: shop").replace("namespace: demo", "namespace: 9x")
+    )
     bag = dagbag(tmp_path)
     [(path, message)] = bag["errors"].items()
     assert path.endswith("cdclake_pipelines.py")

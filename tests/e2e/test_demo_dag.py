@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
 from cdclake.kafka import fetch_watermarks
@@ -81,5 +80,7 @@ def test_dag_runs_load_the_lake_and_the_second_reads_only_new_offsets(stack, pip
         assert r.start == after_first[(r.topic, r.partition)]
     after_second = committed(pipeline)
     assert after_second == {(r.topic, r.partition): r.end for r in plan.ranges} | {
-        tp: o for tp, o in after_first.items() if tp not in {(r.topic, r.partition) for r in plan.ranges}
+        tp: o
+        for tp, o in after_first.items()
+        if tp not in {(r.topic, r.partition) for r in plan.ranges}
     }

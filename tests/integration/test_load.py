@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
 from cdclake.exceptions import CommitConflictError, EndpointError
@@ -74,7 +73,9 @@ def test_stale_plan_is_refused_without_writing(stack, pipeline, spark):
     run_batch(spark, pipeline, plan)
     before = snapshot_ids(pipeline)
     r = plan.ranges[0]
-    stale = BatchPlan(pipeline.name, "it-c-stale", (OffsetRange(r.topic, r.partition, 0, r.end - 1),))
+    stale = BatchPlan(
+        pipeline.name, "it-c-stale", (OffsetRange(r.topic, r.partition, 0, r.end - 1),)
+    )
     with pytest.raises(CommitConflictError, match="another run loaded this table"):
         run_batch(spark, pipeline, stale)
     assert snapshot_ids(pipeline) == before

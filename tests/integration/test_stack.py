@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cdclake.local.procs import pid_alive
+
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,6 @@
-import pytest
+import json
 
+import pytest
 from cdclake.changes import Column, topic_schema, unify_columns
 from cdclake.debezium import parse_connect_schema
 from cdclake.exceptions import DecodeError
@@ -12,8 +13,10 @@ def fields(*cols):
 
 
 def test_unify_keeps_latest_order_and_old_columns():
-    cols = unify_columns([fields(("id", "int32"), ("old", "string")),
-                          fields(("id", "int32"), ("new", "string"))], "t")
+    cols = unify_columns(
+        [fields(("id", "int32"), ("old", "string")), fields(("id", "int32"), ("new", "string"))],
+        "t",
+    )
     assert [c.name for c in cols] == ["id", "new", "old"]
 
 
@@ -29,11 +32,15 @@ def test_unify_rejects_narrowing_or_unrelated_changes():
 
 def _envelope(*cols):
     row = [{"type": t, "optional": True, "field": n} for n, t in cols]
-    return (
-        '{"type":"struct","fields":[{"type":"struct","fields":%s,"field":"before"},'
-        '{"type":"struct","fields":%s,"field":"after"},{"type":"string","field":"op"}]}'
-        % (str(row).replace("'", '"').replace("True", "true"),
-           str(row).replace("'", '"').replace("True", "true"))
+    return json.dumps(
+        {
+            "type": "struct",
+            "fields": [
+                {"type": "struct", "fields": row, "field": "before"},
+                {"type": "struct", "fields": row, "field": "after"},
+                {"type": "string", "field": "op"},
+            ],
+        }
     )
 
 

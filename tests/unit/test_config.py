@@ -1,7 +1,6 @@
 from pathlib import Path
 
 import pytest
-
 from cdclake.config import OnError, load_pipeline
 from cdclake.exceptions import ConfigError
 
@@ -59,8 +58,10 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (("tables:", "max_records_per_batch: 0\ntables:"), "max_records_per_batch"),
         (("tables:", "on_error: ignore\ntables:"), "on_error"),  # not a known mode
         (("tables:", "colour: blue\ntables:"), "colour"),  # unknown top-level field
-        (("bootstrap_servers: \"k1:9092,k2:9092\"", "bootstrap_servers: \"${NOPE_UNSET}\""),
-         "kafka.bootstrap_servers"),  # env var missing without default
+        (
+            ('bootstrap_servers: "k1:9092,k2:9092"', 'bootstrap_servers: "${NOPE_UNSET}"'),
+            "kafka.bootstrap_servers",
+        ),  # env var missing without default
         (("target: order_items", "target: orders"), "tables"),  # two sources, one target
     ],
 )

@@ -1,5 +1,4 @@
 import pytest
-
 from cdclake.debezium import decimal_params, lake_type, parse_connect_schema, parse_type
 from cdclake.exceptions import DecodeError
 
@@ -24,8 +23,16 @@ def field(kind, name=None, **params):
         (field("boolean"), "boolean", "boolean"),
         (field("string"), "string", "string"),
         (field("bytes"), "string", "binary"),  # base64 text decoded to bytes
-        (field("bytes", "org.apache.kafka.connect.data.Decimal", scale="2",
-               **{"connect.decimal.precision": "10"}), "string", "decimal(10,2)"),
+        (
+            field(
+                "bytes",
+                "org.apache.kafka.connect.data.Decimal",
+                scale="2",
+                **{"connect.decimal.precision": "10"},
+            ),
+            "string",
+            "decimal(10,2)",
+        ),
         (field("int32", "io.debezium.time.Date"), "int", "date"),
         (field("int64", "io.debezium.time.MicroTimestamp"), "bigint", "timestamp_ntz"),
         (field("int64", "io.debezium.time.Timestamp"), "bigint", "timestamp_ntz"),
@@ -42,15 +49,23 @@ def test_types(schema, parsed, stored):
 
 def test_array_of_dates_decodes_its_elements():
     schema = parse_connect_schema(
-        {"type": "array", "field": "days", "items": {"type": "int32", "name": "io.debezium.time.Date"}}
+        {
+            "type": "array",
+            "field": "days",
+            "items": {"type": "int32", "name": "io.debezium.time.Date"},
+        }
     )
     assert parse_type(schema) == "array<int>"
     assert lake_type(schema) == "array<date>"
 
 
 def test_decimal_wider_than_iceberg_is_rejected_with_a_remedy():
-    schema = field("bytes", "org.apache.kafka.connect.data.Decimal", scale="2",
-                   **{"connect.decimal.precision": "50"})
+    schema = field(
+        "bytes",
+        "org.apache.kafka.connect.data.Decimal",
+        scale="2",
+        **{"connect.decimal.precision": "50"},
+    )
     with pytest.raises(DecodeError, match="decimal.handling.mode=string"):
         decimal_params(schema)
 

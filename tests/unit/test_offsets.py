@@ -1,5 +1,4 @@
 import pytest
-
 from cdclake.exceptions import DataLossError
 from cdclake.offsets import (
     BatchPlan,

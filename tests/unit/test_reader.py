@@ -1,5 +1,4 @@
 import pytest
-
 from cdclake.offsets import OffsetRange
 from cdclake.reader import schema_id, slice_ranges, split_envelope
 
@@ -9,8 +8,11 @@ from cdclake.reader import schema_id, slice_ranges, split_envelope
     [
         (b'{"schema":{"type":"int32"},"payload":5}', b'{"type":"int32"}', b"5"),
         # a payload that itself contains the separator text is split at the first one
-        (b'{"schema":{"a":1},"payload":{"x":",\\"payload\\":"}}', b'{"a":1}',
-         b'{"x":",\\"payload\\":"}'),
+        (
+            b'{"schema":{"a":1},"payload":{"x":",\\"payload\\":"}}',
+            b'{"a":1}',
+            b'{"x":",\\"payload\\":"}',
+        ),
         (b'{"schema":{"type":"struct"},"payload":null}', b'{"type":"struct"}', b"null"),
     ],
 )

@@ -5,13 +5,12 @@ import datetime as dt
 from decimal import Decimal
 
 import pytest
-
-from cdclake.changes import topic_schema
+from cdclake.changes import decode_changes, topic_schema
 from cdclake.exceptions import DecodeError
 from cdclake.job import _collect_schemas
 from cdclake.reader import RAW_SCHEMA, record_row
 from cdclake.resolve import find_invalid, resolve_latest
-from cdclake.changes import decode_changes
+
 from tests.debezium_records import decimal_b64, key_record, value_record
 
 TOPIC = "pg.public.items"
@@ -59,7 +58,10 @@ def test_latest_change_per_key_in_kafka_order(spark):
     out = {r["id"]: r for r in resolve_latest(changes, schema).collect()}
     assert sorted(out) == [1, 2, 3, 4, 5]
     assert (out[1]["name"], out[1]["price"], out[1]["_cdc_kafka_offset"]) == (
-        "final", Decimal("0.01"), 10)
+        "final",
+        Decimal("0.01"),
+        10,
+    )
     assert out[2]["_cdc_deleted"] and out[2]["_cdc_op"] == "d"
     assert not out[3]["_cdc_deleted"] and out[3]["price"] == Decimal("99999999.99")
     assert out[4]["_cdc_op"] == "r" and out[4]["_cdc_lsn"] is None
@@ -67,8 +69,9 @@ def test_latest_change_per_key_in_kafka_order(spark):
     row = out[3]
     assert row["day"] == dt.date(1970, 1, 1) + dt.timedelta(days=19003)
     assert row["at"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123456)
-    assert row["at_tz"].astimezone(dt.timezone.utc) == dt.datetime(
-        2024, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
+    assert row["at_tz"].astimezone(dt.UTC) == dt.datetime(
+        2024, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC
+    )
     assert bytes(row["blob"]) == bytes([3, 0, 255])
 
 

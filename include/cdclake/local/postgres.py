@@ -191,6 +191,8 @@ class LocalPostgres:
 
     def ensure_database(self, name: str) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            exists = conn.execute("select 1 from pg_database where datname = %s", (name,)).fetchone()
+            exists = conn.execute(
+                "select 1 from pg_database where datname = %s", (name,)
+            ).fetchone()
             if not exists:
                 conn.execute(f'create database "{name}"')
