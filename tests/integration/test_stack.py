@@ -66,3 +66,16 @@ def test_up_is_idempotent_status_lists_endpoints_and_down_leaves_nothing(tmp_pat
     assert processes_mentioning(pg_home) == []
     status = json.loads(cli(state, "status", "--json").stdout)
     assert not any(status[p]["running"] for p in ("postgres", "kafka", "capture"))
+
+
+def test_port_taken_by_another_process_is_named(tmp_path):
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", 55452))
+        squatter.listen()
+        res = cli(tmp_path / "other", "up")
+    assert res.returncode == 2
+    assert "port 55452 is already in use" in res.stderr
+    assert processes_mentioning(str(tmp_path / "other")) == []

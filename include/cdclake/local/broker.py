@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from cdclake.exceptions import StackError
-from cdclake.local.procs import running, start_daemon, stop_daemon, wait_for
+from cdclake.local.procs import port_in_use, running, start_daemon, stop_daemon, wait_for
 
 
 def tansu_binary() -> Path:
@@ -47,6 +47,11 @@ class LocalBroker:
         """Start the broker unless it runs; True when it was started now (empty topics)."""
         if self.pid() is not None:
             return False
+        if port_in_use(self.port):
+            raise StackError(
+                f"port {self.port} is already in use by another process; stop it or choose "
+                "another port with CDCLAKE_KAFKA_PORT"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [

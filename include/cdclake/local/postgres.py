@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 
 from cdclake.exceptions import StackError
-from cdclake.local.procs import wait_for
+from cdclake.local.procs import pid_alive, port_in_use, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,19 @@ class LocalPostgres:
         except psycopg.Error:
             return False
 
+    def running(self) -> bool:
+        """Our own cluster (by its postmaster.pid) is up, not just anything on the port."""
+        pid = self.pid()
+        return pid is not None and pid_alive(pid) and self.is_ready()
+
     def start(self) -> None:
-        if self.is_ready():
+        if self.running():
             return
+        if port_in_use(self.port):
+            raise StackError(
+                f"port {self.port} is already in use by another process; stop it or choose "
+                "another port with CDCLAKE_PG_PORT"
+            )
         bindir = ensure_installed()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "location").write_text(f"{self.home}\n")

@@ -102,6 +102,14 @@ def _reap(pid: int) -> None:
         pass
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
 def wait_for(what: str, check: Callable[[], bool], timeout: float, logfile: Path | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

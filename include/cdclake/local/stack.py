@@ -81,7 +81,7 @@ class LocalStack:
         return {
             "state_dir": str(self.s.state_dir),
             "postgres": {
-                "running": self.postgres.is_ready(),
+                "running": self.postgres.running(),
                 "pid": self.postgres.pid(),
                 "dsn": self.postgres.dsn,
                 "source_dsn": self.source_dsn,
