@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +26,9 @@ os.environ.update(
         "AIRFLOW_HOME": str(TEST_STATE / "airflow"),
     }
 )
+
+# py4j logs from __del__ at interpreter exit, after pytest closed its streams
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 DEMO_PIPELINE = ROOT / "include" / "pipelines" / "demo.yaml"
 
