@@ -22,6 +22,7 @@ def main() -> int:
     print("==> bringing the local stack up (PostgreSQL, tansu, Debezium, catalog, Airflow)")
     status = stack.up()
     os.environ.update(stack.env())  # Airflow reads AIRFLOW_HOME when first imported
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
     print(f"    source  {status['postgres']['source_dsn']}")
     print(f"    kafka   {status['kafka']['bootstrap']}")
     print(f"    catalog {status['catalog']['uri']}  warehouse {status['catalog']['warehouse']}")
