@@ -148,6 +148,25 @@ def _decoded_row(parsed, fields: Sequence[ConnectField], columns: Sequence[Colum
     return F.when(parsed.isNull(), F.lit(None)).otherwise(F.struct(*parts))
 
 
+def _unfit_columns(parsed, fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """Names of columns whose value was present but did not survive decoding (overflow,
+    malformed text): such a record must fail or go to the dead letters, never load NULL."""
+    from pyspark.sql import functions as F
+
+    by_name = {f.name: f for f in fields}
+    checks = []
+    for c in columns:
+        f = by_name.get(c.name)
+        if f is None:
+            continue
+        raw = parsed[f.name]
+        decoded = decode_column(raw, f).cast(c.type)
+        checks.append(F.when(raw.isNotNull() & decoded.isNull(), F.lit(c.name)))
+    if not checks:
+        return F.array().cast("array<string>")
+    return F.filter(F.array(*checks), lambda x: x.isNotNull())
+
+
 def decode_changes(
     raw, schema: TopicSchema, key_schemas: Mapping[int, str], value_schemas: Mapping[int, str]
 ):
@@ -174,6 +193,7 @@ def decode_changes(
             parsed["op"].alias("op"),
             parsed["source"]["ts_ms"].alias("source_ts_ms"),
             parsed["source"]["lsn"].alias("lsn"),
+            _unfit_columns(parsed["after"], fields, schema.columns).alias("unfit"),
         )
         cond = F.col("value_schema_id") == F.lit(sid)
         value_cases = (F.when(cond, decoded) if value_cases is None
@@ -189,7 +209,7 @@ def decode_changes(
 
     value_expr = value_cases if value_cases is not None else F.lit(None)
     df = raw.select(
-        "partition", "offset", "timestamp", "is_tombstone",
+        "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
         (key_cases if key_cases is not None else F.lit(None)).alias("key"),
         value_expr.alias("value"),
     )  # fmt: skip
@@ -198,10 +218,13 @@ def decode_changes(
         "offset",
         "timestamp",
         "is_tombstone",
+        "key_payload",
+        "value_payload",
         "key",
         F.col("value.after").alias("after"),
         F.col("value.before").alias("before"),
         F.col("value.op").alias("op"),
         F.col("value.source_ts_ms").alias("source_ts_ms"),
         F.col("value.lsn").alias("lsn"),
+        F.col("value.unfit").alias("unfit"),
     )

@@ -10,13 +10,15 @@ from dataclasses import asdict, dataclass, field
 
 from cdclake.changes import DELETED, decode_changes, topic_schema
 from cdclake.config import OnError, PipelineConfig, TableConfig
-from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
+from cdclake.exceptions import CommitConflictError, DecodeError
 from cdclake.merge import (
+    DEAD_LETTERS,
     build_merge_sql,
     commit_empty,
     commit_properties,
     current_snapshot,
     ensure_table,
+    write_dead_letters,
 )
 from cdclake.offsets import (
     SUMMARY_BATCH,
@@ -32,7 +34,13 @@ from cdclake.offsets import (
     encode_offsets,
 )
 from cdclake.reader import read_ranges
-from cdclake.resolve import find_invalid, resolve_latest
+from cdclake.resolve import (
+    find_invalid,
+    find_truncate,
+    invalid_reason,
+    resolve_latest,
+    toastable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,8 @@ class TableResult:
     records: int = 0
     upserts: int = 0
     deletes: int = 0
+    dead_letters: int = 0
+    truncated: bool = False
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
     snapshot_id: int | None = None
 
@@ -56,22 +66,11 @@ def run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan) -> list[TableRes
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    if pipeline.on_error is OnError.DEAD_LETTER:
-        raise ConfigError(f"{pipeline.path}: on_error: dead_letter is not available yet")
     if not plan.ranges:
         return []
     raw = read_ranges(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        bad = (
-            raw.where(F.col("error").isNotNull())
-            .select("topic", "partition", "offset", "error")
-            .orderBy("topic", "partition", "offset")
-            .limit(1)
-            .collect()
-        )
-        if bad:
-            b = bad[0]
-            raise DecodeError(f"{b.topic} partition {b.partition} offset {b.offset}: {b.error}")
+        raw = _handle_broken_envelopes(spark, pipeline, plan, raw)
         schemas = _collect_schemas(raw)
         results = []
         for table in pipeline.tables:
@@ -79,20 +78,48 @@ def run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan) -> list[TableRes
             ranges = [r for r in plan.ranges if r.topic == topic]
             if not ranges:
                 continue
+            table_raw = raw.where(F.col("topic") == topic)
             results.append(
-                _load_table(
-                    spark,
-                    pipeline,
-                    plan,
-                    table,
-                    ranges,
-                    raw.where(F.col("topic") == topic),
-                    schemas.get(topic, {}),
-                )  # fmt: skip
+                _load_table(spark, pipeline, plan, table, ranges, table_raw, schemas.get(topic, {}))
             )
         return results
     finally:
         raw.unpersist()
+
+
+def _handle_broken_envelopes(spark, pipeline: PipelineConfig, plan: BatchPlan, raw):
+    """Records that are not JSON-with-schema envelopes: fail, or dead-letter them."""
+    from pyspark.sql import functions as F
+
+    broken = raw.where(F.col("error").isNotNull())
+    if pipeline.on_error is OnError.DEAD_LETTER:
+        dead = broken.select(
+            "topic", "partition", "offset",
+            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"), "error",
+        )  # fmt: skip
+        _dead_letters(spark, pipeline, plan, dead)
+        return raw.where(F.col("error").isNull())
+    bad = broken.orderBy("topic", "partition", "offset").limit(1).collect()
+    if bad:
+        b = bad[0]
+        raise DecodeError(f"{b.topic} partition {b.partition} offset {b.offset}: {b.error}")
+    return raw
+
+
+def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows) -> int:
+    from pyspark.sql import functions as F
+
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
+    stamped = rows.select(
+        F.lit(pipeline.name).alias("pipeline"),
+        F.lit(plan.batch_id).alias("batch_id"),
+        "topic", "partition", "offset", "key", "value", "error",
+        F.current_timestamp().alias("recorded_at"),
+    )  # fmt: skip
+    count = write_dead_letters(spark, f"{pipeline.catalog.name}.{pipeline.namespace}", stamped)
+    if count:
+        log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
+    return count
 
 
 def _collect_schemas(raw) -> dict[str, dict[str, list[tuple[int, str]]]]:
@@ -131,6 +158,25 @@ def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
     return {}
 
 
+def _check_plan_start(
+    qualified: str, committed: dict[TopicPartition, int], ranges: list[OffsetRange]
+) -> bool:
+    """True when an earlier attempt of this batch already committed it; raise when another
+    run moved the table's offsets since the plan was made."""
+    ends = {(r.topic, r.partition): r.end for r in ranges}
+    starts = {(r.topic, r.partition): r.start for r in ranges}
+    if all(committed.get(tp) == end for tp, end in ends.items()):
+        return True
+    moved = {tp: c for tp in starts if (c := committed.get(tp)) is not None and c != starts[tp]}
+    if moved:
+        expected = {tp: starts[tp] for tp in moved}
+        raise CommitConflictError(
+            f"{qualified}: committed offsets {moved} differ from the plan's start {expected}; "
+            "another run loaded this table meanwhile. Nothing was written; plan again."
+        )
+    return False
+
+
 def _load_table(
     spark,
     pipeline: PipelineConfig,
@@ -148,31 +194,37 @@ def _load_table(
     result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
     exists = spark.catalog.tableExists(qualified)
     committed = _committed_offsets(spark, qualified) if exists else {}
-    ends = {(r.topic, r.partition): r.end for r in ranges}
-    starts = {(r.topic, r.partition): r.start for r in ranges}
-    if all(committed.get(tp) == end for tp, end in ends.items()):
+    if _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         result.status = "already_committed"
         return result
-    moved = {tp: c for tp in starts if (c := committed.get(tp)) is not None and c != starts[tp]}
-    if moved:
-        raise CommitConflictError(
-            f"{qualified}: committed offsets {moved} differ from the plan's start "
-            f"{ {tp: starts[tp] for tp in moved} }; another run loaded this table meanwhile. "
-            "Nothing was written; plan again."
-        )
     if not schemas.get("value") and not exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
         return result
 
-    where = f"{topic}"
-    key_texts = [s for _, s in schemas.get("key", [])]
-    value_texts = [s for _, s in schemas.get("value", [])]
-    schema = topic_schema(key_texts, value_texts, table.key, where)
-    changes = decode_changes(raw, schema, dict(schemas.get("key", [])),
-                             dict(schemas.get("value", [])))  # fmt: skip
-    find_invalid(changes, schema, topic)
-    resolved = resolve_latest(changes, schema).persist()
+    schema = topic_schema(
+        [s for _, s in schemas.get("key", [])],
+        [s for _, s in schemas.get("value", [])],
+        table.key,
+        topic,
+    )
+    changes = decode_changes(
+        raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    )
+    if pipeline.on_error is OnError.DEAD_LETTER:
+        changes = changes.withColumn("_reason", invalid_reason(schema)).persist()
+        dead = changes.where(F.col("_reason").isNotNull()).select(
+            F.lit(topic).alias("topic"), "partition", "offset",
+            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
+            F.col("_reason").alias("error"),
+        )  # fmt: skip
+        result.dead_letters = _dead_letters(spark, pipeline, plan, dead)
+        changes = changes.where(F.col("_reason").isNull()).drop("_reason")
+    else:
+        find_invalid(changes, schema, topic)
+    truncate = find_truncate(changes)
+    toast_columns = [c.name for c in toastable(schema)]
+    resolved = resolve_latest(changes, schema, truncate).persist()
     try:
         counts = {r[DELETED]: r["count"] for r in resolved.groupBy(DELETED).count().collect()}
         result.upserts = counts.get(False, 0)
@@ -180,7 +232,7 @@ def _load_table(
         max_ts = resolved.agg(F.max("_cdc_source_ts")).collect()[0][0]
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
         ensure_table(spark, qualified, schema, {})
-        new_offsets = {**committed, **ends}
+        new_offsets = {**committed, **{(r.topic, r.partition): r.end for r in ranges}}
         props = {
             SUMMARY_OFFSETS: encode_offsets(new_offsets),
             SUMMARY_BATCH: plan.batch_id,
@@ -193,8 +245,12 @@ def _load_table(
         before_id, _ = current_snapshot(spark, qualified)
         view = f"cdclake_changes_{table.target}"
         resolved.createOrReplaceTempView(view)
+        merge_sql = build_merge_sql(
+            qualified, view, schema, toast_columns,
+            truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
+        )  # fmt: skip
         with commit_properties(spark, props):
-            spark.sql(build_merge_sql(qualified, view, schema))
+            spark.sql(merge_sql)
         after_id, summary = current_snapshot(spark, qualified)
         if after_id == before_id:
             commit_empty(spark, qualified, props)  # nothing changed, offsets still move
@@ -207,10 +263,12 @@ def _load_table(
     finally:
         resolved.unpersist()
     result.status = "committed"
+    result.truncated = truncate is not None
     result.snapshot_id = after_id
-    result.offsets = {t: {} for t, _ in new_offsets}
     for (t, p), o in sorted(new_offsets.items()):
-        result.offsets[t][str(p)] = o
-    log.info("%s: committed %d records (%d upserts, %d deletes) in snapshot %s",
-             qualified, records, result.upserts, result.deletes, after_id)  # fmt: skip
+        result.offsets.setdefault(t, {})[str(p)] = o
+    log.info(
+        "%s: committed %d records (%d upserts, %d deletes) in snapshot %s",
+        qualified, records, result.upserts, result.deletes, after_id,
+    )  # fmt: skip
     return result

@@ -4,10 +4,11 @@ consumed offsets into the same Iceberg commit's snapshot summary."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from cdclake.changes import DELETED, METADATA_COLUMNS, TopicSchema
+from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema
+from cdclake.resolve import STALE_CHECK_LSN, TOAST_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +36,45 @@ def build_create_sql(table: str, schema: TopicSchema, properties: Mapping[str, s
     )
 
 
-def build_merge_sql(table: str, source_view: str, schema: TopicSchema) -> str:
+def build_merge_sql(
+    table: str,
+    source_view: str,
+    schema: TopicSchema,
+    toast_columns: Sequence[str] = (),
+    truncate_lsn: int | None = None,
+    truncate: bool = False,
+) -> str:
+    """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
+    when both have one); TOAST placeholders keep the table's value; a truncate deletes
+    every row it did not see again."""
     names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
-    updates = ", ".join(f"t.{quote(n)} = s.{quote(n)}" for n in names)
+    fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
+
+    def assign(n: str) -> str:
+        if n in toast_columns:
+            flag = f"s.{quote(TOAST_PREFIX + n)}"
+            return f"t.{quote(n)} = CASE WHEN {flag} THEN t.{quote(n)} ELSE s.{quote(n)} END"
+        if n == LSN:
+            return f"t.{LSN} = coalesce(s.{LSN}, t.{LSN})"
+        return f"t.{quote(n)} = s.{quote(n)}"
+
+    updates = ", ".join(assign(n) for n in names)
     insert_cols = ", ".join(quote(n) for n in names)
     insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
-    return (
+    sql = (
         f"MERGE INTO {table} t USING {source_view} s ON {on} "
-        f"WHEN MATCHED AND s.{DELETED} THEN DELETE "
-        f"WHEN MATCHED THEN UPDATE SET {updates} "
+        f"WHEN MATCHED AND s.{DELETED} AND {fresh} THEN DELETE "
+        f"WHEN MATCHED AND {fresh} THEN UPDATE SET {updates} "
         f"WHEN NOT MATCHED AND NOT s.{DELETED} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
     )
+    if truncate:
+        if truncate_lsn is None:
+            sql += " WHEN NOT MATCHED BY SOURCE THEN DELETE"
+        else:
+            below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
+            sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN DELETE"
+    return sql
 
 
 def ensure_table(spark, table: str, schema: TopicSchema, properties: Mapping[str, str]) -> bool:
@@ -65,6 +93,29 @@ def ensure_table(spark, table: str, schema: TopicSchema, properties: Mapping[str
             spark.sql(f"ALTER TABLE {table} ADD COLUMN {quote(c.name)} {c.type}")
             log.info("%s: added column %s %s", table, c.name, c.type)
     return False
+
+
+DEAD_LETTERS = "_cdclake_dead_letters"
+
+
+def write_dead_letters(spark, namespace: str, rows) -> int:
+    """Idempotently record undecodable records (one row per topic, partition, offset)."""
+    table = f"{namespace}.{DEAD_LETTERS}"
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {table} (pipeline string, batch_id string, topic string, "
+        "`partition` int, `offset` bigint, key string, value string, error string, "
+        "recorded_at timestamp) USING iceberg TBLPROPERTIES ('format-version'='2')"
+    )
+    count = rows.count()
+    if count:
+        rows.createOrReplaceTempView("cdclake_dead_letters_new")
+        spark.sql(
+            f"MERGE INTO {table} t USING cdclake_dead_letters_new s "
+            "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        spark.catalog.dropTempView("cdclake_dead_letters_new")
+    return count
 
 
 @contextmanager

@@ -1,33 +1,97 @@
-"""Transform: keep the latest change per key, in Kafka order, and say what it does."""
+"""Transform: keep the latest change per key, in Kafka order, and say what it does.
+
+Rules (the semantics the tests pin down):
+- Per key, Kafka order decides. A record whose source LSN is not above an LSN already
+  seen for its key is a re-sent duplicate (Debezium is at-least-once) and is skipped; a
+  tombstone shares the fate of the delete just before it. Records without an LSN
+  (incremental snapshot reads) are never skipped.
+- A truncate removes every row loaded before it: records of the batch before it are
+  dropped and the MERGE deletes table rows whose LSN is below the truncate's.
+- An unchanged TOASTed column arrives as a placeholder; it takes the last real value of
+  the batch for that key, or else keeps the value already in the table.
+"""
 
 from __future__ import annotations
 
-from cdclake.changes import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, TopicSchema
+from dataclasses import dataclass
+
+from cdclake.changes import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, Column, TopicSchema
 from cdclake.exceptions import DecodeError
 
 ROW_OPS = ("c", "u", "d", "r")
+TRUNCATE = "t"
+TOAST_PLACEHOLDER = "__debezium_unavailable_value"
+TOAST_PREFIX = "_cdc_toast_"
+STALE_CHECK_LSN = "_cdc_check_lsn"
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """The last truncate of a batch: where it is in Kafka and in the WAL."""
+
+    partition: int
+    offset: int
+    lsn: int | None
+
+
+def toast_test(value, column: Column):
+    """Column is the placeholder, for the types Debezium can send one in; else None."""
+    from pyspark.sql import functions as F
+
+    if column.type == "string":
+        return value == F.lit(TOAST_PLACEHOLDER)
+    if column.type == "binary":
+        return value == F.lit(bytearray(TOAST_PLACEHOLDER.encode()))
+    if column.type == "array<string>":
+        return (F.size(value) == 1) & (value[0] == F.lit(TOAST_PLACEHOLDER))
+    return None
+
+
+def toastable(schema: TopicSchema) -> list[Column]:
+    keys = set(schema.key_names)
+    return [c for c in schema.columns if c.name not in keys and toast_test_possible(c)]
+
+
+def toast_test_possible(column: Column) -> bool:
+    return column.type in ("string", "binary", "array<string>")
+
+
+def invalid_reason(schema: TopicSchema):
+    """Why a change record cannot be applied (NULL when it can)."""
+    from pyspark.sql import functions as F
+
+    key_missing = F.lit(len(schema.key_names) > 0)
+    for k in schema.key_names:
+        key_missing = (
+            key_missing
+            & F.coalesce(F.col("key")[k], F.col("after")[k], F.col("before")[k]).isNull()
+        )
+    return (
+        F.when(
+            ~F.col("is_tombstone") & F.col("op").isNull(),
+            F.lit("value is not a Debezium envelope matching its schema"),
+        )
+        .when(
+            ~F.col("is_tombstone") & ~F.col("op").isin(*ROW_OPS, TRUNCATE),
+            F.concat(F.lit("unknown operation "), F.col("op")),
+        )
+        .when(
+            F.coalesce(F.size("unfit"), F.lit(0)) > 0,
+            F.concat(F.lit("value does not fit column(s) "), F.array_join("unfit", ", ")),
+        )
+        .when(
+            (F.col("op") != TRUNCATE) | F.col("op").isNull(),
+            F.when(key_missing, "record has no key"),
+        )
+    )
 
 
 def find_invalid(changes, schema: TopicSchema, topic: str) -> None:
     """Fail on the first record that cannot be applied, naming topic, partition, offset."""
     from pyspark.sql import functions as F
 
-    key_missing = F.lit(True)
-    for k in schema.key_names:
-        key_missing = (
-            key_missing
-            & F.coalesce(F.col("key")[k], F.col("after")[k], F.col("before")[k]).isNull()
-        )
-    reason = (
-        F.when(~F.col("is_tombstone") & F.col("op").isNull(),
-               F.lit("value is not a Debezium envelope matching its schema"))
-        .when(F.col("op") == "t", F.lit("truncate events are not supported by this version"))
-        .when(~F.col("is_tombstone") & ~F.col("op").isin(*ROW_OPS),
-              F.concat(F.lit("unknown operation "), F.col("op")))
-        .when(key_missing, F.lit("record has no key"))
-    )  # fmt: skip
     bad = (
-        changes.select("partition", "offset", reason.alias("reason"))
+        changes.select("partition", "offset", invalid_reason(schema).alias("reason"))
         .where(F.col("reason").isNotNull())
         .orderBy("partition", "offset")
         .limit(1)
@@ -40,7 +104,55 @@ def find_invalid(changes, schema: TopicSchema, topic: str) -> None:
         )
 
 
-def resolve_latest(changes, schema: TopicSchema):
+def find_truncate(changes) -> Truncate | None:
+    from pyspark.sql import functions as F
+
+    rows = (
+        changes.where(F.col("op") == TRUNCATE)
+        .select("partition", "offset", "lsn")
+        .orderBy(F.col("offset").desc())
+        .limit(1)
+        .collect()
+    )
+    return Truncate(rows[0]["partition"], rows[0]["offset"], rows[0]["lsn"]) if rows else None
+
+
+def after_truncate(changes, truncate: Truncate | None):
+    """Only the records that come after the truncate (Kafka order in its partition, WAL
+    order in the others)."""
+    from pyspark.sql import functions as F
+
+    rows = changes.where((F.col("op") != TRUNCATE) | F.col("op").isNull())
+    if truncate is None:
+        return rows
+    same = (F.col("partition") == truncate.partition) & (F.col("offset") > truncate.offset)
+    other = F.col("partition") != truncate.partition
+    if truncate.lsn is not None:
+        other = other & (F.col("lsn").isNull() | (F.col("lsn") > truncate.lsn))
+    return rows.where(same | other)
+
+
+def drop_stale(changes, key_names: tuple[str, ...]):
+    """Skip re-sent records: LSN not above one already seen for the key in this batch."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy(*key_names).orderBy("partition", "offset")
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
+    seen = F.max("lsn").over(before)
+    stale = F.col("lsn").isNotNull() & seen.isNotNull() & (F.col("lsn") <= seen)
+    marked = changes.withColumn("_stale", stale)
+    prev_stale = F.lag("_stale").over(order)
+    marked = marked.withColumn(
+        "_stale",
+        F.when(F.col("is_tombstone"), F.coalesce(prev_stale, F.lit(False))).otherwise(
+            F.col("_stale")
+        ),
+    )
+    return marked.where(~F.col("_stale")).drop("_stale")
+
+
+def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = None):
     """One row per key: the change with the highest Kafka offset, flattened for MERGE."""
     from pyspark.sql import functions as F
 
@@ -48,25 +160,50 @@ def resolve_latest(changes, schema: TopicSchema):
         F.coalesce(F.col("key")[k], F.col("after")[k], F.col("before")[k]).alias(k)
         for k in schema.key_names
     ]
-    payload = F.struct("offset", "partition", "is_tombstone", "op", "after", "source_ts_ms", "lsn")
-    latest = (
-        changes.select(*keys, payload.alias("p"))
-        .groupBy(*schema.key_names)
-        .agg(F.max_by("p", F.col("p.offset")).alias("r"))
+    rows = after_truncate(changes, truncate).select(
+        *keys, "partition", "offset", "is_tombstone", "op", "after", "source_ts_ms", "lsn"
     )
+    rows = drop_stale(rows, schema.key_names)
+    payload = F.struct("offset", "partition", "is_tombstone", "op", "after", "source_ts_ms", "lsn")
+    aggs = [F.max_by(payload, F.col("offset")).alias("r"), F.max("lsn").alias("lsn_max")]
+    toasty = toastable(schema)
+    for c in toasty:
+        real = F.col("after").isNotNull() & ~toast_test(F.col("after")[c.name], c)
+        aggs.append(
+            F.max_by(F.col("after")[c.name], F.when(real, F.col("offset"))).alias(f"v_{c.name}")
+        )
+        aggs.append(F.max(F.when(real, F.col("offset"))).alias(f"o_{c.name}"))
+    latest = rows.groupBy(*schema.key_names).agg(*aggs)
+
     deleted = F.col("r.is_tombstone") | (F.col("r.op") == "d")
-    cols = []
+    cols, flags = [], []
+    toast_names = {c.name for c in toasty}
     for c in schema.columns:
         if c.name in schema.key_names:
             cols.append(F.col(f"`{c.name}`"))
-        else:
-            cols.append(F.col("r.after")[c.name].alias(c.name))
+            continue
+        value = F.col("r.after")[c.name]
+        if c.name not in toast_names:
+            cols.append(value.alias(c.name))
+            continue
+        placeholder = F.coalesce(toast_test(value, c), F.lit(False)) & ~deleted
+        from_batch = F.col(f"o_{c.name}").isNotNull()
+        unresolved = placeholder & ~from_batch
+        cols.append(
+            F.when(unresolved, F.lit(None))
+            .when(placeholder, F.col(f"v_{c.name}"))
+            .otherwise(value)
+            .alias(c.name)
+        )
+        flags.append(unresolved.alias(f"{TOAST_PREFIX}{c.name}"))
     return latest.select(
         *cols,
         deleted.alias(DELETED),
         F.when(F.col("r.is_tombstone"), F.lit("d")).otherwise(F.col("r.op")).alias(OP),
         F.timestamp_millis(F.col("r.source_ts_ms")).alias(SOURCE_TS),
-        F.col("r.lsn").alias(LSN),
+        F.coalesce(F.col("r.lsn"), F.col("lsn_max")).alias(LSN),
+        F.col("r.lsn").alias(STALE_CHECK_LSN),
         F.col("r.partition").alias(PARTITION),
         F.col("r.offset").alias(OFFSET),
+        *flags,
     )

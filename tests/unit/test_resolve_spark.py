@@ -9,7 +9,7 @@ from cdclake.changes import decode_changes, topic_schema
 from cdclake.exceptions import DecodeError
 from cdclake.job import _collect_schemas
 from cdclake.reader import RAW_SCHEMA, record_row
-from cdclake.resolve import find_invalid, resolve_latest
+from cdclake.resolve import find_invalid, find_truncate, resolve_latest
 
 from tests.debezium_records import decimal_b64, key_record, value_record
 
@@ -40,18 +40,19 @@ def decode(spark, records):
 
 
 def test_latest_change_per_key_in_kafka_order(spark):
+    v = value_record
     records = [
-        (key_record(1), value_record("c", None, item(1, "a"))),  # 0
-        (key_record(1), value_record("u", item(1, "a"), item(1, "b", "-2.50"))),  # 1
-        (key_record(2), value_record("c", None, item(2, "x"))),  # 2
-        (key_record(2), value_record("d", item(2, "x"), None)),  # 3
+        (key_record(1), v("c", None, item(1, "a"), lsn=100)),  # 0
+        (key_record(1), v("u", item(1, "a"), item(1, "b", "-2.50"), lsn=101)),  # 1
+        (key_record(2), v("c", None, item(2, "x"), lsn=102)),  # 2
+        (key_record(2), v("d", item(2, "x"), None, lsn=103)),  # 3
         (key_record(2), None),  # 4 tombstone
-        (key_record(3), value_record("d", item(3, "old"), None)),  # 5
+        (key_record(3), v("d", item(3, "old"), None, lsn=104)),  # 5
         (key_record(3), None),  # 6
-        (key_record(3), value_record("c", None, item(3, "new", "99999999.99"))),  # 7
-        (key_record(4), value_record("r", None, item(4, "snap"), lsn=None)),  # 8 snapshot read
+        (key_record(3), v("c", None, item(3, "new", "99999999.99"), lsn=105)),  # 7
+        (key_record(4), v("r", None, item(4, "snap"), lsn=None)),  # 8 incremental read
         (key_record(5), None),  # 9 lone tombstone
-        (key_record(1), value_record("u", item(1, "b"), item(1, "final", "0.01"))),  # 10
+        (key_record(1), v("u", item(1, "b"), item(1, "final", "0.01"), lsn=106)),  # 10
     ]
     schema, changes = decode(spark, records)
     find_invalid(changes, schema, TOPIC)
@@ -75,11 +76,82 @@ def test_latest_change_per_key_in_kafka_order(spark):
     assert bytes(row["blob"]) == bytes([3, 0, 255])
 
 
-def test_truncate_is_refused_naming_the_offset(spark):
-    truncate = value_record("t", None, None)
-    schema, changes = decode(spark, [(key_record(1), value_record("c", None, item(1, "a"))),
-                                     (None, truncate)])  # fmt: skip
-    with pytest.raises(DecodeError, match=f"{TOPIC} partition 0 offset 1: truncate"):
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        # re-sent after a connector restart: same LSNs again, later offsets -> skipped
+        ([("c", 1, "a", 10), ("u", 1, "b", 20), ("c", 1, "a", 10), ("u", 1, "b", 20)], "b"),
+        ([("c", 1, "a", 10), ("u", 1, "b", 20), ("c", 1, "a", 10)], "b"),
+        # a replayed delete and its tombstone do not remove a row re-created later
+        (
+            [
+                ("c", 1, "a", 10),
+                ("d", 1, None, 20),
+                ("T", 1, None, None),
+                ("c", 1, "z", 30),
+                ("d", 1, None, 20),
+                ("T", 1, None, None),
+            ],
+            "z",
+        ),
+        # an incremental snapshot read has no LSN and is never skipped
+        ([("c", 1, "a", 10), ("r", 1, "snap", None)], "snap"),
+        ([("c", 1, "a", 10), ("r", 1, "snap", None), ("u", 1, "later", 40)], "later"),
+        # a real delete wins
+        ([("c", 1, "a", 10), ("d", 1, None, 20), ("T", 1, None, None)], None),
+    ],
+)
+def test_resent_records_never_regress_a_key(spark, script, expected):
+    records = []
+    for op, i, name, lsn in script:
+        if op == "T":
+            records.append((key_record(i), None))
+        elif op == "d":
+            records.append((key_record(i), value_record("d", item(i, "x"), None, lsn=lsn)))
+        else:
+            records.append((key_record(i), value_record(op, None, item(i, name), lsn=lsn)))
+    schema, changes = decode(spark, records)
+    [row] = resolve_latest(changes, schema).collect()
+    assert (None if row["_cdc_deleted"] else row["name"]) == expected
+
+
+TOAST = "__debezium_unavailable_value"
+
+
+def test_toast_placeholder_takes_the_last_real_value_or_keeps_the_table_value(spark):
+    blob_ph = base64.b64encode(TOAST.encode()).decode()
+    records = [
+        (key_record(1), value_record("c", None, item(1, "long text"), lsn=10)),
+        (key_record(1), value_record("u", None, {**item(1, TOAST), "blob": blob_ph}, lsn=11)),
+        (key_record(2), value_record("u", None, {**item(2, TOAST), "blob": blob_ph}, lsn=12)),
+    ]
+    schema, changes = decode(spark, records)
+    out = {r["id"]: r for r in resolve_latest(changes, schema).collect()}
+    assert out[1]["name"] == "long text" and bytes(out[1]["blob"]) == bytes([1, 0, 255])
+    assert not out[1]["_cdc_toast_name"] and not out[1]["_cdc_toast_blob"]
+    # key 2 has no earlier value in the batch: NULL here, the MERGE keeps the table's
+    assert out[2]["name"] is None and out[2]["_cdc_toast_name"] and out[2]["_cdc_toast_blob"]
+
+
+def test_truncate_drops_what_came_before_it(spark):
+    records = [
+        (key_record(1), value_record("c", None, item(1, "gone"), lsn=10)),
+        (key_record(2), value_record("c", None, item(2, "gone too"), lsn=11)),
+        (None, value_record("t", None, None, lsn=12)),
+        (key_record(2), value_record("c", None, item(2, "after"), lsn=13)),
+    ]
+    schema, changes = decode(spark, records)
+    find_invalid(changes, schema, TOPIC)
+    truncate = find_truncate(changes)
+    assert (truncate.offset, truncate.lsn) == (2, 12)
+    out = {r["id"]: r["name"] for r in resolve_latest(changes, schema, truncate).collect()}
+    assert out == {2: "after"}
+
+
+def test_value_that_does_not_fit_its_column_is_refused(spark):
+    too_big = {**item(1, "a"), "price": decimal_b64(Decimal("123456789012.34"), 2)}
+    schema, changes = decode(spark, [(key_record(1), value_record("c", None, too_big))])
+    with pytest.raises(DecodeError, match="offset 0: value does not fit column.s. price"):
         find_invalid(changes, schema, TOPIC)
 
 

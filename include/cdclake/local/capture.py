@@ -43,7 +43,7 @@ def connector_properties(settings: Mapping[str, Any]) -> dict[str, str]:
         "plugin.name": "pgoutput",
         "slot.name": settings["slot_name"],
         "publication.name": settings["slot_name"],
-        "publication.autocreate.mode": "filtered",
+        "publication.autocreate.mode": "all_tables",
         "schema.include.list": ",".join(settings["schemas"]),
         "snapshot.mode": "initial",
         "signal.enabled.channels": "source",
