@@ -208,6 +208,9 @@ def decode_changes(
         key_cases = F.when(cond, decoded) if key_cases is None else key_cases.when(cond, decoded)
 
     value_expr = value_cases if value_cases is not None else F.lit(None)
+    if key_cases is None:  # no Kafka key (table without primary key): a typed NULL
+        key_type = ",".join(f"`{k.name}`:{k.type}" for k in key_cols)
+        key_cases = F.lit(None).cast(f"struct<{key_type}>")
     df = raw.select(
         "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
         (key_cases if key_cases is not None else F.lit(None)).alias("key"),

@@ -4,6 +4,7 @@ PostgreSQL table, values normalised to comparable Python objects."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -41,6 +42,8 @@ def normalize(value: Any) -> Any:
         return bytes(value)
     if isinstance(value, list):
         return tuple(normalize(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
     return value
 
 
@@ -88,11 +91,50 @@ def _source_columns(dsn: str, table: TableConfig) -> list[str]:
     return [r[0] for r in rows]
 
 
+def _json_columns(dsn: str, table: TableConfig) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "select column_name from information_schema.columns where table_schema = %s "
+            "and table_name = %s and data_type in ('json', 'jsonb')",
+            (table.source_schema, table.source_table),
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def canonical_json(value: Any) -> Any:
+    """JSON text or a parsed JSON value -> one canonical text (key order, spacing)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _canonical_rows(rows: list[tuple], positions: list[int]) -> list[tuple]:
+    if not positions:
+        return rows
+    out = []
+    for row in rows:
+        values = list(row)
+        for i in positions:
+            values[i] = canonical_json(values[i])
+        out.append(tuple(values))
+    return out
+
+
 def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=None):
     columns, lake = lake_rows(pipeline, table, cat)
     if not columns:
         columns = _source_columns(dsn, table)
     source = source_rows(dsn, table, columns)
+    json_cols = _json_columns(dsn, table)
+    positions = [i for i, c in enumerate(columns) if c in json_cols]
+    source, lake = _canonical_rows(source, positions), _canonical_rows(lake, positions)
     s_set, l_set = _multiset(source), _multiset(lake)
     missing = sorted((s_set - l_set).elements(), key=repr)
     extra = sorted((l_set - s_set).elements(), key=repr)

@@ -80,8 +80,8 @@ def invalid_reason(schema: TopicSchema):
             F.concat(F.lit("value does not fit column(s) "), F.array_join("unfit", ", ")),
         )
         .when(
-            (F.col("op") != TRUNCATE) | F.col("op").isNull(),
-            F.when(key_missing, "record has no key"),
+            ~F.col("is_tombstone") & (F.col("op") != TRUNCATE) & key_missing,
+            F.lit("record has no key"),
         )
     )
 
@@ -163,6 +163,12 @@ def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = Non
     rows = after_truncate(changes, truncate).select(
         *keys, "partition", "offset", "is_tombstone", "op", "after", "source_ts_ms", "lsn"
     )
+    # a tombstone without key (table without primary key) carries nothing: the delete
+    # event before it already holds the row
+    no_key = F.lit(True)
+    for k in schema.key_names:
+        no_key = no_key & F.col(k).isNull()
+    rows = rows.where(~(F.col("is_tombstone") & no_key))
     rows = drop_stale(rows, schema.key_names)
     payload = F.struct("offset", "partition", "is_tombstone", "op", "after", "source_ts_ms", "lsn")
     aggs = [F.max_by(payload, F.col("offset")).alias("r"), F.max("lsn").alias("lsn_max")]

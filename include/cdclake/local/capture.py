@@ -52,6 +52,7 @@ def connector_properties(settings: Mapping[str, Any]) -> dict[str, str]:
         "notification.sink.topic.name": settings["notification_topic"],
         "provide.transaction.metadata": "true",
         "tombstones.on.delete": "true",
+        "skipped.operations": "none",  # the default skips truncates
         "key.converter.schemas.enable": "true",
         "value.converter.schemas.enable": "true",
         "converter.schemas.enable": "true",
