@@ -55,10 +55,11 @@ class TopicSchema:
         return tuple(c.name for c in self.key)
 
 
-_WIDENING = {("int", "bigint"), ("float", "double"), ("date", "timestamp_ntz")}
+_WIDENING = {("int", "bigint"), ("float", "double")}
 
 
-def _widens(old: str, new: str) -> bool:
+def widens(old: str, new: str) -> bool:
+    """Can Iceberg promote a column of type `old` to `new` without rewriting data?"""
     if old == new or (old, new) in _WIDENING:
         return True
     if old.startswith("decimal(") and new.startswith("decimal("):
@@ -84,7 +85,7 @@ def unify_columns(
     for fields in schemas_oldest_first:
         for f in fields:
             col = Column(f.name, lake_type(f), f.optional)
-            if f.name in latest and not _widens(latest[f.name].type, col.type):
+            if f.name in latest and not widens(latest[f.name].type, col.type):
                 raise DecodeError(
                     f"{where}: column {f.name!r} changed type from {latest[f.name].type} to "
                     f"{col.type}, which is not a widening cdclake can apply"

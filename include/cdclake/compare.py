@@ -24,10 +24,11 @@ class TableComparison:
     lake_rows: list[tuple]
     missing: list[tuple] = field(default_factory=list)  # in the source, not in the lake
     extra: list[tuple] = field(default_factory=list)  # in the lake, not in the source
+    missing_columns: list[str] = field(default_factory=list)  # source columns not in the lake
 
     @property
     def equal(self) -> bool:
-        return not self.missing and not self.extra
+        return not self.missing and not self.extra and not self.missing_columns
 
 
 def normalize(value: Any) -> Any:
@@ -128,9 +129,11 @@ def _canonical_rows(rows: list[tuple], positions: list[int]) -> list[tuple]:
 
 
 def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=None):
-    columns, lake = lake_rows(pipeline, table, cat)
-    if not columns:
-        columns = _source_columns(dsn, table)
+    lake_columns, lake = lake_rows(pipeline, table, cat)
+    source_columns = _source_columns(dsn, table)
+    columns = [c for c in lake_columns if c in source_columns] or source_columns
+    keep = [lake_columns.index(c) for c in columns if c in lake_columns]
+    lake = [tuple(row[i] for i in keep) for row in lake] if lake_columns else []
     source = source_rows(dsn, table, columns)
     json_cols = _json_columns(dsn, table)
     positions = [i for i, c in enumerate(columns) if c in json_cols]
@@ -146,6 +149,7 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
         lake_rows=sorted(lake, key=repr),
         missing=missing,
         extra=extra,
+        missing_columns=[c for c in source_columns if lake_columns and c not in lake_columns],
     )
 
 
@@ -178,6 +182,8 @@ def render_comparison(results: list[TableComparison], max_rows: int = 12) -> str
         if more > 0:
             out.append(f"   ... {more} more rows")
         out.append(f"   rows: source {len(r.source_rows)}, lake {len(r.lake_rows)}")
+        if r.missing_columns:
+            out.append(f"   columns missing from the lake: {', '.join(r.missing_columns)}")
         for row in r.missing[:5]:
             out.append(f"   missing from the lake: {_fmt(row)}")
         for row in r.extra[:5]:

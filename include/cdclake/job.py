@@ -231,7 +231,9 @@ def _load_table(
         result.deletes = counts.get(True, 0)
         max_ts = resolved.agg(F.max("_cdc_source_ts")).collect()[0][0]
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
-        ensure_table(spark, qualified, schema, {})
+        table_columns = ensure_table(spark, qualified, schema, {})
+        present = {c.name for c in schema.columns}
+        dropped = [n for n in table_columns if n not in present]
         new_offsets = {**committed, **{(r.topic, r.partition): r.end for r in ranges}}
         props = {
             SUMMARY_OFFSETS: encode_offsets(new_offsets),
@@ -248,6 +250,7 @@ def _load_table(
         merge_sql = build_merge_sql(
             qualified, view, schema, toast_columns,
             truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
+            dropped_columns=dropped,
         )  # fmt: skip
         with commit_properties(spark, props):
             spark.sql(merge_sql)

@@ -7,7 +7,8 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema
+from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
+from cdclake.exceptions import DecodeError
 from cdclake.resolve import STALE_CHECK_LSN, TOAST_PREFIX
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def build_merge_sql(
     toast_columns: Sequence[str] = (),
     truncate_lsn: int | None = None,
     truncate: bool = False,
+    dropped_columns: Sequence[str] = (),
 ) -> str:
     """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
     when both have one); TOAST placeholders keep the table's value; a truncate deletes
@@ -59,7 +61,9 @@ def build_merge_sql(
             return f"t.{LSN} = coalesce(s.{LSN}, t.{LSN})"
         return f"t.{quote(n)} = s.{quote(n)}"
 
-    updates = ", ".join(assign(n) for n in names)
+    # columns the source dropped stay in the table; rows written from now on hold NULL
+    gone = [f"t.{quote(n)} = NULL" for n in dropped_columns]
+    updates = ", ".join([assign(n) for n in names] + gone)
     insert_cols = ", ".join(quote(n) for n in names)
     insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
     sql = (
@@ -77,22 +81,36 @@ def build_merge_sql(
     return sql
 
 
-def ensure_table(spark, table: str, schema: TopicSchema, properties: Mapping[str, str]) -> bool:
-    """Create the table on first sight, add columns that appeared since. True if created."""
-    created = not spark.catalog.tableExists(table)
-    if created:
+def ensure_table(
+    spark, table: str, schema: TopicSchema, properties: Mapping[str, str]
+) -> list[str]:
+    """Create the table on first sight, or evolve it: add new columns, widen promoted
+    ones. Returns the table's source columns (metadata columns excluded), which may
+    include columns the source has dropped since."""
+    if not spark.catalog.tableExists(table):
         spark.sql(build_create_sql(table, schema, properties))
         if schema.key_names:
             keys = ", ".join(quote(k) for k in schema.key_names)
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("created %s with key %s", table, schema.key_names)
-        return True
-    existing = {f.name for f in spark.table(table).schema.fields}
+        return [c.name for c in schema.columns]
+    existing = {f.name: f.dataType.simpleString() for f in spark.table(table).schema.fields}
     for c in schema.columns:
-        if c.name not in existing:
+        old = existing.get(c.name)
+        if old is None:
             spark.sql(f"ALTER TABLE {table} ADD COLUMN {quote(c.name)} {c.type}")
             log.info("%s: added column %s %s", table, c.name, c.type)
-    return False
+        elif old != c.type and widens(old, c.type):
+            spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote(c.name)} TYPE {c.type}")
+            log.info("%s: widened column %s from %s to %s", table, c.name, old, c.type)
+        elif old != c.type and not widens(c.type, old):
+            raise DecodeError(
+                f"{table}: column {c.name!r} is {old} in the table but {c.type} in the new "
+                "records, which Iceberg cannot promote. Rename the column in the source, or "
+                "rebuild the table (backfill in rebuild mode)."
+            )
+    names = [c.name for c in schema.columns]
+    return names + [n for n in existing if n not in names and n not in METADATA_COLUMNS]
 
 
 DEAD_LETTERS = "_cdclake_dead_letters"

@@ -132,3 +132,42 @@ def test_undecodable_record_fails_naming_it_or_goes_to_dead_letters(stack, spark
     # a retry of the same batch does not record it twice
     plan = plan_pipeline(dead, "dl-dead-again")
     assert plan.ranges == ()
+
+
+def test_schema_changes_add_widen_drop_rename_and_refuse_incompatible(stack, spark, tmp_path):
+    n = uuid.uuid4().hex[:6]
+    t = f"inventory.evolve_{n}"
+    sql(
+        stack,
+        f"create table {t} (id int primary key, qty int, score real, price numeric(6,2), "
+        "label varchar(10), old text)",
+        f"insert into {t} values (1, 1, 1.5, 10.25, 'a', 'x'), (2, 2, 2.5, 20.5, 'b', 'y')",
+    )
+    pipeline = make_pipeline(tmp_path, f"it_evo_{n}", [t])
+    load_all(stack, spark, pipeline, "evo-1")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+    sql(
+        stack,
+        f"alter table {t} add column note text",  # ADD COLUMN
+        f"alter table {t} alter column qty type bigint",  # int -> bigint
+        f"alter table {t} alter column score type double precision",  # real -> double
+        f"alter table {t} alter column price type numeric(12,2)",  # more digits
+        f"alter table {t} alter column label type varchar(200)",  # longer varchar
+        f"alter table {t} drop column old",  # DROP COLUMN
+        f"alter table {t} rename column note to remark",  # rename = drop + add
+        f"insert into {t} values (3, 5000000000, 3.25, 1234567890.12, repeat('z', 150), 'n3')",
+        f"update {t} set qty = qty + 1 where id = 1",
+    )
+    load_all(stack, spark, pipeline, "evo-2")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    lake = {r["id"]: r for r in spark.table(f"lake.it_evo_{n}.evolve_{n}").collect()}
+    assert lake[1]["old"] is None and lake[2]["old"] == "y"  # dropped: kept, NULL from then on
+    assert lake[3]["remark"] == "n3" and lake[3]["qty"] == 5_000_000_000
+
+    sql(
+        stack, f"alter table {t} alter column label type integer using 7", f"update {t} set qty = 0"
+    )
+    stack.wait_for_capture()
+    with pytest.raises(DecodeError, match="'label'.*string.*int"):
+        load_all(stack, spark, pipeline, "evo-3")
