@@ -3,7 +3,8 @@
 Rules (the semantics the tests pin down):
 - Per key, Kafka order decides. A record whose source LSN is not above an LSN already
   seen for its key is a re-sent duplicate (Debezium is at-least-once) and is skipped; a
-  tombstone shares the fate of the delete just before it. Records without an LSN
+  tombstone shares the fate of the delete just before it, and is a no-op when that
+  delete was in an earlier batch. Records without an LSN
   (incremental snapshot reads) are never skipped.
 - A truncate removes every row loaded before it: records of the batch before it are
   dropped and the MERGE deletes table rows whose LSN is below the truncate's.
@@ -145,7 +146,9 @@ def drop_stale(changes, key_names: tuple[str, ...]):
     prev_stale = F.lag("_stale").over(order)
     marked = marked.withColumn(
         "_stale",
-        F.when(F.col("is_tombstone"), F.coalesce(prev_stale, F.lit(False))).otherwise(
+        # a tombstone with no record before it in the batch: its delete came in an earlier
+        # batch and was applied (the row is gone) or was a re-sent one (the row is newer)
+        F.when(F.col("is_tombstone"), F.coalesce(prev_stale, F.lit(True))).otherwise(
             F.col("_stale")
         ),
     )

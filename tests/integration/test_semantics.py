@@ -50,7 +50,8 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path):
         f"alter table inventory.docs_{n} alter column body set storage external, "
         "alter column meta set storage external, alter column data set storage external, "
         "alter column tags set storage external",
-        f"create table inventory.events_{n} (event_id int not null, kind text, amount numeric(12,3))",
+        f"create table inventory.events_{n} "
+        "(event_id int not null, kind text, amount numeric(12,3))",
         f"alter table inventory.events_{n} replica identity full",
     )
     insert_doc = (
@@ -125,7 +126,8 @@ def test_undecodable_record_fails_naming_it_or_goes_to_dead_letters(stack, spark
     load_all(stack, spark, dead, "dl-dead")
     assert_lake_equals_source(dead, stack.source_dsn)
     rows = spark.sql(
-        f"select topic, `partition`, `offset`, error, batch_id from lake.it_dead_{n}._cdclake_dead_letters"
+        "select topic, `partition`, `offset`, error, batch_id "
+        f"from lake.it_dead_{n}._cdclake_dead_letters"
     ).collect()
     assert [(r.topic, r.partition, r.offset) for r in rows] == [(topic, 0, 2)]
     assert "envelope" in rows[0].error
