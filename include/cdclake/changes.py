@@ -99,12 +99,15 @@ def unify_columns(
 
 
 def topic_schema(
-    key_schemas: Sequence[str], value_schemas: Sequence[str], key_override: Sequence[str],
+    key_schemas: Sequence[str],
+    value_schemas: Sequence[str],
+    key_override: Sequence[str],
     where: str,
-) -> TopicSchema:  # fmt: skip
+    exclude: Sequence[str] = (),
+) -> TopicSchema:
     """Schemas are given oldest first (by the last offset that used them)."""
     value_fields = [value_row_fields(parse_connect_schema(s), where) for s in value_schemas]
-    columns = unify_columns(value_fields, where)
+    columns = tuple(c for c in unify_columns(value_fields, where) if c.name not in exclude)
     if key_override:
         by_name = {c.name: c for c in columns}
         missing = [k for k in key_override if k not in by_name]

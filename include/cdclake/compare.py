@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdclake.catalog import load_catalog
-from cdclake.changes import METADATA_COLUMNS
+from cdclake.changes import DELETED, METADATA_COLUMNS
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import EndpointError
 
@@ -59,7 +59,11 @@ def lake_rows(
     except NoSuchTableError:
         return [], []
     data = ice.scan().to_arrow()
-    columns = [c for c in data.column_names if c not in METADATA_COLUMNS]
+    if DELETED in data.column_names:  # soft deletes: flagged rows are not source rows
+        import pyarrow.compute as pc
+
+        data = data.filter(pc.invert(pc.fill_null(data.column(DELETED), False)))
+    columns = [c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED]
     rows = list(zip(*(data.column(c).to_pylist() for c in columns), strict=True)) if columns else []
     return columns, [tuple(normalize(v) for v in row) for row in rows]
 
@@ -130,7 +134,7 @@ def _canonical_rows(rows: list[tuple], positions: list[int]) -> list[tuple]:
 
 def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=None):
     lake_columns, lake = lake_rows(pipeline, table, cat)
-    source_columns = _source_columns(dsn, table)
+    source_columns = [c for c in _source_columns(dsn, table) if c not in table.exclude]
     columns = [c for c in lake_columns if c in source_columns] or source_columns
     keep = [lake_columns.index(c) for c in columns if c in lake_columns]
     lake = [tuple(row[i] for i in keep) for row in lake] if lake_columns else []

@@ -23,6 +23,13 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
+class DeleteMode(StrEnum):
+    """Hard: deleted rows leave the table. Soft: they stay, with `_cdc_deleted = true`."""
+
+    HARD = "hard"
+    SOFT = "soft"
+
+
 class OnError(StrEnum):
     """What the load does with a record it cannot decode."""
 
@@ -56,6 +63,10 @@ class TableConfig:
     source: str  # "<schema>.<table>" in PostgreSQL
     target: str  # table name inside the pipeline's namespace
     key: tuple[str, ...] = ()  # overrides the Kafka key columns when set
+    exclude: tuple[str, ...] = ()  # source columns never loaded
+    delete_mode: DeleteMode = DeleteMode.HARD
+    partition_by: tuple[str, ...] = ()  # Iceberg transforms: "bucket(16, id)", "days(ts)"
+    properties: Mapping[str, str] = field(default_factory=dict)  # Iceberg table properties
 
     @property
     def source_schema(self) -> str:
@@ -243,6 +254,22 @@ def _parse_catalog(r: _Reader, raw: Mapping[str, Any]) -> CatalogConfig:
     )
 
 
+_TABLE_FIELDS = {"source", "target", "key", "exclude", "delete_mode", "partition_by", "properties"}
+_TRANSFORM = re.compile(
+    r"^(?:[A-Za-z_][A-Za-z0-9_]*"
+    r"|(?:years|months|days|hours|year|month|day|hour)\([A-Za-z_][A-Za-z0-9_]*\)"
+    r"|(?:bucket|truncate)\(\s*\d+\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*\))$"
+)
+
+
+def _names(r: _Reader, item: Mapping[str, Any], where: str, key: str) -> list[str]:
+    names = r.get(item, where, key, list, [])
+    for name in names:
+        if not isinstance(name, str) or not _IDENT.match(name):
+            raise r.fail(f"{where}.{key}", f"{name!r} is not a column name")
+    return names
+
+
 def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
     items = r.get(raw, "", "tables", list)
     if not items:
@@ -261,11 +288,41 @@ def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]
         target = r.get(item, where, "target", str, parts[1])
         if not _IDENT.match(target):
             raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
-        key = r.get(item, where, "key", list, [])
-        for k in key:
-            if not isinstance(k, str) or not _IDENT.match(k):
-                raise r.fail(f"{where}.key", f"{k!r} is not a column name")
-        tables.append(TableConfig(source=source, target=target, key=tuple(key)))
+        unknown = sorted(set(item) - _TABLE_FIELDS)
+        if unknown:
+            raise r.fail(
+                f"{where}.{unknown[0]}", f"unknown field (expected {sorted(_TABLE_FIELDS)})"
+            )
+        key = _names(r, item, where, "key")
+        exclude = _names(r, item, where, "exclude")
+        clash = sorted(set(key) & set(exclude))
+        if clash:
+            raise r.fail(f"{where}.exclude", f"key column(s) {clash} cannot be excluded")
+        mode_raw = r.get(item, where, "delete_mode", str, DeleteMode.HARD.value)
+        try:
+            delete_mode = DeleteMode(mode_raw)
+        except ValueError:
+            choices = [m.value for m in DeleteMode]
+            raise r.fail(f"{where}.delete_mode", f"{mode_raw!r} is not one of {choices}") from None
+        partition_by = r.get(item, where, "partition_by", list, [])
+        for i_part, spec in enumerate(partition_by):
+            if not isinstance(spec, str) or not _TRANSFORM.match(spec):
+                raise r.fail(
+                    f"{where}.partition_by[{i_part}]",
+                    f"{spec!r} is not a column or an Iceberg transform such as "
+                    "'bucket(16, id)', 'truncate(4, name)', 'days(ts)'",
+                )
+        tables.append(
+            TableConfig(
+                source=source,
+                target=target,
+                key=tuple(key),
+                exclude=tuple(exclude),
+                delete_mode=delete_mode,
+                partition_by=tuple(partition_by),
+                properties=r.string_map(item, where, "properties"),
+            )
+        )
     seen: dict[str, str] = {}
     for t in tables:
         if t.target in seen:

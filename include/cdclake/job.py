@@ -9,7 +9,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from cdclake.changes import DELETED, decode_changes, topic_schema
-from cdclake.config import OnError, PipelineConfig, TableConfig
+from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError, DecodeError
 from cdclake.merge import (
     DEAD_LETTERS,
@@ -158,6 +158,14 @@ def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
     return {}
 
 
+def _is_commit_conflict(exc: Exception) -> bool:
+    text = str(exc)
+    return any(
+        name in text
+        for name in ("ValidationException", "CommitFailedException", "Found conflicting files")
+    )
+
+
 def _check_plan_start(
     qualified: str, committed: dict[TopicPartition, int], ranges: list[OffsetRange]
 ) -> bool:
@@ -207,6 +215,7 @@ def _load_table(
         [s for _, s in schemas.get("value", [])],
         table.key,
         topic,
+        table.exclude,
     )
     changes = decode_changes(
         raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
@@ -231,7 +240,10 @@ def _load_table(
         result.deletes = counts.get(True, 0)
         max_ts = resolved.agg(F.max("_cdc_source_ts")).collect()[0][0]
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
-        table_columns = ensure_table(spark, qualified, schema, {})
+        soft = table.delete_mode is DeleteMode.SOFT
+        table_columns = ensure_table(
+            spark, qualified, schema, table.properties, table.partition_by, soft
+        )
         present = {c.name for c in schema.columns}
         dropped = [n for n in table_columns if n not in present]
         new_offsets = {**committed, **{(r.topic, r.partition): r.end for r in ranges}}
@@ -250,10 +262,18 @@ def _load_table(
         merge_sql = build_merge_sql(
             qualified, view, schema, toast_columns,
             truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-            dropped_columns=dropped,
+            dropped_columns=dropped, soft_delete=soft,
         )  # fmt: skip
         with commit_properties(spark, props):
-            spark.sql(merge_sql)
+            try:
+                spark.sql(merge_sql)
+            except Exception as exc:
+                if _is_commit_conflict(exc):
+                    raise CommitConflictError(
+                        f"{qualified}: another run committed to this table at the same time; "
+                        "nothing of this run was committed to it. Plan again."
+                    ) from exc
+                raise
         after_id, summary = current_snapshot(spark, qualified)
         if after_id == before_id:
             commit_empty(spark, qualified, props)  # nothing changed, offsets still move

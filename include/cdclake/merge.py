@@ -27,14 +27,28 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def build_create_sql(table: str, schema: TopicSchema, properties: Mapping[str, str]) -> str:
+def build_create_sql(
+    table: str,
+    schema: TopicSchema,
+    properties: Mapping[str, str],
+    partition_by: Sequence[str] = (),
+    soft_delete: bool = False,
+) -> str:
     cols = [f"{quote(c.name)} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns]
     cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
-    props = ", ".join(f"'{k}'='{v}'" for k, v in {**TABLE_PROPERTIES, **properties}.items())
+    if soft_delete:
+        cols.append(f"{DELETED} boolean")
+    merged = {**TABLE_PROPERTIES, **properties}
+    props = ", ".join(f"'{_sql_text(k)}'='{_sql_text(v)}'" for k, v in merged.items())
+    partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     return (
-        f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg "
+        f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg{partitioned} "
         f"TBLPROPERTIES ({props})"
     )
+
+
+def _sql_text(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def build_merge_sql(
@@ -45,6 +59,7 @@ def build_merge_sql(
     truncate_lsn: int | None = None,
     truncate: bool = False,
     dropped_columns: Sequence[str] = (),
+    soft_delete: bool = False,
 ) -> str:
     """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
     when both have one); TOAST placeholders keep the table's value; a truncate deletes
@@ -66,29 +81,43 @@ def build_merge_sql(
     updates = ", ".join([assign(n) for n in names] + gone)
     insert_cols = ", ".join(quote(n) for n in names)
     insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
+    if soft_delete:  # deleted rows stay, flagged, with the last values they had
+        marks = ", ".join(assign(n) for n in METADATA_COLUMNS)
+        on_delete = f"UPDATE SET t.{DELETED} = true, {marks}"
+        updates += f", t.{DELETED} = false"
+        insert_cols += f", {DELETED}"
+        insert_vals += ", false"
+    else:
+        on_delete = "DELETE"
     sql = (
         f"MERGE INTO {table} t USING {source_view} s ON {on} "
-        f"WHEN MATCHED AND s.{DELETED} AND {fresh} THEN DELETE "
+        f"WHEN MATCHED AND s.{DELETED} AND {fresh} THEN {on_delete} "
         f"WHEN MATCHED AND {fresh} THEN UPDATE SET {updates} "
         f"WHEN NOT MATCHED AND NOT s.{DELETED} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
     )
     if truncate:
+        gone_rows = f"UPDATE SET t.{DELETED} = true" if soft_delete else "DELETE"
         if truncate_lsn is None:
-            sql += " WHEN NOT MATCHED BY SOURCE THEN DELETE"
+            sql += f" WHEN NOT MATCHED BY SOURCE THEN {gone_rows}"
         else:
             below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
-            sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN DELETE"
+            sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
     return sql
 
 
 def ensure_table(
-    spark, table: str, schema: TopicSchema, properties: Mapping[str, str]
+    spark,
+    table: str,
+    schema: TopicSchema,
+    properties: Mapping[str, str],
+    partition_by: Sequence[str] = (),
+    soft_delete: bool = False,
 ) -> list[str]:
     """Create the table on first sight, or evolve it: add new columns, widen promoted
     ones. Returns the table's source columns (metadata columns excluded), which may
     include columns the source has dropped since."""
     if not spark.catalog.tableExists(table):
-        spark.sql(build_create_sql(table, schema, properties))
+        spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
         if schema.key_names:
             keys = ", ".join(quote(k) for k in schema.key_names)
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
@@ -110,7 +139,8 @@ def ensure_table(
                 "rebuild the table (backfill in rebuild mode)."
             )
     names = [c.name for c in schema.columns]
-    return names + [n for n in existing if n not in names and n not in METADATA_COLUMNS]
+    internal = {*METADATA_COLUMNS, DELETED}
+    return names + [n for n in existing if n not in names and n not in internal]
 
 
 DEAD_LETTERS = "_cdclake_dead_letters"

@@ -173,3 +173,38 @@ def test_schema_changes_add_widen_drop_rename_and_refuse_incompatible(stack, spa
     stack.wait_for_capture()
     with pytest.raises(DecodeError, match="'label'.*string.*int"):
         load_all(stack, spark, pipeline, "evo-3")
+
+
+def test_per_table_options(stack, spark, tmp_path):
+    n = uuid.uuid4().hex[:6]
+    t = f"inventory.opts_{n}"
+    sql(
+        stack,
+        f"create table {t} (id int primary key, name text, secret text)",
+        f"insert into {t} select i, 'n' || i, 'pw' || i from generate_series(1, 20) i",
+        f"delete from {t} where id in (3, 4)",
+        f"update {t} set name = 'changed' where id = 5",
+    )
+    options = {
+        "source": t,
+        "target": f"renamed_{n}",
+        "exclude": ["secret"],
+        "delete_mode": "soft",
+        "partition_by": ["bucket(4, id)"],
+        "properties": {"write.target-file-size-bytes": "1048576"},
+    }
+    pipeline = make_pipeline(tmp_path, f"it_opt_{n}", [options])
+    load_all(stack, spark, pipeline, "opt-1")
+    assert_lake_equals_source(pipeline, stack.source_dsn)  # soft-deleted rows not counted
+    lake = spark.table(f"lake.it_opt_{n}.renamed_{n}")
+    assert "secret" not in lake.columns
+    deleted = {r["id"] for r in lake.where("_cdc_deleted").collect()}
+    assert deleted == {3, 4}
+    ice = load_catalog(pipeline.catalog).load_table((f"it_opt_{n}", f"renamed_{n}"))
+    assert [str(f.transform) for f in ice.spec().fields] == ["bucket[4]"]
+    assert ice.properties["write.target-file-size-bytes"] == "1048576"
+
+    sql(stack, f"insert into {t} values (3, 'back', 'pw')")  # a soft-deleted key returns
+    load_all(stack, spark, pipeline, "opt-2")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    assert lake.where("id = 3 and not _cdc_deleted").count() == 1

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from cdclake.config import OnError, load_pipeline
+from cdclake.config import DeleteMode, OnError, load_pipeline
 from cdclake.exceptions import ConfigError
 
 VALID = """
@@ -13,6 +13,8 @@ namespace: shop
 tables:
   - public.orders
   - {source: public.items, target: order_items, key: [order_id, line]}
+  - {source: public.audit, exclude: [secret], delete_mode: soft,
+     partition_by: ["bucket(16, id)", "days(at)", kind], properties: {a.b: 1}}
 """
 
 
@@ -28,11 +30,15 @@ def test_valid_config_parses_into_typed_objects(tmp_path):
     assert p.kafka.client_config()["bootstrap.servers"] == "k1:9092,k2:9092"
     assert p.kafka.client_config()["security.protocol"] == "SSL"
     assert p.catalog.warehouse == (tmp_path / "wh").resolve().as_uri()
-    assert [t.target for t in p.tables] == ["orders", "order_items"]
+    assert [t.target for t in p.tables] == ["orders", "order_items", "audit"]
     assert p.tables[1].key == ("order_id", "line")
     assert p.topic_for(p.tables[0]) == "pg.public.orders"
     assert p.qualified_target(p.tables[1]) == "lake.shop.order_items"
     assert p.on_error is OnError.FAIL
+    audit = p.tables[2]
+    assert audit.exclude == ("secret",) and audit.delete_mode is DeleteMode.SOFT
+    assert audit.partition_by == ("bucket(16, id)", "days(at)", "kind")
+    assert audit.properties == {"a.b": "1"}
     assert p.max_records_per_batch == 1_000_000
 
 
@@ -63,6 +69,10 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
             "kafka.bootstrap_servers",
         ),  # env var missing without default
         (("target: order_items", "target: orders"), "tables"),  # two sources, one target
+        (("delete_mode: soft", "delete_mode: gone"), "tables[2].delete_mode"),
+        (('"days(at)"', '"days(at); drop table x"'), "tables[2].partition_by[1]"),
+        (("exclude: [secret]", "exclude: [id], key: [id]"), "tables[2].exclude"),
+        (("delete_mode: soft", "colour: red"), "tables[2].colour"),  # unknown table field
     ],
 )
 def test_bad_config_names_file_and_field(tmp_path, change, field):
