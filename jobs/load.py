@@ -11,6 +11,7 @@ import sys
 from cdclake.config import load_pipeline
 from cdclake.exceptions import CdclakeError
 from cdclake.job import run_batch
+from cdclake.lifecycle import exit_with_parent
 from cdclake.offsets import BatchPlan
 from cdclake.spark import build_session
 
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", required=True, help="pipeline YAML file")
     parser.add_argument("--plan", required=True, help="batch plan JSON (from the plan task)")
     args = parser.parse_args(argv)
+    exit_with_parent()  # a killed spark-submit (task timeout, manual kill) takes us along
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

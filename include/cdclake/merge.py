@@ -95,6 +95,11 @@ def build_merge_sql(
         f"WHEN MATCHED AND {fresh} THEN UPDATE SET {updates} "
         f"WHEN NOT MATCHED AND NOT s.{DELETED} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
     )
+    if soft_delete:  # remember keys deleted before they were ever loaded, too
+        sql += (
+            f" WHEN NOT MATCHED AND s.{DELETED} THEN INSERT ({insert_cols}) "
+            f"VALUES ({insert_vals.removesuffix(', false')}, true)"
+        )
     if truncate:
         gone_rows = f"UPDATE SET t.{DELETED} = true" if soft_delete else "DELETE"
         if truncate_lsn is None:

@@ -174,7 +174,12 @@ def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = Non
     rows = rows.where(~(F.col("is_tombstone") & no_key))
     rows = drop_stale(rows, schema.key_names)
     payload = F.struct("offset", "partition", "is_tombstone", "op", "after", "source_ts_ms", "lsn")
-    aggs = [F.max_by(payload, F.col("offset")).alias("r"), F.max("lsn").alias("lsn_max")]
+    aggs = [
+        F.max_by(payload, F.col("offset")).alias("r"),
+        F.max("lsn").alias("lsn_max"),
+        # the last values a deleted row had in this batch (kept by soft deletes)
+        F.max_by("after", F.when(F.col("after").isNotNull(), F.col("offset"))).alias("last_after"),
+    ]
     toasty = toastable(schema)
     for c in toasty:
         real = F.col("after").isNotNull() & ~toast_test(F.col("after")[c.name], c)
@@ -187,11 +192,12 @@ def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = Non
     deleted = F.col("r.is_tombstone") | (F.col("r.op") == "d")
     cols, flags = [], []
     toast_names = {c.name for c in toasty}
+    after = F.when(deleted, F.col("last_after")).otherwise(F.col("r.after"))
     for c in schema.columns:
         if c.name in schema.key_names:
             cols.append(F.col(f"`{c.name}`"))
             continue
-        value = F.col("r.after")[c.name]
+        value = after[c.name]
         if c.name not in toast_names:
             cols.append(value.alias(c.name))
             continue
