@@ -3,6 +3,7 @@ undecodable records."""
 
 from __future__ import annotations
 
+import random
 import uuid
 
 import psycopg
@@ -208,3 +209,59 @@ def test_per_table_options(stack, spark, tmp_path):
     load_all(stack, spark, pipeline, "opt-2")
     assert_lake_equals_source(pipeline, stack.source_dsn)
     assert lake.where("id = 3 and not _cdc_deleted").count() == 1
+
+
+def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path):
+    import threading
+
+    from cdclake.signals import (
+        Action,
+        SnapshotRequest,
+        follow_snapshot,
+        new_signal_id,
+        send_to_signal_table,
+        validate,
+    )
+
+    n = uuid.uuid4().hex[:6]
+    t = f"inventory.snap_{n}"
+    sql(
+        stack,
+        f"create table {t} (id int primary key, v int, note text)",
+        f"insert into {t} select i, i, 'start' from generate_series(1, 400) i",
+    )
+    pipeline = make_pipeline(tmp_path, f"it_snap_{n}", [t])
+    load_all(stack, spark, pipeline, "snap-0")
+
+    stop = threading.Event()
+
+    def write() -> None:
+        rng = random.Random(3)
+        with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                k = rng.randint(1, 450)
+                conn.execute(
+                    f"insert into {t} values (%s, 0, 'w') on conflict (id) "
+                    "do update set v = excluded.v + 1, note = 'updated'",
+                    (k,),
+                )
+                if rng.random() < 0.1:
+                    conn.execute(f"delete from {t} where id = %s", (rng.randint(1, 450),))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        request = SnapshotRequest(Action.EXECUTE, (t,), filters={t: "id <= 300"})
+        validate(request, [tc.source for tc in pipeline.tables])
+        signal_id = new_signal_id(f"test-{n}")
+        send_to_signal_table(stack.source_dsn, "public.debezium_signal", signal_id, request)
+        progress = follow_snapshot(pipeline.kafka, stack.s.notification_topic, signal_id, 300)
+    finally:
+        stop.set()
+        writer.join()
+    assert progress.status == "COMPLETED"
+    load_all(stack, spark, pipeline, "snap-1")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
+    assert lake.where("_cdc_op = 'r' and id <= 300").count() > 0  # snapshot reads loaded
+    assert lake.where("_cdc_op = 'r' and id > 300").count() == 0  # the filter was applied
