@@ -1,10 +1,15 @@
-"""Does the lake equal the source? Row-for-row comparison of each Iceberg table with its
-PostgreSQL table, values normalised to comparable Python objects."""
+"""Does the lake equal the source? Each Iceberg table is compared with its PostgreSQL
+table row for row, inside PostgreSQL: the lake rows are sent as JSON, turned back into
+the source column types with PostgreSQL's own input functions, and compared with
+`EXCEPT ALL` both ways, so equality is PostgreSQL's equality for every type."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -31,136 +36,201 @@ class TableComparison:
         return not self.missing and not self.extra and not self.missing_columns
 
 
-def normalize(value: Any) -> Any:
-    """Make PostgreSQL (psycopg) and Iceberg (pyarrow) values compare equal when they are."""
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.UTC)
-    if isinstance(value, dt.time):
-        return value.isoformat(timespec="microseconds")
-    if isinstance(value, Decimal):
-        return value.normalize() if value.is_finite() else str(value)
+@dataclass(frozen=True)
+class SourceColumn:
+    name: str
+    type: str  # format_type(): 'numeric(12,4)', 'inventory.mood', 'integer[]' ...
+    base: str  # pg_type.typname of the column or of its array element
+    is_array: bool
+
+
+def _json_value(value: Any, bits: bool = False) -> Any:
+    """A lake value as JSON that PostgreSQL's input functions read back exactly."""
+    if value is None:
+        return None
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
+        data = bytes(value)
+        return int.from_bytes(data, "little") if bits else base64.b64encode(data).decode()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
     if isinstance(value, list):
-        return tuple(normalize(v) for v in value)
+        return [_json_value(v, bits) for v in value]
     if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return {k: _json_value(v, bits) for k, v in value.items()}
     return value
 
 
-def lake_rows(
-    pipeline: PipelineConfig, table: TableConfig, cat=None
-) -> tuple[list[str], list[tuple]]:
+def _lake_expr(c: SourceColumn) -> str:
+    """SQL turning the lake value in jsonb `j` back into something comparable."""
+    ref = "j->" + _lit(c.name)
+    text = "j->>" + _lit(c.name)
+    if c.is_array:
+        return (
+            f"CASE WHEN jsonb_typeof({ref}) = 'array' THEN ARRAY(SELECT x FROM "
+            f"jsonb_array_elements_text({ref}) x)::{c.type} END"
+        )
+    if c.base == "bytea":
+        return f"decode({text}, 'base64')"
+    if c.type == "bit(1)":  # Debezium sends bit(1) as a boolean
+        return f"({text})::boolean"
+    if c.base in ("bit", "varbit"):
+        return f"({text})::numeric"
+    if c.base == "timetz":
+        return f"(({text})::timetz AT TIME ZONE 'UTC')"
+    if c.base == "interval":  # Debezium MicroDuration: microseconds, 30.4375-day months
+        return f"({text})::numeric"
+    if c.base == "point":
+        return f"(({text})::jsonb - 'wkb' - 'srid')"
+    if c.base in ("json", "jsonb", "hstore"):
+        return f"({text})::jsonb"
+    if c.base == "xml":
+        return text
+    return f"({text})::{c.type}"
+
+
+def _source_expr(c: SourceColumn) -> str:
+    col = _ident(c.name)
+    if c.is_array:
+        return col
+    if c.base == "timetz":
+        return f"({col} AT TIME ZONE 'UTC')"
+    if c.base == "interval":
+        months = f"(extract(year from {col}) * 12 + extract(month from {col}))"
+        return (
+            f"round(({months} * 30.4375 + extract(day from {col})) * 86400000000"
+            f" + extract(hour from {col}) * 3600000000 + extract(minute from {col}) * 60000000"
+            f" + extract(second from {col}) * 1000000)"
+        )
+    if c.type == "bit(1)":
+        return f"({col} = B'1')"
+    if c.base == "point":
+        point = f"jsonb_build_object('x', {col}[0], 'y', {col}[1])"
+        return f"CASE WHEN {col} IS NOT NULL THEN {point} END"
+    if c.base == "hstore":
+        return f"hstore_to_jsonb({col})"
+    if c.base == "json":
+        return f"{col}::jsonb"
+    if c.base == "xml":
+        return f"{col}::text"
+    return col
+
+
+def _bits_source_expr(c: SourceColumn) -> str:
+    # the bit string read as a binary number (Debezium sends its little-endian bytes)
+    col = _ident(c.name)
+    value = (
+        f"(SELECT coalesce(sum(2::numeric ^ (length({col}) - i)), 0) FROM "
+        f"generate_series(1, length({col})) i WHERE substring({col}::text, i, 1) = '1')"
+    )
+    return f"CASE WHEN {col} IS NOT NULL THEN {value} END"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def source_columns(conn, table: TableConfig) -> list[SourceColumn]:
+    rows = conn.execute(
+        """
+        select a.attname, format_type(a.atttypid, a.atttypmod),
+               coalesce(elem.typname, t.typname), t.typcategory = 'A'
+        from pg_attribute a
+        join pg_class c on c.oid = a.attrelid
+        join pg_namespace n on n.oid = c.relnamespace
+        join pg_type t on t.oid = a.atttypid
+        left join pg_type elem on elem.oid = t.typelem and t.typcategory = 'A'
+        where n.nspname = %s and c.relname = %s and a.attnum > 0 and not a.attisdropped
+        order by a.attnum
+        """,
+        (table.source_schema, table.source_table),
+    ).fetchall()
+    return [SourceColumn(name, kind, base, bool(is_array)) for name, kind, base, is_array in rows]
+
+
+def lake_table(pipeline: PipelineConfig, table: TableConfig, cat=None):
+    """The lake table as Arrow (soft-deleted rows dropped), or None if it does not exist."""
     from pyiceberg.exceptions import NoSuchTableError
 
     cat = cat or load_catalog(pipeline.catalog)
     try:
         ice = cat.load_table((pipeline.namespace, table.target))
     except NoSuchTableError:
-        return [], []
+        return None
     data = ice.scan().to_arrow()
     if DELETED in data.column_names:  # soft deletes: flagged rows are not source rows
         import pyarrow.compute as pc
 
         data = data.filter(pc.invert(pc.fill_null(data.column(DELETED), False)))
-    columns = [c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED]
-    rows = list(zip(*(data.column(c).to_pylist() for c in columns), strict=True)) if columns else []
-    return columns, [tuple(normalize(v) for v in row) for row in rows]
+    return data
 
 
-def source_rows(dsn: str, table: TableConfig, columns: list[str]) -> list[tuple]:
-    import psycopg
-    from psycopg import sql
-
-    query = sql.SQL("SELECT {} FROM {}.{}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-        sql.Identifier(table.source_schema),
-        sql.Identifier(table.source_table),
-    )
-    try:
-        with psycopg.connect(dsn) as conn:
-            return [tuple(normalize(v) for v in row) for row in conn.execute(query).fetchall()]
-    except psycopg.OperationalError as exc:
-        raise EndpointError(f"source database could not be reached: {exc}") from exc
-
-
-def _source_columns(dsn: str, table: TableConfig) -> list[str]:
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "select column_name from information_schema.columns "
-            "where table_schema = %s and table_name = %s order by ordinal_position",
-            (table.source_schema, table.source_table),
-        ).fetchall()
-    return [r[0] for r in rows]
-
-
-def _json_columns(dsn: str, table: TableConfig) -> set[str]:
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "select column_name from information_schema.columns where table_schema = %s "
-            "and table_name = %s and data_type in ('json', 'jsonb')",
-            (table.source_schema, table.source_table),
-        ).fetchall()
-    return {r[0] for r in rows}
-
-
-def canonical_json(value: Any) -> Any:
-    """JSON text or a parsed JSON value -> one canonical text (key order, spacing)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _canonical_rows(rows: list[tuple], positions: list[int]) -> list[tuple]:
-    if not positions:
-        return rows
-    out = []
-    for row in rows:
-        values = list(row)
-        for i in positions:
-            values[i] = canonical_json(values[i])
-        out.append(tuple(values))
-    return out
+def _display(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, list):
+        return tuple(_display(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return value
 
 
 def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=None):
-    lake_columns, lake = lake_rows(pipeline, table, cat)
-    source_columns = [c for c in _source_columns(dsn, table) if c not in table.exclude]
-    columns = [c for c in lake_columns if c in source_columns] or source_columns
-    keep = [lake_columns.index(c) for c in columns if c in lake_columns]
-    lake = [tuple(row[i] for i in keep) for row in lake] if lake_columns else []
-    source = source_rows(dsn, table, columns)
-    json_cols = _json_columns(dsn, table)
-    positions = [i for i, c in enumerate(columns) if c in json_cols]
-    source, lake = _canonical_rows(source, positions), _canonical_rows(lake, positions)
-    s_set, l_set = _multiset(source), _multiset(lake)
-    missing = sorted((s_set - l_set).elements(), key=repr)
-    extra = sorted((l_set - s_set).elements(), key=repr)
+    import psycopg
+
+    data = lake_table(pipeline, table, cat)
+    lake_names = [] if data is None else [
+        c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED
+    ]  # fmt: skip
+    try:
+        with psycopg.connect(dsn) as conn:
+            src_cols = [c for c in source_columns(conn, table) if c.name not in table.exclude]
+            cols = [c for c in src_cols if c.name in lake_names] if lake_names else src_cols
+            lake_dicts = data.select([c.name for c in cols]).to_pylist() if data is not None else []
+            bit_cols = {
+                c.name
+                for c in cols
+                if c.base in ("bit", "varbit") and not c.is_array and c.type != "bit(1)"
+            }
+            docs = [
+                json.dumps({k: _json_value(v, k in bit_cols) for k, v in row.items()})
+                for row in lake_dicts
+            ]
+            src_sql = ", ".join(
+                _bits_source_expr(c) if c.name in bit_cols else _source_expr(c) for c in cols
+            )
+            lake_sql = ", ".join(_lake_expr(c) for c in cols)
+            source_table = f"{_ident(table.source_schema)}.{_ident(table.source_table)}"
+            conn.execute("create temp table cdclake_lake (j jsonb) on commit drop")
+            with conn.cursor().copy("copy cdclake_lake (j) from stdin") as copy:
+                for doc in docs:
+                    copy.write_row((doc,))
+            source = f"select {src_sql} from {source_table}"
+            lake = f"select {lake_sql} from cdclake_lake"
+            missing = conn.execute(f"select t::text from ({source} except all {lake}) t").fetchall()
+            extra = conn.execute(f"select t::text from ({lake} except all {source}) t").fetchall()
+            shown = ", ".join(f"{_ident(c.name)}::text" for c in cols)  # display only
+            source_rows = conn.execute(f"select {shown} from {source_table}").fetchall()
+    except psycopg.OperationalError as exc:
+        raise EndpointError(f"source database could not be reached: {exc}") from exc
+    lake_rows = [tuple(_display(row[c.name]) for c in cols) for row in lake_dicts]
     return TableComparison(
         source=table.source,
         target=pipeline.qualified_target(table),
-        columns=columns,
-        source_rows=sorted(source, key=repr),
-        lake_rows=sorted(lake, key=repr),
-        missing=missing,
-        extra=extra,
-        missing_columns=[c for c in source_columns if lake_columns and c not in lake_columns],
+        columns=[c.name for c in cols],
+        source_rows=sorted((tuple(_display(v) for v in r) for r in source_rows), key=repr),
+        lake_rows=sorted(lake_rows, key=repr),
+        missing=[tuple(r) for r in missing],
+        extra=[tuple(r) for r in extra],
+        missing_columns=[c.name for c in src_cols if lake_names and c.name not in lake_names],
     )
-
-
-def _multiset(rows):
-    from collections import Counter
-
-    return Counter(rows)
 
 
 def compare_pipeline(pipeline: PipelineConfig, dsn: str) -> list[TableComparison]:
@@ -168,8 +238,9 @@ def compare_pipeline(pipeline: PipelineConfig, dsn: str) -> list[TableComparison
     return [compare_table(pipeline, t, dsn, cat) for t in pipeline.tables]
 
 
-def render_comparison(results: list[TableComparison], max_rows: int = 12) -> str:
+def render_comparison(results: Iterable[TableComparison], max_rows: int = 12) -> str:
     """Each source table beside its lake table, then a verdict."""
+    results = list(results)
     out: list[str] = []
     for r in results:
         verdict = "EQUAL" if r.equal else "DIFFERENT"
@@ -180,8 +251,7 @@ def render_comparison(results: list[TableComparison], max_rows: int = 12) -> str
         for i in range(min(max(len(r.source_rows), len(r.lake_rows)), max_rows)):
             left = _cut(_fmt(r.source_rows[i]), width) if i < len(r.source_rows) else ""
             right = _cut(_fmt(r.lake_rows[i]), width) if i < len(r.lake_rows) else ""
-            mark = " " if (left == right) else "*"
-            out.append(f" {mark} {left:<{width}} | {right}")
+            out.append(f"   {left:<{width}} | {right}")
         more = max(len(r.source_rows), len(r.lake_rows)) - max_rows
         if more > 0:
             out.append(f"   ... {more} more rows")

@@ -174,14 +174,13 @@ def decode_column(col, f: ConnectField):
     if lg == ZONED_TIMESTAMP:
         return col.cast("timestamp")
     if lg in (TIME, CONNECT_TIME):
-        return time_text(col * 1000)
+        return time_text(col.cast("bigint") * 1000)
     if lg == MICRO_TIME:
         return time_text(col)
     if lg == NANO_TIME:
         return time_text(F.floor(col / 1000))
     if lg == VARIABLE_SCALE_DECIMAL:
-        unscaled = unscaled_from_base64(col["value"])
-        return scaled_text(unscaled.cast("string"), col["scale"])
+        return variable_scale_text(col)
     if f.type == "bytes":
         return F.unbase64(col)
     if f.type in ("int8", "int16"):
@@ -241,6 +240,36 @@ def scaled_text(digits, scale):
     return F.when(digits.isNull(), F.lit(None)).otherwise(
         F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), text)
     )
+
+
+def variable_scale_text(col):
+    """VariableScaleDecimal {scale, value} -> exact decimal text, any number of digits.
+
+    Unconstrained numerics can exceed what a JVM decimal(38) holds, so this one type is
+    decoded by a vectorised (Arrow batch) UDF with Python's arbitrary-size integers.
+    """
+    from pyspark.sql.functions import pandas_udf
+
+    @pandas_udf("string")
+    def decode(values):
+        import base64
+
+        import pandas as pd
+
+        out = []
+        for item in values.itertuples(index=False):
+            scale, value = item.scale, item.value
+            if value is None or pd.isna(value):
+                out.append(None)
+                continue
+            unscaled = int.from_bytes(base64.b64decode(value), "big", signed=True)
+            digits = str(abs(unscaled)).rjust(int(scale) + 1, "0")
+            sign = "-" if unscaled < 0 else ""
+            cut = len(digits) - int(scale)
+            out.append(sign + (digits[:cut] + "." + digits[cut:] if scale > 0 else digits))
+        return pd.Series(out)
+
+    return decode(col)
 
 
 def decimal_from_base64(col, precision: int, scale: int):

@@ -152,9 +152,9 @@ class LocalStack:
     # ---- parts -----------------------------------------------------------------------
     def _seed_source(self) -> None:
         self.postgres.ensure_database(self.s.source_db)
-        sql = resources.files("cdclake").joinpath("sql/inventory.sql").read_text()
         with psycopg.connect(self.source_dsn, autocommit=True) as conn:
-            conn.execute(sql)
+            for name in ("inventory.sql", "type_zoo.sql"):
+                conn.execute(resources.files("cdclake").joinpath(f"sql/{name}").read_text())
 
     def _reset_stream_state(self) -> None:
         stop_daemon(self.capture_pidfile, timeout=30)
