@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote as urlquote
@@ -37,9 +38,18 @@ def load_catalog(catalog: CatalogConfig):
         if catalog.type == "jdbc":
             from pyiceberg.catalog.sql import SqlCatalog
 
-            return SqlCatalog(
-                catalog.name, uri=sqlalchemy_uri(catalog), warehouse=catalog.warehouse, **props
-            )
+            def connect():
+                return SqlCatalog(
+                    catalog.name, uri=sqlalchemy_uri(catalog), warehouse=catalog.warehouse, **props
+                )
+
+            try:
+                return connect()
+            except Exception as exc:  # two processes creating the catalog tables at once
+                if "UniqueViolation" not in str(exc) and "already exists" not in str(exc):
+                    raise
+                time.sleep(0.5)
+                return connect()
         return _load(catalog.name, type="rest", uri=catalog.uri, warehouse=catalog.warehouse,
                      **props)  # fmt: skip
     except ConfigError:

@@ -6,6 +6,8 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from cdclake.changes import DELETED, decode_changes, topic_schema
@@ -158,12 +160,27 @@ def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
     return {}
 
 
-def _is_commit_conflict(exc: Exception) -> bool:
-    text = str(exc)
-    return any(
-        name in text
-        for name in ("ValidationException", "CommitFailedException", "Found conflicting files")
-    )
+_CONFLICTS = (
+    "ValidationException",
+    "CommitFailedException",
+    "Found conflicting files",
+    "AlreadyExistsException",
+)
+
+
+@contextmanager
+def _conflicts_reported(qualified: str) -> Iterator[None]:
+    """Another run writing the same table at once (creating it, evolving it or committing
+    to it) makes Iceberg refuse this run's commit: say so in cdclake's terms."""
+    try:
+        yield
+    except Exception as exc:
+        if any(name in str(exc) for name in _CONFLICTS):
+            raise CommitConflictError(
+                f"{qualified}: another run wrote to this table at the same time; this run's "
+                "batch was not committed to it. Plan again."
+            ) from exc
+        raise
 
 
 def _check_plan_start(
@@ -239,50 +256,45 @@ def _load_table(
         result.upserts = counts.get(False, 0)
         result.deletes = counts.get(True, 0)
         max_ts = resolved.agg(F.max("_cdc_source_ts")).collect()[0][0]
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
-        soft = table.delete_mode is DeleteMode.SOFT
-        table_columns = ensure_table(
-            spark, qualified, schema, table.properties, table.partition_by, soft
-        )
-        present = {c.name for c in schema.columns}
-        dropped = [n for n in table_columns if n not in present]
-        new_offsets = {**committed, **{(r.topic, r.partition): r.end for r in ranges}}
-        props = {
-            SUMMARY_OFFSETS: encode_offsets(new_offsets),
-            SUMMARY_BATCH: plan.batch_id,
-            SUMMARY_RECORDS: str(records),
-            SUMMARY_UPSERTS: str(result.upserts),
-            SUMMARY_DELETES: str(result.deletes),
-        }
-        if max_ts is not None:
-            props[SUMMARY_SOURCE_TS] = str(int(max_ts.timestamp() * 1000))
-        before_id, _ = current_snapshot(spark, qualified)
-        view = f"cdclake_changes_{table.target}"
-        resolved.createOrReplaceTempView(view)
-        merge_sql = build_merge_sql(
-            qualified, view, schema, toast_columns,
-            truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-            dropped_columns=dropped, soft_delete=soft,
-        )  # fmt: skip
-        with commit_properties(spark, props):
-            try:
-                spark.sql(merge_sql)
-            except Exception as exc:
-                if _is_commit_conflict(exc):
-                    raise CommitConflictError(
-                        f"{qualified}: another run committed to this table at the same time; "
-                        "nothing of this run was committed to it. Plan again."
-                    ) from exc
-                raise
-        after_id, summary = current_snapshot(spark, qualified)
-        if after_id == before_id:
-            commit_empty(spark, qualified, props)  # nothing changed, offsets still move
-            after_id, summary = current_snapshot(spark, qualified)
-        if summary.get(SUMMARY_OFFSETS) != props[SUMMARY_OFFSETS]:
-            raise CommitConflictError(
-                f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
+        with _conflicts_reported(qualified):
+            spark.sql(
+                f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}"
             )
-        spark.catalog.dropTempView(view)
+            soft = table.delete_mode is DeleteMode.SOFT
+            table_columns = ensure_table(
+                spark, qualified, schema, table.properties, table.partition_by, soft
+            )
+            present = {c.name for c in schema.columns}
+            dropped = [n for n in table_columns if n not in present]
+            new_offsets = {**committed, **{(r.topic, r.partition): r.end for r in ranges}}
+            props = {
+                SUMMARY_OFFSETS: encode_offsets(new_offsets),
+                SUMMARY_BATCH: plan.batch_id,
+                SUMMARY_RECORDS: str(records),
+                SUMMARY_UPSERTS: str(result.upserts),
+                SUMMARY_DELETES: str(result.deletes),
+            }
+            if max_ts is not None:
+                props[SUMMARY_SOURCE_TS] = str(int(max_ts.timestamp() * 1000))
+            before_id, _ = current_snapshot(spark, qualified)
+            view = f"cdclake_changes_{table.target}"
+            resolved.createOrReplaceTempView(view)
+            merge_sql = build_merge_sql(
+                qualified, view, schema, toast_columns,
+                truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
+                dropped_columns=dropped, soft_delete=soft,
+            )  # fmt: skip
+            with commit_properties(spark, props):
+                spark.sql(merge_sql)
+            after_id, summary = current_snapshot(spark, qualified)
+            if after_id == before_id:
+                commit_empty(spark, qualified, props)  # nothing changed, offsets still move
+                after_id, summary = current_snapshot(spark, qualified)
+            if summary.get(SUMMARY_OFFSETS) != props[SUMMARY_OFFSETS]:
+                raise CommitConflictError(
+                    f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
+                )
+            spark.catalog.dropTempView(view)
     finally:
         resolved.unpersist()
     result.status = "committed"
