@@ -20,6 +20,7 @@ from cdclake.merge import (
     commit_properties,
     current_snapshot,
     ensure_table,
+    load_iceberg_table,
     write_dead_letters,
 )
 from cdclake.offsets import (
@@ -147,8 +148,7 @@ def _collect_schemas(raw) -> dict[str, dict[str, list[tuple[int, str]]]]:
 
 
 def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
-    jvm = spark.sparkContext._jvm
-    ice = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    ice = load_iceberg_table(spark, table)
     ice.refresh()
     snap = ice.currentSnapshot()
     while snap is not None:

@@ -194,10 +194,15 @@ def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
         local.remove()
 
 
+def load_iceberg_table(spark, table: str):
+    """The JVM Iceberg `Table` behind a Spark table name (catalog.namespace.table)."""
+    jvm = spark.sparkContext._jvm
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+
+
 def commit_empty(spark, table: str, properties: Mapping[str, str]) -> None:
     """A snapshot with no data change, carrying the summary (offsets moved, rows did not)."""
-    jvm = spark.sparkContext._jvm
-    ice = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    ice = load_iceberg_table(spark, table)
     append = ice.newAppend()
     for k, v in properties.items():
         append = append.set(k, v)
@@ -206,8 +211,7 @@ def commit_empty(spark, table: str, properties: Mapping[str, str]) -> None:
 
 def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:
     """Snapshot id and summary of the table's current snapshot, read through the JVM."""
-    jvm = spark.sparkContext._jvm
-    ice = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    ice = load_iceberg_table(spark, table)
     ice.refresh()
     snap = ice.currentSnapshot()
     if snap is None:

@@ -19,12 +19,23 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-RAW_SCHEMA = (
-    "topic string, partition int, offset long, timestamp long, "
-    "key_schema_id long, key_schema string, key_payload string, "
-    "value_schema_id long, value_schema string, value_payload string, "
-    "is_tombstone boolean, error string"
-)
+# The raw record rows the reader yields: (name, Spark type, Arrow type name), one list.
+_FIELDS = [
+    ("topic", "string", "string"),
+    ("partition", "int", "int32"),
+    ("offset", "long", "int64"),
+    ("timestamp", "long", "int64"),
+    ("key_schema_id", "long", "int64"),
+    ("key_schema", "string", "string"),
+    ("key_payload", "string", "string"),
+    ("value_schema_id", "long", "int64"),
+    ("value_schema", "string", "string"),
+    ("value_payload", "string", "string"),
+    ("is_tombstone", "boolean", "bool_"),
+    ("error", "string", "string"),
+]
+RAW_SCHEMA = ", ".join(f"{name} {spark_type}" for name, spark_type, _ in _FIELDS)
+_COLUMNS = [name for name, _, _ in _FIELDS]
 _HEAD = b'{"schema":'
 _SEP = b',"payload":'
 
@@ -136,33 +147,10 @@ def _read_slice(client_config: dict, row: dict, timeout_s: float) -> Iterator[pa
         yield pa.RecordBatch.from_pydict(cols, schema=_arrow_schema())
 
 
-_COLUMNS = [
-    "topic", "partition", "offset", "timestamp",
-    "key_schema_id", "key_schema", "key_payload",
-    "value_schema_id", "value_schema", "value_payload",
-    "is_tombstone", "error",
-]  # fmt: skip
-
-
 def _arrow_schema():
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("offset", pa.int64()),
-            ("timestamp", pa.int64()),
-            ("key_schema_id", pa.int64()),
-            ("key_schema", pa.string()),
-            ("key_payload", pa.string()),
-            ("value_schema_id", pa.int64()),
-            ("value_schema", pa.string()),
-            ("value_payload", pa.string()),
-            ("is_tombstone", pa.bool_()),
-            ("error", pa.string()),
-        ]
-    )
+    return pa.schema([(name, getattr(pa, arrow)()) for name, _, arrow in _FIELDS])
 
 
 def record_row(
