@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from cdclake.catalog import committed_from_snapshots
 from cdclake.changes import DELETED, decode_changes, topic_schema
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError, DecodeError
@@ -33,7 +34,6 @@ from cdclake.offsets import (
     BatchPlan,
     OffsetRange,
     TopicPartition,
-    decode_offsets,
     encode_offsets,
 )
 from cdclake.reader import read_ranges
@@ -148,16 +148,18 @@ def _collect_schemas(raw) -> dict[str, dict[str, list[tuple[int, str]]]]:
 
 
 def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
+    """The same walk as the planner's (`committed_from_snapshots`), through the JVM."""
     ice = load_iceberg_table(spark, table)
     ice.refresh()
-    snap = ice.currentSnapshot()
-    while snap is not None:
-        summary = snap.summary()
-        if summary.containsKey(SUMMARY_OFFSETS):
-            return decode_offsets(summary.get(SUMMARY_OFFSETS))
-        parent = snap.parentId()
-        snap = ice.snapshot(parent) if parent is not None else None
-    return {}
+
+    def summaries():
+        snap = ice.currentSnapshot()
+        while snap is not None:
+            yield dict(snap.summary())
+            parent = snap.parentId()
+            snap = ice.snapshot(parent) if parent is not None else None
+
+    return committed_from_snapshots(summaries())
 
 
 _CONFLICTS = (
