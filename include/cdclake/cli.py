@@ -65,6 +65,29 @@ def _parser() -> argparse.ArgumentParser:
     bf.add_argument("--dry-run", action="store_true", help="print the plans, load nothing")
     bf.add_argument("--id", dest="backfill_id", default=None, help="backfill id (default new)")
 
+    sn = sub.add_parser(
+        "snapshot",
+        help="send a Debezium snapshot signal and follow it to the end",
+        description="Validated against the pipeline and the source database before anything "
+        "is written; the source DSN comes from --source-dsn, $CDCLAKE_SOURCE_DSN or source.dsn.",
+    )
+    sn.add_argument("--pipeline", required=True)
+    sn.add_argument("--action", choices=["execute", "stop", "pause", "resume"], default="execute")
+    sn.add_argument("--type", choices=["incremental", "blocking"], default="incremental")
+    sn.add_argument("--table", action="append", dest="tables", default=[], help="repeat")
+    sn.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="TABLE=CONDITION",
+        help="additional condition of a table, e.g. inventory.orders='quantity > 1'",
+    )
+    sn.add_argument("--surrogate-key", default=None)
+    sn.add_argument("--channel", choices=["source", "kafka"], default="source")
+    sn.add_argument("--source-dsn", default=None)
+    sn.add_argument("--timeout", type=float, default=3600, help="seconds to follow (default 1h)")
+    sn.add_argument("--no-follow", action="store_true", help="send and return")
+
     compare = sub.add_parser("compare", help="compare every lake table with its source table")
     compare.add_argument("--pipeline", required=True)
     compare.add_argument("--source-dsn", required=True)
@@ -104,6 +127,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "backfill":
         return _backfill(args)
+    if args.command == "snapshot":
+        return _snapshot(args)
     if args.command == "compare":
         from cdclake.compare import compare_pipeline, render_comparison
         from cdclake.config import load_pipeline
@@ -137,6 +162,35 @@ def _backfill(args: argparse.Namespace) -> int:
 
     results = run_backfill(build_session(pipeline, pipeline.spark.master), pipeline, plans)
     print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    import os
+
+    from cdclake.config import load_pipeline
+    from cdclake.signals import SignalError, follow_snapshot, parse_request, submit
+
+    pipeline = load_pipeline(args.pipeline)
+    filters = {}
+    for item in args.filter:
+        table, sep, condition = item.partition("=")
+        if not sep:
+            raise SignalError(f"--filter {item!r} must be TABLE=CONDITION")
+        filters[table.strip()] = condition
+    request = parse_request(args.action, args.tables, args.type, filters, args.surrogate_key)
+    dsn = args.source_dsn or os.environ.get("CDCLAKE_SOURCE_DSN") or pipeline.source.dsn
+    if not dsn:
+        raise SignalError("no source database: give --source-dsn or set CDCLAKE_SOURCE_DSN")
+    sent = submit(pipeline, dsn, request, channel=args.channel, origin="cli")
+    print(f"signal {sent['signal_id']} sent: {sent['action']} {sent['tables']}", file=sys.stderr)
+    if not sent["follow"] or args.no_follow:
+        print(json.dumps(sent, indent=2))
+        return 0
+    start = {int(p): o for p, o in sent["notification_offsets"].items()}
+    progress = follow_snapshot(pipeline.kafka, pipeline.notification_topic, sent["signal_id"],
+                               args.timeout, start, sent["blocking"])  # fmt: skip
+    print(json.dumps(progress.to_dict(), indent=2))
     return 0
 
 

@@ -18,14 +18,15 @@ from cdclake.offsets import SUMMARY_BATCH
 
 from tests.conftest import DEMO_PIPELINE
 from tests.e2e.helpers import run_dag, task_states, xcom_of
-from tests.integration.helpers import assert_lake_equals_source
+from tests.integration.helpers import assert_lake_equals_source, load_all
 
 pytestmark = pytest.mark.e2e
 
 N = uuid.uuid4().hex[:6]
 BF = f"inventory.bf_{N}"
 SNAP = f"inventory.snap_{N}"
-NAME = f"e2e_{N}"
+NAME = f"e2e_{N}"  # BF, at most 150 records a batch
+SNAP_NAME = f"e2e_snap_{N}"
 
 
 def sql(dsn: str, *statements, params=None):
@@ -35,13 +36,14 @@ def sql(dsn: str, *statements, params=None):
 
 
 @pytest.fixture(scope="module")
-def e2e(stack, tmp_path_factory):
-    """A pipeline with two fresh tables, in a pipelines directory the DAG files read."""
+def pipelines(stack, tmp_path_factory):
+    """Two pipelines with fresh tables, in a pipelines directory the DAG files read."""
     directory = tmp_path_factory.mktemp("pipelines")
-    raw = yaml.safe_load(DEMO_PIPELINE.read_text())
-    raw.update(name=NAME, namespace=NAME, tables=[BF, SNAP], max_records_per_batch=150)
-    raw["catalog"]["warehouse"] = "${CDCLAKE_WAREHOUSE}"
-    (directory / f"{NAME}.yaml").write_text(yaml.safe_dump(raw))
+    for name, tables, cap in ((NAME, [BF], 150), (SNAP_NAME, [SNAP], 100_000)):
+        raw = yaml.safe_load(DEMO_PIPELINE.read_text())
+        raw.update(name=name, namespace=name, tables=tables, max_records_per_batch=cap)
+        raw["catalog"]["warehouse"] = "${CDCLAKE_WAREHOUSE}"
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump(raw))
     sql(
         stack.source_dsn,
         f"create table {BF} (id int primary key, v int, note text)",
@@ -53,7 +55,7 @@ def e2e(stack, tmp_path_factory):
     )
     old = os.environ.get("CDCLAKE_PIPELINES_DIR")
     os.environ["CDCLAKE_PIPELINES_DIR"] = str(directory)
-    yield load_pipeline(directory / f"{NAME}.yaml")
+    yield {name: load_pipeline(directory / f"{name}.yaml") for name in (NAME, SNAP_NAME)}
     if old is None:
         os.environ.pop("CDCLAKE_PIPELINES_DIR")
     else:
@@ -70,10 +72,9 @@ def high(pipeline, source: str) -> dict:
     return {tp: m.high for tp, m in fetch_watermarks(pipeline.kafka, [topic]).items()}
 
 
-def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, spark, e2e):
-    stack.wait_for_capture()
-    run_dag(f"cdclake__{NAME}")
-    run_dag(f"cdclake__{NAME}")  # capped at 150 records a batch: the second run finishes
+def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, spark, pipelines):
+    e2e = pipelines[NAME]
+    load_all(stack, spark, e2e, "e2e-bf")  # batches of at most 150 records
     assert_lake_equals_source(e2e, stack.source_dsn)
     target = e2e.qualified_target(e2e.table_named(BF))
     committed = offsets(e2e, BF)
@@ -110,10 +111,9 @@ def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, s
     assert states["plan"] == "failed" and states["load__" + NAME] != "success"
 
 
-def test_snapshot_signal_with_filter_while_the_table_is_written(stack, e2e):
-    stack.wait_for_capture()
-    run_dag(f"cdclake__{NAME}")
-    run_dag(f"cdclake__{NAME}")
+def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pipelines):
+    e2e = pipelines[SNAP_NAME]
+    load_all(stack, spark, e2e, "e2e-snap-0")
     stop = threading.Event()
 
     def write() -> None:
@@ -133,7 +133,7 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, e2e):
     writer.start()
     try:
         run = run_dag("cdclake_snapshot", {
-            "pipeline": NAME, "action": "execute", "tables": [SNAP],
+            "pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP],
             "filters": {SNAP: "id <= 100"}, "timeout_minutes": 5, "trigger_load": True,
         })  # fmt: skip
     finally:
@@ -151,11 +151,9 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, e2e):
     assert '"additional-conditions"' in data and '"additional-condition"' not in data
     assert task_states(run)["trigger_load"] == "success"  # the pipeline's load was queued
 
-    stack.wait_for_capture()
-    run_dag(f"cdclake__{NAME}")
-    run_dag(f"cdclake__{NAME}")
+    load_all(stack, spark, e2e, "e2e-snap-1")
     assert_lake_equals_source(e2e, stack.source_dsn)
-    lake = load_catalog(e2e.catalog).load_table((NAME, f"snap_{N}")).scan().to_arrow()
+    lake = load_catalog(e2e.catalog).load_table((SNAP_NAME, f"snap_{N}")).scan().to_arrow()
     reads = {i for i, op in zip(lake["id"].to_pylist(), lake["_cdc_op"].to_pylist(), strict=True)
              if op == "r"}  # fmt: skip
     assert reads == set(range(1, 101))  # the filter was applied; the snapshot rows loaded
@@ -169,13 +167,13 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, e2e):
         {"surrogate_key": "nope"},
     ],
 )
-def test_malformed_snapshot_requests_fail_the_first_task_writing_nothing(stack, e2e, conf):
+def test_malformed_snapshot_requests_fail_the_first_task_writing_nothing(stack, pipelines, conf):
     def count() -> int:
         with psycopg.connect(stack.source_dsn) as conn:
             return conn.execute("select count(*) from public.debezium_signal").fetchone()[0]
 
     before = count()
-    full = {"pipeline": NAME, "action": "execute", "tables": [SNAP], "trigger_load": False,
+    full = {"pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP], "trigger_load": False,
             **conf}  # fmt: skip
     run = run_dag("cdclake_snapshot", full, state="failed")
     assert task_states(run)["send_signal"] == "failed"
