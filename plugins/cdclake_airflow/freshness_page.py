@@ -139,7 +139,7 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 .sub { color: var(--muted); margin: 0 0 24px; }
 section { margin: 0 0 28px; }
 h2 { font-size: 16px; margin: 0 0 8px; display: flex; gap: 10px; align-items: center; }
-h2 .dag { font-weight: 400; color: var(--muted); font-size: 13px; }
+h2 .dag, h2 .when { font-weight: 400; color: var(--muted); font-size: 13px; }
 table { border-collapse: collapse; width: 100%; }
 th, td { padding: 7px 12px; border-bottom: 1px solid var(--line); text-align: left;
          white-space: nowrap; }
@@ -173,10 +173,13 @@ def _run_badge(last_run: dict[str, Any] | None) -> str:
     if last_run is None:
         return '<span class="pill none">no runs yet</span>'
     state = last_run["state"] or "unknown"
-    when = last_run["end_date"] or last_run["run_after"] or ""
-    title = html.escape(f"{last_run['run_id']} {when}", quote=True)
     css = _RUN_CLASS.get(state, "none")
-    return f'<span class="pill {css}" title="{title}">last run: {html.escape(state)}</span>'
+    badge = f'<span class="pill {css}">last run: {html.escape(state)}</span>'
+    when = last_run["end_date"] or last_run["run_after"]
+    if when:
+        ms = int(dt.datetime.fromisoformat(when).timestamp() * 1000)
+        badge += f' <span class="when">{html.escape(format_time(ms))}</span>'
+    return f'<span title="{html.escape(last_run["run_id"], quote=True)}">{badge}</span>'
 
 
 def _row(t: TableFreshness) -> str:
