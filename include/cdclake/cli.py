@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 
 from cdclake.exceptions import CdclakeError
 
@@ -91,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="compare every lake table with its source table")
     compare.add_argument("--pipeline", required=True)
     compare.add_argument("--source-dsn", required=True)
+
+    status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
+    status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
+                        "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
+    status.add_argument("--json", action="store_true")
     return p
 
 
@@ -136,6 +142,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         results = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
         print(render_comparison(results))
         return 0 if all(r.equal for r in results) else 1
+    if args.command == "status":
+        from cdclake.freshness import render_freshness, status_rows
+
+        rows = status_rows(args.pipeline, int(time.time() * 1000))
+        print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json
+              else render_freshness(rows))  # fmt: skip
+        return 0
     raise AssertionError(args.command)
 
 
