@@ -52,6 +52,14 @@ def postgres_jdbc_jar() -> Path:
     return found[-1]
 
 
+_SECRET_WORDS = ("password", "secret", "token", "credential", "private-key")
+
+
+def is_secret(key: str) -> bool:
+    """A setting whose value must not travel on a command line or into a log."""
+    return any(word in key.lower() for word in _SECRET_WORDS)
+
+
 def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {
@@ -65,8 +73,13 @@ def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
     return conf
 
 
-def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
-    """Every Spark setting a load needs; the pipeline's own `spark.conf` wins."""
+def spark_conf(pipeline: PipelineConfig, secrets: bool = True) -> dict[str, str]:
+    """Every Spark setting a load needs; the pipeline's own `spark.conf` wins.
+
+    With `secrets=False` (what goes on spark-submit's command line, which Airflow logs and
+    `ps` shows) settings such as the catalog password are left out: the driver reads the
+    pipeline file itself and sets them on its session from its own environment.
+    """
     conf = {
         "spark.sql.extensions": (
             "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -85,6 +98,8 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
             jars.append(postgres_jdbc_jar())
         conf["spark.jars"] = ",".join(str(j) for j in jars)
     conf.update(pipeline.spark.conf)
+    if not secrets:
+        conf = {k: v for k, v in conf.items() if not is_secret(k)}
     return conf
 
 

@@ -68,7 +68,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             application=str(LOAD_APPLICATION),
             application_args=["--pipeline", path, "--plan", "{{ ti.xcom_pull(task_ids='plan') }}"],
             conn_id=pipeline.spark.conn_id,
-            conf=spark_conf(pipeline),
+            conf=spark_conf(pipeline, secrets=False),
             name=f"cdclake-{pipeline.name}",
             spark_binary=_spark_binary(),
             env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},

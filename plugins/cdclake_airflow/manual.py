@@ -105,7 +105,7 @@ def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
                     "{{ ti.xcom_pull(task_ids='plan')['plans_json'] }}",
                 ],  # fmt: skip
                 conn_id=pipeline.spark.conn_id,
-                conf=spark_conf(pipeline),
+                conf=spark_conf(pipeline, secrets=False),
                 name=f"cdclake-backfill-{name}",
                 spark_binary=_spark_binary(),
                 env_vars={

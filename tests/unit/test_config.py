@@ -96,3 +96,17 @@ def test_demo_pipeline_is_valid():
     root = Path(__file__).resolve().parents[2]
     p = load_pipeline(root / "include" / "pipelines" / "demo.yaml")
     assert {t.source for t in p.tables} >= {"inventory.customers", "inventory.orders"}
+
+
+def test_secrets_stay_off_the_spark_submit_command_line(tmp_path, monkeypatch):
+    from cdclake.spark import spark_conf
+
+    monkeypatch.setenv("CDCLAKE_CATALOG_PASSWORD", "s3cr3t-value")
+    from tests.conftest import DEMO_PIPELINE
+
+    pipeline = load_pipeline(DEMO_PIPELINE)
+    full = spark_conf(pipeline)
+    assert full["spark.sql.catalog.lake.jdbc.password"] == "s3cr3t-value"  # the driver's session
+    submitted = spark_conf(pipeline, secrets=False)
+    assert "s3cr3t-value" not in " ".join(submitted.values())
+    assert submitted["spark.sql.catalog.lake.jdbc.user"] == full["spark.sql.catalog.lake.jdbc.user"]
