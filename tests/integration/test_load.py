@@ -94,3 +94,20 @@ def test_unreachable_catalog_is_named(pipeline):
     broken = dataclasses.replace(pipeline, catalog=dataclasses.replace(pipeline.catalog, uri=uri))
     with pytest.raises(EndpointError, match="127.0.0.1:9/cdclake_catalog"):
         plan_pipeline(broken)
+
+
+def test_offsets_for_a_time_are_found_by_bisecting_records(stack, pipeline):
+    import uuid
+
+    from cdclake.kafka import fetch_watermarks, offsets_for_time
+    from confluent_kafka import Producer
+
+    topic = f"it_times_{uuid.uuid4().hex[:6]}"
+    producer = Producer({**pipeline.kafka.client_config(), "batch.num.messages": 1})
+    for i in range(10):  # record i carries time (i + 1) * 1000
+        producer.produce(topic, value=b"x", partition=0, timestamp=(i + 1) * 1000)
+        producer.flush(10)
+    marks = {tp: m for tp, m in fetch_watermarks(pipeline.kafka, [topic]).items() if m.high}
+    assert {tp: (m.low, m.high) for tp, m in marks.items()} == {(topic, 0): (0, 10)}
+    for ts, offset in [(0, 0), (1000, 0), (3500, 3), (4000, 3), (10000, 9), (10001, 10)]:
+        assert offsets_for_time(pipeline.kafka, marks, ts) == {(topic, 0): offset}, ts
