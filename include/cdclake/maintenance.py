@@ -173,7 +173,11 @@ def maintain_table(
     offsets = _checked(spark, qualified, "rewrite_position_delete_files", offsets)
 
     ice = _fresh_table(spark, qualified)
-    ancestry = [(ts, SUMMARY_OFFSETS in summary) for _, ts, summary in _ancestors(ice, qualified)]
+    ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
+    for _, timestamp_ms, summary in _ancestors(ice, qualified):
+        ancestry.append((timestamp_ms, SUMMARY_OFFSETS in summary))
+        if ancestry[-1][1]:
+            break
     older_than, retain = expiry_bounds(
         ancestry, now_ms - settings.expire_older_than_hours * HOUR_MS, settings.retain_last
     )
