@@ -139,12 +139,12 @@ def maintain_table(
     settings = pipeline.maintenance
     started = time.monotonic()
     result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
+    offsets = _read_offsets(spark, qualified)  # first: a cut history stops here
     result.snapshots_before = _count_snapshots(spark, qualified)
     result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
     actions = spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
         spark._jsparkSession
     )
-    offsets = _read_offsets(spark, qualified)
 
     with _conflicts_reported(qualified, "rewrite_data_files"):
         rewrite = (

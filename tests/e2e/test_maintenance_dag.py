@@ -20,9 +20,7 @@ from tests.integration.test_maintenance import (
 pytestmark = pytest.mark.e2e
 
 
-def test_maintenance_dag_compacts_and_the_next_load_continues(
-    stack, spark, tmp_path, monkeypatch
-):
+def test_maintenance_dag_compacts_and_the_next_load_continues(stack, spark, tmp_path, monkeypatch):
     pipeline, source = build_fragmented_table(stack, spark, tmp_path, "e2e_maint", rounds=2)
     monkeypatch.setenv("CDCLAKE_PIPELINES_DIR", str(tmp_path))  # this pipeline only
     before = committed(pipeline)
