@@ -49,3 +49,17 @@ def test_broken_pipeline_config_is_an_import_error_naming_file_and_field(tmp_pat
     assert files == ["cdclake_maintenance.py", "cdclake_pipelines.py"]
     for message in bag["errors"].values():
         assert str(bad) in message and "namespace" in message
+
+
+def test_pipelines_with_different_maintenance_schedules_are_an_import_error(tmp_path):
+    good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
+    weekly = tmp_path / "b.yaml"
+    (tmp_path / "a.yaml").write_text(good.replace("name: demo", "name: a"))
+    weekly.write_text(
+        good.replace("name: demo", "name: b") + "maintenance: {schedule: '@weekly'}\n"
+    )
+    bag = dagbag(tmp_path)
+    assert {"cdclake__a", "cdclake__b"} <= set(bag["dags"])  # the loads are unaffected
+    [(path, message)] = bag["errors"].items()
+    assert path.endswith("cdclake_maintenance.py")
+    assert f"{weekly}: maintenance.schedule:" in message and "@weekly" in message
