@@ -164,7 +164,10 @@ def maintain_table(
     with _conflicts_reported(qualified, "rewrite_position_delete_files"):
         deletes = (
             actions.rewritePositionDeletes(_fresh_table(spark, qualified))
-            .option("min-input-files", str(settings.min_input_files))
+            # all of them: rewriting drops the deletes of data files step 1 replaced, which
+            # Iceberg's dangling-delete check (and min-input-files grouping) leave behind;
+            # loads keep at most one delete file per data file, so this stays small
+            .option("rewrite-all", "true")
             .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_position_delete_files")
             .execute()
         )
@@ -173,6 +176,7 @@ def maintain_table(
     offsets = _checked(spark, qualified, "rewrite_position_delete_files", offsets)
 
     ice = _fresh_table(spark, qualified)
+    before_expiry = _count_snapshots(spark, qualified)
     ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
     for _, timestamp_ms, summary in _ancestors(ice, qualified):
         ancestry.append((timestamp_ms, SUMMARY_OFFSETS in summary))
@@ -189,6 +193,7 @@ def maintain_table(
         + expired.deletedEqualityDeleteFilesCount()
     )  # fmt: skip
     offsets = _checked(spark, qualified, "expire_snapshots", offsets)
+    result.snapshots_expired = max(0, before_expiry - _count_snapshots(spark, qualified))
 
     orphans = (
         actions.deleteOrphanFiles(_fresh_table(spark, qualified))
@@ -199,7 +204,6 @@ def maintain_table(
     offsets = _checked(spark, qualified, "remove_orphan_files", offsets)
 
     result.snapshots_after = _count_snapshots(spark, qualified)
-    result.snapshots_expired = max(0, result.snapshots_before - result.snapshots_after)
     result.data_files_after, result.delete_files_after = _count_files(spark, qualified)
     result.offsets_snapshot_id = _offsets_snapshot_id(_fresh_table(spark, qualified), qualified)
     for (topic, partition), offset in sorted(offsets.items()):
