@@ -3,12 +3,14 @@ removal shrink the table's files and history but never what it says it has consu
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 
 import psycopg
 import pytest
+from cdclake import cli
 from cdclake.catalog import load_catalog, table_state
 from cdclake.exceptions import DataLossError
 from cdclake.maintenance import SUMMARY_MAINTENANCE, last_runs, run_maintenance
@@ -78,7 +80,9 @@ def plant_orphan(spark, pipeline) -> str:
     return path
 
 
-def test_maintenance_shrinks_files_and_history_and_keeps_the_offsets(stack, spark, tmp_path):
+def test_maintenance_shrinks_files_and_history_and_keeps_the_offsets(
+    stack, spark, tmp_path, capsys
+):
     pipeline, source = build_fragmented_table(stack, spark, tmp_path, "it_maint")
     before = committed(pipeline)
     assert before
@@ -119,8 +123,12 @@ def test_maintenance_shrinks_files_and_history_and_keeps_the_offsets(stack, spar
     load_all(stack, spark, pipeline, "it-maint-next")
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
-    # maintenance again: still nothing lost
-    run_maintenance(pipeline, spark, run_id="it-maint-2")
+    # maintenance again, through the CLI (same process, so the same SparkSession): its
+    # history is cut below the last load now, and still nothing is lost
+    assert cli.main(["maintain", "--pipeline", str(pipeline.path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["tables"][0]["status"] == "maintained"
+    assert printed["run_id"] == last_runs(pipeline)[0]["run_id"]
     after_next = {**before, **{(r.topic, r.partition): r.end for r in plan.ranges}}
     assert committed(pipeline) == after_next
 
