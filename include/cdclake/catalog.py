@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote as urlquote
 from urllib.parse import urlsplit
 
@@ -81,10 +81,10 @@ def expired_ancestor_error(table: str, snapshot_id: int, parent_id: int) -> Data
     )
 
 
-def _ancestry(table, name: str = "") -> Iterable[dict[str, str]]:
+def _ancestry_snapshots(table, name: str = "") -> Iterable:
     snap = table.current_snapshot()
     while snap is not None:
-        yield dict(snap.summary.additional_properties) if snap.summary else {}
+        yield snap
         parent_id = snap.parent_snapshot_id
         if parent_id is None:
             return
@@ -94,12 +94,29 @@ def _ancestry(table, name: str = "") -> Iterable[dict[str, str]]:
         snap = parent
 
 
+def _summary(snap) -> dict[str, str]:
+    return dict(snap.summary.additional_properties) if snap is not None and snap.summary else {}
+
+
+def _ancestry(table, name: str = "") -> Iterable[dict[str, str]]:
+    return (_summary(s) for s in _ancestry_snapshots(table, name))
+
+
+def _offsets_snapshot(table, name: str = ""):
+    """The newest snapshot (walking back from current) that carries committed offsets."""
+    ancestors = _ancestry_snapshots(table, name)
+    return next((s for s in ancestors if SUMMARY_OFFSETS in _summary(s)), None)
+
+
 @dataclass(frozen=True)
 class TableState:
     exists: bool
     offsets: dict[TopicPartition, int]
     summary: dict[str, str]
     committed_at_ms: int | None
+    # The snapshot that committed `offsets` (the current one unless maintenance came after)
+    offsets_summary: dict[str, str] = field(default_factory=dict)
+    offsets_committed_at_ms: int | None = None
 
 
 def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState:
@@ -115,10 +132,13 @@ def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState
             f"{pipeline.namespace}.{table.target}: {exc}"
         ) from exc
     snap = ice.current_snapshot()
-    summary = dict(snap.summary.additional_properties) if snap and snap.summary else {}
+    name = f"{pipeline.namespace}.{table.target}"
+    committed = _offsets_snapshot(ice, name)
     return TableState(
         True,
-        committed_from_snapshots(_ancestry(ice, f"{pipeline.namespace}.{table.target}")),
-        summary,
+        committed_from_snapshots(_ancestry(ice, name)),
+        _summary(snap),
         snap.timestamp_ms if snap else None,
+        _summary(committed),
+        committed.timestamp_ms if committed else None,
     )

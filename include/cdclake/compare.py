@@ -17,6 +17,7 @@ from typing import Any
 from cdclake.catalog import load_catalog
 from cdclake.changes import DELETED, METADATA_COLUMNS
 from cdclake.config import PipelineConfig, TableConfig
+from cdclake.debezium import LAKE_MAX_DATE, LAKE_MAX_TIMESTAMP, LAKE_MIN_DATE, LAKE_MIN_TIMESTAMP
 from cdclake.exceptions import EndpointError
 
 
@@ -96,6 +97,16 @@ def _source_expr(c: SourceColumn) -> str:
     col = _ident(c.name)
     if c.is_array:
         return col
+    if c.base in ("date", "timestamp", "timestamptz"):  # ±infinity as the load maps them
+        if c.base == "date":
+            top, bottom = LAKE_MAX_DATE, LAKE_MIN_DATE
+        else:
+            zone = "+00" if c.base == "timestamptz" else ""
+            top, bottom = LAKE_MAX_TIMESTAMP + zone, LAKE_MIN_TIMESTAMP + zone
+        return (
+            f"CASE WHEN {col} = 'infinity' THEN '{top}'::{c.type} "
+            f"WHEN {col} = '-infinity' THEN '{bottom}'::{c.type} ELSE {col} END"
+        )
     if c.base == "timetz":
         return f"({col} AT TIME ZONE 'UTC')"
     if c.base == "interval":

@@ -154,6 +154,34 @@ def decimal_params(f: ConnectField) -> tuple[int, int]:
 # ---- decoding expressions --------------------------------------------------------------
 
 
+# PostgreSQL's ±infinity dates and timestamps arrive as these values (pgjdbc's
+# DATE_POSITIVE/NEGATIVE_INFINITY for timestamps; what Debezium makes of LocalDate.MAX/MIN
+# for dates). Iceberg has no infinity: they load as the ends of the range Spark and Iceberg
+# share, the same values PostgreSQL's '9999-12-31 23:59:59.999999' and '0001-01-01' hold.
+INFINITY_DAYS = (-2147472692, -2147472691)  # (+infinity, -infinity)
+INFINITY_MILLIS = (9223372036825200, -9223372036832400)
+INFINITY_MICROS = (9223372036825200000, -9223372036832400000)
+LAKE_MAX_DATE, LAKE_MIN_DATE = "9999-12-31", "0001-01-01"
+LAKE_MAX_TIMESTAMP = "9999-12-31 23:59:59.999999"
+LAKE_MIN_TIMESTAMP = "0001-01-01 00:00:00"
+
+
+def _infinity(col, values, decoded, kind: str):
+    """`decoded`, with the connector's ±infinity `values` mapped to the ends of the range."""
+    from pyspark.sql import functions as F
+
+    top, bottom = (
+        (LAKE_MAX_DATE, LAKE_MIN_DATE)
+        if kind == "date"
+        else (LAKE_MAX_TIMESTAMP, LAKE_MIN_TIMESTAMP)
+    )
+    return (
+        F.when(col == F.lit(values[0]), F.lit(top).cast(kind))
+        .when(col == F.lit(values[1]), F.lit(bottom).cast(kind))
+        .otherwise(decoded)
+    )
+
+
 def decode_column(col, f: ConnectField):
     """Spark Column turning the parsed JSON value of `f` into its lake type."""
     from pyspark.sql import functions as F
@@ -164,15 +192,24 @@ def decode_column(col, f: ConnectField):
         raw_scale = int(f.param("scale", "0") or 0)
         return decimal_from_base64(col, precision, raw_scale)
     if lg in (DATE, CONNECT_DATE):
-        return F.date_from_unix_date(col)
+        return _infinity(col, INFINITY_DAYS, F.date_from_unix_date(col), "date")
     if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
-        return F.timestamp_millis(col).cast("timestamp_ntz")
+        decoded = F.timestamp_millis(col).cast("timestamp_ntz")
+        return _infinity(col, INFINITY_MILLIS, decoded, "timestamp_ntz")
     if lg == MICRO_TIMESTAMP:
-        return F.timestamp_micros(col).cast("timestamp_ntz")
+        decoded = F.timestamp_micros(col).cast("timestamp_ntz")
+        return _infinity(col, INFINITY_MICROS, decoded, "timestamp_ntz")
     if lg == NANO_TIMESTAMP:
         return F.timestamp_micros(F.floor(col / 1000)).cast("timestamp_ntz")
     if lg == ZONED_TIMESTAMP:
-        return col.cast("timestamp")
+        decoded = col.cast("timestamp")
+        values = ("infinity", "-infinity")
+        top, bottom = LAKE_MAX_TIMESTAMP + "Z", LAKE_MIN_TIMESTAMP + "Z"
+        return (
+            F.when(col == values[0], F.to_timestamp(F.lit(top.replace(" ", "T"))))
+            .when(col == values[1], F.to_timestamp(F.lit(bottom.replace(" ", "T"))))
+            .otherwise(decoded)
+        )
     if lg in (TIME, CONNECT_TIME):
         return time_text(col.cast("bigint") * 1000)
     if lg == MICRO_TIME:

@@ -8,9 +8,8 @@ import uuid
 import psycopg
 import pytest
 from cdclake.compare import compare_table
-from cdclake.exceptions import DecodeError
 
-from tests.integration.helpers import load_all, make_pipeline
+from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +53,31 @@ def test_type_zoo_insert_update_delete(stack, spark, tmp_path):
     assert zoo_equal(pipeline, stack.source_dsn)
 
 
-def test_values_outside_the_mapping_fail_with_the_offset(stack, spark, tmp_path):
+def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(stack, spark, tmp_path):
     n = uuid.uuid4().hex[:6]
+    t = f"inventory.inf_{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
-        conn.execute(f"create table inventory.inf_{n} (id int primary key, at timestamptz)")
-        conn.execute(f"insert into inventory.inf_{n} values (1, now()), (2, 'infinity')")
-    pipeline = make_pipeline(tmp_path, f"it_inf_{n}", [f"inventory.inf_{n}"])
-    with pytest.raises(DecodeError, match=rf"inf_{n} partition 0 offset 1: value does not fit"):
-        load_all(stack, spark, pipeline, "inf")
+        conn.execute(
+            f"create table {t} (id int primary key, d date, t3 timestamp(3), "
+            "t6 timestamp(6), tz timestamptz)"
+        )
+        conn.execute(
+            f"insert into {t} values (1, 'infinity', 'infinity', 'infinity', 'infinity'), "
+            "(2, '-infinity', '-infinity', '-infinity', '-infinity'), "
+            "(3, '2024-02-29', '2024-02-29 01:02:03.456', '2024-02-29 01:02:03.456789', "
+            "'2024-02-29 01:02:03.456789+00'), (4, NULL, NULL, NULL, NULL)"
+        )
+    pipeline = make_pipeline(tmp_path, f"it_inf_{n}", [t])
+    load_all(stack, spark, pipeline, "inf")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    rows = {
+        r["id"]: r
+        for r in spark.table(pipeline.qualified_target(pipeline.tables[0]))
+        .selectExpr(
+            "id", "cast(d as string) d", "cast(t6 as string) t6", "cast(tz as string) tz"
+        )  # fmt: skip
+        .collect()
+    }
+    assert (rows[1]["d"], rows[1]["t6"]) == ("9999-12-31", "9999-12-31 23:59:59.999999")
+    assert (rows[2]["d"], rows[2]["t6"]) == ("0001-01-01", "0001-01-01 00:00:00")
+    assert rows[3]["t6"] == "2024-02-29 01:02:03.456789" and rows[4]["d"] is None
