@@ -9,7 +9,7 @@ from urllib.parse import quote as urlquote
 from urllib.parse import urlsplit
 
 from cdclake.config import CatalogConfig, PipelineConfig, TableConfig
-from cdclake.exceptions import ConfigError, EndpointError
+from cdclake.exceptions import ConfigError, DataLossError, EndpointError
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
 
 
@@ -61,7 +61,10 @@ def load_catalog(catalog: CatalogConfig):
 def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:
     """Offsets of the newest snapshot (walking back from current) that carries them.
 
-    Maintenance commits (compaction, expiry) carry none, so the walk skips them.
+    Maintenance commits (compaction) carry none, so the walk skips them. The summaries
+    must raise `expired_ancestor_error` when the walk reaches an expired parent: "no
+    offsets" is only true of a table whose whole history has none (a new table), and
+    reading it from a cut history would silently reload every topic from its earliest offset.
     """
     for summary in summaries:
         if SUMMARY_OFFSETS in summary:
@@ -69,24 +72,40 @@ def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicP
     return {}
 
 
-def _ancestry_snapshots(table) -> Iterable:
+def expired_ancestor_error(table: str, snapshot_id: int, parent_id: int) -> DataLossError:
+    return DataLossError(
+        f"{table}: snapshot {snapshot_id}'s parent {parent_id} was expired before a snapshot "
+        "carrying cdclake.offsets was found, so the committed Kafka offsets are unknown. "
+        "Nothing was loaded (loading would replay every topic from its earliest offset). "
+        "Recover by rebuilding the table with a backfill in rebuild mode."
+    )
+
+
+def _ancestry_snapshots(table, name: str = "") -> Iterable:
     snap = table.current_snapshot()
     while snap is not None:
         yield snap
-        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+        parent_id = snap.parent_snapshot_id
+        if parent_id is None:
+            return
+        parent = table.snapshot_by_id(parent_id)
+        if parent is None:
+            raise expired_ancestor_error(name, snap.snapshot_id, parent_id)
+        snap = parent
 
 
 def _summary(snap) -> dict[str, str]:
     return dict(snap.summary.additional_properties) if snap is not None and snap.summary else {}
 
 
-def _ancestry(table) -> Iterable[dict[str, str]]:
-    return (_summary(s) for s in _ancestry_snapshots(table))
+def _ancestry(table, name: str = "") -> Iterable[dict[str, str]]:
+    return (_summary(s) for s in _ancestry_snapshots(table, name))
 
 
-def _offsets_snapshot(table):
+def _offsets_snapshot(table, name: str = ""):
     """The newest snapshot (walking back from current) that carries committed offsets."""
-    return next((s for s in _ancestry_snapshots(table) if SUMMARY_OFFSETS in _summary(s)), None)
+    ancestors = _ancestry_snapshots(table, name)
+    return next((s for s in ancestors if SUMMARY_OFFSETS in _summary(s)), None)
 
 
 @dataclass(frozen=True)
@@ -113,10 +132,11 @@ def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState
             f"{pipeline.namespace}.{table.target}: {exc}"
         ) from exc
     snap = ice.current_snapshot()
-    committed = _offsets_snapshot(ice)
+    name = f"{pipeline.namespace}.{table.target}"
+    committed = _offsets_snapshot(ice, name)
     return TableState(
         True,
-        committed_from_snapshots(_ancestry(ice)),
+        committed_from_snapshots(_ancestry(ice, name)),
         _summary(snap),
         snap.timestamp_ms if snap else None,
         _summary(committed),

@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("--timeout", type=float, default=3600, help="seconds to follow (default 1h)")
     sn.add_argument("--no-follow", action="store_true", help="send and return")
 
+    maintain = sub.add_parser("maintain", help="Iceberg maintenance of a pipeline's tables")
+    maintain.add_argument("--pipeline", required=True, help="pipeline YAML file")
+
     compare = sub.add_parser("compare", help="compare every lake table with its source table")
     compare.add_argument("--pipeline", required=True)
     compare.add_argument("--source-dsn", required=True)
@@ -130,6 +133,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         results = run_once(load_pipeline(args.pipeline), args.batch_id)
         print(json.dumps(results, indent=2, sort_keys=True))
+        return 0
+    if args.command == "maintain":
+        from cdclake.config import load_pipeline
+        from cdclake.maintenance import run_maintenance
+
+        print(json.dumps(run_maintenance(load_pipeline(args.pipeline)), indent=2, sort_keys=True))
         return 0
     if args.command == "backfill":
         return _backfill(args)

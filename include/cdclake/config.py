@@ -96,6 +96,27 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class MaintenanceConfig:
+    """Iceberg table maintenance of a pipeline's tables (the `cdclake_maintenance` DAG).
+
+    Expiry never removes the newest snapshot that carries the committed offsets, whatever
+    these settings say (see cdclake.maintenance).
+    """
+
+    enabled: bool = True
+    schedule: str | None = "@daily"
+    expire_older_than_hours: int = 120  # snapshots older than this are expired ...
+    retain_last: int = 10  # ... but at least this many of the newest are kept
+    target_file_size_bytes: int = 134_217_728  # data file size compaction aims at
+    min_input_files: int = 5  # a file group is rewritten from this many small files on
+    delete_file_threshold: int = 2  # a data file with this many delete files is rewritten
+    orphan_older_than_hours: int = 72  # unreferenced files younger than this are kept
+
+
+ORPHAN_MIN_HOURS = 24  # younger files may belong to a commit that is still running
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     name: str
     path: Path
@@ -109,6 +130,7 @@ class PipelineConfig:
     on_error: OnError = OnError.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     @property
     def notification_topic(self) -> str:
@@ -194,7 +216,7 @@ class _Reader:
 _SOURCE_FIELDS = {"conn_id", "dsn", "signal_table", "signal_topic", "notification_topic"}
 _TOP_LEVEL = {
     "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
-    "max_records_per_batch", "schedule", "on_error", "spark", "source",
+    "max_records_per_batch", "schedule", "on_error", "spark", "source", "maintenance",
 }  # fmt: skip
 
 
@@ -274,7 +296,42 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         on_error=on_error,
         spark=spark,
         source=source,
+        maintenance=_parse_maintenance(r, r.mapping(raw, "", "maintenance", required=False)),
     )
+
+
+_MAINTENANCE_MINIMUM = {
+    "expire_older_than_hours": 0,
+    "retain_last": 1,
+    "target_file_size_bytes": 1_048_576,
+    "min_input_files": 1,
+    "delete_file_threshold": 1,
+    "orphan_older_than_hours": ORPHAN_MIN_HOURS,
+}
+
+
+def _parse_maintenance(r: _Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
+    known = {"enabled", "schedule", *_MAINTENANCE_MINIMUM}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise r.fail(f"maintenance.{unknown[0]}", f"unknown field (expected {sorted(known)})")
+    defaults = MaintenanceConfig()
+    enabled = r.get(raw, "maintenance", "enabled", bool, defaults.enabled)
+    schedule = defaults.schedule
+    if "schedule" in raw:  # present but null: manual runs only
+        schedule = r.get(raw, "maintenance", "schedule", str, None)
+    numbers: dict[str, int] = {}
+    for name, minimum in _MAINTENANCE_MINIMUM.items():
+        value = r.get(raw, "maintenance", name, int, getattr(defaults, name))
+        if value < minimum:
+            why = (
+                " (younger unreferenced files may belong to a load that is still committing)"
+                if name == "orphan_older_than_hours"
+                else ""
+            )
+            raise r.fail(f"maintenance.{name}", f"must be at least {minimum}, got {value}{why}")
+        numbers[name] = value
+    return MaintenanceConfig(enabled=enabled, schedule=schedule, **numbers)
 
 
 def _parse_catalog(r: _Reader, raw: Mapping[str, Any]) -> CatalogConfig:

@@ -27,3 +27,7 @@ class CommitConflictError(CdclakeError):
 
 class StackError(CdclakeError):
     """The local stack could not be started, stopped or inspected."""
+
+
+class MaintenanceError(CdclakeError):
+    """Table maintenance would have changed what a table says it has consumed."""

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-from cdclake.catalog import committed_from_snapshots
+from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, decode_changes, topic_schema
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
@@ -178,7 +178,12 @@ def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
         while snap is not None:
             yield dict(snap.summary())
             parent = snap.parentId()
-            snap = ice.snapshot(parent) if parent is not None else None
+            if parent is None:
+                return
+            older = ice.snapshot(parent)
+            if older is None:
+                raise expired_ancestor_error(table, snap.snapshotId(), parent)
+            snap = older
 
     return committed_from_snapshots(summaries())
 

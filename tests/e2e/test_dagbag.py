@@ -33,7 +33,9 @@ def dagbag(pipelines_dir=None) -> dict:
 def test_every_dag_imports_without_errors():
     bag = dagbag()
     assert bag["errors"] == {}
-    assert {"cdclake__demo", "cdclake_backfill", "cdclake_snapshot"} <= set(bag["dags"])
+    assert {"cdclake__demo", "cdclake_backfill", "cdclake_snapshot", "cdclake_maintenance"} <= set(
+        bag["dags"]
+    )
 
 
 def test_broken_pipeline_config_is_an_import_error_naming_file_and_field(tmp_path):
@@ -43,9 +45,25 @@ def test_broken_pipeline_config_is_an_import_error_naming_file_and_field(tmp_pat
         good.replace("name: demo", "name: shop").replace("namespace: demo", "namespace: 9x")
     )
     bag = dagbag(tmp_path)
+    # every DAG file built from the pipeline configs reports it
     assert {os.path.basename(p) for p in bag["errors"]} == {
         "cdclake_pipelines.py",
         "cdclake_manual.py",
+        "cdclake_maintenance.py",
     }
     for message in bag["errors"].values():
         assert str(bad) in message and "namespace" in message
+
+
+def test_pipelines_with_different_maintenance_schedules_are_an_import_error(tmp_path):
+    good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
+    weekly = tmp_path / "b.yaml"
+    (tmp_path / "a.yaml").write_text(good.replace("name: demo", "name: a"))
+    weekly.write_text(
+        good.replace("name: demo", "name: b") + "maintenance: {schedule: '@weekly'}\n"
+    )
+    bag = dagbag(tmp_path)
+    assert {"cdclake__a", "cdclake__b"} <= set(bag["dags"])  # the loads are unaffected
+    [(path, message)] = bag["errors"].items()
+    assert path.endswith("cdclake_maintenance.py")
+    assert f"{weekly}: maintenance.schedule:" in message and "@weekly" in message

@@ -110,3 +110,39 @@ def test_secrets_stay_off_the_spark_submit_command_line(tmp_path, monkeypatch):
     submitted = spark_conf(pipeline, secrets=False)
     assert "s3cr3t-value" not in " ".join(submitted.values())
     assert submitted["spark.sql.catalog.lake.jdbc.user"] == full["spark.sql.catalog.lake.jdbc.user"]
+
+
+def test_maintenance_defaults_and_overrides(tmp_path):
+    p = load_pipeline(write(tmp_path, VALID))
+    assert p.maintenance.enabled and p.maintenance.schedule == "@daily"
+    assert p.maintenance.orphan_older_than_hours >= 24
+    text = VALID + (
+        "maintenance: {schedule: null, retain_last: 3, expire_older_than_hours: 0,\n"
+        "  target_file_size_bytes: '${SIZE:-67108864}', min_input_files: 2}\n"
+    )
+    m = load_pipeline(write(tmp_path, text)).maintenance
+    assert m.schedule is None  # manual runs only
+    assert (m.retain_last, m.expire_older_than_hours) == (3, 0)
+    assert (m.target_file_size_bytes, m.min_input_files) == (67108864, 2)
+
+
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ("{retain_last: 0}", "maintenance.retain_last"),  # would leave no snapshot
+        ("{orphan_older_than_hours: 1}", "maintenance.orphan_older_than_hours"),  # < 24h
+        ("{expire_older_than_hours: -1}", "maintenance.expire_older_than_hours"),
+        ("{min_input_files: many}", "maintenance.min_input_files"),  # not a number
+        ("{delete_file_threshold: 0}", "maintenance.delete_file_threshold"),
+        ("{target_file_size_bytes: 10}", "maintenance.target_file_size_bytes"),  # < 1 MiB
+        ("{enabled: sometimes}", "maintenance.enabled"),  # not a boolean
+        ("{keep_forever: true}", "maintenance.keep_forever"),  # unknown field
+        ("[expire]", "maintenance"),  # not a mapping
+    ],
+)
+def test_bad_maintenance_section_names_file_and_field(tmp_path, section, field):
+    path = write(tmp_path, VALID + f"maintenance: {section}\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert str(path) in str(err.value)
+    assert f": {field}:" in str(err.value)

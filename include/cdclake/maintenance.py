@@ -1,0 +1,316 @@
+"""Iceberg table maintenance: compact data files, compact position deletes, expire
+snapshots, remove orphan files; one table at a time, without losing the committed offsets.
+
+The offsets a table has consumed live in the summary of the newest snapshot that carries
+`cdclake.offsets`; the planner and the load find it by walking back from the current
+snapshot. Maintenance keeps that walk working:
+
+- rewrite commits do not copy the offsets forward. A rewrite reads the table, works for a
+  while and commits on top of whatever is current then; if a load committed meanwhile,
+  copied offsets would be older than the load's and would roll the table back. Rewrite
+  commits carry `cdclake.maintenance` instead, and the walk steps past them to the load.
+- expiry keeps the newest snapshot with offsets and every snapshot after it, whatever the
+  retention settings say (`expiry_bounds`).
+- after every step the offsets are read again the way the planner reads them; if any
+  partition went missing or back, the run stops with a MaintenanceError.
+
+The Iceberg Spark actions are called through the JVM (`SparkActions`): unlike the SQL
+procedures they take snapshot properties, and they have no 24-hour floor for orphan files
+(the config enforces one instead, see `ORPHAN_MIN_HOURS`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
+from cdclake.config import PipelineConfig, TableConfig
+from cdclake.exceptions import CommitConflictError, MaintenanceError
+from cdclake.merge import load_iceberg_table
+from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
+
+log = logging.getLogger(__name__)
+
+SUMMARY_MAINTENANCE = "cdclake.maintenance"  # which maintenance step wrote a snapshot
+# Table property holding the figures of the last maintenance run (JSON), readable by any
+# Iceberg client: how the Airflow report task learns what the spark-submit job did.
+PROPERTY_LAST_RUN = "cdclake.maintenance.last-run"
+HOUR_MS = 3_600_000
+
+_CONFLICTS = ("ValidationException", "CommitFailedException", "Found conflicting files")
+
+
+@dataclass
+class TableMaintenance:
+    """What maintenance did to one table (file counts are of the current snapshot)."""
+
+    table: str
+    status: str  # maintained | missing
+    run_id: str = ""
+    snapshots_before: int = 0
+    snapshots_after: int = 0
+    snapshots_expired: int = 0
+    data_files_before: int = 0
+    data_files_after: int = 0
+    delete_files_before: int = 0
+    delete_files_after: int = 0
+    data_files_rewritten: int = 0
+    data_files_added: int = 0
+    delete_files_removed_by_rewrite: int = 0
+    delete_files_rewritten: int = 0
+    delete_files_added: int = 0
+    files_deleted_by_expiry: int = 0
+    orphan_files_removed: int = 0
+    offsets_snapshot_id: int | None = None
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def expiry_bounds(
+    ancestry: Sequence[tuple[int, bool]], cutoff_ms: int, retain_last: int
+) -> tuple[int, int]:
+    """(expire older than, retain last) that keep the newest snapshot with offsets.
+
+    `ancestry` is (timestamp ms, carries offsets) of the current snapshot and its parents,
+    newest first. Both bounds protect it: retain_last reaches down to it, and nothing as
+    young as it is older than the cutoff.
+    """
+    for depth, (timestamp_ms, has_offsets) in enumerate(ancestry):
+        if has_offsets:
+            return min(cutoff_ms, timestamp_ms), max(retain_last, depth + 1)
+    return cutoff_ms, retain_last
+
+
+def check_offsets_kept(
+    table: str,
+    step: str,
+    before: Mapping[TopicPartition, int],
+    after: Mapping[TopicPartition, int],
+) -> None:
+    """Offsets may only move forward (a load committing meanwhile), never back or away."""
+    lost = {tp: o for tp, o in before.items() if after.get(tp, -1) < o}
+    if lost:
+        now = {tp: after.get(tp) for tp in lost}
+        raise MaintenanceError(
+            f"{table}: after {step} the committed offsets read {now} instead of {lost}; "
+            "maintenance stopped so that no load replays from the wrong offsets. Inspect the "
+            f"snapshot summaries ({table}.snapshots) before loading again."
+        )
+
+
+def run_maintenance(
+    pipeline: PipelineConfig, spark=None, now_ms: int | None = None, run_id: str | None = None
+) -> dict:
+    """`cdclake maintain` and jobs/maintain.py: maintain every table, figures as a dict."""
+    import uuid
+
+    if spark is None:
+        from cdclake.spark import build_session
+
+        spark = build_session(pipeline, pipeline.spark.master)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    run_id = run_id or uuid.uuid4().hex
+    results = maintain_pipeline(spark, pipeline, now_ms, run_id)
+    return {"pipeline": pipeline.name, "run_id": run_id, "tables": [r.to_dict() for r in results]}
+
+
+def maintain_pipeline(
+    spark, pipeline: PipelineConfig, now_ms: int, run_id: str
+) -> list[TableMaintenance]:
+    """Maintain every table of the pipeline; `now_ms` anchors the retention windows."""
+    return [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
+
+
+def maintain_table(
+    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str
+) -> TableMaintenance:
+    qualified = pipeline.qualified_target(table)
+    if not spark.catalog.tableExists(qualified):
+        log.info("%s: does not exist yet; nothing to maintain", qualified)
+        return TableMaintenance(table=qualified, status="missing", run_id=run_id)
+    settings = pipeline.maintenance
+    started = time.monotonic()
+    result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
+    offsets = _read_offsets(spark, qualified)  # first: a cut history stops here
+    result.snapshots_before = _count_snapshots(spark, qualified)
+    result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
+    actions = spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
+        spark._jsparkSession
+    )
+
+    with _conflicts_reported(qualified, "rewrite_data_files"):
+        rewrite = (
+            actions.rewriteDataFiles(_fresh_table(spark, qualified))
+            .option("target-file-size-bytes", str(settings.target_file_size_bytes))
+            .option("min-input-files", str(settings.min_input_files))
+            .option("delete-file-threshold", str(settings.delete_file_threshold))
+            .option("remove-dangling-deletes", "true")
+            .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_data_files")
+            .execute()
+        )
+    result.data_files_rewritten = rewrite.rewrittenDataFilesCount()
+    result.data_files_added = rewrite.addedDataFilesCount()
+    result.delete_files_removed_by_rewrite = rewrite.removedDeleteFilesCount()
+    offsets = _checked(spark, qualified, "rewrite_data_files", offsets)
+
+    with _conflicts_reported(qualified, "rewrite_position_delete_files"):
+        deletes = (
+            actions.rewritePositionDeletes(_fresh_table(spark, qualified))
+            # all of them: rewriting drops the deletes of data files step 1 replaced, which
+            # Iceberg's dangling-delete check (and min-input-files grouping) leave behind;
+            # loads keep at most one delete file per data file, so this stays small
+            .option("rewrite-all", "true")
+            .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_position_delete_files")
+            .execute()
+        )
+    result.delete_files_rewritten = deletes.rewrittenDeleteFilesCount()
+    result.delete_files_added = deletes.addedDeleteFilesCount()
+    offsets = _checked(spark, qualified, "rewrite_position_delete_files", offsets)
+
+    ice = _fresh_table(spark, qualified)
+    before_expiry = _count_snapshots(spark, qualified)
+    ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
+    for _, timestamp_ms, summary in _ancestors(ice, qualified):
+        ancestry.append((timestamp_ms, SUMMARY_OFFSETS in summary))
+        if ancestry[-1][1]:
+            break
+    older_than, retain = expiry_bounds(
+        ancestry, now_ms - settings.expire_older_than_hours * HOUR_MS, settings.retain_last
+    )
+    with _conflicts_reported(qualified, "expire_snapshots"):
+        expired = actions.expireSnapshots(ice).expireOlderThan(older_than).retainLast(retain)
+        expired = expired.execute()
+    result.files_deleted_by_expiry = int(
+        expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
+        + expired.deletedEqualityDeleteFilesCount()
+    )  # fmt: skip
+    offsets = _checked(spark, qualified, "expire_snapshots", offsets)
+    result.snapshots_expired = max(0, before_expiry - _count_snapshots(spark, qualified))
+
+    orphans = (
+        actions.deleteOrphanFiles(_fresh_table(spark, qualified))
+        .olderThan(now_ms - settings.orphan_older_than_hours * HOUR_MS)
+        .execute()
+    )
+    result.orphan_files_removed = _java_count(orphans.orphanFileLocations())
+    offsets = _checked(spark, qualified, "remove_orphan_files", offsets)
+
+    result.snapshots_after = _count_snapshots(spark, qualified)
+    result.data_files_after, result.delete_files_after = _count_files(spark, qualified)
+    result.offsets_snapshot_id = _offsets_snapshot_id(_fresh_table(spark, qualified), qualified)
+    for (topic, partition), offset in sorted(offsets.items()):
+        result.offsets.setdefault(topic, {})[str(partition)] = offset
+    result.seconds = round(time.monotonic() - started, 3)
+    # a metadata-only commit: Iceberg re-applies it on top of a concurrent load
+    _fresh_table(spark, qualified).updateProperties().set(
+        PROPERTY_LAST_RUN, json.dumps(result.to_dict(), sort_keys=True)
+    ).commit()
+    log.info(
+        "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
+        "%d orphan file(s) removed",
+        qualified, result.data_files_before, result.data_files_after,
+        result.delete_files_before, result.delete_files_after,
+        result.snapshots_before, result.snapshots_after, result.orphan_files_removed,
+    )  # fmt: skip
+    return result
+
+
+def last_runs(pipeline: PipelineConfig) -> list[dict | None]:
+    """Per table, the figures its last maintenance run stored (None: never maintained)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from cdclake.catalog import load_catalog
+
+    cat = load_catalog(pipeline.catalog)
+    out: list[dict | None] = []
+    for table in pipeline.tables:
+        try:
+            ice = cat.load_table((pipeline.namespace, table.target))
+        except NoSuchTableError:
+            out.append(None)
+            continue
+        text = ice.properties.get(PROPERTY_LAST_RUN)
+        out.append(json.loads(text) if text else None)
+    return out
+
+
+def _fresh_table(spark, qualified: str):
+    ice = load_iceberg_table(spark, qualified)
+    ice.refresh()
+    return ice
+
+
+def _ancestors(ice, qualified: str) -> Iterator[tuple[int, int, dict[str, str]]]:
+    """(snapshot id, timestamp ms, summary) from the current snapshot back to the root."""
+    snap = ice.currentSnapshot()
+    while snap is not None:
+        yield int(snap.snapshotId()), int(snap.timestampMillis()), dict(snap.summary())
+        parent = snap.parentId()
+        if parent is None:
+            return
+        older = ice.snapshot(parent)
+        if older is None:
+            raise expired_ancestor_error(qualified, snap.snapshotId(), parent)
+        snap = older
+
+
+def _read_offsets(spark, qualified: str) -> dict[TopicPartition, int]:
+    """The committed offsets exactly as the planner finds them."""
+    ancestors = _ancestors(_fresh_table(spark, qualified), qualified)
+    return committed_from_snapshots(summary for _, _, summary in ancestors)
+
+
+def _checked(spark, qualified: str, step: str, before: dict[TopicPartition, int]):
+    after = _read_offsets(spark, qualified)
+    check_offsets_kept(qualified, step, before, after)
+    return after
+
+
+def _offsets_snapshot_id(ice, qualified: str) -> int | None:
+    for snapshot_id, _, summary in _ancestors(ice, qualified):
+        if SUMMARY_OFFSETS in summary:
+            return snapshot_id
+    return None
+
+
+def _count_snapshots(spark, qualified: str) -> int:
+    return int(spark.sql(f"SELECT count(*) FROM {qualified}.snapshots").collect()[0][0])
+
+
+def _count_files(spark, qualified: str) -> tuple[int, int]:
+    """(data files, delete files) of the current snapshot."""
+    rows = spark.sql(f"SELECT content, count(*) AS n FROM {qualified}.files GROUP BY content")
+    counts = {r["content"]: r["n"] for r in rows.collect()}
+    return int(counts.get(0, 0)), int(counts.get(1, 0) + counts.get(2, 0))
+
+
+def _java_count(iterable) -> int:
+    it = iterable.iterator()
+    n = 0
+    while it.hasNext():
+        it.next()
+        n += 1
+    return n
+
+
+@contextmanager
+def _conflicts_reported(qualified: str, step: str) -> Iterator[None]:
+    """A load committing while a rewrite runs makes Iceberg refuse one of the two commits;
+    for maintenance that is a retry later, never damage."""
+    try:
+        yield
+    except Exception as exc:
+        if any(name in str(exc) for name in _CONFLICTS):
+            raise CommitConflictError(
+                f"{qualified}: {step} conflicted with a load that committed to this table at "
+                "the same time; nothing of this step was committed. Run maintenance again."
+            ) from exc
+        raise
