@@ -16,9 +16,12 @@ from typing import Any
 
 from cdclake.catalog import load_catalog
 from cdclake.changes import DELETED, METADATA_COLUMNS
-from cdclake.config import PipelineConfig, TableConfig
+from cdclake.config import ConnectorModes, PipelineConfig, TableConfig
 from cdclake.debezium import LAKE_MAX_DATE, LAKE_MAX_TIMESTAMP, LAKE_MIN_DATE, LAKE_MIN_TIMESTAMP
 from cdclake.exceptions import EndpointError
+
+DEFAULT_MODES = ConnectorModes()
+_NUMERIC = ("numeric", "money")
 
 
 @dataclass
@@ -65,10 +68,24 @@ def _json_value(value: Any, bits: bool = False) -> Any:
     return value
 
 
-def _lake_expr(c: SourceColumn) -> str:
+def _lake_expr(c: SourceColumn, modes: ConnectorModes = DEFAULT_MODES) -> str:
     """SQL turning the lake value in jsonb `j` back into something comparable."""
     ref = "j->" + _lit(c.name)
     text = "j->>" + _lit(c.name)
+    if c.base == "bytea" and not c.is_array and modes.binary_handling_mode != "bytes":
+        if modes.binary_handling_mode == "hex":
+            return f"decode({text}, 'hex')"
+        if modes.binary_handling_mode == "base64-url-safe":
+            padded = f"rpad(translate({text}, '-_', '+/'), (length({text}) + 3) / 4 * 4, '=')"
+            return f"decode({padded}, 'base64')"
+        return f"decode({text}, 'base64')"
+    if c.base == "interval" and modes.interval_handling_mode == "string":
+        return f"({text})::interval"
+    if c.base in _NUMERIC and modes.decimal_handling_mode == "double":
+        return f"({text})::float8"
+    if c.base == "hstore" and modes.hstore_handling_mode == "map":  # Arrow map: [[k, v], ...]
+        pairs = f"(SELECT jsonb_object_agg(p->>0, p->1) FROM jsonb_array_elements({ref}) p)"
+        return f"CASE WHEN jsonb_typeof({ref}) = 'array' THEN coalesce({pairs}, '{{}}') END"
     if c.is_array:
         return (
             f"CASE WHEN jsonb_typeof({ref}) = 'array' THEN ARRAY(SELECT x FROM "
@@ -93,19 +110,29 @@ def _lake_expr(c: SourceColumn) -> str:
     return f"({text})::{c.type}"
 
 
-def _source_expr(c: SourceColumn) -> str:
+def _source_expr(c: SourceColumn, modes: ConnectorModes = DEFAULT_MODES) -> str:
     col = _ident(c.name)
     if c.is_array:
         return col
+    if c.base == "interval" and modes.interval_handling_mode == "string":
+        return col
+    if c.base in _NUMERIC and modes.decimal_handling_mode == "double":
+        return f"{col}::numeric::float8"  # the precision the double mode keeps
+    if modes.time_precision_mode == "connect" and c.base == "time":
+        truncated = f"date_trunc('milliseconds', {col}::interval)::time"  # connect keeps ms
+        return f"CASE WHEN {col} = '24:00:00' THEN {col} ELSE {truncated} END"
     if c.base in ("date", "timestamp", "timestamptz"):  # ±infinity as the load maps them
         if c.base == "date":
             top, bottom = LAKE_MAX_DATE, LAKE_MIN_DATE
         else:
             zone = "+00" if c.base == "timestamptz" else ""
             top, bottom = LAKE_MAX_TIMESTAMP + zone, LAKE_MIN_TIMESTAMP + zone
+        value = col
+        if modes.time_precision_mode == "connect" and c.base == "timestamp":
+            value = f"date_trunc('milliseconds', {col})"  # connect mode keeps milliseconds
         return (
             f"CASE WHEN {col} = 'infinity' THEN '{top}'::{c.type} "
-            f"WHEN {col} = '-infinity' THEN '{bottom}'::{c.type} ELSE {col} END"
+            f"WHEN {col} = '-infinity' THEN '{bottom}'::{c.type} ELSE {value} END"
         )
     if c.base == "timetz":
         return f"({col} AT TIME ZONE 'UTC')"
@@ -196,6 +223,7 @@ def _display(value: Any) -> Any:
 def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=None):
     import psycopg
 
+    modes = pipeline.connector
     data = lake_table(pipeline, table, cat)
     lake_names = [] if data is None else [
         c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED
@@ -215,9 +243,9 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
                 for row in lake_dicts
             ]
             src_sql = ", ".join(
-                _bits_source_expr(c) if c.name in bit_cols else _source_expr(c) for c in cols
+                _bits_source_expr(c) if c.name in bit_cols else _source_expr(c, modes) for c in cols
             )
-            lake_sql = ", ".join(_lake_expr(c) for c in cols)
+            lake_sql = ", ".join(_lake_expr(c, modes) for c in cols)
             source_table = f"{_ident(table.source_schema)}.{_ident(table.source_table)}"
             conn.execute("create temp table cdclake_lake (j jsonb) on commit drop")
             with conn.cursor().copy("copy cdclake_lake (j) from stdin") as copy:

@@ -84,6 +84,27 @@ class SparkConfig:
     conf: Mapping[str, str] = field(default_factory=dict)
 
 
+HANDLING_MODES = {
+    "decimal_handling_mode": ("precise", "double", "string"),
+    "time_precision_mode": ("adaptive", "adaptive_time_microseconds", "connect"),
+    "binary_handling_mode": ("bytes", "base64", "base64-url-safe", "hex"),
+    "hstore_handling_mode": ("json", "map"),
+    "interval_handling_mode": ("numeric", "string"),
+}
+
+
+@dataclass(frozen=True)
+class ConnectorModes:
+    """The connector's handling modes, as set on it (Debezium's defaults otherwise). The
+    load decodes by the Connect schema alone; `compare` needs them to read values back."""
+
+    decimal_handling_mode: str = "precise"
+    time_precision_mode: str = "adaptive"
+    binary_handling_mode: str = "bytes"
+    hstore_handling_mode: str = "json"
+    interval_handling_mode: str = "numeric"
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     """The captured PostgreSQL database and Debezium's signal and notification channels."""
@@ -130,6 +151,7 @@ class PipelineConfig:
     on_error: OnError = OnError.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
+    connector: ConnectorModes = field(default_factory=ConnectorModes)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     @property
@@ -216,7 +238,7 @@ class _Reader:
 _SOURCE_FIELDS = {"conn_id", "dsn", "signal_table", "signal_topic", "notification_topic"}
 _TOP_LEVEL = {
     "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
-    "max_records_per_batch", "schedule", "on_error", "spark", "source", "maintenance",
+    "max_records_per_batch", "schedule", "on_error", "spark", "source", "connector", "maintenance",
 }  # fmt: skip
 
 
@@ -283,6 +305,18 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         signal_topic=r.get(source_raw, "source", "signal_topic", str, None) or None,
         notification_topic=r.get(source_raw, "source", "notification_topic", str, None) or None,
     )
+    connector_raw = r.mapping(raw, "", "connector", required=False)
+    modes = {}
+    for key, value in connector_raw.items():
+        choices = HANDLING_MODES.get(str(key).replace(".", "_"))
+        if choices is None:
+            raise r.fail(
+                f"connector.{key}", f"unknown field (expected one of {sorted(HANDLING_MODES)})"
+            )
+        value = r.get(connector_raw, "connector", key, str)
+        if value not in choices:
+            raise r.fail(f"connector.{key}", f"{value!r} is not one of {list(choices)}")
+        modes[str(key).replace(".", "_")] = value
     return PipelineConfig(
         name=name,
         path=r.path,
@@ -296,6 +330,7 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         on_error=on_error,
         spark=spark,
         source=source,
+        connector=ConnectorModes(**modes),
         maintenance=_parse_maintenance(r, r.mapping(raw, "", "maintenance", required=False)),
     )
 

@@ -63,6 +63,7 @@ def connector_properties(settings: Mapping[str, Any]) -> dict[str, str]:
         "poll.interval.ms": "200",
         "status.update.interval.ms": "1000",
         "errors.max.retries": "-1",
+        **settings.get("overrides", {}),
     }
 
 

@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -191,31 +192,61 @@ class LocalStack:
     def _start_capture(self) -> None:
         if running(self.capture_pidfile) is not None:
             return
-        self.capture_dir.mkdir(parents=True, exist_ok=True)
+        self._launch_capture(self.capture_dir, self.s.topic_prefix)
+
+    def start_capture(self, prefix: str, overrides: Mapping[str, str] | None = None) -> Path:
+        """Another connector on the same source with its own slot, offsets and topics
+        (`<prefix>.*`), e.g. with other handling modes. Returns its pid file; stop it with
+        `stop_capture`, which also drops its replication slot."""
+        directory = self.s.state_dir / f"capture-{prefix}"
+        self._launch_capture(directory, prefix, overrides)
+        return directory / "capture.pid"
+
+    def stop_capture(self, pidfile: Path) -> None:
+        stop_daemon(pidfile, timeout=30)
+        prefix = pidfile.parent.name.removeprefix("capture-")
+        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+            conn.execute(
+                "select pg_drop_replication_slot(slot_name) from pg_replication_slots "
+                "where slot_name = %s and not active",
+                (f"cdclake_{prefix}",),
+            )
+
+    def _launch_capture(
+        self, directory: Path, prefix: str, overrides: Mapping[str, str] | None = None
+    ) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
         settings = {
-            "state_dir": str(self.capture_dir),
-            "topic_prefix": self.s.topic_prefix,
+            "state_dir": str(directory),
+            "topic_prefix": prefix,
             "pg_port": self.s.pg_port,
             "dbname": self.s.source_db,
-            "slot_name": self.s.slot_name,
+            "slot_name": f"cdclake_{prefix}",
             "schemas": ["inventory", "public"],
-            "notification_topic": self.s.notification_topic,
-            "signal_topic": self.s.signal_topic,
+            "notification_topic": f"{prefix}.debezium_notifications",
+            "signal_topic": f"{prefix}-signal",
             "kafka_bootstrap": self.broker.bootstrap,
+            "overrides": dict(overrides or {}),
         }
-        settings_file = self.capture_dir / "settings.json"
+        settings_file = directory / "settings.json"
         settings_file.write_text(json.dumps(settings, indent=2))
         cmd = [sys.executable, "-m", "cdclake.local.capture", "--settings", str(settings_file)]
-        start_daemon(cmd, self.capture_pidfile, self.capture_log)
+        pidfile, logfile = directory / "capture.pid", directory / "capture.log"
+        start_daemon(cmd, pidfile, logfile)
 
         def ready() -> bool:
-            if running(self.capture_pidfile) is None:
-                raise StackError(f"the capture process exited; see {self.capture_log}")
-            return self._slot_active()
+            if running(pidfile) is None:
+                raise StackError(f"the capture process exited; see {logfile}")
+            with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "select active from pg_replication_slots where slot_name = %s",
+                    (f"cdclake_{prefix}",),
+                ).fetchone()
+            return bool(row and row[0])
 
-        wait_for("Debezium capture (replication slot active)", ready, 180, self.capture_log)
+        wait_for("Debezium capture (replication slot active)", ready, 180, logfile)
 
-    def wait_for_capture(self, timeout: float = 120.0) -> None:
+    def wait_for_capture(self, timeout: float = 120.0, prefix: str | None = None) -> None:
         """Block until every change committed so far in the source is in Kafka.
 
         Writes a transactional logical-decoding message and waits for it on the
@@ -224,6 +255,7 @@ class LocalStack:
         from confluent_kafka import Consumer, TopicPartition
 
         marker = uuid.uuid4().hex
+        topic = f"{prefix}.message" if prefix else self.s.message_topic
         with psycopg.connect(self.source_dsn, autocommit=True) as conn:
             conn.execute("select pg_logical_emit_message(true, 'cdclake.sync', %s)", (marker,))
         consumer = Consumer(
@@ -236,26 +268,33 @@ class LocalStack:
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                md = consumer.list_topics(timeout=5).topics.get(self.s.message_topic)
+                md = consumer.list_topics(timeout=5).topics.get(topic)
                 if md is not None and not md.error:
                     break
                 time.sleep(0.5)
             else:
-                raise StackError(f"topic {self.s.message_topic} never appeared")
-            parts = [TopicPartition(self.s.message_topic, p, 0) for p in md.partitions]
+                raise StackError(f"topic {topic} never appeared")
+            parts = [TopicPartition(topic, p, 0) for p in md.partitions]
             consumer.assign(parts)
             while time.monotonic() < deadline:
                 msg = consumer.poll(1.0)
                 if msg is None or msg.error() or msg.value() is None:
                     continue
-                if marker.encode() in msg.value() or _b64(marker) in msg.value():
+                if any(form in msg.value() for form in _encodings(marker)):
                     return
             raise StackError(f"capture did not deliver the sync marker within {timeout:.0f}s")
         finally:
             consumer.close()
 
 
-def _b64(text: str) -> bytes:
+def _encodings(text: str) -> tuple[bytes, ...]:
+    """The marker as each binary.handling.mode sends a message's content."""
     import base64
 
-    return base64.b64encode(text.encode())
+    raw = text.encode()
+    return (
+        raw,
+        base64.b64encode(raw),
+        base64.urlsafe_b64encode(raw).rstrip(b"="),
+        raw.hex().encode(),
+    )
