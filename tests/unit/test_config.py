@@ -73,6 +73,13 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (('"days(at)"', '"days(at); drop table x"'), "tables[2].partition_by[1]"),
         (("exclude: [secret]", "exclude: [id], key: [id]"), "tables[2].exclude"),
         (("delete_mode: soft", "colour: red"), "tables[2].colour"),  # unknown table field
+        (
+            ("tables:", "connector: {binary_handling_mode: octal}\ntables:"),
+            "connector.binary_handling_mode",
+        ),  # fmt: skip
+        (("tables:", "connector: {speed: fast}\ntables:"), "connector.speed"),
+        (("tables:", "source: {signal_table: nodot}\ntables:"), "source.signal_table"),
+        (("tables:", "source: {colour: red}\ntables:"), "source.colour"),
     ],
 )
 def test_bad_config_names_file_and_field(tmp_path, change, field):
