@@ -103,6 +103,8 @@ def _lake_expr(c: SourceColumn, modes: ConnectorModes = DEFAULT_MODES) -> str:
         return f"({text})::numeric"
     if c.base == "point":
         return f"(({text})::jsonb - 'wkb' - 'srid')"
+    if c.base in ("geometry", "geography"):
+        return f"CASE WHEN jsonb_typeof({ref}) = 'object' THEN {ref} END"
     if c.base in ("json", "jsonb", "hstore"):
         return f"({text})::jsonb"
     if c.base == "xml":
@@ -150,6 +152,10 @@ def _source_expr(c: SourceColumn, modes: ConnectorModes = DEFAULT_MODES) -> str:
         return f"CASE WHEN {col} IS NOT NULL THEN {point} END"
     if c.base == "hstore":
         return f"hstore_to_jsonb({col})"
+    if c.base in ("geometry", "geography"):  # what Debezium sends: EWKB, SRID (NULL for 0)
+        ewkb = f"translate(encode(ST_AsEWKB({col}::geometry), 'base64'), E'\\n', '')"
+        geo = f"jsonb_build_object('wkb', {ewkb}, 'srid', nullif(ST_SRID({col}::geometry), 0))"
+        return f"CASE WHEN {col} IS NOT NULL THEN {geo} END"
     if c.base == "json":
         return f"{col}::jsonb"
     if c.base == "xml":
@@ -216,7 +222,7 @@ def _display(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_display(v) for v in value)
     if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
+        return json.dumps(_json_value(value), sort_keys=True)
     return value
 
 

@@ -28,6 +28,10 @@ CONNECT_TIME = "org.apache.kafka.connect.data.Time"
 MICRO_TIME = "io.debezium.time.MicroTime"
 NANO_TIME = "io.debezium.time.NanoTime"
 
+GEOMETRY = "io.debezium.data.geometry.Geometry"
+GEOGRAPHY = "io.debezium.data.geometry.Geography"
+GEO_LAKE_TYPE = "struct<wkb:binary,srid:int>"  # wkb: PostGIS EWKB, exactly as stored
+
 MAX_DECIMAL_PRECISION = 38
 
 
@@ -96,6 +100,8 @@ def parse_type(f: ConnectField) -> str:
     if f.type == "struct":
         if f.logical == VARIABLE_SCALE_DECIMAL:
             return "struct<scale:int,value:string>"
+        if f.logical in (GEOMETRY, GEOGRAPHY):
+            return "struct<wkb:string,srid:int>"
         return "string"  # kept as its JSON text
     if f.type == "array" and f.items is not None:
         return f"array<{parse_type(f.items)}>"
@@ -123,6 +129,8 @@ def lake_type(f: ConnectField) -> str:
         return "string"  # 'HH:MM:SS.ffffff': Spark 3.5 cannot write Iceberg's time type
     if lg == VARIABLE_SCALE_DECIMAL:
         return "string"  # exact decimal text: the scale varies per value
+    if lg in (GEOMETRY, GEOGRAPHY):
+        return GEO_LAKE_TYPE
     if f.type == "bytes":
         return "binary"
     if f.type in ("int8", "int16"):
@@ -218,6 +226,9 @@ def decode_column(col, f: ConnectField):
         return time_text(F.floor(col / 1000))
     if lg == VARIABLE_SCALE_DECIMAL:
         return variable_scale_text(col)
+    if lg in (GEOMETRY, GEOGRAPHY):
+        geo = F.struct(F.unbase64(col["wkb"]).alias("wkb"), col["srid"].alias("srid"))
+        return F.when(col.isNotNull(), geo)
     if f.type == "bytes":
         return F.unbase64(col)
     if f.type in ("int8", "int16"):

@@ -81,3 +81,25 @@ def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(stack, spar
     assert (rows[1]["d"], rows[1]["t6"]) == ("9999-12-31", "9999-12-31 23:59:59.999999")
     assert (rows[2]["d"], rows[2]["t6"]) == ("0001-01-01", "0001-01-01 00:00:00")
     assert rows[3]["t6"] == "2024-02-29 01:02:03.456789" and rows[4]["d"] is None
+
+
+def test_postgis_geometry_and_geography(stack, spark, tmp_path):
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        if conn.execute("select to_regclass('inventory.geo_zoo')").fetchone()[0] is None:
+            pytest.skip("PostGIS is not installed (apt-get install postgis), so no geo_zoo")
+        conn.execute("delete from inventory.geo_zoo where id >= 100")
+        conn.execute("insert into inventory.geo_zoo select id + 100, g, g_point, g_poly "
+                     "from inventory.geo_zoo where id < 100")  # fmt: skip
+        conn.execute(
+            "update inventory.geo_zoo set g = ST_Translate(g, 1, 1), "
+            "g_poly = 'SRID=4326;POLYGON((1 1, 2 1, 2 2, 1 1))' where id = 101"
+        )
+        conn.execute("delete from inventory.geo_zoo where id = 102")
+    pipeline = make_pipeline(tmp_path, f"it_geo_{uuid.uuid4().hex[:6]}", ["inventory.geo_zoo"])
+    load_all(stack, spark, pipeline, "geo")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
+    types = dict(lake.dtypes)
+    assert types["g"] == types["g_poly"] == "struct<wkb:binary,srid:int>"
+    srids = {r["id"]: r["srid"] for r in lake.selectExpr("id", "g_point.srid").collect()}
+    assert srids[1] == 4326 and srids[2] is None

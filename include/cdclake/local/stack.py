@@ -159,7 +159,12 @@ class LocalStack:
     def _seed_source(self) -> None:
         self.postgres.ensure_database(self.s.source_db)
         with psycopg.connect(self.source_dsn, autocommit=True) as conn:
-            for name in ("inventory.sql", "type_zoo.sql"):
+            names = ["inventory.sql", "type_zoo.sql"]
+            if conn.execute(
+                "select 1 from pg_available_extensions where name = 'postgis'"
+            ).fetchone():
+                names.append("geo_zoo.sql")  # PostGIS types, when the extension is installed
+            for name in names:
                 conn.execute(resources.files("cdclake").joinpath(f"sql/{name}").read_text())
 
     def _reset_stream_state(self) -> None:
