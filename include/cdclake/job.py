@@ -6,7 +6,7 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -65,13 +65,17 @@ class TableResult:
         return asdict(self)
 
 
-def run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan) -> list[TableResult]:
+def run_batch(
+    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable = read_ranges
+) -> list[TableResult]:
+    """Load one planned batch. `read` makes the raw records DataFrame of the planned
+    ranges (Kafka; benchmarks pass a recorded file instead)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     if not plan.ranges:
         return []
-    raw = read_ranges(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
+    raw = read(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         raw = _handle_broken_envelopes(spark, pipeline, plan, raw)
         schemas = _collect_schemas(raw)
