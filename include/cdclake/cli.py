@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="compare every lake table with its source table")
     compare.add_argument("--pipeline", required=True)
     compare.add_argument("--source-dsn", required=True)
+
+    bench = sub.add_parser("bench", help="benchmark the load job on the local stack")
+    bench.add_argument("--scale", type=float, default=1.0, help="1 = full size (hours)")
+    bench.add_argument("--out", default=".cdclake/bench/bench.json", help="JSON result file")
+    bench.add_argument("--work", default=".cdclake/bench/work", help="scratch directory")
+    bench.add_argument("--only", nargs="*", help="steps to run (default: all)")
     return p
 
 
@@ -78,6 +84,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         results = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
         print(render_comparison(results))
         return 0 if all(r.equal for r in results) else 1
+    if args.command == "bench":
+        from pathlib import Path
+
+        from cdclake.bench.runner import run_bench
+
+        run_bench(args.scale, Path(args.work), Path(args.out), args.only)
+        return 0
     raise AssertionError(args.command)
 
 

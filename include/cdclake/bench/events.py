@@ -182,12 +182,16 @@ def generate_slice(
         values = {"ID": str(key_id), "TS": str(ts), "LSN": str(10_000_000 + offset * 64),
                   "TX": str(1000 + offset)}  # fmt: skip
         for hole, length in shape.texts.items():
-            values[hole] = '"' + _pool(length, zlib.crc32(hole.encode()) & 0xFF)[rng.randrange(POOL)] + '"'
+            values[hole] = (
+                '"' + _pool(length, zlib.crc32(hole.encode()) & 0xFF)[rng.randrange(POOL)] + '"'
+            )
         cols["offset"].append(offset)
         cols["timestamp"].append(ts)
         cols["key"].append(_fill(shape.key_parts, values).encode())
         cols["value"].append(
-            None if op == "tombstone" else shape.value_head + _fill(shape.value_parts, values).encode()
+            None
+            if op == "tombstone"
+            else shape.value_head + _fill(shape.value_parts, values).encode()
         )
         offset += 1
         if len(cols["offset"]) >= 10_000:

@@ -82,7 +82,6 @@ def file_reader(directory: Path) -> RawReader:
 
     def read(spark, kafka, ranges: Sequence[OffsetRange]):
         def task(batches: Iterator) -> Iterator:
-            import pyarrow.parquet as pq
 
             for batch in batches:
                 for r in batch.to_pylist():
