@@ -106,8 +106,12 @@ def naive_merge(spark, catalog_name: str, namespace: str, rec: Path,
             docs = spark.read.json(
                 raw.select(F.col("value").cast("string")).rdd.map(lambda r: r[0])
             )
-            rows = docs.select("payload.op", "payload.after.*", F.col("payload.before.id").alias("_bid"),
-                               F.col("payload.source.lsn").alias("_lsn"))  # fmt: skip
+            rows = docs.select(
+                "payload.op",
+                "payload.after.*",
+                F.col("payload.before.id").alias("_bid"),
+                F.col("payload.source.lsn").alias("_lsn"),
+            )
             rows = rows.withColumn("id", F.coalesce("id", "_bid"))
             w = Window.partitionBy("id").orderBy(F.col("_lsn").desc())
             latest = (

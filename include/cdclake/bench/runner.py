@@ -218,8 +218,10 @@ class Bench:
         rows = self.n(20_000, 200)
         self.stack.wait_for_capture()
         with psycopg.connect(self.stack.source_dsn, autocommit=True) as conn:
-            conn.execute("create table if not exists inventory.bench_capture (id bigint "
-                         "primary key, body text, amount numeric(14,4), at timestamptz)")  # fmt: skip
+            conn.execute(
+                "create table if not exists inventory.bench_capture (id bigint "
+                "primary key, body text, amount numeric(14,4), at timestamptz)"
+            )
             conn.execute("truncate inventory.bench_capture")
         self.stack.wait_for_capture()
         self.say(f"capturing {rows:,} inserted rows with Debezium")
