@@ -130,7 +130,8 @@ class Bench:
         wall = time.perf_counter() - started
         if done.returncode != 0:
             raise RuntimeError(f"spark-submit failed: {done.stderr[-2000:]}")
-        out = json.loads(done.stdout.strip().splitlines()[-1])
+        line = next(x for x in done.stdout.splitlines() if x.startswith('{"batch_id"'))
+        out = json.loads(line)
         committed = sum(1 for t in out["tables"] if t["status"] == "committed")
         self.figures["fixed_overhead_s"] = wall
         self.details["fixed_overhead"] = {"wall_s": wall, "tables_committed": committed}
