@@ -1,6 +1,9 @@
-"""spark-submit entry point: load one planned micro-batch of a pipeline.
+"""spark-submit entry point: load planned micro-batches of a pipeline.
 
 spark-submit jobs/load.py --pipeline include/pipelines/demo.yaml --plan '<plan JSON>'
+
+`--plan` is one batch plan (scheduled loads) or a JSON list of plans run in order in this
+one application (backfills).
 """
 
 import argparse
@@ -19,7 +22,7 @@ from cdclake.spark import build_session
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="load.py")
     parser.add_argument("--pipeline", required=True, help="pipeline YAML file")
-    parser.add_argument("--plan", required=True, help="batch plan JSON (from the plan task)")
+    parser.add_argument("--plan", required=True, help="batch plan JSON, or a list of them")
     args = parser.parse_args(argv)
     exit_with_parent()  # a killed spark-submit (task timeout, manual kill) takes us along
     logging.basicConfig(
@@ -27,12 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         pipeline = load_pipeline(args.pipeline)
-        plan = BatchPlan.from_json(args.plan)
-        results = run_batch(build_session(pipeline), pipeline, plan)
+        data = json.loads(args.plan)
+        plans = [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
+        spark = build_session(pipeline) if plans else None
+        for plan in plans:
+            results = run_batch(spark, pipeline, plan)
+            print(json.dumps({"batch_id": plan.batch_id, "tables": [r.to_dict() for r in results]}))
     except CdclakeError as exc:
         print(f"cdclake: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"batch_id": plan.batch_id, "tables": [r.to_dict() for r in results]}))
     return 0
 
 

@@ -22,6 +22,7 @@ os.environ.update(
         "CDCLAKE_KAFKA_PORT": KAFKA_PORT,
         "CDCLAKE_KAFKA_BOOTSTRAP": f"127.0.0.1:{KAFKA_PORT}",
         "CDCLAKE_CATALOG_URI": f"jdbc:postgresql://127.0.0.1:{PG_PORT}/cdclake_catalog",
+        "CDCLAKE_SOURCE_DSN": f"host=127.0.0.1 port={PG_PORT} dbname=inventory user=postgres",
         "CDCLAKE_WAREHOUSE": (TEST_STATE / "warehouse").as_uri(),
         "AIRFLOW_HOME": str(TEST_STATE / "airflow"),
     }

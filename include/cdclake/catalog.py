@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote as urlquote
 from urllib.parse import urlsplit
 
@@ -69,11 +69,24 @@ def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicP
     return {}
 
 
-def _ancestry(table) -> Iterable[dict[str, str]]:
+def _ancestry_snapshots(table) -> Iterable:
     snap = table.current_snapshot()
     while snap is not None:
-        yield dict(snap.summary.additional_properties) if snap.summary else {}
+        yield snap
         snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+
+
+def _summary(snap) -> dict[str, str]:
+    return dict(snap.summary.additional_properties) if snap is not None and snap.summary else {}
+
+
+def _ancestry(table) -> Iterable[dict[str, str]]:
+    return (_summary(s) for s in _ancestry_snapshots(table))
+
+
+def _offsets_snapshot(table):
+    """The newest snapshot (walking back from current) that carries committed offsets."""
+    return next((s for s in _ancestry_snapshots(table) if SUMMARY_OFFSETS in _summary(s)), None)
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,9 @@ class TableState:
     offsets: dict[TopicPartition, int]
     summary: dict[str, str]
     committed_at_ms: int | None
+    # The snapshot that committed `offsets` (the current one unless maintenance came after)
+    offsets_summary: dict[str, str] = field(default_factory=dict)
+    offsets_committed_at_ms: int | None = None
 
 
 def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState:
@@ -97,10 +113,12 @@ def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState
             f"{pipeline.namespace}.{table.target}: {exc}"
         ) from exc
     snap = ice.current_snapshot()
-    summary = dict(snap.summary.additional_properties) if snap and snap.summary else {}
+    committed = _offsets_snapshot(ice)
     return TableState(
         True,
         committed_from_snapshots(_ancestry(ice)),
-        summary,
+        _summary(snap),
         snap.timestamp_ms if snap else None,
+        _summary(committed),
+        committed.timestamp_ms if committed else None,
     )

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 
 from cdclake.exceptions import CdclakeError
 
@@ -34,6 +35,60 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--pipeline", required=True)
     plan.add_argument("--batch-id", default=None)
 
+    bf = sub.add_parser(
+        "backfill",
+        help="replay a range of offsets, or rebuild tables from Kafka",
+        description="Modes: replay re-applies [start, end) without regressing newer rows; "
+        "rebuild drops the tables and reloads them from the earliest offset.",
+    )
+    bf.add_argument("--pipeline", required=True)
+    bf.add_argument(
+        "--table",
+        action="append",
+        dest="tables",
+        default=[],
+        help="source (schema.table) or target name; repeat; default all",
+    )
+    bf.add_argument("--mode", choices=["replay", "rebuild"], default="replay")
+    bf.add_argument(
+        "--start", choices=["earliest", "committed", "offsets", "timestamp"], default="earliest"
+    )
+    bf.add_argument("--start-offsets", help='JSON: {"<partition>": <offset>} or per table')
+    bf.add_argument("--start-timestamp", help="ISO 8601 (UTC if no offset) or epoch ms")
+    bf.add_argument("--end", choices=["latest", "offsets", "timestamp"], default="latest")
+    bf.add_argument("--end-offsets")
+    bf.add_argument("--end-timestamp")
+    bf.add_argument(
+        "--accept-retention-gap",
+        action="store_true",
+        help="rebuild although retention deleted the first records of a topic",
+    )
+    bf.add_argument("--dry-run", action="store_true", help="print the plans, load nothing")
+    bf.add_argument("--id", dest="backfill_id", default=None, help="backfill id (default new)")
+
+    sn = sub.add_parser(
+        "snapshot",
+        help="send a Debezium snapshot signal and follow it to the end",
+        description="Validated against the pipeline and the source database before anything "
+        "is written; the source DSN comes from --source-dsn, $CDCLAKE_SOURCE_DSN or source.dsn.",
+    )
+    sn.add_argument("--pipeline", required=True)
+    sn.add_argument("--action", choices=["execute", "stop", "pause", "resume"], default="execute")
+    sn.add_argument("--type", choices=["incremental", "blocking"], default="incremental")
+    sn.add_argument("--table", action="append", dest="tables", default=[], help="repeat")
+    sn.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="TABLE=CONDITION",
+        help="additional condition of a table, e.g. inventory.orders='quantity > 1'",
+    )
+    sn.add_argument("--surrogate-key", default=None)
+    sn.add_argument("--channel", choices=["source", "kafka"], default="source")
+    sn.add_argument("--source-dsn", default=None)
+    sn.add_argument("--timeout", type=float, default=3600, help="seconds to follow (default 1h)")
+    sn.add_argument("--no-follow", action="store_true", help="send and return")
+
     compare = sub.add_parser("compare", help="compare every lake table with its source table")
     compare.add_argument("--pipeline", required=True)
     compare.add_argument("--source-dsn", required=True)
@@ -43,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=".cdclake/bench/bench.json", help="JSON result file")
     bench.add_argument("--work", default=".cdclake/bench/work", help="scratch directory")
     bench.add_argument("--only", nargs="*", help="steps to run (default: all)")
+
+    status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
+    status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
+                        "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
+    status.add_argument("--json", action="store_true")
     return p
 
 
@@ -77,6 +137,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         results = run_once(load_pipeline(args.pipeline), args.batch_id)
         print(json.dumps(results, indent=2, sort_keys=True))
         return 0
+    if args.command == "backfill":
+        return _backfill(args)
+    if args.command == "snapshot":
+        return _snapshot(args)
     if args.command == "compare":
         from cdclake.compare import compare_pipeline, render_comparison
         from cdclake.config import load_pipeline
@@ -91,7 +155,69 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         run_bench(args.scale, Path(args.work), Path(args.out), args.only)
         return 0
+    if args.command == "status":
+        from cdclake.freshness import render_freshness, status_rows
+
+        rows = status_rows(args.pipeline, int(time.time() * 1000))
+        print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json
+              else render_freshness(rows))  # fmt: skip
+        return 0
     raise AssertionError(args.command)
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    import uuid
+
+    from cdclake.backfill import describe, parse_request, plan_pipeline_backfill, run_backfill
+    from cdclake.config import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    request = parse_request(
+        pipeline, tables=args.tables, mode=args.mode, start=args.start, end=args.end,
+        start_offsets=args.start_offsets, end_offsets=args.end_offsets,
+        start_timestamp=args.start_timestamp, end_timestamp=args.end_timestamp,
+        accept_retention_gap=args.accept_retention_gap,
+    )  # fmt: skip
+    backfill_id = args.backfill_id or f"backfill-{uuid.uuid4().hex[:12]}"
+    plans = plan_pipeline_backfill(pipeline, request, backfill_id)
+    print(describe(plans), file=sys.stderr)
+    if args.dry_run or not plans:
+        print(json.dumps([p.to_dict() for p in plans], indent=2))
+        return 0
+    from cdclake.spark import build_session
+
+    results = run_backfill(build_session(pipeline, pipeline.spark.master), pipeline, plans)
+    print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    import os
+
+    from cdclake.config import load_pipeline
+    from cdclake.signals import SignalError, follow_snapshot, parse_request, submit
+
+    pipeline = load_pipeline(args.pipeline)
+    filters = {}
+    for item in args.filter:
+        table, sep, condition = item.partition("=")
+        if not sep:
+            raise SignalError(f"--filter {item!r} must be TABLE=CONDITION")
+        filters[table.strip()] = condition
+    request = parse_request(args.action, args.tables, args.type, filters, args.surrogate_key)
+    dsn = args.source_dsn or os.environ.get("CDCLAKE_SOURCE_DSN") or pipeline.source.dsn
+    if not dsn:
+        raise SignalError("no source database: give --source-dsn or set CDCLAKE_SOURCE_DSN")
+    sent = submit(pipeline, dsn, request, channel=args.channel, origin="cli")
+    print(f"signal {sent['signal_id']} sent: {sent['action']} {sent['tables']}", file=sys.stderr)
+    if not sent["follow"] or args.no_follow:
+        print(json.dumps(sent, indent=2))
+        return 0
+    start = {int(p): o for p, o in sent["notification_offsets"].items()}
+    progress = follow_snapshot(pipeline.kafka, pipeline.notification_topic, sent["signal_id"],
+                               args.timeout, start, sent["blocking"])  # fmt: skip
+    print(json.dumps(progress.to_dict(), indent=2))
+    return 0
 
 
 def _local(args: argparse.Namespace) -> int:

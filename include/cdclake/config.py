@@ -85,6 +85,17 @@ class SparkConfig:
 
 
 @dataclass(frozen=True)
+class SourceConfig:
+    """The captured PostgreSQL database and Debezium's signal and notification channels."""
+
+    conn_id: str = "cdclake_source"  # Airflow connection of the source database
+    dsn: str | None = None  # libpq connection string for the CLI (password: PGPASSWORD)
+    signal_table: str = "public.debezium_signal"
+    signal_topic: str | None = None  # Kafka signal channel, when the connector enables it
+    notification_topic: str | None = None  # default: <topic_prefix>.debezium_notifications
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     name: str
     path: Path
@@ -97,6 +108,18 @@ class PipelineConfig:
     schedule: str | None = None
     on_error: OnError = OnError.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
+    source: SourceConfig = field(default_factory=SourceConfig)
+
+    @property
+    def notification_topic(self) -> str:
+        return self.source.notification_topic or f"{self.topic_prefix}.debezium_notifications"
+
+    def table_named(self, name: str) -> TableConfig | None:
+        """A table of this pipeline by source (`schema.table`) or target name."""
+        for table in self.tables:
+            if name in (table.source, table.target):
+                return table
+        return None
 
     def topic_for(self, table: TableConfig) -> str:
         return f"{self.topic_prefix}.{table.source}"
@@ -168,9 +191,10 @@ class _Reader:
         return out
 
 
+_SOURCE_FIELDS = {"conn_id", "dsn", "signal_table", "signal_topic", "notification_topic"}
 _TOP_LEVEL = {
     "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
-    "max_records_per_batch", "schedule", "on_error", "spark",
+    "max_records_per_batch", "schedule", "on_error", "spark", "source",
 }  # fmt: skip
 
 
@@ -220,6 +244,23 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         master=r.get(spark_raw, "spark", "master", str, "local[2]"),
         conf=r.string_map(spark_raw, "spark", "conf"),
     )
+    source_raw = r.mapping(raw, "", "source", required=False)
+    unknown = sorted(set(source_raw) - _SOURCE_FIELDS)
+    if unknown:
+        raise r.fail(
+            f"source.{unknown[0]}", f"unknown field (expected one of {sorted(_SOURCE_FIELDS)})"
+        )
+    signal_table = r.get(source_raw, "source", "signal_table", str, "public.debezium_signal")
+    parts = signal_table.split(".")
+    if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
+        raise r.fail("source.signal_table", f"{signal_table!r} must be '<schema>.<table>'")
+    source = SourceConfig(
+        conn_id=r.get(source_raw, "source", "conn_id", str, "cdclake_source"),
+        dsn=r.get(source_raw, "source", "dsn", str, None) or None,
+        signal_table=signal_table,
+        signal_topic=r.get(source_raw, "source", "signal_topic", str, None) or None,
+        notification_topic=r.get(source_raw, "source", "notification_topic", str, None) or None,
+    )
     return PipelineConfig(
         name=name,
         path=r.path,
@@ -232,6 +273,7 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         schedule=r.get(raw, "", "schedule", str, None),
         on_error=on_error,
         spark=spark,
+        source=source,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from cdclake.catalog import committed_from_snapshots
 from cdclake.changes import DELETED, decode_changes, topic_schema
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
-from cdclake.exceptions import CommitConflictError, DecodeError
+from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.merge import (
     DEAD_LETTERS,
     build_merge_sql,
@@ -33,6 +33,7 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     BatchPlan,
     OffsetRange,
+    PlanMode,
     TopicPartition,
     encode_offsets,
 )
@@ -73,8 +74,12 @@ def run_batch(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    if plan.mode not in PlanMode.ALL:
+        raise ConfigError(f"batch {plan.batch_id}: unknown plan mode {plan.mode!r}")
     if not plan.ranges:
         return []
+    if plan.mode == PlanMode.REBUILD:
+        _drop_for_rebuild(spark, pipeline, plan)
     raw = read(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         raw = _handle_broken_envelopes(spark, pipeline, plan, raw)
@@ -92,6 +97,22 @@ def run_batch(
         return results
     finally:
         raw.unpersist()
+
+
+def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
+    """Drop each table of a rebuild once: not when this backfill already committed to it
+    (a retried or later batch of the same rebuild)."""
+    topics = {r.topic for r in plan.ranges}
+    for table in pipeline.tables:
+        qualified = pipeline.qualified_target(table)
+        if pipeline.topic_for(table) not in topics or not spark.catalog.tableExists(qualified):
+            continue
+        _, summary = current_snapshot(spark, qualified)
+        last = (summary or {}).get(SUMMARY_BATCH, "")
+        if last.startswith(plan.run_prefix + "/"):
+            continue
+        log.warning("%s: dropped for rebuild %s", qualified, plan.run_prefix)
+        spark.sql(f"DROP TABLE {qualified} PURGE")
 
 
 def _handle_broken_envelopes(spark, pipeline: PipelineConfig, plan: BatchPlan, raw):
@@ -225,7 +246,12 @@ def _load_table(
     result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
     exists = spark.catalog.tableExists(qualified)
     committed = _committed_offsets(spark, qualified) if exists else {}
-    if _check_plan_start(qualified, committed, ranges):
+    if plan.mode == PlanMode.REPLAY:
+        # re-applied records never regress newer rows (LSN check in the MERGE), and the
+        # committed offsets never move backwards
+        ends = {(r.topic, r.partition): max(r.end, committed.get((r.topic, r.partition), 0))
+                for r in ranges}  # fmt: skip
+    elif _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         result.status = "already_committed"
         return result
@@ -272,7 +298,9 @@ def _load_table(
             )
             present = {c.name for c in schema.columns}
             dropped = [n for n in table_columns if n not in present]
-            new_offsets = {**committed, **{(r.topic, r.partition): r.end for r in ranges}}
+            if plan.mode != PlanMode.REPLAY:
+                ends = {(r.topic, r.partition): r.end for r in ranges}
+            new_offsets = {**committed, **ends}
             props = {
                 SUMMARY_OFFSETS: encode_offsets(new_offsets),
                 SUMMARY_BATCH: plan.batch_id,

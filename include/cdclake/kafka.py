@@ -43,3 +43,58 @@ def fetch_watermarks(
         return out
     finally:
         consumer.close()
+
+
+def offsets_for_time(
+    kafka: KafkaConfig,
+    marks: dict[TopicPartition, Watermarks],
+    timestamp_ms: int,
+    timeout: float = 15.0,
+) -> dict[TopicPartition, int]:
+    """Per partition, the first offset whose record timestamp is at or after `timestamp_ms`
+    (the high watermark when there is none).
+
+    Found by bisecting the records themselves rather than with the broker's ListOffsets by
+    time, which some Kafka-protocol brokers answer wrongly; it assumes record timestamps do
+    not go backwards within a partition, as with one producer per partition (Debezium).
+    """
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": "cdclake-planner",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 1 << 20,
+        }  # fmt: skip
+    )
+
+    def timestamp_at(tp: TopicPartition, offset: int) -> int:
+        consumer.assign([KafkaTP(tp[0], tp[1], offset)])
+        deadline = timeout
+        while deadline > 0:
+            msg = consumer.poll(1.0)
+            deadline -= 1.0
+            if msg is None:
+                continue
+            if msg.error():
+                raise EndpointError(f"Kafka: reading {tp[0]}[{tp[1]}]@{offset}: {msg.error()}")
+            if msg.offset() >= offset:
+                return msg.timestamp()[1]
+        raise EndpointError(f"Kafka: no record at {tp[0]}[{tp[1]}]@{offset} within {timeout}s")
+
+    try:
+        out: dict[TopicPartition, int] = {}
+        for tp, m in sorted(marks.items()):
+            lo, hi = m.low, m.high  # answer in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if timestamp_at(tp, mid) >= timestamp_ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            out[tp] = lo
+        return out
+    finally:
+        consumer.close()

@@ -39,33 +39,54 @@ class Watermarks:
     high: int  # next offset Kafka will assign
 
 
+class PlanMode:
+    """How the load job treats a plan's ranges."""
+
+    LOAD = "load"  # the next batch: starts exactly at the committed offsets
+    REPLAY = "replay"  # re-apply a range at or before the committed offsets (backfill)
+    REBUILD = "rebuild"  # drop the tables first, then load from the earliest offset (backfill)
+
+    ALL = (LOAD, REPLAY, REBUILD)
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     pipeline: str
     batch_id: str
     ranges: tuple[OffsetRange, ...]
+    mode: str = PlanMode.LOAD
+
+    @property
+    def run_prefix(self) -> str:
+        """The id shared by every batch of one backfill: the batch id up to its last '/'."""
+        return self.batch_id.rsplit("/", 1)[0]
 
     @property
     def total(self) -> int:
         return sum(r.size for r in self.ranges)
 
+    def to_dict(self) -> dict:
+        return {
+            "pipeline": self.pipeline,
+            "batch_id": self.batch_id,
+            "ranges": [asdict(r) for r in self.ranges],
+            "mode": self.mode,
+        }
+
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "pipeline": self.pipeline,
-                "batch_id": self.batch_id,
-                "ranges": [asdict(r) for r in self.ranges],
-            },
-            separators=(",", ":"),
-        )
+        return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> BatchPlan:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BatchPlan:
         return cls(
             pipeline=data["pipeline"],
             batch_id=data["batch_id"],
             ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
+            mode=data.get("mode", PlanMode.LOAD),
         )
 
 

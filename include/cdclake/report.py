@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from cdclake.catalog import load_catalog, table_state
@@ -13,7 +14,30 @@ from cdclake.offsets import (
     SUMMARY_RECORDS,
     SUMMARY_SOURCE_TS,
     SUMMARY_UPSERTS,
+    TopicPartition,
+    Watermarks,
 )
+
+
+def offsets_behind(
+    marks: Mapping[TopicPartition, Watermarks], topic: str, committed: Mapping[TopicPartition, int]
+) -> int:
+    """Records Kafka holds for `topic` past the committed offsets (from the low watermark
+    for a partition never committed)."""
+    return sum(
+        max(0, m.high - committed.get(tp, m.low)) for tp, m in marks.items() if tp[0] == topic
+    )
+
+
+def seconds_behind_source(behind: int, source_ts_ms: str | int | None, now_ms: int) -> float | None:
+    """0 when caught up; else how old the newest committed change is (None: nothing committed).
+
+    While records wait, the lake shows the source as of the newest change it committed, so
+    it is at least that far behind; when nothing waits, it is as fresh as the source.
+    """
+    if source_ts_ms is None:
+        return None
+    return 0.0 if behind == 0 else max(0.0, (now_ms - int(source_ts_ms)) / 1000)
 
 
 @dataclass(frozen=True)
@@ -43,17 +67,10 @@ def report_pipeline(
     for table in pipeline.tables:
         state = table_state(cat, pipeline, table)
         topic = pipeline.topic_for(table)
-        behind = sum(
-            max(0, m.high - state.offsets.get(tp, m.low))
-            for tp, m in marks.items()
-            if tp[0] == topic
-        )
+        behind = offsets_behind(marks, topic, state.offsets)
         summary = state.summary
         this_batch = batch_id is not None and summary.get(SUMMARY_BATCH) == batch_id
-        source_ts = summary.get(SUMMARY_SOURCE_TS)
-        lag = None
-        if source_ts is not None:
-            lag = 0.0 if behind == 0 else max(0.0, (now_ms - int(source_ts)) / 1000)
+        lag = seconds_behind_source(behind, summary.get(SUMMARY_SOURCE_TS), now_ms)
         out.append(
             TableReport(
                 table=pipeline.qualified_target(table),

@@ -56,6 +56,13 @@ def validate(request: SnapshotRequest, captured: Sequence[str]) -> None:
     """Refuse anything Debezium would ignore or misread, naming what is wrong."""
     if request.action is Action.EXECUTE and not request.tables:
         raise SignalError("execute-snapshot needs at least one table")
+    if request.action in (Action.PAUSE, Action.RESUME) and request.tables:
+        raise SignalError(f"{request.action.value} applies to the running snapshot; give no tables")
+    if request.action is not Action.EXECUTE:
+        if request.type is SnapshotType.BLOCKING:
+            raise SignalError(f"{request.action.value} applies to incremental snapshots only")
+        if request.filters or request.surrogate_key:
+            raise SignalError("filters and a surrogate key apply to execute-snapshot only")
     for table in request.tables:
         parts = table.split(".")
         if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
@@ -92,10 +99,96 @@ def signal_data(request: SnapshotRequest) -> dict:
 
 
 def new_signal_id(run_id: str | None = None) -> str:
-    """Ids are traceable to what sent them and long enough for Debezium (42+ chars)."""
-    suffix = uuid.uuid4().hex
-    base = f"cdclake-{run_id}-{suffix}" if run_id else f"cdclake-{suffix}"
-    return base[:64].ljust(42, "0")
+    """An id traceable to what sent it (e.g. the DAG run), unique per attempt, 42 to 64
+    characters (Debezium's signal table convention)."""
+    origin = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id or "cli").strip("-")[:44]
+    return f"cdclake-{origin}-{uuid.uuid4().hex}"[:64].ljust(42, "0")
+
+
+def parse_request(
+    action: str,
+    tables: Sequence[str] = (),
+    type: str = "incremental",
+    filters: Mapping[str, str] | None = None,
+    surrogate_key: str | None = None,
+) -> SnapshotRequest:
+    """A request from form or command-line values, with errors naming the bad value."""
+    names = {"execute": Action.EXECUTE, "stop": Action.STOP, "pause": Action.PAUSE,
+             "resume": Action.RESUME}  # fmt: skip
+    key = str(action).strip().lower().removesuffix("-snapshot")
+    if key not in names:
+        raise SignalError(f"action {action!r} is not one of {sorted(names)}")
+    try:
+        kind = SnapshotType(str(type).strip().lower())
+    except ValueError:
+        raise SignalError(
+            f"type {type!r} is not one of {[t.value for t in SnapshotType]}"
+        ) from None
+    if filters is not None and not isinstance(filters, Mapping):
+        raise SignalError("filters must be an object of table -> SQL condition")
+    for t, f in (filters or {}).items():
+        if not isinstance(f, str):
+            raise SignalError(f"filter for {t!r} must be a string, got {f!r}")
+    if isinstance(tables, str) or not all(isinstance(t, str) for t in tables):
+        raise SignalError(f"tables must be a list of 'schema.table' names, got {tables!r}")
+    return SnapshotRequest(
+        action=names[key],
+        tables=tuple(dict.fromkeys(t.strip() for t in tables)),
+        type=kind,
+        filters=dict(filters or {}),
+        surrogate_key=(surrogate_key or "").strip() or None,
+    )
+
+
+def check_source(dsn: str, signal_table: str, request: SnapshotRequest) -> None:
+    """Validate against the source database, writing nothing: the signal table and every
+    table exist, the surrogate key is a column of each, and each filter is a valid
+    condition on its table (planned with EXPLAIN in a read-only transaction)."""
+    import psycopg
+    from psycopg import sql
+
+    try:
+        conn = psycopg.connect(dsn, autocommit=False)
+    except psycopg.Error as exc:
+        raise SignalError(f"source database could not be reached: {exc}") from None
+    with conn:
+        conn.execute("SET TRANSACTION READ ONLY")
+        for table in (signal_table, *request.tables):
+            schema, name = table.split(".", 1)
+            found = conn.execute(
+                "SELECT 1 FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_name = %s",
+                (schema, name),
+            ).fetchone()
+            if not found:
+                what = "signal table" if table == signal_table else "table"
+                raise SignalError(f"{what} {table!r} does not exist in the source database")
+        if request.surrogate_key:
+            for table in request.tables:
+                schema, name = table.split(".", 1)
+                found = conn.execute(
+                    "SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
+                    "AND table_name = %s AND column_name = %s",
+                    (schema, name, request.surrogate_key),
+                ).fetchone()
+                if not found:
+                    raise SignalError(
+                        f"surrogate key {request.surrogate_key!r} is not a column of {table!r}"
+                    )
+        for table, condition in request.filters.items():
+            schema, name = table.split(".", 1)
+            statement = sql.SQL("EXPLAIN SELECT * FROM {}.{} WHERE {}").format(
+                sql.Identifier(schema), sql.Identifier(name), sql.SQL(condition)
+            )
+            try:
+                conn.execute(statement)
+            except psycopg.Error as exc:
+                conn.rollback()
+                first = str(exc).strip().splitlines()[0]
+                raise SignalError(
+                    f"filter for {table!r} is not a valid condition: {first}"
+                ) from None
+        conn.rollback()
 
 
 def send_to_signal_table(dsn: str, signal_table: str, signal_id: str, request: SnapshotRequest):
@@ -111,25 +204,99 @@ def send_to_signal_table(dsn: str, signal_table: str, signal_id: str, request: S
     log.info("signal %s sent: %s %s", signal_id, request.action.value, list(request.tables))
 
 
+def send_to_kafka(
+    kafka: KafkaConfig, topic: str, topic_prefix: str, signal_id: str, request: SnapshotRequest
+) -> None:
+    """The Kafka signal channel: key = the connector's topic.prefix, partition 0."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**kafka.client_config(), "batch.num.messages": 1})
+    value = {"id": signal_id, "type": request.action.value, "data": signal_data(request)}
+    errors: list = []
+    producer.produce(
+        topic, key=topic_prefix.encode(), value=json.dumps(value).encode(), partition=0,
+        on_delivery=lambda err, _msg: err and errors.append(err),
+    )  # fmt: skip
+    if producer.flush(30) or errors:
+        raise SignalError(f"signal {signal_id} could not be sent to {topic}: {errors or 'timeout'}")
+    log.info("signal %s sent to %s: %s %s", signal_id, topic, request.action.value,
+             list(request.tables))  # fmt: skip
+
+
 @dataclass
 class SnapshotProgress:
+    """What Debezium's notifications said about one snapshot so far.
+
+    Incremental snapshots carry the signal id in every notification. Blocking snapshots
+    are reported like the initial snapshot ("Initial Snapshot" notifications with ids of
+    their own), so they are followed from the notification offset taken before sending.
+    """
+
     signal_id: str
+    blocking: bool = False
     status: str = "PENDING"  # STARTED, COMPLETED, ABORTED ...
     chunks: int = 0
+    rows_scanned: dict[str, int] = field(default_factory=dict)
     tables: dict[str, dict[str, str]] = field(default_factory=dict)  # per table scan result
+    current: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("COMPLETED", "ABORTED")
+
+    def feed(self, note: Mapping) -> str | None:
+        """Take one notification; a line to log when it is about this snapshot."""
+        mine = (
+            note.get("aggregate_type") == "Initial Snapshot"
+            if self.blocking
+            else note.get("id") == self.signal_id
+        )
+        if not mine or self.finished:
+            return None
+        kind = str(note.get("type", ""))
+        extra = note.get("additional_data") or {}
+        if kind == "IN_PROGRESS":
+            self.chunks += 1
+            self.current = extra.get("current_collection_in_progress") or self.current
+            key = extra.get("last_processed_key", "?")
+            return f"chunk {self.chunks}: {self.current or '?'} up to key {key}"
+        if kind == "TABLE_SCAN_COMPLETED":
+            name = extra.get("data_collection") or extra.get("scanned_collection") or "?"
+            self.tables[name] = dict(extra)
+            rows = extra.get("total_rows_scanned")
+            if rows is not None and str(rows).isdigit():
+                self.rows_scanned[name] = int(rows)
+            return f"{name}: scan {_scan_status(extra)}, {rows if rows is not None else '?'} rows"
+        if kind in ("STARTED", "COMPLETED", "ABORTED", "PAUSED", "RESUMED", "SKIPPED"):
+            self.status = "ABORTED" if kind == "SKIPPED" else kind
+            return f"snapshot {kind.lower()}"
+        return None
+
+    def check(self) -> SnapshotProgress:
+        """Raise SignalError when the snapshot aborted or a table's scan did not succeed."""
+        failed = {t: r for t, r in self.tables.items() if _scan_status(r) != "SUCCEEDED"}
+        if self.status == "ABORTED" or failed:
+            reasons = "; ".join(f"{t}: {_scan_status(r)}" for t, r in failed.items())
+            reasons = reasons or "aborted by Debezium"
+            raise SignalError(f"snapshot {self.signal_id} {self.status.lower()}: {reasons}")
+        return self
+
+    def to_dict(self) -> dict:
+        return {
+            "signal_id": self.signal_id,
+            "status": self.status,
+            "chunks": self.chunks,
+            "rows_scanned": self.rows_scanned,
+            "tables": self.tables,
+        }
 
 
-def follow_snapshot(
-    kafka: KafkaConfig, topic: str, signal_id: str, timeout_s: float = 600.0
-) -> SnapshotProgress:
-    """Read Debezium's notifications until the snapshot completes or aborts.
-
-    Incremental-snapshot notifications carry the signal id as their `id`. A table whose
-    scan status is not SUCCEEDED fails, with the reason Debezium gives.
-    """
+def notification_consumer(
+    kafka: KafkaConfig, signal_id: str, topic: str, start: Mapping[int, int] | None
+):
+    """A consumer on the notification topic from `start` (per partition; default 0)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    progress = SnapshotProgress(signal_id)
     consumer = Consumer(
         {
             **kafka.client_config(),
@@ -137,38 +304,55 @@ def follow_snapshot(
             "enable.auto.commit": False,
         }  # fmt: skip
     )
+    meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    parts = sorted(meta.partitions) if meta and not meta.error and meta.partitions else [0]
+    start = start or {}
+    consumer.assign([TopicPartition(topic, p, int(start.get(p, 0))) for p in parts])
+    return consumer
+
+
+def notification_offsets(kafka: KafkaConfig, topic: str) -> dict[int, int]:
+    """End offsets of the notification topic: where to follow a signal sent now from."""
+    from cdclake.kafka import fetch_watermarks
+
+    return {p: m.high for (_, p), m in fetch_watermarks(kafka, [topic]).items()}
+
+
+def poll_notification(consumer, timeout: float = 1.0) -> dict | None:
+    msg = consumer.poll(timeout)
+    if msg is None or msg.error() or msg.value() is None:
+        return None
+    try:
+        return _payload(msg.value())
+    except ValueError:
+        log.warning("notification at offset %s is not JSON; ignored", msg.offset())
+        return None
+
+
+def follow_snapshot(
+    kafka: KafkaConfig,
+    topic: str,
+    signal_id: str,
+    timeout_s: float = 600.0,
+    start: Mapping[int, int] | None = None,
+    blocking: bool = False,
+) -> SnapshotProgress:
+    """Read Debezium's notifications until the snapshot completes or aborts, logging
+    progress; a table whose scan status is not SUCCEEDED fails with Debezium's reason."""
+    progress = SnapshotProgress(signal_id, blocking=blocking)
+    consumer = notification_consumer(kafka, signal_id, topic, start)
     deadline = time.monotonic() + timeout_s
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        parts = sorted(meta.partitions) if meta and not meta.error else [0]
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None or msg.error() or msg.value() is None:
-                continue
-            note = _payload(msg.value())
-            if note.get("id") != signal_id:
-                continue
-            kind = note.get("type", "")
-            extra = note.get("additional_data") or {}
-            if kind == "IN_PROGRESS":
-                progress.chunks += 1
-            elif kind == "TABLE_SCAN_COMPLETED":
-                name = extra.get("data_collection", "?")
-                progress.tables[name] = dict(extra)
-                log.info("snapshot %s: %s scanned (%s)", signal_id, name, extra)
-            if kind in ("STARTED", "COMPLETED", "ABORTED", "PAUSED", "RESUMED"):
-                progress.status = kind
-            if kind in ("COMPLETED", "ABORTED"):
-                break
-        else:
-            raise SignalError(f"snapshot {signal_id} did not finish within {timeout_s:.0f}s")
+        while not progress.finished:
+            if time.monotonic() > deadline:
+                raise SignalError(f"snapshot {signal_id} did not finish within {timeout_s:.0f}s")
+            note = poll_notification(consumer)
+            line = progress.feed(note) if note else None
+            if line:
+                log.info("snapshot %s: %s", signal_id, line)
     finally:
         consumer.close()
-    failed = {t: r for t, r in progress.tables.items() if _scan_status(r) != "SUCCEEDED"}
-    if progress.status == "ABORTED" or failed:
-        raise SignalError(f"snapshot {signal_id} {progress.status.lower()}: {failed or 'aborted'}")
-    return progress
+    return progress.check()
 
 
 def _scan_status(result: Mapping[str, str]) -> str:
@@ -178,3 +362,42 @@ def _scan_status(result: Mapping[str, str]) -> str:
 def _payload(value: bytes) -> dict:
     doc = json.loads(value)
     return doc.get("payload", doc) if isinstance(doc, dict) else {}
+
+
+def submit(
+    pipeline,
+    dsn: str,
+    request: SnapshotRequest,
+    channel: str = "source",
+    origin: str | None = None,
+) -> dict:
+    """Validate a request against the pipeline and the source database, then send it.
+
+    Nothing is written unless every check passes. Returns what following it needs: the
+    signal id and the notification topic's offsets taken just before sending.
+    """
+    validate(request, [t.source for t in pipeline.tables])
+    if channel not in ("source", "kafka"):
+        raise SignalError(f"channel {channel!r} is not one of ['source', 'kafka']")
+    if channel == "kafka" and not pipeline.source.signal_topic:
+        raise SignalError(
+            f"{pipeline.path}: source.signal_topic is not set, so the kafka channel is unavailable"
+        )
+    check_source(dsn, pipeline.source.signal_table, request)
+    signal_id = new_signal_id(origin)
+    start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
+    if channel == "kafka":
+        send_to_kafka(pipeline.kafka, pipeline.source.signal_topic, pipeline.topic_prefix,
+                      signal_id, request)  # fmt: skip
+    else:
+        send_to_signal_table(dsn, pipeline.source.signal_table, signal_id, request)
+    return {
+        "pipeline": pipeline.name,
+        "pipeline_path": str(pipeline.path),
+        "signal_id": signal_id,
+        "action": request.action.value,
+        "tables": list(request.tables),
+        "follow": request.action is Action.EXECUTE,
+        "blocking": request.type is SnapshotType.BLOCKING,
+        "notification_offsets": {str(p): o for p, o in start.items()},
+    }

@@ -15,6 +15,7 @@ from pathlib import Path
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, TriggerRule, task
 from cdclake.config import PipelineConfig, load_pipeline
+from cdclake.exceptions import ConfigError
 from cdclake.spark import spark_conf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -80,11 +81,19 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     return dag
 
 
-def build_pipeline_dags(directory: Path | None = None) -> dict[str, DAG]:
-    directory = directory or pipelines_dir()
-    dags: dict[str, DAG] = {}
-    for path in sorted(directory.glob("*.yaml")):
+def load_pipelines(directory: Path | None = None) -> dict[str, PipelineConfig]:
+    """Every pipeline config of the directory by name; two files with one name is an error."""
+    out: dict[str, PipelineConfig] = {}
+    for path in sorted((directory or pipelines_dir()).glob("*.yaml")):
         pipeline = load_pipeline(path)
-        dag = build_pipeline_dag(pipeline)
-        dags[dag.dag_id] = dag
-    return dags
+        if pipeline.name in out:
+            raise ConfigError(
+                f"{path}: name: {pipeline.name!r} is already used by {out[pipeline.name].path}"
+            )
+        out[pipeline.name] = pipeline
+    return out
+
+
+def build_pipeline_dags(directory: Path | None = None) -> dict[str, DAG]:
+    dags = [build_pipeline_dag(p) for p in load_pipelines(directory).values()]
+    return {dag.dag_id: dag for dag in dags}

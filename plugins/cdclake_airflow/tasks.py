@@ -46,3 +46,125 @@ def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
         outlet_events[table_asset(pipeline, table.target)].extra = extra
         log.info("%s", json.dumps(extra, sort_keys=True))
     return [r.to_dict() for r in reports]
+
+
+# ---- cdclake_backfill -----------------------------------------------------------------
+
+
+def _pipeline_path(paths: dict[str, str], name: str) -> str:
+    from cdclake.exceptions import ConfigError
+
+    if name not in paths:
+        raise ConfigError(f"pipeline {name!r} is not one of {sorted(paths)}")
+    return paths[name]
+
+
+def backfill_plan(paths: dict[str, str], **context) -> dict:
+    """Validate the form against the pipeline and Kafka; the plans of the backfill."""
+    from cdclake.backfill import describe, parse_request, plan_pipeline_backfill
+    from cdclake.config import load_pipeline
+
+    params = context["params"]
+    path = _pipeline_path(paths, params["pipeline"])
+    pipeline = load_pipeline(path)
+    request = parse_request(
+        pipeline,
+        tables=params.get("tables") or [],
+        mode=params["mode"],
+        start=params["start"],
+        end=params["end"],
+        start_offsets=params.get("start_offsets"),
+        end_offsets=params.get("end_offsets"),
+        start_timestamp=params.get("start_timestamp"),
+        end_timestamp=params.get("end_timestamp"),
+        accept_retention_gap=params.get("accept_retention_gap", False),
+    )
+    plans = plan_pipeline_backfill(
+        pipeline, request, f"{context['dag'].dag_id}/{context['run_id']}"
+    )
+    log.info("%s", describe(plans))
+    return {
+        "pipeline": pipeline.name,
+        "pipeline_path": path,
+        "tables": list(request.tables),
+        "mode": request.mode.value,
+        "batches": len(plans),
+        "records": sum(p.total for p in plans),
+        "plans_json": json.dumps([p.to_dict() for p in plans], separators=(",", ":")),
+    }
+
+
+def choose_load(plan: dict) -> list[str]:
+    if not plan["batches"]:
+        log.info("nothing to backfill")
+        return []
+    return [f"load__{plan['pipeline']}"]
+
+
+def backfill_report(plan: dict) -> list[dict]:
+    from cdclake.config import load_pipeline
+    from cdclake.report import report_pipeline
+
+    pipeline = load_pipeline(plan["pipeline_path"])
+    last = json.loads(plan["plans_json"])[-1]["batch_id"] if plan["batches"] else None
+    reports = [
+        r for r in report_pipeline(pipeline, last, int(time.time() * 1000))
+        if r.table.rsplit(".", 1)[-1] in {pipeline.table_named(t).target for t in plan["tables"]}
+    ]  # fmt: skip
+    for r in reports:
+        log.info("%s", json.dumps(r.to_dict(), sort_keys=True))
+    return [r.to_dict() for r in reports]
+
+
+# ---- cdclake_snapshot -----------------------------------------------------------------
+
+
+def source_dsn(pipeline) -> str:
+    """libpq connection string of the pipeline's source database: the Airflow connection
+    `source.conn_id`, else `source.dsn`. Never logged."""
+    from airflow.sdk import BaseHook
+    from cdclake.exceptions import ConfigError
+    from psycopg.conninfo import make_conninfo
+
+    try:
+        conn = BaseHook.get_connection(pipeline.source.conn_id)
+    except Exception:
+        if pipeline.source.dsn:
+            return pipeline.source.dsn
+        raise ConfigError(
+            f"{pipeline.path}: source.conn_id: Airflow connection "
+            f"{pipeline.source.conn_id!r} does not exist and source.dsn is not set"
+        ) from None
+    params = {"host": conn.host, "port": conn.port, "user": conn.login,
+              "password": conn.password, "dbname": conn.schema}  # fmt: skip
+    return make_conninfo(**{k: v for k, v in params.items() if v not in (None, "")})
+
+
+def snapshot_send(paths: dict[str, str], **context) -> dict:
+    """Validate everything, then send the signal; what the sensor needs to follow it."""
+    from cdclake.config import load_pipeline
+    from cdclake.signals import parse_request, submit
+
+    params = context["params"]
+    pipeline = load_pipeline(_pipeline_path(paths, params["pipeline"]))
+    request = parse_request(
+        params["action"],
+        params.get("tables") or [],
+        params.get("type", "incremental"),
+        params.get("filters") or {},
+        params.get("surrogate_key"),
+    )
+    sent = submit(
+        pipeline,
+        source_dsn(pipeline),
+        request,
+        channel=params.get("channel", "source"),
+        origin=f"{context['dag'].dag_id}-{context['run_id']}",
+    )
+    sent["timeout_s"] = int(params.get("timeout_minutes", 60)) * 60
+    sent["trigger_load"] = bool(params.get("trigger_load")) and sent["follow"]
+    return sent
+
+
+def snapshot_should_load(sent: dict) -> bool:
+    return bool(sent.get("trigger_load"))

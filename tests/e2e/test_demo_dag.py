@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
@@ -11,39 +9,14 @@ from cdclake.kafka import fetch_watermarks
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan
 
+from tests.e2e.helpers import run_dag, xcom_of
+
 pytestmark = pytest.mark.e2e
 
 
-def run_dag(dag_id: str):
-    from airflow.dag_processing.dagbag import DagBag
-
-    from tests.conftest import ROOT
-
-    bag = DagBag(dag_folder=str(ROOT / "dags"))
-    assert not bag.import_errors, bag.import_errors
-    run = bag.dags[dag_id].test()
-    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    assert str(run.state) == "success", states
-    return run
-
-
 def plan_of(run) -> BatchPlan:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        value = session.scalar(
-            select(XComModel.value).where(
-                XComModel.dag_id == run.dag_id,
-                XComModel.run_id == run.run_id,
-                XComModel.task_id == "plan",
-                XComModel.key == "return_value",
-            )
-        )
-    while isinstance(value, str) and value.startswith('"'):
-        value = json.loads(value)
-    return BatchPlan.from_json(value)
+    value = xcom_of(run, "plan")
+    return BatchPlan.from_dict(value) if isinstance(value, dict) else BatchPlan.from_json(value)
 
 
 def committed(pipeline):

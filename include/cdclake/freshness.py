@@ -1,0 +1,160 @@
+"""How fresh the lake is, per table: what was last committed and what still waits in Kafka.
+
+Everything comes from the Iceberg snapshots and Kafka's watermarks, so the figures are the
+ones the loader itself acts on: the offsets and batch id are the exactly-once state
+written with the data, not a separate bookkeeping table that could disagree with it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cdclake.catalog import TableState, load_catalog, table_state
+from cdclake.config import PipelineConfig, TableConfig, load_pipeline
+from cdclake.exceptions import ConfigError
+from cdclake.kafka import fetch_watermarks
+from cdclake.offsets import SUMMARY_BATCH, SUMMARY_SOURCE_TS
+from cdclake.report import offsets_behind, seconds_behind_source
+
+# Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
+_TOTAL_RECORDS = "total-records"
+_TOTAL_POSITION_DELETES = "total-position-deletes"
+_TOTAL_EQUALITY_DELETES = "total-equality-deletes"
+
+
+@dataclass(frozen=True)
+class TableFreshness:
+    pipeline: str
+    table: str  # <catalog>.<namespace>.<target>
+    source: str  # <schema>.<table> in PostgreSQL
+    exists: bool
+    last_commit_ms: int | None  # when the snapshot holding the committed offsets was written
+    offsets_behind: int  # records in Kafka past the committed offsets
+    seconds_behind_source: float | None  # 0 when caught up; None before the first commit
+    rows: int | None  # live rows of the current snapshot; None when it cannot be told exactly
+    batch_id: str | None  # the batch (DAG run) that committed the offsets
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_pipelines_dir() -> Path:
+    """`CDCLAKE_PIPELINES_DIR`, else include/pipelines/ beside this package."""
+    env = os.environ.get("CDCLAKE_PIPELINES_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "pipelines"
+
+
+def load_pipelines(directory: Path) -> list[PipelineConfig]:
+    if not directory.is_dir():
+        raise ConfigError(f"{directory}: pipelines directory does not exist")
+    return [load_pipeline(p) for p in sorted(directory.glob("*.yaml"))]
+
+
+def live_rows(summary: Mapping[str, str]) -> int | None:
+    """Rows a reader sees, from Iceberg's summary totals, without scanning the table.
+
+    total-records counts every row in live data files; each position delete hides one of
+    them (Spark's merge-on-read writes one per replaced or deleted row). Equality deletes
+    may hide any number of rows, so with any of them the count is unknown (None).
+    """
+    if _TOTAL_RECORDS not in summary:
+        return None
+    if int(summary.get(_TOTAL_EQUALITY_DELETES, 0)) > 0:
+        return None
+    return int(summary[_TOTAL_RECORDS]) - int(summary.get(_TOTAL_POSITION_DELETES, 0))
+
+
+def table_freshness(
+    pipeline: PipelineConfig, table: TableConfig, state: TableState, behind: int, now_ms: int
+) -> TableFreshness:
+    committed = state.offsets_summary
+    return TableFreshness(
+        pipeline=pipeline.name,
+        table=pipeline.qualified_target(table),
+        source=table.source,
+        exists=state.exists,
+        last_commit_ms=state.offsets_committed_at_ms,
+        offsets_behind=behind,
+        seconds_behind_source=seconds_behind_source(
+            behind, committed.get(SUMMARY_SOURCE_TS), now_ms
+        ),
+        rows=live_rows(state.summary) if state.exists else None,
+        batch_id=committed.get(SUMMARY_BATCH),
+    )
+
+
+def pipeline_freshness(pipeline: PipelineConfig, now_ms: int) -> list[TableFreshness]:
+    """One row per table of the pipeline, in config order."""
+    cat = load_catalog(pipeline.catalog)
+    marks = fetch_watermarks(pipeline.kafka, [pipeline.topic_for(t) for t in pipeline.tables])
+    out = []
+    for table in pipeline.tables:
+        state = table_state(cat, pipeline, table)
+        behind = offsets_behind(marks, pipeline.topic_for(table), state.offsets)
+        out.append(table_freshness(pipeline, table, state, behind, now_ms))
+    return out
+
+
+def format_time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+COLUMNS = ("table", "last commit", "offsets behind", "behind source", "rows", "batch")
+_RIGHT = {"offsets behind", "behind source", "rows"}
+
+
+def freshness_cells(row: TableFreshness) -> tuple[str, ...]:
+    """The display cells of one row, in COLUMNS order (shared by the terminal and the page)."""
+    if not row.exists:
+        return (row.table, "not created yet", f"{row.offsets_behind:,}", "-", "-", "-")
+    return (
+        row.table,
+        format_time(row.last_commit_ms),
+        f"{row.offsets_behind:,}",
+        format_seconds(row.seconds_behind_source),
+        "-" if row.rows is None else f"{row.rows:,}",
+        row.batch_id or "-",
+    )
+
+
+def render_freshness(rows: Iterable[TableFreshness]) -> str:
+    """An aligned text table; numbers right-aligned."""
+    lines = [COLUMNS, *(freshness_cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+
+    def fmt(cells: Sequence[str]) -> str:
+        parts = [
+            c.rjust(w) if name in _RIGHT else c.ljust(w)
+            for c, w, name in zip(cells, widths, COLUMNS, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [fmt([c.upper() for c in COLUMNS]), *(fmt(line) for line in lines[1:])]
+    return "\n".join(out)
+
+
+def status_rows(pipeline_path: str | None, now_ms: int) -> list[TableFreshness]:
+    """`cdclake status`: one pipeline, or every pipeline of the pipelines directory."""
+    if pipeline_path:
+        pipelines = [load_pipeline(pipeline_path)]
+    else:
+        pipelines = load_pipelines(default_pipelines_dir())
+    return [r for p in pipelines for r in pipeline_freshness(p, now_ms)]

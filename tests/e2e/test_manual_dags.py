@@ -1,0 +1,180 @@
+"""cdclake_backfill (replay, rebuild) and cdclake_snapshot run by Airflow (dag.test) on the
+local stack, against a pipeline of their own."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import uuid
+
+import psycopg
+import pytest
+import yaml
+from cdclake.catalog import load_catalog, table_state
+from cdclake.config import load_pipeline
+from cdclake.kafka import fetch_watermarks
+from cdclake.offsets import SUMMARY_BATCH
+
+from tests.conftest import DEMO_PIPELINE
+from tests.e2e.helpers import run_dag, task_states, xcom_of
+from tests.integration.helpers import assert_lake_equals_source, load_all
+
+pytestmark = pytest.mark.e2e
+
+N = uuid.uuid4().hex[:6]
+BF = f"inventory.bf_{N}"
+SNAP = f"inventory.snap_{N}"
+NAME = f"e2e_{N}"  # BF, at most 150 records a batch
+SNAP_NAME = f"e2e_snap_{N}"
+
+
+def sql(dsn: str, *statements, params=None):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s, params)
+
+
+@pytest.fixture(scope="module")
+def pipelines(stack, tmp_path_factory):
+    """Two pipelines with fresh tables, in a pipelines directory the DAG files read."""
+    directory = tmp_path_factory.mktemp("pipelines")
+    for name, tables, cap in ((NAME, [BF], 150), (SNAP_NAME, [SNAP], 100_000)):
+        raw = yaml.safe_load(DEMO_PIPELINE.read_text())
+        raw.update(name=name, namespace=name, tables=tables, max_records_per_batch=cap)
+        raw["catalog"]["warehouse"] = "${CDCLAKE_WAREHOUSE}"
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    sql(
+        stack.source_dsn,
+        f"create table {BF} (id int primary key, v int, note text)",
+        f"insert into {BF} select i, i, 'first' from generate_series(1, 200) i",
+        f"update {BF} set v = v + 1000, note = 'second' where id % 3 = 0",
+        f"delete from {BF} where id % 7 = 0",
+        f"create table {SNAP} (id int primary key, v int, note text)",
+        f"insert into {SNAP} select i, i, 'start' from generate_series(1, 300) i",
+    )
+    old = os.environ.get("CDCLAKE_PIPELINES_DIR")
+    os.environ["CDCLAKE_PIPELINES_DIR"] = str(directory)
+    yield {name: load_pipeline(directory / f"{name}.yaml") for name in (NAME, SNAP_NAME)}
+    if old is None:
+        os.environ.pop("CDCLAKE_PIPELINES_DIR")
+    else:
+        os.environ["CDCLAKE_PIPELINES_DIR"] = old
+
+
+def offsets(pipeline, source: str) -> dict:
+    table = pipeline.table_named(source)
+    return table_state(load_catalog(pipeline.catalog), pipeline, table).offsets
+
+
+def high(pipeline, source: str) -> dict:
+    topic = pipeline.topic_for(pipeline.table_named(source))
+    return {tp: m.high for tp, m in fetch_watermarks(pipeline.kafka, [topic]).items()}
+
+
+def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, spark, pipelines):
+    e2e = pipelines[NAME]
+    load_all(stack, spark, e2e, "e2e-bf")  # batches of at most 150 records
+    assert_lake_equals_source(e2e, stack.source_dsn)
+    target = e2e.qualified_target(e2e.table_named(BF))
+    committed = offsets(e2e, BF)
+    assert committed == high(e2e, BF)
+
+    # rows lost from the lake are restored by a replay of the first 100 records; the
+    # rows changed after those records keep their newer values
+    spark.sql(f"DELETE FROM {target} WHERE id <= 20")
+    run = run_dag("cdclake_backfill", {
+        "pipeline": NAME, "tables": [BF], "mode": "replay", "start": "earliest",
+        "end": "offsets", "end_offsets": '{"0": 100}',
+    })  # fmt: skip
+    plan = xcom_of(run, "plan")
+    assert plan["mode"] == "replay" and plan["batches"] >= 2  # split by the cap
+    assert task_states(run)["load__" + NAME] == "success"
+    assert_lake_equals_source(e2e, stack.source_dsn)
+    assert offsets(e2e, BF) == committed  # never moved backwards
+
+    # rebuild: the table is dropped and reloaded from offset 0; new history, same rows
+    sql(stack.source_dsn, f"update {BF} set note = 'third' where id = 1")
+    stack.wait_for_capture()
+    run = run_dag("cdclake_backfill", {"pipeline": NAME, "tables": [f"bf_{N}"],
+                                       "mode": "rebuild", "start": "earliest"})  # fmt: skip
+    assert_lake_equals_source(e2e, stack.source_dsn)
+    ice = load_catalog(e2e.catalog).load_table((NAME, f"bf_{N}"))
+    history = [s.summary.additional_properties.get(SUMMARY_BATCH, "") for s in ice.snapshots()]
+    assert history and all(b.startswith(f"cdclake_backfill/{run.run_id}/") for b in history)
+    assert offsets(e2e, BF) == high(e2e, BF)
+
+    # invalid input fails the first task, and nothing is loaded
+    run = run_dag("cdclake_backfill", {"pipeline": NAME, "tables": ["inventory.nope"]},
+                  state="failed")  # fmt: skip
+    states = task_states(run)
+    assert states["plan"] == "failed" and states["load__" + NAME] != "success"
+
+
+def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pipelines):
+    e2e = pipelines[SNAP_NAME]
+    load_all(stack, spark, e2e, "e2e-snap-0")
+    stop = threading.Event()
+
+    def write() -> None:
+        rng = random.Random(5)
+        with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                k = rng.randint(151, 350)  # ids up to 150 only change by the snapshot
+                conn.execute(
+                    f"insert into {SNAP} values (%s, 0, 'w') on conflict (id) "
+                    "do update set v = excluded.v + 1, note = 'updated'",
+                    (k,),
+                )
+                if rng.random() < 0.1:
+                    conn.execute(f"delete from {SNAP} where id = %s", (rng.randint(151, 350),))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        run = run_dag("cdclake_snapshot", {
+            "pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP],
+            "filters": {SNAP: "id <= 100"}, "timeout_minutes": 5, "trigger_load": True,
+        })  # fmt: skip
+    finally:
+        stop.set()
+        writer.join()
+    sent = xcom_of(run, "send_signal")
+    assert sent["signal_id"].startswith("cdclake-cdclake_snapshot-")  # traceable to the run
+    progress = xcom_of(run, "wait_for_snapshot")
+    assert progress["status"] == "COMPLETED"
+    assert progress["rows_scanned"] == {SNAP: 100}
+    with psycopg.connect(stack.source_dsn) as conn:
+        data = conn.execute(
+            "select data from public.debezium_signal where id = %s", (sent["signal_id"],)
+        ).fetchone()[0]
+    assert '"additional-conditions"' in data and '"additional-condition"' not in data
+    assert task_states(run)["trigger_load"] == "success"  # the pipeline's load was queued
+
+    load_all(stack, spark, e2e, "e2e-snap-1")
+    assert_lake_equals_source(e2e, stack.source_dsn)
+    lake = load_catalog(e2e.catalog).load_table((SNAP_NAME, f"snap_{N}")).scan().to_arrow()
+    reads = {i for i, op in zip(lake["id"].to_pylist(), lake["_cdc_op"].to_pylist(), strict=True)
+             if op == "r"}  # fmt: skip
+    assert reads == set(range(1, 101))  # the filter was applied; the snapshot rows loaded
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"tables": ["inventory.nope"]},
+        {"filters": {SNAP: "id < 5; drop table x"}},
+        {"surrogate_key": "nope"},
+    ],
+)
+def test_malformed_snapshot_requests_fail_the_first_task_writing_nothing(stack, pipelines, conf):
+    def count() -> int:
+        with psycopg.connect(stack.source_dsn) as conn:
+            return conn.execute("select count(*) from public.debezium_signal").fetchone()[0]
+
+    before = count()
+    full = {"pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP], "trigger_load": False,
+            **conf}  # fmt: skip
+    run = run_dag("cdclake_snapshot", full, state="failed")
+    assert task_states(run)["send_signal"] == "failed"
+    assert count() == before
