@@ -98,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=".cdclake/bench/bench.json", help="JSON result file")
     bench.add_argument("--work", default=".cdclake/bench/work", help="scratch directory")
     bench.add_argument("--only", nargs="*", help="steps to run (default: all)")
+    bench.add_argument(
+        "--size", action="append", default=[], metavar="NAME=N[,N]",
+        help="override one size of the scale, e.g. merge_rows=1000,100000",
+    )  # fmt: skip
 
     status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
     status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
@@ -151,9 +155,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from pathlib import Path
 
-        from cdclake.bench.runner import run_bench
+        from cdclake.bench.runner import Sizes, run_bench
 
-        run_bench(args.scale, Path(args.work), Path(args.out), args.only)
+        overrides = dict(item.split("=", 1) for item in args.size)
+        sizes = Sizes.at_scale(args.scale).replace(overrides)
+        run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
         return 0
     if args.command == "status":
         from cdclake.freshness import render_freshness, status_rows

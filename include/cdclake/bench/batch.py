@@ -25,10 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", required=True)
     p.add_argument("--events", type=int, required=True)
     p.add_argument("--keys", type=int, required=True)
+    p.add_argument("--tables", type=int, default=3)
     args = p.parse_args(argv)
     pipeline = load_pipeline(args.pipeline)
     prefix = pipeline.topic_prefix
-    workload = Workload.standard(args.events, args.keys, prefix)
+    workload = Workload.standard(args.events, args.keys, prefix, tables=args.tables)
     ranges = tuple(OffsetRange(t, part, 0, n) for t, part, n in workload.slices())
     spark = build_session(pipeline, "local[2]")
     started = time.perf_counter()

@@ -35,7 +35,6 @@ def _records(rec: Path, ranges: list[OffsetRange], topic: str):
 def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange]) -> float:
     """Seconds to apply every recorded event with pyiceberg upsert + delete."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     from pyarrow import json as pa_json
     from pyiceberg.expressions import In
 
@@ -68,21 +67,17 @@ def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange]) -
         rows = pa.Table.from_struct_array(after.take(pa.array(upsert_rows, pa.int64())))
         name = (namespace, topic.rsplit(".", 1)[1])
         if not catalog.table_exists(name):
-            from pyiceberg.schema import Schema
-
             table = catalog.create_table(name, schema=rows.schema)
             with table.update_schema(allow_incompatible_changes=True) as u:
-                u._set_column_requirement(("id",), required=True)
+                u.update_column("id", required=True)
                 u.set_identifier_fields("id")
             table = catalog.load_table(name)
-            _ = Schema
         else:
             table = catalog.load_table(name)
         rows = rows.cast(table.schema().as_arrow())
         table.upsert(rows, join_cols=["id"])
         if deleted:
             table.delete(In("id", deleted))
-        _ = pc
     return time.perf_counter() - started
 
 

@@ -7,6 +7,7 @@ compare two measurements are always taken side by side in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cdclake.bench.events import Workload, generate_slice
@@ -27,8 +28,17 @@ from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.spark import spark_conf
 
 LOAD_JOB = Path(__file__).resolve().parents[3] / "jobs" / "load.py"
-STEPS = ("throughput", "peers", "throughput_kafka", "fixed_overhead", "merge_scaling",
-         "memory", "capture")  # fmt: skip
+# Steps in the order they run, and the figures each one produces.
+STEP_FIGURES = {
+    "throughput": ("throughput_eps",),
+    "peers": ("peer_ratio", "naive_ratio"),
+    "throughput_kafka": ("throughput_kafka_eps",),
+    "fixed_overhead": ("fixed_overhead_s",),
+    "merge_scaling": ("merge_scaling_ratio",),
+    "memory": ("memory_ratio",),
+    "capture": ("capture_ratio",),
+}
+STEPS = tuple(STEP_FIGURES)
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +52,78 @@ TARGETS = {
 }
 
 
+# Figures without a target, shown for context.
+EXTRA_FIGURES = ("throughput_kafka_eps", "naive_ratio")
+FIGURES = (*TARGETS, *EXTRA_FIGURES)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each step is. `at_scale(1)` is the full benchmark; the report carries the
+    sizes used, since the size-ratio figures (MERGE scaling, memory) depend on them."""
+
+    events: int  # throughput and peers: recorded events
+    keys: int
+    tables: int
+    kafka_events: int
+    kafka_keys: int
+    fixed_events: int  # spark-submit overhead: a small batch over many tables
+    fixed_tables: int
+    merge_rows: tuple[int, int]  # table sizes, small and big
+    merge_batch: int
+    memory_events: tuple[int, int]  # batch sizes, small and big
+    memory_keys: int
+    capture_rows: int
+
+    @classmethod
+    def at_scale(cls, scale: float) -> Sizes:
+        def n(full: int, least: int = 10) -> int:
+            return max(least, int(full * scale))
+
+        return cls(
+            events=n(1_000_000), keys=n(250_000, 4), tables=3,
+            kafka_events=n(100_000), kafka_keys=n(25_000, 4),
+            fixed_events=100, fixed_tables=10,
+            merge_rows=(n(100_000, 100), n(10_000_000, 1000)), merge_batch=n(10_000),
+            memory_events=(n(1_000_000), n(10_000_000)), memory_keys=n(250_000, 4),
+            capture_rows=n(20_000, 200),
+        )  # fmt: skip
+
+    @classmethod
+    def smoke(cls) -> Sizes:
+        """Every step at the smallest size that still has all kinds of events: for the
+        test suite (correctness of the figures' code paths, not their values)."""
+        return cls(
+            events=300, keys=40, tables=1, kafka_events=40, kafka_keys=10,
+            fixed_events=10, fixed_tables=1, merge_rows=(100, 1000), merge_batch=20,
+            memory_events=(50, 500), memory_keys=10, capture_rows=20,
+        )  # fmt: skip
+
+    def replace(self, overrides: dict[str, str]) -> Sizes:
+        """Sizes with some fields set from text (`merge_rows=1000,100000`)."""
+        values = {}
+        for name, text in overrides.items():
+            if name not in self.__dataclass_fields__:
+                raise ValueError(f"unknown size {name!r}; known: {', '.join(asdict(self))}")
+            parts = tuple(int(float(x)) for x in text.split(","))
+            current = getattr(self, name)
+            if isinstance(current, tuple) != (len(parts) > 1) or (
+                isinstance(current, tuple) and len(parts) != len(current)
+            ):
+                raise ValueError(f"size {name!r} takes {current!r}-shaped values, got {text!r}")
+            values[name] = parts if isinstance(current, tuple) else parts[0]
+        return dataclasses.replace(self, **values)
+
+
 @dataclass
 class Bench:
     scale: float
     work: Path
     stack: LocalStack
+    sizes: Sizes
     figures: dict[str, float] = field(default_factory=dict)
     details: dict[str, object] = field(default_factory=dict)
     spark: object = None
-
-    def n(self, full: int, least: int = 10) -> int:
-        return max(least, int(full * self.scale))
 
     def say(self, text: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -66,11 +137,12 @@ class Bench:
 
     # ---- throughput ------------------------------------------------------------------
     def throughput(self) -> None:
-        events, keys = self.n(1_000_000), self.n(250_000, 4)
-        workload = Workload.standard(events, keys)
+        z = self.sizes
+        events, keys = z.events, z.keys
+        workload = Workload.standard(events, keys, tables=z.tables)
         rec = self.work / "recording"
         shutil.rmtree(rec, ignore_errors=True)
-        self.say(f"recording {events:,} events over {keys:,} keys in 3 tables")
+        self.say(f"recording {events:,} events over {keys:,} keys in {z.tables} tables")
         ranges = record_workload(workload, rec)
         size = sum(f.stat().st_size for f in rec.glob("*.parquet"))
         self.details["recording"] = {"events": events, "keys": keys, "bytes_on_disk": size}
@@ -94,8 +166,10 @@ class Bench:
 
     # ---- the same, from Kafka (tansu) --------------------------------------------------
     def throughput_kafka(self) -> None:
-        events = self.n(100_000)
-        workload = Workload.standard(events, self.n(25_000, 4), prefix=f"benchk{_tag()}")
+        z = self.sizes
+        events = z.kafka_events
+        workload = Workload.standard(events, z.kafka_keys, prefix=f"benchk{_tag()}",
+                                     tables=z.tables)  # fmt: skip
         self.say(f"producing {events:,} events to tansu (one record per request)")
         ranges = produce_workload(self.stack.broker.bootstrap, workload)
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "kafka")
@@ -104,12 +178,18 @@ class Bench:
         run_batch(spark, pipeline, BatchPlan(pipeline.name, "bench-kafka", tuple(ranges)))
         wall = time.perf_counter() - started
         self.figures["throughput_kafka_eps"] = events / wall
-        self.details["throughput_kafka"] = {"events": events, "wall_s": wall}
+        self.details["throughput_kafka"] = {
+            "events": events, "wall_s": wall, "namespace": pipeline.namespace,
+            "topic_prefix": pipeline.topic_prefix,
+        }  # fmt: skip
         self.say(f"throughput from tansu: {events / wall:,.0f} events/s ({wall:.1f}s)")
 
     # ---- fixed overhead: spark-submit of jobs/load.py ----------------------------------
     def fixed_overhead(self) -> None:
-        workload = Workload.standard(100, 50, prefix=f"benchf{_tag()}", tables=10, partitions=1)
+        z = self.sizes
+        workload = Workload.standard(z.fixed_events, max(4, z.fixed_events // 2),
+                                     prefix=f"benchf{_tag()}", tables=z.fixed_tables,
+                                     partitions=1)  # fmt: skip
         ranges = produce_workload(self.stack.broker.bootstrap, workload)
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "fixed")
         plan = BatchPlan(pipeline.name, "bench-fixed", tuple(ranges))
@@ -124,17 +204,18 @@ class Bench:
             plan.to_json(),
         ]
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        self.say("spark-submit jobs/load.py: 100 events over 10 tables")
+        self.say(f"spark-submit jobs/load.py: {z.fixed_events} events over {z.fixed_tables} tables")
         started = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if done.returncode != 0:
             raise RuntimeError(f"spark-submit failed: {done.stderr[-2000:]}")
-        line = next(x for x in done.stdout.splitlines() if x.startswith('{"batch_id"'))
-        out = json.loads(line)
-        committed = sum(1 for t in out["tables"] if t["status"] == "committed")
+        committed = committed_tables(done.stdout)
         self.figures["fixed_overhead_s"] = wall
-        self.details["fixed_overhead"] = {"wall_s": wall, "tables_committed": committed}
+        self.details["fixed_overhead"] = {
+            "wall_s": wall, "tables_committed": committed,
+            "events": z.fixed_events, "tables": z.fixed_tables,
+        }  # fmt: skip
         self.say(f"fixed overhead: {wall:.1f}s, {committed} tables committed")
 
     # ---- peers on the recorded events ---------------------------------------------------
@@ -148,23 +229,25 @@ class Bench:
         rec = self.work / "recording"
         ranges = recorded_ranges(rec)
         self.say("pydbzengine-style pyiceberg upsert on the same events")
-        wall = peer_upsert(load_catalog(pipeline.catalog), f"peer_{_tag()}", rec, ranges)
+        peer_ns, naive_ns = f"peer_{_tag()}", f"naive_{_tag()}"
+        wall = peer_upsert(load_catalog(pipeline.catalog), peer_ns, rec, ranges)
         peer = workload.events / wall
         self.say("naive Spark MERGE on the same events")
         naive_wall = naive_merge(self.session(pipeline), pipeline.catalog.name,
-                                 f"naive_{_tag()}", rec, ranges)  # fmt: skip
+                                 naive_ns, rec, ranges)  # fmt: skip
         naive = workload.events / naive_wall
         self.figures["peer_ratio"] = ours / peer
         self.figures["naive_ratio"] = ours / naive
         self.details["peers"] = {"pyiceberg_upsert_eps": peer, "naive_merge_eps": naive,
-                                 "ours_eps": ours}  # fmt: skip
+                                 "ours_eps": ours, "pyiceberg_namespace": peer_ns,
+                                 "naive_namespace": naive_ns}  # fmt: skip
         self.say(f"pyiceberg upsert {peer:,.0f} events/s; naive MERGE {naive:,.0f} events/s")
 
     # ---- MERGE cost against table size --------------------------------------------------
     def merge_scaling(self) -> None:
-        batch = self.n(10_000)
+        batch = self.sizes.merge_batch
         walls = {}
-        for rows in (self.n(100_000, 100), self.n(10_000_000, 1000)):
+        for rows in self.sizes.merge_rows:
             walls[rows] = self._merge_into(rows, batch)
         small, big = sorted(walls)
         self.figures["merge_scaling_ratio"] = walls[big] / walls[small]
@@ -199,12 +282,14 @@ class Bench:
     # ---- peak memory against batch size --------------------------------------------------
     def memory(self) -> None:
         peaks = {}
-        for events in (self.n(1_000_000), self.n(10_000_000)):
-            workload = Workload.standard(events, self.n(250_000, 4), prefix=f"benchg{_tag()}")
+        keys = self.sizes.memory_keys
+        for events in self.sizes.memory_events:
+            tables = self.sizes.tables
+            workload = Workload.standard(events, keys, prefix=f"benchg{_tag()}", tables=tables)
             bench_pipeline(self.work, self.stack.s, workload, "memory")
             cmd = [sys.executable, "-m", "cdclake.bench.batch", "--pipeline",
                    str(self.work / "memory.yaml"), "--events", str(events),
-                   "--keys", str(self.n(250_000, 4))]  # fmt: skip
+                   "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
             self.say(f"generated batch of {events:,} events in its own process")
             peaks[events] = peak_rss(cmd)
             self.say(f"peak RSS {peaks[events] / 2**20:,.0f} MiB")
@@ -216,7 +301,7 @@ class Bench:
     def capture(self) -> None:
         import psycopg
 
-        rows = self.n(20_000, 200)
+        rows = self.sizes.capture_rows
         self.stack.wait_for_capture()
         with psycopg.connect(self.stack.source_dsn, autocommit=True) as conn:
             conn.execute(
@@ -240,6 +325,17 @@ class Bench:
             self.figures["capture_ratio"] = self.figures["throughput_eps"] / rate
         self.details["capture"] = {"rows": rows, "wall_s": wall, "capture_eps": rate}
         self.say(f"Debezium capture: {rate:,.0f} events/s")
+
+
+def committed_tables(stdout: str) -> int:
+    """Tables the load job says it committed: its stdout has one JSON line per batch among
+    whatever else Spark and the job print."""
+    lines = [x for x in stdout.splitlines() if x.startswith('{"batch_id"')]
+    if not lines:
+        raise RuntimeError(f"no batch result in the load job's output: {stdout[-2000:]!r}")
+    return sum(
+        1 for line in lines for t in json.loads(line)["tables"] if t["status"] == "committed"
+    )
 
 
 def _tag() -> str:
@@ -332,7 +428,7 @@ def peak_rss(cmd: list[str]) -> int:
     return peak
 
 
-def render_table(figures: dict[str, float]) -> str:
+def render_table(figures: dict[str, float], sizes: Sizes | None = None) -> str:
     lines = [f"{'figure':24} {'measured':>14} {'target':>12}  met", "-" * 58]
     for name, (op, target) in TARGETS.items():
         value = figures.get(name)
@@ -343,31 +439,57 @@ def render_table(figures: dict[str, float]) -> str:
         lines.append(
             f"{name:24} {value:14,.2f} {op + ' ' + str(target):>12}  {'yes' if met else 'NO'}"
         )
-    for name, value in figures.items():
-        if name not in TARGETS:
-            lines.append(f"{name:24} {value:14,.2f} {'':>12}")
+    for name in EXTRA_FIGURES:
+        value = figures.get(name)
+        shown = "not measured" if value is None else f"{value:14,.2f}"
+        lines.append(f"{name:24} {shown:>14}")
+    if sizes is not None:
+        lines += [
+            "",
+            "sizes: " + ", ".join(f"{k}={_size_text(v)}" for k, v in asdict(sizes).items()),
+        ]
     return "\n".join(lines)
 
 
-def run_bench(scale: float, work: Path, out: Path, only: list[str] | None = None) -> dict:
+def _size_text(value: int | tuple[int, ...]) -> str:
+    return ",".join(f"{v:_}" for v in value) if isinstance(value, tuple) else f"{value:_}"
+
+
+def run_bench(
+    scale: float,
+    work: Path,
+    out: Path,
+    only: list[str] | None = None,
+    sizes: Sizes | None = None,
+) -> dict:
+    """Run the steps (all, or `only`) and write the report. A step that fails is reported
+    under `details.errors`; its figures are null in the report, the others still run."""
+    sizes = sizes or Sizes.at_scale(scale)
+    unknown = set(only or ()) - set(STEPS)
+    if unknown:
+        raise ValueError(f"unknown step(s) {sorted(unknown)}; steps: {', '.join(STEPS)}")
     stack = LocalStack(StackSettings.from_env())
     stack.up()
-    bench = Bench(scale, work, stack)
+    bench = Bench(scale, work, stack, sizes)
     for step in STEPS:
         if only and step not in only:
             continue
+        started = time.perf_counter()
         try:
             getattr(bench, step)()
         except Exception as exc:  # a failed figure is reported, the others still run
             log.exception("bench step %s failed", step)
             bench.details.setdefault("errors", {})[step] = f"{type(exc).__name__}: {exc}"
+        bench.details.setdefault("step_wall_s", {})[step] = time.perf_counter() - started
+    bench.details["skipped"] = [step for step in STEPS if only and step not in only]
     report = {
         "scale": scale,
-        "figures": bench.figures,
+        "sizes": asdict(sizes),
+        "figures": {name: bench.figures.get(name) for name in FIGURES},
         "targets": {k: {"op": op, "value": v} for k, (op, v) in TARGETS.items()},
         "details": {k: v for k, v in bench.details.items() if not k.startswith("file_")},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(render_table(bench.figures))
+    print(render_table(bench.figures, sizes))
     return report
