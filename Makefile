@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-unit up down status lint clean
+.PHONY: venv demo test test-unit up down status lint clean bench
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
@@ -33,6 +33,10 @@ down:
 
 status: venv
 	$(PY) -m cdclake local status
+
+SCALE ?= 1
+bench: venv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m cdclake bench --scale $(SCALE)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -182,15 +182,34 @@ def decode_changes(
     from pyspark.sql import functions as F
 
     key_cols = schema.key
-    value_cases = None
-    for sid, text in value_schemas.items():
-        env = parse_connect_schema(text)
-        fields = value_row_fields(env, "value")
+    # Parse each payload once, into a column per schema (NULL unless it is the record's):
+    # the decoding below refers to the parsed struct many times, inside CASE branches,
+    # where Spark does not share a common subexpression, so an inline from_json would
+    # parse the same text again for every reference.
+    parsed_cols = []
+    for i, (sid, text) in enumerate(value_schemas.items()):
+        fields = value_row_fields(parse_connect_schema(text), "value")
         ddl = (
             f"struct<before:struct<{_struct_ddl(fields)}>,after:struct<{_struct_ddl(fields)}>,"
             "op:string,ts_ms:bigint,source:struct<ts_ms:bigint,lsn:bigint>>"
         )
-        parsed = F.from_json(F.col("value_payload"), ddl)
+        cond = F.col("value_schema_id") == F.lit(sid)
+        parsed_cols.append(F.when(cond, F.from_json(F.col("value_payload"), ddl)).alias(f"_v{i}"))
+    for i, (sid, text) in enumerate(key_schemas.items()):
+        fields = parse_connect_schema(text).fields
+        cond = F.col("key_schema_id") == F.lit(sid)
+        ddl = f"struct<{_struct_ddl(fields)}>"
+        parsed_cols.append(F.when(cond, F.from_json(F.col("key_payload"), ddl)).alias(f"_k{i}"))
+    raw = raw.select(
+        "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
+        "key_schema_id", "value_schema_id", *parsed_cols,
+    )  # fmt: skip
+
+    value_cases = None
+    for i, (sid, text) in enumerate(value_schemas.items()):
+        env = parse_connect_schema(text)
+        fields = value_row_fields(env, "value")
+        parsed = F.col(f"_v{i}")
         decoded = F.struct(
             _decoded_row(parsed["before"], fields, schema.columns).alias("before"),
             _decoded_row(parsed["after"], fields, schema.columns).alias("after"),
@@ -204,9 +223,9 @@ def decode_changes(
                        else value_cases.when(cond, decoded))  # fmt: skip
 
     key_cases = None
-    for sid, text in key_schemas.items():
+    for i, (sid, text) in enumerate(key_schemas.items()):
         fields = parse_connect_schema(text).fields
-        parsed = F.from_json(F.col("key_payload"), f"struct<{_struct_ddl(fields)}>")
+        parsed = F.col(f"_k{i}")
         decoded = _decoded_row(parsed, fields, key_cols)
         cond = F.col("key_schema_id") == F.lit(sid)
         key_cases = F.when(cond, decoded) if key_cases is None else key_cases.when(cond, decoded)

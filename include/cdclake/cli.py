@@ -96,6 +96,16 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--pipeline", required=True)
     compare.add_argument("--source-dsn", required=True)
 
+    bench = sub.add_parser("bench", help="benchmark the load job on the local stack")
+    bench.add_argument("--scale", type=float, default=1.0, help="1 = full size (hours)")
+    bench.add_argument("--out", default=".cdclake/bench/bench.json", help="JSON result file")
+    bench.add_argument("--work", default=".cdclake/bench/work", help="scratch directory")
+    bench.add_argument("--only", nargs="*", help="steps to run (default: all)")
+    bench.add_argument(
+        "--size", action="append", default=[], metavar="NAME=N[,N]",
+        help="override one size of the scale, e.g. merge_rows=1000,100000",
+    )  # fmt: skip
+
     status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
     status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
                         "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
@@ -151,6 +161,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         results = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
         print(render_comparison(results))
         return 0 if all(r.equal for r in results) else 1
+    if args.command == "bench":
+        from pathlib import Path
+
+        from cdclake.bench.runner import Sizes, run_bench
+
+        overrides = dict(item.split("=", 1) for item in args.size)
+        sizes = Sizes.at_scale(args.scale).replace(overrides)
+        run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
+        return 0
     if args.command == "status":
         from cdclake.freshness import render_freshness, status_rows
 

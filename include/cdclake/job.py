@@ -6,12 +6,12 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
-from cdclake.changes import DELETED, decode_changes, topic_schema
+from cdclake.changes import DELETED, SOURCE_TS, TopicSchema, decode_changes, topic_schema
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.merge import (
@@ -66,7 +66,11 @@ class TableResult:
         return asdict(self)
 
 
-def run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan) -> list[TableResult]:
+def run_batch(
+    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable = read_ranges
+) -> list[TableResult]:
+    """Load one planned batch. `read` makes the raw records DataFrame of the planned
+    ranges (Kafka; benchmarks pass a recorded file instead)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -76,7 +80,7 @@ def run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan) -> list[TableRes
         return []
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
-    raw = read_ranges(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
+    raw = read(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         raw = _handle_broken_envelopes(spark, pipeline, plan, raw)
         schemas = _collect_schemas(raw)
@@ -239,8 +243,6 @@ def _load_table(
     raw,
     schemas: dict[str, list[tuple[int, str]]],
 ) -> TableResult:
-    from pyspark.sql import functions as F
-
     qualified = pipeline.qualified_target(table)
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
@@ -270,25 +272,13 @@ def _load_table(
     changes = decode_changes(
         raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
     )
-    if pipeline.on_error is OnError.DEAD_LETTER:
-        changes = changes.withColumn("_reason", invalid_reason(schema)).persist()
-        dead = changes.where(F.col("_reason").isNotNull()).select(
-            F.lit(topic).alias("topic"), "partition", "offset",
-            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
-            F.col("_reason").alias("error"),
-        )  # fmt: skip
-        result.dead_letters = _dead_letters(spark, pipeline, plan, dead)
-        changes = changes.where(F.col("_reason").isNull()).drop("_reason")
-    else:
-        find_invalid(changes, schema, topic)
-    truncate = find_truncate(changes)
+    resolved, truncate, counts, max_ts = _check_and_resolve(
+        spark, pipeline, plan, topic, schema, changes, result
+    )
     toast_columns = [c.name for c in toastable(schema)]
-    resolved = resolve_latest(changes, schema, truncate).persist()
     try:
-        counts = {r[DELETED]: r["count"] for r in resolved.groupBy(DELETED).count().collect()}
         result.upserts = counts.get(False, 0)
         result.deletes = counts.get(True, 0)
-        max_ts = resolved.agg(F.max("_cdc_source_ts")).collect()[0][0]
         with _conflicts_reported(qualified):
             spark.sql(
                 f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}"
@@ -342,3 +332,61 @@ def _load_table(
         qualified, records, result.upserts, result.deletes, after_id,
     )  # fmt: skip
     return result
+
+
+def _check_and_resolve(
+    spark,
+    pipeline: PipelineConfig,
+    plan: BatchPlan,
+    topic: str,
+    schema: TopicSchema,
+    changes,
+    result: TableResult,
+):
+    """Check the decoded changes (fail, or dead-letter the bad ones), find the truncate,
+    and resolve the latest change per key.
+
+    Decoding (a JSON parse of every payload) is the costly part and the checks, the
+    truncate lookup and the resolve are separate Spark jobs: the decoded rows are kept
+    for all of them and dropped once the resolved rows are. Returns the resolved rows
+    (persisted; the caller unpersists them), the truncate, the count of rows per
+    deleted flag and the latest source timestamp.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    dead_letter = pipeline.on_error is OnError.DEAD_LETTER
+    if dead_letter:
+        changes = changes.withColumn("_reason", invalid_reason(schema))
+    else:  # the payload text is only kept for dead letters
+        changes = changes.drop("key_payload", "value_payload")
+    changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
+    resolved = None
+    try:
+        if dead_letter:
+            dead = changes.where(F.col("_reason").isNotNull()).select(
+                F.lit(topic).alias("topic"), "partition", "offset",
+                F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
+                F.col("_reason").alias("error"),
+            )  # fmt: skip
+            result.dead_letters = _dead_letters(spark, pipeline, plan, dead)
+            valid = changes.where(F.col("_reason").isNull()).drop("_reason")
+        else:
+            find_invalid(changes, schema, topic)
+            valid = changes
+        truncate = find_truncate(valid)
+        resolved = resolve_latest(valid, schema, truncate).persist(StorageLevel.MEMORY_AND_DISK)
+        stats = (
+            resolved.groupBy(DELETED)
+            .agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"))
+            .collect()
+        )
+    except BaseException:
+        if resolved is not None:
+            resolved.unpersist()
+        raise
+    finally:
+        changes.unpersist()
+    counts = {r[DELETED]: r["n"] for r in stats}
+    max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
+    return resolved, truncate, counts, max_ts

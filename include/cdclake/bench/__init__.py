@@ -1,0 +1,1 @@
+"""Benchmarks of the load job against its peers (`python -m cdclake bench`)."""

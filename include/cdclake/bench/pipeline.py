@@ -1,0 +1,42 @@
+"""The pipeline config a benchmark loads with: the local stack's catalog, its own
+namespace per run, one table per stream of the workload."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import yaml
+
+from cdclake.bench.events import Workload
+from cdclake.config import PipelineConfig, load_pipeline
+from cdclake.local.stack import StackSettings
+
+
+def bench_pipeline(
+    work: Path, settings: StackSettings, workload: Workload, label: str,
+    spark_conf: dict[str, str] | None = None,
+) -> PipelineConfig:  # fmt: skip
+    """Write and load `<work>/<label>.yaml` (namespace `<label>_<random>`)."""
+    prefix = workload.streams[0].topic.split(".", 1)[0]
+    tables = [s.topic.split(".", 1)[1] for s in workload.streams]
+    raw = {
+        "name": "bench",
+        "topic_prefix": prefix,
+        "kafka": {"bootstrap_servers": f"127.0.0.1:{settings.kafka_port}"},
+        "catalog": {
+            "name": "lake",
+            "type": "jdbc",
+            "uri": f"jdbc:postgresql://127.0.0.1:{settings.pg_port}/{settings.catalog_db}",
+            "warehouse": (settings.state_dir / "warehouse").as_uri(),
+            "properties": {"jdbc.user": "postgres", "jdbc.password": ""},
+        },
+        "namespace": f"{label}_{uuid.uuid4().hex[:8]}",
+        "max_records_per_batch": 100_000_000,
+        "tables": tables,
+        "spark": {"master": "local[2]", "conf": dict(spark_conf or {})},
+    }
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"{label}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_pipeline(path)

@@ -1,0 +1,495 @@
+"""`python -m cdclake bench`: every figure of the benchmark, measured in one run.
+
+Scale 1 is the full benchmark (1M events, a 10M-row table, 10M-event batch); `--scale`
+shrinks every count by the same factor (the test suite runs it at 0.001). Figures that
+compare two measurements are always taken side by side in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cdclake.bench.events import Workload, generate_slice
+from cdclake.bench.pipeline import bench_pipeline
+from cdclake.bench.sources import file_reader, record_workload, recorded_ranges
+from cdclake.job import run_batch
+from cdclake.local.stack import LocalStack, StackSettings
+from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.spark import spark_conf
+
+LOAD_JOB = Path(__file__).resolve().parents[3] / "jobs" / "load.py"
+# Steps in the order they run, and the figures each one produces.
+STEP_FIGURES = {
+    "throughput": ("throughput_eps",),
+    "peers": ("peer_ratio", "naive_ratio"),
+    "throughput_kafka": ("throughput_kafka_eps",),
+    "fixed_overhead": ("fixed_overhead_s",),
+    "merge_scaling": ("merge_scaling_ratio",),
+    "memory": ("memory_ratio",),
+    "capture": ("capture_ratio",),
+}
+STEPS = tuple(STEP_FIGURES)
+
+log = logging.getLogger(__name__)
+
+TARGETS = {
+    "throughput_eps": (">=", 100_000),
+    "merge_scaling_ratio": ("<=", 2.0),
+    "fixed_overhead_s": ("<=", 15),
+    "peer_ratio": (">=", 10),
+    "memory_ratio": ("<=", 1.5),
+    "capture_ratio": (">=", 3),
+}
+
+
+# Figures without a target, shown for context.
+EXTRA_FIGURES = ("throughput_kafka_eps", "naive_ratio")
+FIGURES = (*TARGETS, *EXTRA_FIGURES)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each step is. `at_scale(1)` is the full benchmark; the report carries the
+    sizes used, since the size-ratio figures (MERGE scaling, memory) depend on them."""
+
+    events: int  # throughput and peers: recorded events
+    keys: int
+    tables: int
+    kafka_events: int
+    kafka_keys: int
+    fixed_events: int  # spark-submit overhead: a small batch over many tables
+    fixed_tables: int
+    merge_rows: tuple[int, int]  # table sizes, small and big
+    merge_batch: int
+    memory_events: tuple[int, int]  # batch sizes, small and big
+    memory_keys: int
+    capture_rows: int
+
+    @classmethod
+    def at_scale(cls, scale: float) -> Sizes:
+        def n(full: int, least: int = 10) -> int:
+            return max(least, int(full * scale))
+
+        return cls(
+            events=n(1_000_000), keys=n(250_000, 4), tables=3,
+            kafka_events=n(100_000), kafka_keys=n(25_000, 4),
+            fixed_events=100, fixed_tables=10,
+            merge_rows=(n(100_000, 100), n(10_000_000, 1000)), merge_batch=n(10_000),
+            memory_events=(n(1_000_000), n(10_000_000)), memory_keys=n(250_000, 4),
+            capture_rows=n(20_000, 200),
+        )  # fmt: skip
+
+    @classmethod
+    def smoke(cls) -> Sizes:
+        """Every step at the smallest size that still has all kinds of events: for the
+        test suite (correctness of the figures' code paths, not their values)."""
+        return cls(
+            events=300, keys=40, tables=1, kafka_events=40, kafka_keys=10,
+            fixed_events=10, fixed_tables=1, merge_rows=(100, 1000), merge_batch=20,
+            memory_events=(50, 500), memory_keys=10, capture_rows=20,
+        )  # fmt: skip
+
+    def replace(self, overrides: dict[str, str]) -> Sizes:
+        """Sizes with some fields set from text (`merge_rows=1000,100000`)."""
+        values = {}
+        for name, text in overrides.items():
+            if name not in self.__dataclass_fields__:
+                raise ValueError(f"unknown size {name!r}; known: {', '.join(asdict(self))}")
+            parts = tuple(int(float(x)) for x in text.split(","))
+            current = getattr(self, name)
+            if isinstance(current, tuple) != (len(parts) > 1) or (
+                isinstance(current, tuple) and len(parts) != len(current)
+            ):
+                raise ValueError(f"size {name!r} takes {current!r}-shaped values, got {text!r}")
+            values[name] = parts if isinstance(current, tuple) else parts[0]
+        return dataclasses.replace(self, **values)
+
+
+@dataclass
+class Bench:
+    scale: float
+    work: Path
+    stack: LocalStack
+    sizes: Sizes
+    figures: dict[str, float] = field(default_factory=dict)
+    details: dict[str, object] = field(default_factory=dict)
+    spark: object = None
+
+    def say(self, text: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def session(self, pipeline):
+        if self.spark is None:
+            from cdclake.spark import build_session
+
+            self.spark = build_session(pipeline, "local[2]")
+        return self.spark
+
+    # ---- throughput ------------------------------------------------------------------
+    def throughput(self) -> None:
+        z = self.sizes
+        events, keys = z.events, z.keys
+        workload = Workload.standard(events, keys, tables=z.tables)
+        rec = self.work / "recording"
+        shutil.rmtree(rec, ignore_errors=True)
+        self.say(f"recording {events:,} events over {keys:,} keys in {z.tables} tables")
+        ranges = record_workload(workload, rec)
+        size = sum(f.stat().st_size for f in rec.glob("*.parquet"))
+        self.details["recording"] = {"events": events, "keys": keys, "bytes_on_disk": size}
+        pipeline = bench_pipeline(self.work, self.stack.s, workload, "file")
+        spark = self.session(pipeline)
+        plan = BatchPlan(pipeline.name, "bench-file", tuple(ranges))
+        self.say("loading the recording (decode, resolve, MERGE, commit)")
+        started = time.perf_counter()
+        results = run_batch(spark, pipeline, plan, read=file_reader(rec))
+        wall = time.perf_counter() - started
+        self.figures["throughput_eps"] = events / wall
+        self.details["throughput"] = {
+            "wall_s": wall,
+            "upserts": sum(r.upserts for r in results),
+            "deletes": sum(r.deletes for r in results),
+            "namespace": pipeline.namespace,
+        }
+        self.details["file_pipeline"] = pipeline
+        self.details["file_workload"] = workload
+        self.say(f"throughput from file: {events / wall:,.0f} events/s ({wall:.1f}s)")
+
+    # ---- the same, from Kafka (tansu) --------------------------------------------------
+    def throughput_kafka(self) -> None:
+        z = self.sizes
+        events = z.kafka_events
+        workload = Workload.standard(events, z.kafka_keys, prefix=f"benchk{_tag()}",
+                                     tables=z.tables)  # fmt: skip
+        self.say(f"producing {events:,} events to tansu (one record per request)")
+        ranges = produce_workload(self.stack.broker.bootstrap, workload)
+        pipeline = bench_pipeline(self.work, self.stack.s, workload, "kafka")
+        spark = self.session(pipeline)
+        started = time.perf_counter()
+        run_batch(spark, pipeline, BatchPlan(pipeline.name, "bench-kafka", tuple(ranges)))
+        wall = time.perf_counter() - started
+        self.figures["throughput_kafka_eps"] = events / wall
+        self.details["throughput_kafka"] = {
+            "events": events, "wall_s": wall, "namespace": pipeline.namespace,
+            "topic_prefix": pipeline.topic_prefix,
+        }  # fmt: skip
+        self.say(f"throughput from tansu: {events / wall:,.0f} events/s ({wall:.1f}s)")
+
+    # ---- fixed overhead: spark-submit of jobs/load.py ----------------------------------
+    def fixed_overhead(self) -> None:
+        z = self.sizes
+        workload = Workload.standard(z.fixed_events, max(4, z.fixed_events // 2),
+                                     prefix=f"benchf{_tag()}", tables=z.fixed_tables,
+                                     partitions=1)  # fmt: skip
+        ranges = produce_workload(self.stack.broker.bootstrap, workload)
+        pipeline = bench_pipeline(self.work, self.stack.s, workload, "fixed")
+        plan = BatchPlan(pipeline.name, "bench-fixed", tuple(ranges))
+        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]"]
+        for k, v in spark_conf(pipeline).items():
+            cmd += ["--conf", f"{k}={v}"]
+        cmd += [
+            str(LOAD_JOB),
+            "--pipeline",
+            str(self.work / "fixed.yaml"),
+            "--plan",
+            plan.to_json(),
+        ]
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        self.say(f"spark-submit jobs/load.py: {z.fixed_events} events over {z.fixed_tables} tables")
+        started = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"spark-submit failed: {done.stderr[-2000:]}")
+        committed = committed_tables(done.stdout)
+        self.figures["fixed_overhead_s"] = wall
+        self.details["fixed_overhead"] = {
+            "wall_s": wall, "tables_committed": committed,
+            "events": z.fixed_events, "tables": z.fixed_tables,
+        }  # fmt: skip
+        self.say(f"fixed overhead: {wall:.1f}s, {committed} tables committed")
+
+    # ---- peers on the recorded events ---------------------------------------------------
+    def peers(self) -> None:
+        from cdclake.bench.peers import naive_merge, peer_upsert
+        from cdclake.catalog import load_catalog
+
+        pipeline = self.details["file_pipeline"]
+        workload = self.details["file_workload"]
+        ours = self.figures["throughput_eps"]
+        rec = self.work / "recording"
+        ranges = recorded_ranges(rec)
+        self.say("pydbzengine-style pyiceberg upsert on the same events")
+        peer_ns, naive_ns = f"peer_{_tag()}", f"naive_{_tag()}"
+        wall = peer_upsert(load_catalog(pipeline.catalog), peer_ns, rec, ranges)
+        peer = workload.events / wall
+        self.say("naive Spark MERGE on the same events")
+        naive_wall = naive_merge(self.session(pipeline), pipeline.catalog.name,
+                                 naive_ns, rec, ranges)  # fmt: skip
+        naive = workload.events / naive_wall
+        self.figures["peer_ratio"] = ours / peer
+        self.figures["naive_ratio"] = ours / naive
+        self.details["peers"] = {"pyiceberg_upsert_eps": peer, "naive_merge_eps": naive,
+                                 "ours_eps": ours, "pyiceberg_namespace": peer_ns,
+                                 "naive_namespace": naive_ns}  # fmt: skip
+        self.say(f"pyiceberg upsert {peer:,.0f} events/s; naive MERGE {naive:,.0f} events/s")
+
+    # ---- MERGE cost against table size --------------------------------------------------
+    def merge_scaling(self) -> None:
+        batch = self.sizes.merge_batch
+        walls = {}
+        for rows in self.sizes.merge_rows:
+            walls[rows] = self._merge_into(rows, batch)
+        small, big = sorted(walls)
+        self.figures["merge_scaling_ratio"] = walls[big] / walls[small]
+        self.details["merge_scaling"] = {
+            "batch": batch,
+            **{f"rows_{r}_s": w for r, w in walls.items()},
+        }
+
+    def _merge_into(self, rows: int, batch: int) -> float:
+        from cdclake.bench.sources import generated_reader
+
+        tag = _tag()
+        seed = Workload(10, 10, Workload.standard(1, 1, f"benchm{tag}", tables=1).streams, 1)
+        pipeline = bench_pipeline(self.work, self.stack.s, seed, f"merge{rows}")
+        spark = self.session(pipeline)
+        ranges = tuple(OffsetRange(t, p, 0, n) for t, p, n in seed.slices())
+        run_batch(spark, pipeline, BatchPlan(pipeline.name, "seed", ranges),
+                  read=generated_reader(seed))  # fmt: skip
+        table = pipeline.qualified_target(pipeline.tables[0])
+        self.say(f"filling {table} with {rows:,} rows")
+        spark.sql(f"INSERT INTO {table} {fill_select(spark, table, rows)}")
+        change = Workload(batch, rows, seed.streams, 1)
+        ranges = tuple(OffsetRange(t, p, 10, 10 + n) for t, p, n in change.slices())
+        started = time.perf_counter()
+        run_batch(spark, pipeline, BatchPlan(pipeline.name, "change", ranges),
+                  read=generated_reader(change))  # fmt: skip
+        wall = time.perf_counter() - started
+        self.say(f"{batch:,} changes into {rows:,} rows: {wall:.1f}s")
+        spark.sql(f"DROP TABLE {table} PURGE")
+        return wall
+
+    # ---- peak memory against batch size --------------------------------------------------
+    def memory(self) -> None:
+        peaks = {}
+        keys = self.sizes.memory_keys
+        for events in self.sizes.memory_events:
+            tables = self.sizes.tables
+            workload = Workload.standard(events, keys, prefix=f"benchg{_tag()}", tables=tables)
+            bench_pipeline(self.work, self.stack.s, workload, "memory")
+            cmd = [sys.executable, "-m", "cdclake.bench.batch", "--pipeline",
+                   str(self.work / "memory.yaml"), "--events", str(events),
+                   "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
+            self.say(f"generated batch of {events:,} events in its own process")
+            peaks[events] = peak_rss(cmd)
+            self.say(f"peak RSS {peaks[events] / 2**20:,.0f} MiB")
+        small, big = sorted(peaks)
+        self.figures["memory_ratio"] = peaks[big] / peaks[small]
+        self.details["memory"] = {f"events_{e}_peak_mib": p / 2**20 for e, p in peaks.items()}
+
+    # ---- the real connector's capture rate -------------------------------------------------
+    def capture(self) -> None:
+        import psycopg
+
+        rows = self.sizes.capture_rows
+        self.stack.wait_for_capture()
+        with psycopg.connect(self.stack.source_dsn, autocommit=True) as conn:
+            conn.execute(
+                "create table if not exists inventory.bench_capture (id bigint "
+                "primary key, body text, amount numeric(14,4), at timestamptz)"
+            )
+            conn.execute("truncate inventory.bench_capture")
+        self.stack.wait_for_capture()
+        self.say(f"capturing {rows:,} inserted rows with Debezium")
+        started = time.perf_counter()
+        with psycopg.connect(self.stack.source_dsn, autocommit=True) as conn:
+            conn.execute(
+                "insert into inventory.bench_capture select g, repeat(md5(g::text), 30), "
+                "g / 7.0, now() from generate_series(1, %s) g",
+                (rows,),
+            )
+        self.stack.wait_for_capture(timeout=3600)
+        wall = time.perf_counter() - started
+        rate = rows / wall
+        if "throughput_eps" in self.figures:
+            self.figures["capture_ratio"] = self.figures["throughput_eps"] / rate
+        self.details["capture"] = {"rows": rows, "wall_s": wall, "capture_eps": rate}
+        self.say(f"Debezium capture: {rate:,.0f} events/s")
+
+
+def committed_tables(stdout: str) -> int:
+    """Tables the load job says it committed: its stdout has one JSON line per batch among
+    whatever else Spark and the job print."""
+    lines = [x for x in stdout.splitlines() if x.startswith('{"batch_id"')]
+    if not lines:
+        raise RuntimeError(f"no batch result in the load job's output: {stdout[-2000:]!r}")
+    return sum(
+        1 for line in lines for t in json.loads(line)["tables"] if t["status"] == "committed"
+    )
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def produce_workload(bootstrap: str, workload: Workload) -> list[OffsetRange]:
+    """Produce the workload to Kafka, one record per request (see DESIGN: tansu)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(s.topic, workload.partitions, 1) for s in workload.streams]
+    )
+    for f in futures.values():
+        f.result()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
+                         "batch.num.messages": 1, "acks": "all"})  # fmt: skip
+    ranges = []
+    for topic, partition, count in workload.slices():
+        for cols in generate_slice(workload, topic, partition, 0, count, set()):
+            for key, value, ts in zip(cols["key"], cols["value"], cols["timestamp"], strict=True):
+                while True:
+                    try:
+                        producer.produce(topic, value, key, partition=partition, timestamp=ts)
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+        producer.flush(600)
+        ranges.append(OffsetRange(topic, partition, 0, count))
+    return ranges
+
+
+_FILL_BY_TYPE = {
+    "bigint": "id", "int": "cast(id % 1000 as int)", "boolean": "true",
+    "timestamp": "current_timestamp()", "timestamp_ntz": "localtimestamp()",
+    "date": "current_date()",
+}  # fmt: skip
+
+
+def fill_select(spark, table: str, rows: int) -> str:
+    """SELECT of `rows` rows for every column of `table`, keys 1..rows, text of the size
+    the templates have."""
+    exprs = []
+    for f in spark.table(table).schema.fields:
+        kind = f.dataType.simpleString()
+        if f.name == "id":
+            expr = "id"
+        elif f.name == "_cdc_lsn":
+            expr = "1"
+        elif f.name == "_cdc_op":
+            expr = "'r'"
+        elif kind == "string":
+            expr = (
+                "concat_ws(' ', sha2(cast(id as string), 256), sha2(cast(id + 1 as string), 256))"
+            )
+        elif kind.startswith("decimal"):
+            expr = f"cast(id % 1000 as {kind})"
+        else:
+            expr = _FILL_BY_TYPE.get(kind, f"cast(null as {kind})")
+        exprs.append(f"cast({expr} as {kind}) as `{f.name}`")
+    return f"SELECT {', '.join(exprs)} FROM range(1, {rows + 1})"
+
+
+def peak_rss(cmd: list[str]) -> int:
+    """Run `cmd`; the peak of the summed RSS of it and all its descendants (JVM, Python
+    workers), sampled every 0.2 s."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    top = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            procs = [top, *top.children(recursive=True)]
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            peak = max(peak, total)
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.2)
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed: {err[-2000:]}")
+    return peak
+
+
+def render_table(figures: dict[str, float], sizes: Sizes | None = None) -> str:
+    lines = [f"{'figure':24} {'measured':>14} {'target':>12}  met", "-" * 58]
+    for name, (op, target) in TARGETS.items():
+        value = figures.get(name)
+        if value is None:
+            lines.append(f"{name:24} {'not measured':>14} {op + ' ' + str(target):>12}  -")
+            continue
+        met = value >= target if op == ">=" else value <= target
+        lines.append(
+            f"{name:24} {value:14,.2f} {op + ' ' + str(target):>12}  {'yes' if met else 'NO'}"
+        )
+    for name in EXTRA_FIGURES:
+        value = figures.get(name)
+        shown = "not measured" if value is None else f"{value:14,.2f}"
+        lines.append(f"{name:24} {shown:>14}")
+    if sizes is not None:
+        lines += [
+            "",
+            "sizes: " + ", ".join(f"{k}={_size_text(v)}" for k, v in asdict(sizes).items()),
+        ]
+    return "\n".join(lines)
+
+
+def _size_text(value: int | tuple[int, ...]) -> str:
+    return ",".join(f"{v:_}" for v in value) if isinstance(value, tuple) else f"{value:_}"
+
+
+def run_bench(
+    scale: float,
+    work: Path,
+    out: Path,
+    only: list[str] | None = None,
+    sizes: Sizes | None = None,
+) -> dict:
+    """Run the steps (all, or `only`) and write the report. A step that fails is reported
+    under `details.errors`; its figures are null in the report, the others still run."""
+    sizes = sizes or Sizes.at_scale(scale)
+    unknown = set(only or ()) - set(STEPS)
+    if unknown:
+        raise ValueError(f"unknown step(s) {sorted(unknown)}; steps: {', '.join(STEPS)}")
+    stack = LocalStack(StackSettings.from_env())
+    stack.up()
+    bench = Bench(scale, work, stack, sizes)
+    for step in STEPS:
+        if only and step not in only:
+            continue
+        started = time.perf_counter()
+        try:
+            getattr(bench, step)()
+        except Exception as exc:  # a failed figure is reported, the others still run
+            log.exception("bench step %s failed", step)
+            bench.details.setdefault("errors", {})[step] = f"{type(exc).__name__}: {exc}"
+        bench.details.setdefault("step_wall_s", {})[step] = time.perf_counter() - started
+    bench.details["skipped"] = [step for step in STEPS if only and step not in only]
+    report = {
+        "scale": scale,
+        "sizes": asdict(sizes),
+        "figures": {name: bench.figures.get(name) for name in FIGURES},
+        "targets": {k: {"op": op, "value": v} for k, (op, v) in TARGETS.items()},
+        "details": {k: v for k, v in bench.details.items() if not k.startswith("file_")},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(render_table(bench.figures, sizes))
+    return report

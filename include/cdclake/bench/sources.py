@@ -1,0 +1,128 @@
+"""Benchmark inputs for the load job: raw Kafka records from a recorded file, or generated
+inside the executors, as the same raw DataFrame `reader.read_ranges` makes from Kafka.
+
+A recording is a directory with one Parquet file per topic-partition (columns offset,
+timestamp, key, value; row groups in offset order) and `ranges.json`, the offset ranges
+it holds. Each Spark task reads one slice of one file, so the job reads files the way it
+reads Kafka partitions: in parallel, split into the same slices.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from cdclake.bench.events import Workload, generate_slice
+from cdclake.offsets import OffsetRange
+from cdclake.reader import RAW_SCHEMA, _arrow_schema, record_row, slice_ranges
+
+RawReader = Callable[..., object]  # (spark, kafka config, ranges) -> raw DataFrame
+
+
+def _file_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}.parquet"
+
+
+def record_workload(workload: Workload, out: Path, log_every: int = 100_000) -> list[OffsetRange]:
+    """Generate the workload into `out` (a directory); returns its offset ranges."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("offset", pa.int64()), ("timestamp", pa.int64()),
+                        ("key", pa.binary()), ("value", pa.binary())])  # fmt: skip
+    ranges, done = [], 0
+    for topic, partition, count in workload.slices():
+        alive: set[int] = set()
+        with pq.ParquetWriter(out / _file_name(topic, partition), schema,
+                              compression="zstd") as writer:  # fmt: skip
+            for cols in generate_slice(workload, topic, partition, 0, count, alive):
+                writer.write_batch(pa.RecordBatch.from_pydict(cols, schema=schema))
+                done += len(cols["offset"])
+                if log_every and done % log_every < len(cols["offset"]):
+                    print(f"  recorded {done:,} events", flush=True)
+        ranges.append(OffsetRange(topic, partition, 0, count))
+    (out / "ranges.json").write_text(
+        json.dumps([[r.topic, r.partition, r.start, r.end] for r in ranges])
+    )
+    return ranges
+
+
+def recorded_ranges(directory: Path) -> list[OffsetRange]:
+    return [OffsetRange(*r) for r in json.loads((directory / "ranges.json").read_text())]
+
+
+def _plan(spark, ranges: Sequence[OffsetRange]):
+    slices = slice_ranges(ranges)
+    rows = [(r.topic, r.partition, r.start, r.end) for r in slices]
+    return spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, max(1, len(rows))),
+        "topic string, partition int, start long, end long",
+    )
+
+
+def _raw_batch(topic: str, partition: int, cols: dict, seen: set[int]):
+    """Recorded or generated columns -> the reader's raw rows (same code path)."""
+    import pyarrow as pa
+
+    out: dict[str, list] = {name: [] for name in _arrow_schema().names}
+    for offset, ts, key, value in zip(
+        cols["offset"], cols["timestamp"], cols["key"], cols["value"], strict=True
+    ):
+        row = record_row(seen, topic, partition, offset, ts, key, value)
+        for name, values in out.items():
+            values.append(row[name])
+    return pa.RecordBatch.from_pydict(out, schema=_arrow_schema())
+
+
+def file_reader(directory: Path) -> RawReader:
+    """A reader for `run_batch` that takes the records from a recording."""
+    where = str(directory)
+
+    def read(spark, kafka, ranges: Sequence[OffsetRange]):
+        def task(batches: Iterator) -> Iterator:
+
+            for batch in batches:
+                for r in batch.to_pylist():
+                    yield from _read_file_slice(where, r)
+
+        return _plan(spark, ranges).mapInArrow(task, RAW_SCHEMA)
+
+    return read
+
+
+def _read_file_slice(where: str, r: dict) -> Iterator:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(f"{where}/{_file_name(r['topic'], r['partition'])}")
+    seen: set[int] = set()
+    first = 0
+    for g in range(f.num_row_groups):
+        rows = f.metadata.row_group(g).num_rows
+        if first + rows > r["start"] and first < r["end"]:
+            t = f.read_row_group(g)
+            t = t.filter(pc.and_(pc.greater_equal(t["offset"], r["start"]),
+                                 pc.less(t["offset"], r["end"])))  # fmt: skip
+            yield _raw_batch(r["topic"], r["partition"], t.to_pydict(), seen)
+        first += rows
+
+
+def generated_reader(workload: Workload) -> RawReader:
+    """A reader that generates the workload's records inside the executors (for batches
+    too big to record)."""
+
+    def read(spark, kafka, ranges: Sequence[OffsetRange]):
+        def task(batches: Iterator) -> Iterator:
+            for batch in batches:
+                for r in batch.to_pylist():
+                    seen: set[int] = set()
+                    for cols in generate_slice(
+                        workload, r["topic"], r["partition"], r["start"], r["end"]
+                    ):
+                        yield _raw_batch(r["topic"], r["partition"], cols, seen)
+
+        return _plan(spark, ranges).mapInArrow(task, RAW_SCHEMA)
+
+    return read

@@ -1,0 +1,204 @@
+"""The benchmark at its smoke sizes: what each loader wrote is what the events say, and
+the report has every figure (correctness only; no assertion on time).
+
+The steps that start their own Spark application (`fixed_overhead`, `memory`) pay a JVM
+start and a cold first batch each, about a minute together on the shared 2-core machine,
+so the smoke run leaves them out; their own parts (the load job's output, the process
+tree's peak memory) are tested here without Spark, and `make bench` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+
+import pyarrow.parquet as pq
+import pytest
+from cdclake.bench.events import Workload, generate_slice
+from cdclake.bench.runner import (
+    FIGURES,
+    STEP_FIGURES,
+    STEPS,
+    Sizes,
+    committed_tables,
+    peak_rss,
+    run_bench,
+)
+from cdclake.bench.sources import _file_name, recorded_ranges
+from cdclake.catalog import load_catalog
+from cdclake.reader import split_envelope
+
+pytestmark = pytest.mark.integration
+
+
+def final_state(records: Iterable[tuple[int, bytes, bytes | None]]) -> dict[int, int]:
+    """key -> offset of its last change, for keys that exist after all the records."""
+    state: dict[int, int | None] = {}
+    for offset, key, value in records:
+        k = json.loads(split_envelope(key)[1])["id"]
+        if value is None or json.loads(split_envelope(value)[1])["op"] == "d":
+            state[k] = None
+        else:
+            state[k] = offset
+    return {k: o for k, o in state.items() if o is not None}
+
+
+def recorded(recording, topic: str):
+    for r in recorded_ranges(recording):
+        if r.topic == topic:
+            t = pq.read_table(recording / _file_name(r.topic, r.partition)).to_pydict()
+            yield from zip(t["offset"], t["key"], t["value"], strict=True)
+
+
+def generated(workload: Workload, topic: str):
+    for t, partition, count in workload.slices():
+        if t == topic:
+            for cols in generate_slice(workload, t, partition, 0, count, set()):
+                yield from zip(cols["offset"], cols["key"], cols["value"], strict=True)
+
+
+def lake_rows(catalog, namespace: str, topic: str, column: str | None = "_cdc_kafka_offset"):
+    table = catalog.load_table((namespace, topic.rsplit(".", 1)[1])).scan().to_arrow()
+    ids = table["id"].to_pylist()
+    if column is None:
+        return set(ids)
+    return dict(zip(ids, table[column].to_pylist(), strict=True))
+
+
+def test_generator_follows_each_rows_life():
+    w = Workload.standard(400, 20, tables=1, partitions=1)
+    ((topic, partition, count),) = w.slices()
+    cols = next(generate_slice(w, topic, partition, 0, count))
+    ops, alive = [], set()
+    for key, value in zip(cols["key"], cols["value"], strict=True):
+        k = json.loads(split_envelope(key)[1])["id"]
+        op = "tombstone" if value is None else json.loads(split_envelope(value)[1])["op"]
+        if op == "c":
+            assert k not in alive
+            alive.add(k)
+        elif op in ("u", "d"):
+            assert k in alive
+            if op == "d":
+                alive.discard(k)
+        else:
+            assert ops[-1] == "d"
+        ops.append(op)
+    assert {"c", "u", "d", "tombstone"} <= set(ops)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"merge_rows": "100,5000"}, {"merge_rows": (100, 5000)}),  # a pair
+        ({"capture_rows": "1e3"}, {"capture_rows": 1000}),  # one number, float notation
+        ({}, {}),  # nothing changes
+    ],
+)
+def test_sizes_override(overrides, expected):
+    base = Sizes.at_scale(0.01)
+    changed = base.replace(overrides)
+    for name, value in expected.items():
+        assert getattr(changed, name) == value
+    assert changed.events == base.events
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"merge_rows": "100"},  # a pair needs two numbers
+        {"events": "1,2"},  # one number needs one
+        {"no_such_size": "1"},
+    ],
+)
+def test_sizes_override_rejects(overrides):
+    with pytest.raises(ValueError):
+        Sizes.at_scale(0.01).replace(overrides)
+
+
+SPAWNING = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "b = b'x' * (300 * 2**20); import time; time.sleep(1.5)"])
+time.sleep(0.2)
+child.wait()
+"""
+
+
+def test_peak_rss_counts_the_child_processes():
+    """A parent that stays small and a child that holds 300 MiB: the child must count."""
+    assert peak_rss([sys.executable, "-c", SPAWNING]) > 300 * 2**20
+
+
+def test_peak_rss_reports_a_failed_command():
+    with pytest.raises(RuntimeError, match="failed"):
+        peak_rss([sys.executable, "-c", "import sys; sys.exit(3)"])
+
+
+def test_committed_tables_finds_the_job_lines_among_spark_output():
+    result = {"batch_id": "b", "tables": [{"status": "committed"}, {"status": "skipped"}]}
+    stdout = "\n".join(["Ivy Default Cache set to: /root/.ivy2", json.dumps(result),
+                        json.dumps({**result, "batch_id": "c"}), "done"])  # fmt: skip
+    assert committed_tables(stdout) == 2
+    with pytest.raises(RuntimeError, match="no batch result"):
+        committed_tables("only spark logging\n")
+
+
+SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory")]
+
+
+def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
+    sizes = Sizes.smoke()
+    out = tmp_path / "bench.json"
+    report = run_bench(0, tmp_path / "work", out, only=SMOKE_STEPS, sizes=sizes)
+    written = json.loads(out.read_text())
+
+    assert not written["details"].get("errors"), written["details"].get("errors")
+    assert set(written["details"]["step_wall_s"]) == set(SMOKE_STEPS)
+    assert set(written["details"]["skipped"]) == set(STEPS) - set(SMOKE_STEPS)
+    assert set(written["figures"]) == set(FIGURES)
+    for step, names in STEP_FIGURES.items():
+        for name in names:
+            value = written["figures"][name]
+            assert isinstance(value, float) if step in SMOKE_STEPS else value is None, name
+    assert written["figures"] == pytest.approx(report["figures"])
+    assert written["sizes"]["merge_rows"] == list(sizes.merge_rows)
+    assert written["sizes"]["memory_events"] == list(sizes.memory_events)
+
+    catalog = load_catalog_for(stack)
+    recording = tmp_path / "work" / "recording"
+    topics = sorted({r.topic for r in recorded_ranges(recording)})
+    assert len(topics) == sizes.tables
+    details = written["details"]
+    for topic in topics:
+        expected = final_state(recorded(recording, topic))
+        assert expected  # the smoke workload leaves rows behind
+        assert lake_rows(catalog, details["throughput"]["namespace"], topic) == expected
+        # the peers did the same work
+        for ns in (details["peers"]["pyiceberg_namespace"], details["peers"]["naive_namespace"]):
+            assert lake_rows(catalog, ns, topic, column=None) == set(expected)
+
+    kafka = details["throughput_kafka"]
+    workload = Workload.standard(sizes.kafka_events, sizes.kafka_keys,
+                                 prefix=kafka["topic_prefix"], tables=sizes.tables)  # fmt: skip
+    for stream in workload.streams:
+        expected = final_state(generated(workload, stream.topic))
+        assert lake_rows(catalog, kafka["namespace"], stream.topic) == expected
+
+    assert set(details["merge_scaling"]) == {"batch", *(f"rows_{n}_s" for n in sizes.merge_rows)}
+    assert details["capture"]["rows"] == sizes.capture_rows
+
+
+def load_catalog_for(stack):
+    from cdclake.config import CatalogConfig
+
+    s = stack.s
+    return load_catalog(
+        CatalogConfig(
+            name="lake",
+            type="jdbc",
+            uri=f"jdbc:postgresql://127.0.0.1:{s.pg_port}/{s.catalog_db}",
+            warehouse=(s.state_dir / "warehouse").as_uri(),
+            properties={"jdbc.user": "postgres", "jdbc.password": ""},
+        )
+    )
