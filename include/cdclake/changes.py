@@ -116,12 +116,7 @@ def topic_schema(
         key = tuple(Column(k, by_name[k].type, False) for k in key_override)
     else:
         key_fields = [parse_connect_schema(s).fields for s in key_schemas]
-        if not key_fields:
-            if columns:
-                raise DecodeError(
-                    f"{where}: records have no key (table without a primary key?); "
-                    "set `key:` for this table in the pipeline config"
-                )
+        if not key_fields:  # a table without primary key and no `key:`: an append-only changelog
             key = ()
         else:
             key = tuple(Column(c.name, c.type, False) for c in unify_columns(key_fields, where))

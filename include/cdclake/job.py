@@ -16,6 +16,7 @@ from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.merge import (
     DEAD_LETTERS,
+    build_append_sql,
     build_merge_sql,
     commit_empty,
     commit_properties,
@@ -39,6 +40,7 @@ from cdclake.offsets import (
 )
 from cdclake.reader import read_ranges
 from cdclake.resolve import (
+    changelog,
     find_invalid,
     find_truncate,
     invalid_reason,
@@ -304,11 +306,14 @@ def _load_table(
             before_id, _ = current_snapshot(spark, qualified)
             view = f"cdclake_changes_{table.target}"
             resolved.createOrReplaceTempView(view)
-            merge_sql = build_merge_sql(
-                qualified, view, schema, toast_columns,
-                truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-                dropped_columns=dropped, soft_delete=soft,
-            )  # fmt: skip
+            if schema.key_names:
+                merge_sql = build_merge_sql(
+                    qualified, view, schema, toast_columns,
+                    truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
+                    dropped_columns=dropped, soft_delete=soft,
+                )  # fmt: skip
+            else:
+                merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
             with commit_properties(spark, props):
                 spark.sql(merge_sql)
             after_id, summary = current_snapshot(spark, qualified)
@@ -374,8 +379,12 @@ def _check_and_resolve(
         else:
             find_invalid(changes, schema, topic)
             valid = changes
-        truncate = find_truncate(valid)
-        resolved = resolve_latest(valid, schema, truncate).persist(StorageLevel.MEMORY_AND_DISK)
+        if schema.key_names:
+            truncate = find_truncate(valid)
+            resolved = resolve_latest(valid, schema, truncate)
+        else:  # no key: every change is appended, truncates included
+            truncate, resolved = None, changelog(valid, schema)
+        resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
         stats = (
             resolved.groupBy(DELETED)
             .agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"))

@@ -51,6 +51,17 @@ def _sql_text(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
+def build_append_sql(
+    table: str, source_view: str, schema: TopicSchema, soft_delete: bool = False
+) -> str:
+    """Append every change (tables without a key: an append-only changelog)."""
+    names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    if soft_delete:
+        names.append(DELETED)
+    cols = ", ".join(quote(n) for n in names)
+    return f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {source_view}"
+
+
 def build_merge_sql(
     table: str,
     source_view: str,

@@ -155,6 +155,35 @@ def drop_stale(changes, key_names: tuple[str, ...]):
     return marked.where(~F.col("_stale")).drop("_stale")
 
 
+def changelog(changes, schema: TopicSchema):
+    """Every change as a row, in Kafka order, for tables without a key: the row's values
+    (the old ones for a delete), the operation and where it came from. A truncate is a row
+    of NULLs with op `t`; tombstones carry nothing. An unchanged TOASTed value takes the
+    value before the change when the connector sent one (REPLICA IDENTITY FULL), else NULL:
+    the placeholder never reaches the table."""
+    from pyspark.sql import functions as F
+
+    rows = changes.where(~F.col("is_tombstone") & F.col("op").isin(*ROW_OPS, TRUNCATE))
+    deleted = F.col("op") == "d"
+    data = F.when(deleted, F.col("before")).when(F.col("op") != TRUNCATE, F.col("after"))
+    cols = []
+    for c in schema.columns:
+        value = data[c.name]
+        test = toast_test(value, c) if toast_test_possible(c) else None
+        if test is not None:
+            value = F.when(F.coalesce(test, F.lit(False)), F.col("before")[c.name]).otherwise(value)
+        cols.append(value.alias(c.name))
+    return rows.select(
+        *cols,
+        deleted.alias(DELETED),
+        F.col("op").alias(OP),
+        F.timestamp_millis(F.col("source_ts_ms")).alias(SOURCE_TS),
+        F.col("lsn").alias(LSN),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+    )
+
+
 def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = None):
     """One row per key: the change with the highest Kafka offset, flattened for MERGE."""
     from pyspark.sql import functions as F

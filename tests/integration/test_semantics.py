@@ -265,3 +265,39 @@ def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path)
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     assert lake.where("_cdc_op = 'r' and id < 100").count() == 99  # snapshot reads loaded
     assert lake.where("_cdc_op = 'r' and id > 300").count() == 0  # the filter was applied
+
+
+def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path):
+    n = uuid.uuid4().hex[:6]
+    t = f"inventory.log_{n}"
+    sql(
+        stack,
+        f"create table {t} (a int, note text, body text)",
+        f"alter table {t} alter column body set storage external",
+        f"alter table {t} replica identity full",
+        f"insert into {t} values (1, 'one', {BIG}), (2, 'two', 'short'), (3, 'three', 'x')",
+        f"update {t} set note = 'two!' where a = 2",
+        f"update {t} set note = 'one!' where a = 1",  # body unchanged and TOASTed
+        f"delete from {t} where a = 3",
+        f"truncate {t}",
+        f"insert into {t} values (4, 'four', null)",
+    )
+    pipeline = make_pipeline(tmp_path, f"it_log_{n}", [t])
+    load_all(stack, spark, pipeline, "log-1")
+    lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
+    rows = [
+        (r["_cdc_op"], r["a"], r["note"], None if r["body"] is None else len(r["body"]))
+        for r in lake.orderBy("_cdc_kafka_offset").collect()
+    ]
+    with psycopg.connect(stack.source_dsn) as conn:
+        big = conn.execute(f"select length({BIG})").fetchone()[0]
+    assert rows == [
+        ("c", 1, "one", big), ("c", 2, "two", 5), ("c", 3, "three", 1),
+        ("u", 2, "two!", 5), ("u", 1, "one!", big), ("d", 3, "three", 1),
+        ("t", None, None, None), ("c", 4, "four", None),
+    ]  # fmt: skip
+    assert "__debezium_unavailable" not in str(lake.collect())
+
+    sql(stack, f"insert into {t} values (5, 'five', 'y')")  # the next batch appends only it
+    again = load_all(stack, spark, pipeline, "log-2")
+    assert [r.records for r in again] == [1] and lake.count() == 9

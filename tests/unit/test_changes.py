@@ -51,9 +51,9 @@ def test_topic_schema_takes_key_from_kafka_key_and_marks_it_required():
     assert schema.columns == (Column("id", "int", False), Column("name", "string", True))
 
 
-def test_table_without_key_needs_a_configured_key():
-    with pytest.raises(DecodeError, match="set `key:`"):
-        topic_schema([], [_envelope(("a", "int32"))], (), "pg.public.nokey")
+def test_table_without_key_is_a_changelog_unless_a_key_is_configured():
+    schema = topic_schema([], [_envelope(("a", "int32"))], (), "pg.public.nokey")
+    assert schema.key_names == () and all(c.nullable for c in schema.columns)
     schema = topic_schema([], [_envelope(("a", "int32"), ("b", "string"))], ("a",), "t")
     assert schema.key_names == ("a",)
 
