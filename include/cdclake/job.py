@@ -6,8 +6,7 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
@@ -20,6 +19,7 @@ from cdclake.merge import (
     build_merge_sql,
     commit_empty,
     commit_properties,
+    conflicts_reported,
     current_snapshot,
     ensure_table,
     load_iceberg_table,
@@ -194,29 +194,6 @@ def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
     return committed_from_snapshots(summaries())
 
 
-_CONFLICTS = (
-    "ValidationException",
-    "CommitFailedException",
-    "Found conflicting files",
-    "AlreadyExistsException",
-)
-
-
-@contextmanager
-def _conflicts_reported(qualified: str) -> Iterator[None]:
-    """Another run writing the same table at once (creating it, evolving it or committing
-    to it) makes Iceberg refuse this run's commit: say so in cdclake's terms."""
-    try:
-        yield
-    except Exception as exc:
-        if any(name in str(exc) for name in _CONFLICTS):
-            raise CommitConflictError(
-                f"{qualified}: another run wrote to this table at the same time; this run's "
-                "batch was not committed to it. Plan again."
-            ) from exc
-        raise
-
-
 def _check_plan_start(
     qualified: str, committed: dict[TopicPartition, int], ranges: list[OffsetRange]
 ) -> bool:
@@ -281,7 +258,10 @@ def _load_table(
     try:
         result.upserts = counts.get(False, 0)
         result.deletes = counts.get(True, 0)
-        with _conflicts_reported(qualified):
+        with conflicts_reported(
+            f"{qualified}: another run wrote to this table at the same time; this run's "
+            "batch was not committed to it. Plan again."
+        ):
             spark.sql(
                 f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}"
             )

@@ -25,13 +25,12 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.config import PipelineConfig, TableConfig
-from cdclake.exceptions import CommitConflictError, MaintenanceError
-from cdclake.merge import load_iceberg_table
+from cdclake.exceptions import MaintenanceError
+from cdclake.merge import conflicts_reported, load_iceberg_table
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -42,6 +41,7 @@ SUMMARY_MAINTENANCE = "cdclake.maintenance"  # which maintenance step wrote a sn
 PROPERTY_LAST_RUN = "cdclake.maintenance.last-run"
 HOUR_MS = 3_600_000
 
+# a rewrite or expiry never creates tables: only commit refusals are conflicts here
 _CONFLICTS = ("ValidationException", "CommitFailedException", "Found conflicting files")
 
 
@@ -301,16 +301,11 @@ def _java_count(iterable) -> int:
     return n
 
 
-@contextmanager
-def _conflicts_reported(qualified: str, step: str) -> Iterator[None]:
+def _conflicts_reported(qualified: str, step: str):
     """A load committing while a rewrite runs makes Iceberg refuse one of the two commits;
     for maintenance that is a retry later, never damage."""
-    try:
-        yield
-    except Exception as exc:
-        if any(name in str(exc) for name in _CONFLICTS):
-            raise CommitConflictError(
-                f"{qualified}: {step} conflicted with a load that committed to this table at "
-                "the same time; nothing of this step was committed. Run maintenance again."
-            ) from exc
-        raise
+    return conflicts_reported(
+        f"{qualified}: {step} conflicted with a load that committed to this table at "
+        "the same time; nothing of this step was committed. Run maintenance again.",
+        _CONFLICTS,
+    )

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
-from cdclake.exceptions import DecodeError
+from cdclake.exceptions import CommitConflictError, DecodeError
 from cdclake.resolve import STALE_CHECK_LSN, TOAST_PREFIX
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,28 @@ def build_create_sql(
 
 def _sql_text(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+# What Iceberg raises when another writer got to a table first (creating, evolving or
+# committing to it).
+ICEBERG_CONFLICTS = (
+    "ValidationException",
+    "CommitFailedException",
+    "Found conflicting files",
+    "AlreadyExistsException",
+)
+
+
+@contextmanager
+def conflicts_reported(message: str, names: Sequence[str] = ICEBERG_CONFLICTS) -> Iterator[None]:
+    """Turn Iceberg's refusal of a commit (another writer was first) into a
+    CommitConflictError saying `message`; every other error passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if any(name in str(exc) for name in names):
+            raise CommitConflictError(message) from exc
+        raise
 
 
 def build_append_sql(
