@@ -29,11 +29,10 @@ from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import CdclakeError
 from cdclake.offsets import (
     BatchPlan,
-    OffsetRange,
     PlanMode,
     TopicPartition,
     Watermarks,
-    share_cap,
+    cut_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -233,16 +232,8 @@ def plan_backfill(
     mode = PlanMode.REPLAY if request.mode is Mode.REPLAY else PlanMode.REBUILD
     plans: list[BatchPlan] = []
     cursor = {tp: start for tp, (start, _) in bounds.items()}
-    while True:
-        backlog = {tp: bounds[tp][1] - c for tp, c in cursor.items() if bounds[tp][1] > c}
-        if not backlog:
-            break
-        take = share_cap(backlog, pipeline.max_records_per_batch)
-        ranges = tuple(
-            sorted(
-                OffsetRange(tp[0], tp[1], cursor[tp], cursor[tp] + n) for tp, n in take.items() if n
-            )
-        )
+    ends = {tp: end for tp, (_, end) in bounds.items()}
+    while ranges := cut_batch(cursor, ends, pipeline.max_records_per_batch):
         for r in ranges:
             cursor[(r.topic, r.partition)] = r.end
         plans.append(BatchPlan(pipeline.name, f"{backfill_id}/{len(plans):04d}", ranges, mode))

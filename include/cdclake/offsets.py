@@ -122,7 +122,14 @@ def plan_batch(
             )
         starts[tp] = start
 
-    backlog = {tp: watermarks[tp].high - s for tp, s in starts.items() if watermarks[tp].high > s}
+    return cut_batch(starts, {tp: m.high for tp, m in watermarks.items()}, max_records)
+
+
+def cut_batch(
+    starts: Mapping[TopicPartition, int], ends: Mapping[TopicPartition, int], max_records: int
+) -> tuple[OffsetRange, ...]:
+    """One batch from `starts` towards `ends`, at most `max_records` shared fairly."""
+    backlog = {tp: ends[tp] - s for tp, s in starts.items() if ends[tp] > s}
     take = share_cap(backlog, max_records)
     return tuple(
         sorted(OffsetRange(tp[0], tp[1], starts[tp], starts[tp] + n) for tp, n in take.items() if n)
