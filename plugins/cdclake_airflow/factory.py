@@ -37,6 +37,33 @@ def _spark_binary() -> str | None:
     return str(local) if local.exists() else None
 
 
+def spark_submit(
+    pipeline: PipelineConfig,
+    *,
+    task_id: str,
+    application: Path,
+    application_args: list[str],
+    name: str,
+    timeout: dt.timedelta,
+    **kwargs,
+) -> SparkSubmitOperator:
+    """The stock SparkSubmitOperator running a cdclake job for `pipeline`: its Spark
+    connection and settings (secrets left for the driver to set), this environment's
+    Python on the driver and the executors."""
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(application),
+        application_args=application_args,
+        conn_id=pipeline.spark.conn_id,
+        conf=spark_conf(pipeline, secrets=False),
+        name=name,
+        spark_binary=_spark_binary(),
+        env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+        execution_timeout=timeout,
+        **kwargs,
+    )
+
+
 def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     from cdclake_airflow import tasks
 
@@ -63,16 +90,13 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         has_work = task.short_circuit(task_id="has_work", ignore_downstream_trigger_rules=False)(
             tasks.has_work
         )(plan)
-        load = SparkSubmitOperator(
+        load = spark_submit(
+            pipeline,
             task_id="load",
-            application=str(LOAD_APPLICATION),
+            application=LOAD_APPLICATION,
             application_args=["--pipeline", path, "--plan", "{{ ti.xcom_pull(task_ids='plan') }}"],
-            conn_id=pipeline.spark.conn_id,
-            conf=spark_conf(pipeline, secrets=False),
             name=f"cdclake-{pipeline.name}",
-            spark_binary=_spark_binary(),
-            env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
-            execution_timeout=dt.timedelta(hours=2),
+            timeout=dt.timedelta(hours=2),
         )
         report = task(task_id="report", outlets=assets, trigger_rule=TriggerRule.NONE_FAILED)(
             tasks.report

@@ -12,15 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import sys
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, TaskGroup, task
 from cdclake.config import PipelineConfig, load_pipeline
 from cdclake.exceptions import ConfigError
-from cdclake.spark import spark_conf
 
-from cdclake_airflow.factory import PROJECT_ROOT, _spark_binary, pipelines_dir
+from cdclake_airflow.factory import PROJECT_ROOT, pipelines_dir, spark_submit
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +80,13 @@ def build_maintenance_dag(pipelines: list[PipelineConfig]) -> DAG:
                 continue
             path = str(pipeline.path)
             with TaskGroup(group_id=pipeline.name):
-                maintain = SparkSubmitOperator(
+                maintain = spark_submit(
+                    pipeline,
                     task_id="maintain",
-                    application=str(MAINTAIN_APPLICATION),
+                    application=MAINTAIN_APPLICATION,
                     application_args=["--pipeline", path, "--run-id", "{{ run_id }}"],
-                    conn_id=pipeline.spark.conn_id,
-                    conf=spark_conf(pipeline, secrets=False),
                     name=f"cdclake-maintain-{pipeline.name}",
-                    spark_binary=_spark_binary(),
-                    env_vars={
-                        "PYSPARK_PYTHON": sys.executable,
-                        "PYSPARK_DRIVER_PYTHON": sys.executable,
-                    },
-                    execution_timeout=dt.timedelta(hours=6),
+                    timeout=dt.timedelta(hours=6),
                 )
                 maintain >> task(task_id="report")(report)(path)
     return dag

@@ -9,15 +9,12 @@ database before anything is loaded or written, and fails with the reason.
 from __future__ import annotations
 
 import datetime as dt
-import sys
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
 from cdclake.config import PipelineConfig
-from cdclake.spark import spark_conf
 
-from cdclake_airflow.factory import LOAD_APPLICATION, _spark_binary, load_pipelines
+from cdclake_airflow.factory import LOAD_APPLICATION, load_pipelines, spark_submit
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
@@ -95,24 +92,18 @@ def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
             tasks.backfill_report
         )(plan)
         for name, pipeline in sorted(pipelines.items()):
-            load = SparkSubmitOperator(
+            load = spark_submit(
+                pipeline,
                 task_id=f"load__{name}",
-                application=str(LOAD_APPLICATION),
+                application=LOAD_APPLICATION,
                 application_args=[
                     "--pipeline",
                     str(pipeline.path),
                     "--plan",
                     "{{ ti.xcom_pull(task_ids='plan')['plans_json'] }}",
                 ],  # fmt: skip
-                conn_id=pipeline.spark.conn_id,
-                conf=spark_conf(pipeline, secrets=False),
                 name=f"cdclake-backfill-{name}",
-                spark_binary=_spark_binary(),
-                env_vars={
-                    "PYSPARK_PYTHON": sys.executable,
-                    "PYSPARK_DRIVER_PYTHON": sys.executable,
-                },
-                execution_timeout=dt.timedelta(hours=12),
+                timeout=dt.timedelta(hours=12),
                 retries=1,
             )
             choose >> load >> report
