@@ -8,38 +8,30 @@ one application (backfills).
 
 import argparse
 import json
-import logging
 import sys
 
 from cdclake.config import load_pipeline
-from cdclake.exceptions import CdclakeError
 from cdclake.job import run_batch
-from cdclake.lifecycle import exit_with_parent
+from cdclake.lifecycle import run_job
 from cdclake.offsets import BatchPlan
 from cdclake.spark import build_session
+
+
+def load(args: argparse.Namespace) -> None:
+    pipeline = load_pipeline(args.pipeline)
+    data = json.loads(args.plan)
+    plans = [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
+    spark = build_session(pipeline) if plans else None
+    for plan in plans:
+        results = run_batch(spark, pipeline, plan)
+        print(json.dumps({"batch_id": plan.batch_id, "tables": [r.to_dict() for r in results]}))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="load.py")
     parser.add_argument("--pipeline", required=True, help="pipeline YAML file")
     parser.add_argument("--plan", required=True, help="batch plan JSON, or a list of them")
-    args = parser.parse_args(argv)
-    exit_with_parent()  # a killed spark-submit (task timeout, manual kill) takes us along
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        pipeline = load_pipeline(args.pipeline)
-        data = json.loads(args.plan)
-        plans = [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
-        spark = build_session(pipeline) if plans else None
-        for plan in plans:
-            results = run_batch(spark, pipeline, plan)
-            print(json.dumps({"batch_id": plan.batch_id, "tables": [r.to_dict() for r in results]}))
-    except CdclakeError as exc:
-        print(f"cdclake: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_job(parser, load, argv)
 
 
 if __name__ == "__main__":

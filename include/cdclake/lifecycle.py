@@ -9,6 +9,7 @@ watchdog thread covers kernels without that facility.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import logging
 import os
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +43,26 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="cdclake-parent-watch", daemon=True).start()
+
+
+def run_job(
+    parser: argparse.ArgumentParser,
+    work: Callable[[argparse.Namespace], None],
+    argv: list[str] | None = None,
+) -> int:
+    """What every spark-submit entry point does around its work: parse the arguments, die
+    with spark-submit, log to stderr, and turn a cdclake error into its message and exit
+    status 2."""
+    from cdclake.exceptions import CdclakeError
+
+    args = parser.parse_args(argv)
+    exit_with_parent()  # a killed spark-submit (task timeout, manual kill) takes us along
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        work(args)
+    except CdclakeError as exc:
+        print(f"cdclake: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
