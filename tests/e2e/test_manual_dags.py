@@ -4,8 +4,6 @@ local stack, against a pipeline of their own."""
 from __future__ import annotations
 
 import os
-import random
-import threading
 import uuid
 
 import psycopg
@@ -18,7 +16,7 @@ from cdclake.offsets import SUMMARY_BATCH
 
 from tests.conftest import DEMO_PIPELINE
 from tests.e2e.helpers import run_dag, task_states, xcom_of
-from tests.integration.helpers import assert_lake_equals_source, load_all
+from tests.integration.helpers import assert_lake_equals_source, concurrent_writes, load_all
 
 pytestmark = pytest.mark.e2e
 
@@ -114,31 +112,11 @@ def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, s
 def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pipelines):
     e2e = pipelines[SNAP_NAME]
     load_all(stack, spark, e2e, "e2e-snap-0")
-    stop = threading.Event()
-
-    def write() -> None:
-        rng = random.Random(5)
-        with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
-            while not stop.is_set():
-                k = rng.randint(151, 350)  # ids up to 150 only change by the snapshot
-                conn.execute(
-                    f"insert into {SNAP} values (%s, 0, 'w') on conflict (id) "
-                    "do update set v = excluded.v + 1, note = 'updated'",
-                    (k,),
-                )
-                if rng.random() < 0.1:
-                    conn.execute(f"delete from {SNAP} where id = %s", (rng.randint(151, 350),))
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
+    with concurrent_writes(stack.source_dsn, SNAP, 151, 350, seed=5):  # ids <= 150: snapshot only
         run = run_dag("cdclake_snapshot", {
             "pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP],
             "filters": {SNAP: "id <= 100"}, "timeout_minutes": 5, "trigger_load": True,
         })  # fmt: skip
-    finally:
-        stop.set()
-        writer.join()
     sent = xcom_of(run, "send_signal")
     assert sent["signal_id"].startswith("cdclake-cdclake_snapshot-")  # traceable to the run
     progress = xcom_of(run, "wait_for_snapshot")

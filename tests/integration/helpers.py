@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -39,3 +43,33 @@ def assert_lake_equals_source(pipeline: PipelineConfig, dsn: str) -> None:
     results = compare_pipeline(pipeline, dsn)
     diffs = {r.source: (r.missing[:2], r.extra[:2]) for r in results if not r.equal}
     assert not diffs, diffs
+
+
+@contextmanager
+def concurrent_writes(dsn: str, table: str, low: int, high: int, seed: int) -> Iterator[None]:
+    """While the block runs, a thread upserts (and now and then deletes) rows with ids in
+    [low, high] of `table` (id int primary key, v int, note text); ids outside that range
+    only change by what the block does."""
+    import psycopg
+
+    stop = threading.Event()
+
+    def write() -> None:
+        rng = random.Random(seed)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute(
+                    f"insert into {table} values (%s, 0, 'w') on conflict (id) "
+                    "do update set v = excluded.v + 1, note = 'updated'",
+                    (rng.randint(low, high),),
+                )
+                if rng.random() < 0.1:
+                    conn.execute(f"delete from {table} where id = %s", (rng.randint(low, high),))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join()

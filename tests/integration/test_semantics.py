@@ -3,7 +3,6 @@ undecodable records."""
 
 from __future__ import annotations
 
-import random
 import uuid
 
 import psycopg
@@ -13,7 +12,12 @@ from cdclake.exceptions import DecodeError
 from cdclake.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
+from tests.integration.helpers import (
+    assert_lake_equals_source,
+    concurrent_writes,
+    load_all,
+    make_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -212,7 +216,6 @@ def test_per_table_options(stack, spark, tmp_path):
 
 
 def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path):
-    import threading
 
     from cdclake.signals import (
         Action,
@@ -233,32 +236,12 @@ def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path)
     pipeline = make_pipeline(tmp_path, f"it_snap_{n}", [t])
     load_all(stack, spark, pipeline, "snap-0")
 
-    stop = threading.Event()
-
-    def write() -> None:
-        rng = random.Random(3)
-        with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
-            while not stop.is_set():
-                k = rng.randint(100, 450)  # ids below 100 only change by the snapshot
-                conn.execute(
-                    f"insert into {t} values (%s, 0, 'w') on conflict (id) "
-                    "do update set v = excluded.v + 1, note = 'updated'",
-                    (k,),
-                )
-                if rng.random() < 0.1:
-                    conn.execute(f"delete from {t} where id = %s", (rng.randint(100, 450),))
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
+    with concurrent_writes(stack.source_dsn, t, 100, 450, seed=3):  # ids < 100: snapshot only
         request = SnapshotRequest(Action.EXECUTE, (t,), filters={t: "id <= 300"})
         validate(request, [tc.source for tc in pipeline.tables])
         signal_id = new_signal_id(f"test-{n}")
         send_to_signal_table(stack.source_dsn, "public.debezium_signal", signal_id, request)
         progress = follow_snapshot(pipeline.kafka, stack.s.notification_topic, signal_id, 300)
-    finally:
-        stop.set()
-        writer.join()
     assert progress.status == "COMPLETED"
     load_all(stack, spark, pipeline, "snap-1")
     assert_lake_equals_source(pipeline, stack.source_dsn)
