@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, SOURCE_TS, TopicSchema, decode_changes, topic_schema
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
@@ -19,10 +18,10 @@ from cdclake.merge import (
     build_merge_sql,
     commit_empty,
     commit_properties,
+    committed_offsets,
     conflicts_reported,
     current_snapshot,
     ensure_table,
-    load_iceberg_table,
     write_dead_letters,
 )
 from cdclake.offsets import (
@@ -174,26 +173,6 @@ def _collect_schemas(raw) -> dict[str, dict[str, list[tuple[int, str]]]]:
     return out
 
 
-def _committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
-    """The same walk as the planner's (`committed_from_snapshots`), through the JVM."""
-    ice = load_iceberg_table(spark, table)
-    ice.refresh()
-
-    def summaries():
-        snap = ice.currentSnapshot()
-        while snap is not None:
-            yield dict(snap.summary())
-            parent = snap.parentId()
-            if parent is None:
-                return
-            older = ice.snapshot(parent)
-            if older is None:
-                raise expired_ancestor_error(table, snap.snapshotId(), parent)
-            snap = older
-
-    return committed_from_snapshots(summaries())
-
-
 def _check_plan_start(
     qualified: str, committed: dict[TopicPartition, int], ranges: list[OffsetRange]
 ) -> bool:
@@ -227,7 +206,7 @@ def _load_table(
     records = sum(r.size for r in ranges)
     result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
     exists = spark.catalog.tableExists(qualified)
-    committed = _committed_offsets(spark, qualified) if exists else {}
+    committed = committed_offsets(spark, qualified) if exists else {}
     if plan.mode == PlanMode.REPLAY:
         # re-applied records never regress newer rows (LSN check in the MERGE), and the
         # committed offsets never move backwards

@@ -24,13 +24,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
-from cdclake.merge import conflicts_reported, load_iceberg_table
+from cdclake.merge import committed_offsets, conflicts_reported, jvm_ancestors, load_iceberg_table
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,7 @@ def maintain_table(
     settings = pipeline.maintenance
     started = time.monotonic()
     result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
-    offsets = _read_offsets(spark, qualified)  # first: a cut history stops here
+    offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
     result.snapshots_before = _count_snapshots(spark, qualified)
     result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
     actions = spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
@@ -178,7 +177,7 @@ def maintain_table(
     ice = _fresh_table(spark, qualified)
     before_expiry = _count_snapshots(spark, qualified)
     ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
-    for _, timestamp_ms, summary in _ancestors(ice, qualified):
+    for _, timestamp_ms, summary in jvm_ancestors(ice, qualified):
         ancestry.append((timestamp_ms, SUMMARY_OFFSETS in summary))
         if ancestry[-1][1]:
             break
@@ -248,34 +247,14 @@ def _fresh_table(spark, qualified: str):
     return ice
 
 
-def _ancestors(ice, qualified: str) -> Iterator[tuple[int, int, dict[str, str]]]:
-    """(snapshot id, timestamp ms, summary) from the current snapshot back to the root."""
-    snap = ice.currentSnapshot()
-    while snap is not None:
-        yield int(snap.snapshotId()), int(snap.timestampMillis()), dict(snap.summary())
-        parent = snap.parentId()
-        if parent is None:
-            return
-        older = ice.snapshot(parent)
-        if older is None:
-            raise expired_ancestor_error(qualified, snap.snapshotId(), parent)
-        snap = older
-
-
-def _read_offsets(spark, qualified: str) -> dict[TopicPartition, int]:
-    """The committed offsets exactly as the planner finds them."""
-    ancestors = _ancestors(_fresh_table(spark, qualified), qualified)
-    return committed_from_snapshots(summary for _, _, summary in ancestors)
-
-
 def _checked(spark, qualified: str, step: str, before: dict[TopicPartition, int]):
-    after = _read_offsets(spark, qualified)
+    after = committed_offsets(spark, qualified)
     check_offsets_kept(qualified, step, before, after)
     return after
 
 
 def _offsets_snapshot_id(ice, qualified: str) -> int | None:
-    for snapshot_id, _, summary in _ancestors(ice, qualified):
+    for snapshot_id, _, summary in jvm_ancestors(ice, qualified):
         if SUMMARY_OFFSETS in summary:
             return snapshot_id
     return None

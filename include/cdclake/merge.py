@@ -7,8 +7,10 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, DecodeError
+from cdclake.offsets import TopicPartition
 from cdclake.resolve import STALE_CHECK_LSN, TOAST_PREFIX
 
 log = logging.getLogger(__name__)
@@ -231,6 +233,29 @@ def load_iceberg_table(spark, table: str):
     """The JVM Iceberg `Table` behind a Spark table name (catalog.namespace.table)."""
     jvm = spark.sparkContext._jvm
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+
+
+def jvm_ancestors(ice, table: str) -> Iterator[tuple[int, int, dict[str, str]]]:
+    """(snapshot id, timestamp ms, summary) of a JVM Iceberg table, from its current
+    snapshot back to the root; an expired parent on the way is a DataLossError."""
+    snap = ice.currentSnapshot()
+    while snap is not None:
+        yield int(snap.snapshotId()), int(snap.timestampMillis()), dict(snap.summary())
+        parent = snap.parentId()
+        if parent is None:
+            return
+        older = ice.snapshot(parent)
+        if older is None:
+            raise expired_ancestor_error(table, snap.snapshotId(), parent)
+        snap = older
+
+
+def committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
+    """The table's committed offsets, by the planner's walk (`committed_from_snapshots`),
+    read through the JVM from the table as it is now."""
+    ice = load_iceberg_table(spark, table)
+    ice.refresh()
+    return committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
 
 
 def commit_empty(spark, table: str, properties: Mapping[str, str]) -> None:
