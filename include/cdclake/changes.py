@@ -3,8 +3,9 @@
 The schemas seen in the batch are known on the driver (they are few), so each record's
 payload is parsed by `from_json` with its own schema's type and decoded into one unified
 row type for the topic: the latest schema's columns, plus columns that only older
-records carry. Widening changes (int -> bigint, float -> double, more decimal digits)
-are cast up; anything else fails with the column and the two types.
+records carry. A column keeps the lake table's type; widening changes (int -> bigint,
+float -> double, more decimal digits) promote it. Records whose schema does not fit
+(e.g. text -> integer) fail with the column and the two types, or go to the dead letters.
 """
 
 from __future__ import annotations
@@ -76,26 +77,68 @@ def value_row_fields(envelope: ConnectField, where: str) -> tuple[ConnectField, 
     return after.fields
 
 
+def column_types(
+    versions: Sequence[tuple[ConnectField, ...]],
+    known: Mapping[str, str] | None = None,
+    exclude: Sequence[str] = (),
+) -> dict[str, str]:
+    """The lake type of each column: the table's type where the table has the column,
+    else the newest schema version's; raised to a wider type when a version widens it
+    (versions are given oldest first)."""
+    types = dict(known or {})
+    for fields in reversed(versions):
+        for f in fields:
+            if f.name in exclude:
+                continue
+            t = lake_type(f)
+            if types.get(f.name) is None or (types[f.name] != t and widens(types[f.name], t)):
+                types[f.name] = t
+    return types
+
+
+def misfit(
+    fields: Sequence[ConnectField], types: Mapping[str, str], exclude: Sequence[str] = ()
+) -> str | None:
+    """Why records of this schema version cannot go into columns of these types, or None."""
+    for f in fields:
+        if f.name in exclude:
+            continue
+        t, lake = lake_type(f), types[f.name]
+        if not widens(t, lake):
+            return (
+                f"column {f.name!r} is {lake} in the lake but {t} in this record's schema, "
+                "which is not a widening cdclake can apply"
+            )
+    return None
+
+
 def unify_columns(
-    schemas_oldest_first: Sequence[tuple[ConnectField, ...]], where: str
+    schemas_oldest_first: Sequence[tuple[ConnectField, ...]],
+    where: str,
+    known: Mapping[str, str] | None = None,
+    exclude: Sequence[str] = (),
 ) -> tuple[Column, ...]:
-    """One column list for many schema versions of the same table."""
-    latest: dict[str, Column] = {}
+    """One column list for many schema versions of the same table (and the table's own
+    column types, `known`, when it exists). A version that does not fit is an error."""
+    types = column_types(schemas_oldest_first, known, exclude)
+    nullable: dict[str, bool] = {}
     order: list[str] = []
     for fields in schemas_oldest_first:
+        if (reason := misfit(fields, types, exclude)) is not None:
+            raise DecodeError(f"{where}: {reason}")
         for f in fields:
-            col = Column(f.name, lake_type(f), f.optional)
-            if f.name in latest and not widens(latest[f.name].type, col.type):
-                raise DecodeError(
-                    f"{where}: column {f.name!r} changed type from {latest[f.name].type} to "
-                    f"{col.type}, which is not a widening cdclake can apply"
-                )
-            if f.name not in latest:
+            if f.name in exclude:
+                continue
+            if f.name not in nullable:
                 order.append(f.name)
-            latest[f.name] = col
-    newest = [f.name for f in schemas_oldest_first[-1]] if schemas_oldest_first else []
+            nullable[f.name] = f.optional
+    newest = (
+        [f.name for f in schemas_oldest_first[-1] if f.name in nullable]
+        if (schemas_oldest_first)
+        else []
+    )
     ordered = newest + [n for n in order if n not in newest]
-    return tuple(latest[n] for n in ordered)
+    return tuple(Column(n, types[n], nullable[n]) for n in ordered)
 
 
 def topic_schema(
@@ -104,10 +147,12 @@ def topic_schema(
     key_override: Sequence[str],
     where: str,
     exclude: Sequence[str] = (),
+    known: Mapping[str, str] | None = None,
 ) -> TopicSchema:
-    """Schemas are given oldest first (by the last offset that used them)."""
+    """Schemas are given oldest first (by the last offset that used them); `known` holds
+    the lake table's column types when it exists."""
     value_fields = [value_row_fields(parse_connect_schema(s), where) for s in value_schemas]
-    columns = tuple(c for c in unify_columns(value_fields, where) if c.name not in exclude)
+    columns = unify_columns(value_fields, where, known, exclude)
     if key_override:
         by_name = {c.name: c for c in columns}
         missing = [k for k in key_override if k not in by_name]
@@ -119,7 +164,9 @@ def topic_schema(
         if not key_fields:  # a table without primary key and no `key:`: an append-only changelog
             key = ()
         else:
-            key = tuple(Column(c.name, c.type, False) for c in unify_columns(key_fields, where))
+            key = tuple(
+                Column(c.name, c.type, False) for c in unify_columns(key_fields, where, known)
+            )
     key_names = {k.name for k in key}
     present = {c.name for c in columns}
     columns = tuple(k for k in key if k.name not in present) + tuple(
@@ -225,7 +272,13 @@ def decode_changes(
         cond = F.col("key_schema_id") == F.lit(sid)
         key_cases = F.when(cond, decoded) if key_cases is None else key_cases.when(cond, decoded)
 
-    value_expr = value_cases if value_cases is not None else F.lit(None)
+    if value_cases is None:  # tombstones only: a typed NULL
+        row = ",".join(f"`{c.name}`:{c.type}" for c in schema.columns)
+        value_cases = F.lit(None).cast(
+            f"struct<before:struct<{row}>,after:struct<{row}>,op:string,source_ts_ms:bigint,"
+            "lsn:bigint,unfit:array<string>>"
+        )
+    value_expr = value_cases
     if key_cases is None:  # no Kafka key (table without primary key): a typed NULL
         key_type = ",".join(f"`{k.name}`:{k.type}" for k in key_cols)
         key_cases = F.lit(None).cast(f"struct<{key_type}>")

@@ -9,8 +9,18 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from cdclake.changes import DELETED, SOURCE_TS, TopicSchema, decode_changes, topic_schema
+from cdclake.changes import (
+    DELETED,
+    SOURCE_TS,
+    TopicSchema,
+    column_types,
+    decode_changes,
+    misfit,
+    topic_schema,
+    value_row_fields,
+)
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
+from cdclake.debezium import parse_connect_schema
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.merge import (
     DEAD_LETTERS,
@@ -216,6 +226,14 @@ def _load_table(
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         result.status = "already_committed"
         return result
+    known = (
+        {f.name: f.dataType.simpleString() for f in spark.table(qualified).schema.fields}
+        if exists
+        else {}
+    )
+    schemas, raw = _set_aside_misfits(
+        spark, pipeline, plan, table, topic, schemas, known, raw, result
+    )
     if not schemas.get("value") and not exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
         return result
@@ -226,6 +244,7 @@ def _load_table(
         table.key,
         topic,
         table.exclude,
+        known,
     )
     changes = decode_changes(
         raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
@@ -298,6 +317,64 @@ def _load_table(
     return result
 
 
+def _set_aside_misfits(
+    spark,
+    pipeline: PipelineConfig,
+    plan: BatchPlan,
+    table: TableConfig,
+    topic: str,
+    schemas: dict[str, list[tuple[int, str]]],
+    known: dict[str, str],
+    raw,
+    result: TableResult,
+):
+    """Records whose schema version does not fit the table's columns (an incompatible
+    type change in the source, e.g. text -> integer): fail naming the first of them, or
+    dead-letter them all and go on with the rest. Returns the schemas and records left."""
+    from pyspark.sql import functions as F
+
+    rejected: dict[tuple[str, int], str] = {}
+    for side in ("key", "value") if not table.key else ("value",):
+        versions = [
+            (sid, value_row_fields(parse_connect_schema(text), topic) if side == "value"
+             else parse_connect_schema(text).fields)
+            for sid, text in schemas.get(side, [])
+        ]  # fmt: skip
+        exclude = table.exclude if side == "value" else ()
+        types = column_types([f for _, f in versions], known, exclude)
+        for sid, fields in versions:
+            if (reason := misfit(fields, types, exclude)) is not None:
+                rejected[(side, sid)] = reason
+    if not rejected:
+        return schemas, raw
+    reason = None
+    for (side, sid), text in rejected.items():
+        cond = F.col(f"{side}_schema_id") == F.lit(sid)
+        reason = F.when(cond, F.lit(text)) if reason is None else reason.when(cond, F.lit(text))
+    misfits = raw.withColumn("_misfit", reason).where(F.col("_misfit").isNotNull())
+    if pipeline.on_error is OnError.DEAD_LETTER:
+        dead = misfits.select(
+            "topic", "partition", "offset",
+            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
+            F.col("_misfit").alias("error"),
+        )  # fmt: skip
+        result.dead_letters += _dead_letters(spark, pipeline, plan, dead)
+        left = {
+            side: [(sid, t) for sid, t in versions if (side, sid) not in rejected]
+            for side, versions in schemas.items()
+        }
+        kept = raw.withColumn("_misfit", reason).where(F.col("_misfit").isNull()).drop("_misfit")
+        return left, kept
+    first = misfits.orderBy("partition", "offset").limit(1).collect()[0]
+    raise DecodeError(
+        f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
+        f"Nothing of this batch was written to {pipeline.qualified_target(table)}. To go on, "
+        "set on_error: dead_letter (these records are set aside), or take the new type: "
+        "drop the column from the lake table, load (records of the old type in the same "
+        "batch are set aside or fail), and run an incremental snapshot of the table."
+    )
+
+
 def _check_and_resolve(
     spark,
     pipeline: PipelineConfig,
@@ -333,7 +410,7 @@ def _check_and_resolve(
                 F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
                 F.col("_reason").alias("error"),
             )  # fmt: skip
-            result.dead_letters = _dead_letters(spark, pipeline, plan, dead)
+            result.dead_letters += _dead_letters(spark, pipeline, plan, dead)
             valid = changes.where(F.col("_reason").isNull()).drop("_reason")
         else:
             find_invalid(changes, schema, topic)

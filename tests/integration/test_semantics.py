@@ -141,7 +141,9 @@ def test_undecodable_record_fails_naming_it_or_goes_to_dead_letters(stack, spark
     assert plan.ranges == ()
 
 
-def test_schema_changes_add_widen_drop_rename_and_refuse_incompatible(stack, spark, tmp_path):
+def test_schema_changes_add_widen_drop_rename_and_incompatible_fail_or_dead_letter(
+    stack, spark, tmp_path
+):
     n = uuid.uuid4().hex[:6]
     t = f"inventory.evolve_{n}"
     sql(
@@ -176,8 +178,32 @@ def test_schema_changes_add_widen_drop_rename_and_refuse_incompatible(stack, spa
         stack, f"alter table {t} alter column label type integer using 7", f"update {t} set qty = 0"
     )
     stack.wait_for_capture()
-    with pytest.raises(DecodeError, match="'label'.*string.*int"):
+    with pytest.raises(
+        DecodeError,
+        match=rf"evolve_{n} partition 0 offset \d+: column 'label' is "
+        "string in the lake but int",
+    ):
         load_all(stack, spark, pipeline, "evo-3")
+    lake_table = f"lake.it_evo_{n}.evolve_{n}"
+    before = {r["id"]: r["qty"] for r in spark.table(lake_table).collect()}
+    assert before[1] != 0  # nothing of the refused batch was written
+
+    # by configuration, the records of the new shape go to the dead letters instead
+    dead = make_pipeline(tmp_path, f"it_evo_{n}", [t], on_error="dead_letter")
+    load_all(stack, spark, dead, "evo-3-dead")
+    letters = spark.sql(
+        f"select offset, error from lake.it_evo_{n}._cdclake_dead_letters order by offset"
+    ).collect()
+    assert len(letters) == 3 and all("column 'label'" in r.error for r in letters)
+    assert {r["id"]: r["qty"] for r in spark.table(lake_table).collect()} == before
+    assert plan_pipeline(dead, "evo-3-again").ranges == ()  # the offsets moved past them
+
+    # taking the new type: drop the lake column, then later changes re-add it as int
+    spark.sql(f"alter table {lake_table} drop column label")
+    sql(stack, f"update {t} set qty = qty + 1")
+    load_all(stack, spark, dead, "evo-4")
+    assert_lake_equals_source(dead, stack.source_dsn)
+    assert dict(spark.table(lake_table).dtypes)["label"] == "int"
 
 
 def test_per_table_options(stack, spark, tmp_path):
@@ -284,3 +310,31 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path):
     sql(stack, f"insert into {t} values (5, 'five', 'y')")  # the next batch appends only it
     again = load_all(stack, spark, pipeline, "log-2")
     assert [r.records for r in again] == [1] and lake.count() == 9
+
+
+def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_path):
+    """Under pgoutput with a publication that publishes updates and deletes (the connector's
+    `all_tables`), PostgreSQL refuses UPDATE and DELETE of a REPLICA IDENTITY NOTHING table:
+    only inserts and truncates reach the stream, and the lake still equals the source."""
+    n = uuid.uuid4().hex[:6]
+    t = f"inventory.nothing_{n}"
+    sql(
+        stack,
+        f"create table {t} (id int primary key, body text)",
+        f"alter table {t} replica identity nothing",
+        f"insert into {t} select g, 'v' || g from generate_series(1, 5) g",
+    )
+    for change in (f"update {t} set body = 'x' where id = 1", f"delete from {t} where id = 2"):
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="replica identity"):
+            sql(stack, change)
+    pipeline = make_pipeline(tmp_path, f"it_nothing_{n}", [t])
+    load_all(stack, spark, pipeline, "nothing-1")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    lake_table = f"lake.it_nothing_{n}.nothing_{n}"
+    assert sorted(r.id for r in spark.table(lake_table).collect()) == [1, 2, 3, 4, 5]
+
+    sql(stack, f"truncate {t}", f"insert into {t} values (10, 'after')")
+    results = load_all(stack, spark, pipeline, "nothing-2")
+    assert any(r.truncated for r in results)
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    assert [(r.id, r.body) for r in spark.table(lake_table).collect()] == [(10, "after")]

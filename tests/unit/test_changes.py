@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from cdclake.changes import Column, topic_schema, unify_columns
+from cdclake.changes import Column, column_types, misfit, topic_schema, unify_columns
 from cdclake.debezium import parse_connect_schema
 from cdclake.exceptions import DecodeError
 
@@ -25,9 +25,30 @@ def test_unify_applies_widening():
     assert cols == (Column("n", "bigint"),)
 
 
-def test_unify_rejects_narrowing_or_unrelated_changes():
-    with pytest.raises(DecodeError, match="'n' changed type from string to int"):
+def test_unify_rejects_unrelated_changes_naming_column_and_types():
+    with pytest.raises(DecodeError, match="topic x: column 'n' is int in the lake but string"):
         unify_columns([fields(("n", "string")), fields(("n", "int32"))], "topic x")
+
+
+def test_a_narrower_version_keeps_the_wider_type():
+    cols = unify_columns([fields(("n", "int64")), fields(("n", "int32"))], "t")
+    assert cols == (Column("n", "bigint"),)
+    assert unify_columns([fields(("n", "int32"))], "t", {"n": "bigint"}) == (Column("n", "bigint"),)
+
+
+def test_the_table_type_wins_over_the_newest_version_and_widening_promotes_it():
+    old, new = fields(("n", "string")), fields(("n", "int32"))
+    assert column_types([old, new], {}) == {"n": "int"}  # no table: the newest version
+    types = column_types([old, new], {"n": "string"})
+    assert types == {"n": "string"}
+    assert misfit(old, types) is None
+    assert "column 'n' is string in the lake but int" in misfit(new, types)
+    assert column_types([fields(("n", "int64"))], {"n": "int"}) == {"n": "bigint"}
+
+
+def test_excluded_columns_may_change_type():
+    versions = [fields(("a", "int32"), ("x", "string")), fields(("a", "int32"), ("x", "int32"))]
+    assert unify_columns(versions, "t", {"x": "string"}, exclude=("x",)) == (Column("a", "int"),)
 
 
 def _envelope(*cols):

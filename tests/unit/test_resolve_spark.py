@@ -75,6 +75,22 @@ def test_latest_change_per_key_in_kafka_order(spark):
     assert bytes(row["blob"]) == bytes([3, 0, 255])
 
 
+def test_a_batch_of_tombstones_only_decodes_and_resolves_to_nothing(spark):
+    """A batch cut between a delete and its tombstone starts with the tombstone alone."""
+    raw = raw_frame(spark, [(key_record(7), None), (key_record(8), None)])
+    schemas = _collect_schemas(raw)[TOPIC]
+    assert "value" not in schemas
+    known = {"id": "int", "name": "string"}
+    schema = topic_schema([s for _, s in schemas["key"]], [], (), TOPIC, known=known)
+    changes = decode_changes(raw, schema, dict(schemas["key"]), {})
+    assert [(r["key"]["id"], r["is_tombstone"]) for r in changes.collect()] == [
+        (7, True),
+        (8, True),
+    ]
+    find_invalid(changes, schema, TOPIC)
+    assert resolve_latest(changes, schema).count() == 0
+
+
 @pytest.mark.parametrize(
     "script, expected",
     [
