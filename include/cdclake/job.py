@@ -31,7 +31,12 @@ from cdclake.merge import (
     committed_offsets,
     conflicts_reported,
     current_snapshot,
+    deleted_keys_table,
     ensure_table,
+    mark_truncated,
+    record_deleted_keys,
+    truncated_below,
+    with_deleted_lsn,
     write_dead_letters,
 )
 from cdclake.offsets import (
@@ -124,6 +129,7 @@ def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
             continue
         log.warning("%s: dropped for rebuild %s", qualified, plan.run_prefix)
         spark.sql(f"DROP TABLE {qualified} PURGE")
+        spark.sql(f"DROP TABLE IF EXISTS {deleted_keys_table(qualified)} PURGE")
 
 
 def _handle_broken_envelopes(spark, pipeline: PipelineConfig, plan: BatchPlan, raw):
@@ -283,12 +289,20 @@ def _load_table(
                 props[SUMMARY_SOURCE_TS] = str(int(max_ts.timestamp() * 1000))
             before_id, _ = current_snapshot(spark, qualified)
             view = f"cdclake_changes_{table.target}"
-            resolved.createOrReplaceTempView(view)
+            # hard deletes: a ledger of deleted keys keeps re-sent older changes out
+            hard = bool(schema.key_names) and not soft
+            source = with_deleted_lsn(spark, qualified, resolved, schema) if hard else resolved
+            source.createOrReplaceTempView(view)
+            if hard and result.deletes:
+                record_deleted_keys(spark, qualified, view, schema)
+            if truncate is not None and truncate.lsn is not None:
+                mark_truncated(spark, qualified, truncate.lsn)
             if schema.key_names:
                 merge_sql = build_merge_sql(
                     qualified, view, schema, toast_columns,
                     truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-                    dropped_columns=dropped, soft_delete=soft,
+                    dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
+                    truncated_below=truncated_below(spark, qualified),
                 )  # fmt: skip
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)

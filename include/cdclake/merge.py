@@ -95,13 +95,24 @@ def build_merge_sql(
     truncate: bool = False,
     dropped_columns: Sequence[str] = (),
     soft_delete: bool = False,
+    deleted_lsn: bool = False,
+    truncated_below: int | None = None,
 ) -> str:
     """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
     when both have one); TOAST placeholders keep the table's value; a truncate deletes
-    every row it did not see again."""
+    every row it did not see again. With `deleted_lsn` the source carries the LSN at
+    which an earlier batch hard-deleted the key (`DELETED_AT`), and a change that is not
+    newer than that delete (a re-sent one) does not insert the row again; likewise no
+    change older than an already loaded truncate (`truncated_below`) writes a row."""
     names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
     fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
+    after_truncate = ""
+    if truncated_below is not None:
+        after_truncate = (
+            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{STALE_CHECK_LSN} > {int(truncated_below)})"
+        )
+        fresh = f"({fresh}{after_truncate})"
 
     def assign(n: str) -> str:
         if n in toast_columns:
@@ -124,11 +135,17 @@ def build_merge_sql(
         insert_vals += ", false"
     else:
         on_delete = "DELETE"
+    insert_when = f"NOT s.{DELETED}{after_truncate}"
+    if deleted_lsn:
+        insert_when += (
+            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{DELETED_AT} IS NULL "
+            f"OR s.{STALE_CHECK_LSN} > s.{DELETED_AT})"
+        )
     sql = (
         f"MERGE INTO {table} t USING {source_view} s ON {on} "
         f"WHEN MATCHED AND s.{DELETED} AND {fresh} THEN {on_delete} "
         f"WHEN MATCHED AND {fresh} THEN UPDATE SET {updates} "
-        f"WHEN NOT MATCHED AND NOT s.{DELETED} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
+        f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
     )
     if soft_delete:  # remember keys deleted before they were ever loaded, too
         sql += (
@@ -181,6 +198,77 @@ def ensure_table(
     names = [c.name for c in schema.columns]
     internal = {*METADATA_COLUMNS, DELETED}
     return names + [n for n in existing if n not in names and n not in internal]
+
+
+DELETED_KEYS_PREFIX = "_cdclake_deleted_keys__"
+DELETED_AT = "_cdc_deleted_at_lsn"
+
+
+TRUNCATED_BELOW = "cdclake.truncated-below-lsn"
+
+
+def truncated_below(spark, table: str) -> int | None:
+    """The LSN of the last truncate loaded into the table (a table property), if any."""
+    value = load_iceberg_table(spark, table).properties().get(TRUNCATED_BELOW)
+    return int(value) if value is not None else None
+
+
+def mark_truncated(spark, table: str, lsn: int) -> None:
+    """Remember a truncate's LSN before the MERGE that applies it commits: re-sent
+    changes from before it, in later batches, must not bring rows back."""
+    current = truncated_below(spark, table)
+    if current is None or lsn > current:
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{TRUNCATED_BELOW}'='{int(lsn)}')")
+
+
+def deleted_keys_table(table: str) -> str:
+    """The table that remembers, for a hard-delete table, the LSN of each key's delete."""
+    head, _, name = table.rpartition(".")
+    return f"{head}.{DELETED_KEYS_PREFIX}{name}"
+
+
+def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
+    """The resolved rows with the LSN of an earlier hard delete of their key (or NULL)."""
+    from pyspark.sql import functions as F
+
+    ledger = deleted_keys_table(table)
+    if not spark.catalog.tableExists(ledger):
+        return resolved.withColumn(DELETED_AT, F.lit(None).cast("bigint"))
+    deletes = spark.table(ledger).select(*schema.key_names, F.col(LSN).alias(DELETED_AT))
+    return resolved.join(deletes, list(schema.key_names), "left")
+
+
+def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema) -> None:
+    """Remember the LSN of every key this batch hard-deletes, so that a re-sent older
+    change of the key, loaded in a later batch, does not bring the row back. The ledger
+    only grows by deleted keys; it is written before the table (a crash in between
+    leaves facts the stream already holds)."""
+    ledger = deleted_keys_table(table)
+    wanted = {k.name: k.type for k in schema.key}
+    if spark.catalog.tableExists(ledger):
+        have = {f.name: f.dataType.simpleString() for f in spark.table(ledger).schema.fields}
+        if set(have) != {*wanted, LSN}:  # the key changed: start a new ledger
+            spark.sql(f"DROP TABLE {ledger} PURGE")
+        else:
+            for name, type_ in wanted.items():
+                if have[name] != type_ and widens(have[name], type_):
+                    spark.sql(f"ALTER TABLE {ledger} ALTER COLUMN {quote(name)} TYPE {type_}")
+    if not spark.catalog.tableExists(ledger):
+        cols = ", ".join(f"{quote(n)} {t} NOT NULL" for n, t in wanted.items())
+        props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+        spark.sql(
+            f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) USING iceberg "
+            f"TBLPROPERTIES ({props})"
+        )
+    keys = ", ".join(quote(k) for k in wanted)
+    values = ", ".join(f"s.{quote(k)}" for k in wanted)
+    on = " AND ".join(f"l.{quote(k)} = s.{quote(k)}" for k in wanted)
+    spark.sql(
+        f"MERGE INTO {ledger} l USING (SELECT {keys}, {LSN} FROM {source_view} "
+        f"WHERE {DELETED} AND {LSN} IS NOT NULL) s ON {on} "
+        f"WHEN MATCHED AND s.{LSN} > l.{LSN} THEN UPDATE SET l.{LSN} = s.{LSN} "
+        f"WHEN NOT MATCHED THEN INSERT ({keys}, {LSN}) VALUES ({values}, s.{LSN})"
+    )
 
 
 DEAD_LETTERS = "_cdclake_dead_letters"

@@ -86,3 +86,50 @@ def test_random_interleavings_and_cuts_match_the_reference_model(stack, spark, t
         lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
         assert lake == states[end - 1], f"seed {seed}: batch {i} ({start}..{end}) of {cuts}"
         start = end
+
+
+def _resent_batches(gone: str):
+    """Key 1 is created then removed (deleted, or the table truncated) and key 2 created;
+    the connector restarts and re-sends key 1's insert, and the rest of the re-sent
+    stream falls into the next batch; then key 1 is really inserted again."""
+    v = value_record
+    created = (key_record(1), v("c", None, item(1, "a"), lsn=110))
+    if gone == "delete":
+        removed = [(key_record(1), v("d", item(1, "a"), None, lsn=120)), (key_record(1), None)]
+    else:
+        removed = [(None, v("t", None, None, lsn=120))]
+    other = (key_record(2), v("c", None, item(2, "b"), lsn=130))
+    batches = [
+        [created, *removed, other],
+        [created],  # re-sent after a restart
+        [*removed, other],  # the rest of the re-sent stream
+        [(key_record(1), v("c", None, item(1, "again"), lsn=140))],  # a real new insert
+    ]
+    return batches, [{2: "b"}, {2: "b"}, {2: "b"}, {1: "again", 2: "b"}]
+
+
+@pytest.mark.parametrize("gone", ["delete", "truncate"])
+@pytest.mark.parametrize("delete_mode", ["hard", "soft"])
+def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
+    stack, spark, tmp_path, delete_mode, gone
+):
+    batches, expected = _resent_batches(gone)
+    name = f"it_resent_{delete_mode}_{gone}_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(
+        tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
+    )
+    table = pipeline.tables[0]
+    topic = pipeline.topic_for(table)
+    start = 0
+    for i, (batch, want) in enumerate(zip(batches, expected, strict=True)):
+        seen: set[int] = set()
+        rows = [record_row(seen, topic, 0, off, 0, k, val)
+                for off, (k, val) in enumerate(batch, start)]  # fmt: skip
+        raw = spark.createDataFrame(rows, RAW_SCHEMA)
+        ranges = [OffsetRange(topic, 0, start, start + len(batch))]
+        plan = BatchPlan(pipeline.name, f"{name}-{i}", tuple(ranges))
+        _load_table(spark, pipeline, plan, table, ranges, raw, _collect_schemas(raw)[topic])
+        rows = spark.table(pipeline.qualified_target(table)).collect()
+        lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
+        assert lake == want, f"{delete_mode} {gone}: after batch {i}"
+        start += len(batch)
