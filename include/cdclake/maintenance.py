@@ -29,7 +29,14 @@ from dataclasses import asdict, dataclass, field
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
-from cdclake.merge import committed_offsets, conflicts_reported, jvm_ancestors, load_iceberg_table
+from cdclake.merge import (
+    DEAD_LETTERS,
+    committed_offsets,
+    conflicts_reported,
+    deleted_keys_table,
+    jvm_ancestors,
+    load_iceberg_table,
+)
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,8 @@ class TableMaintenance:
     orphan_files_removed: int = 0
     offsets_snapshot_id: int | None = None
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    # side tables kept for this table (the deleted-keys ledger): snapshots expired in each
+    side_tables: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -124,8 +133,35 @@ def run_maintenance(
 def maintain_pipeline(
     spark, pipeline: PipelineConfig, now_ms: int, run_id: str
 ) -> list[TableMaintenance]:
-    """Maintain every table of the pipeline; `now_ms` anchors the retention windows."""
-    return [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
+    """Maintain every table of the pipeline and the namespace's dead letters; `now_ms`
+    anchors the retention windows."""
+    results = [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
+    dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
+    if spark.catalog.tableExists(dead):
+        expired = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
+        log.info("%s: %d snapshot(s) expired", dead, expired)
+    return results
+
+
+def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
+    """Compact and expire a table cdclake keeps beside the loaded ones (no offsets in it):
+    dead letters, deleted-keys ledgers. Returns the snapshots expired."""
+    actions = spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
+        spark._jsparkSession
+    )
+    with _conflicts_reported(name, "rewrite_data_files"):
+        actions.rewriteDataFiles(_fresh_table(spark, name)).option(
+            "target-file-size-bytes", str(settings.target_file_size_bytes)
+        ).option("remove-dangling-deletes", "true").execute()
+    before = _count_snapshots(spark, name)
+    with _conflicts_reported(name, "expire_snapshots"):
+        actions.expireSnapshots(_fresh_table(spark, name)).expireOlderThan(
+            now_ms - settings.expire_older_than_hours * HOUR_MS
+        ).retainLast(max(1, settings.retain_last)).execute()
+    actions.deleteOrphanFiles(_fresh_table(spark, name)).olderThan(
+        now_ms - settings.orphan_older_than_hours * HOUR_MS
+    ).execute()
+    return max(0, before - _count_snapshots(spark, name))
 
 
 def maintain_table(
@@ -207,6 +243,9 @@ def maintain_table(
     result.offsets_snapshot_id = _offsets_snapshot_id(_fresh_table(spark, qualified), qualified)
     for (topic, partition), offset in sorted(offsets.items()):
         result.offsets.setdefault(topic, {})[str(partition)] = offset
+    ledger = deleted_keys_table(qualified)
+    if spark.catalog.tableExists(ledger):
+        result.side_tables[ledger] = maintain_side_table(spark, ledger, settings, now_ms)
     result.seconds = round(time.monotonic() - started, 3)
     # a metadata-only commit: Iceberg re-applies it on top of a concurrent load
     _fresh_table(spark, qualified).updateProperties().set(

@@ -98,6 +98,9 @@ def test_maintenance_shrinks_files_and_history_and_keeps_the_offsets(
     assert figures["data_files_rewritten"] > 0
     assert figures["snapshots_expired"] > 0
     assert figures["orphan_files_removed"] >= 1 and not os.path.exists(orphan)
+    # the deleted-keys ledger the hard deletes wrote is kept short too
+    [(ledger, expired)] = figures["side_tables"].items()
+    assert ledger.endswith("._cdclake_deleted_keys__" + source.split(".")[1]) and expired > 0
     # the figures are stored with the table, for the report task
     assert last_runs(pipeline)[0]["run_id"] == "it-maint-1"
 
