@@ -111,3 +111,45 @@ def test_offsets_for_a_time_are_found_by_bisecting_records(stack, pipeline):
     assert {tp: (m.low, m.high) for tp, m in marks.items()} == {(topic, 0): (0, 10)}
     for ts, offset in [(0, 0), (1000, 0), (3500, 3), (4000, 3), (10000, 9), (10001, 10)]:
         assert offsets_for_time(pipeline.kafka, marks, ts) == {(topic, 0): offset}, ts
+
+
+def test_a_topic_recreated_behind_the_committed_offsets_fails_as_data_loss(stack, spark, tmp_path):
+    """The broker lost the records the table's offsets point past (the topic was deleted
+    and created again): planning fails naming topic, partition and offsets."""
+    import uuid
+
+    from cdclake.exceptions import DataLossError
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.debezium_records import key_record, value_record
+    from tests.integration.helpers import make_pipeline
+
+    n = uuid.uuid4().hex[:6]
+    pipeline = make_pipeline(tmp_path, f"it_gone_{n}", [f"public.gone_{n}"])
+    topic = pipeline.topic_for(pipeline.tables[0])
+    config = pipeline.kafka.client_config()
+    admin = AdminClient(config)
+    producer = Producer({**config, "batch.num.messages": 1})
+
+    def produce(ids):
+        for i in ids:
+            item = {"id": i, "name": f"n{i}", "price": None, "day": None, "at": None,
+                    "at_tz": None, "blob": None}  # fmt: skip
+            producer.produce(topic, key=key_record(i), value=value_record("c", None, item))
+            producer.flush(10)
+
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    produce(range(5))
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "gone-1"))
+    assert [r.offsets for r in results] == [{topic: {"0": 5}}]
+
+    admin.delete_topics([topic])[topic].result(30)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    produce(range(100, 102))
+    with pytest.raises(
+        DataLossError,
+        match=rf"{topic} partition 0: the last committed offset 5 is beyond the end of the "
+        r"partition \(2\).*rebuild",
+    ):
+        plan_pipeline(pipeline, "gone-2")
