@@ -173,13 +173,20 @@ def ensure_table(
     """Create the table on first sight, or evolve it: add new columns, widen promoted
     ones. Returns the table's source columns (metadata columns excluded), which may
     include columns the source has dropped since."""
+    keys = ", ".join(quote(k) for k in schema.key_names)
     if not spark.catalog.tableExists(table):
         spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
         if schema.key_names:
-            keys = ", ".join(quote(k) for k in schema.key_names)
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("created %s with key %s", table, schema.key_names)
         return [c.name for c in schema.columns]
+    if (
+        schema.key_names
+        and load_iceberg_table(spark, table).schema().identifierFieldNames().isEmpty()
+    ):
+        # a run stopped between CREATE TABLE and setting the key: finish it
+        spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
+        log.info("%s: identifier fields set to %s", table, schema.key_names)
     existing = {f.name: f.dataType.simpleString() for f in spark.table(table).schema.fields}
     for c in schema.columns:
         old = existing.get(c.name)

@@ -338,3 +338,23 @@ def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_
     assert any(r.truncated for r in results)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     assert [(r.id, r.body) for r in spark.table(lake_table).collect()] == [(10, "after")]
+
+
+def test_a_table_left_without_its_key_gets_it_back(stack, spark, tmp_path):
+    """A run killed between CREATE TABLE and setting the identifier fields: the next load
+    sets them."""
+    from cdclake.merge import load_iceberg_table
+
+    n = uuid.uuid4().hex[:6]
+    t = f"inventory.keyback_{n}"
+    sql(stack, f"create table {t} (id int primary key, v text)", f"insert into {t} values (1, 'a')")
+    pipeline = make_pipeline(tmp_path, f"it_keyback_{n}", [t])
+    load_all(stack, spark, pipeline, "keyback-1")
+    lake_table = f"lake.it_keyback_{n}.keyback_{n}"
+    spark.sql(f"alter table {lake_table} drop identifier fields id")
+    assert list(load_iceberg_table(spark, lake_table).schema().identifierFieldNames()) == []
+
+    sql(stack, f"insert into {t} values (2, 'b')")
+    load_all(stack, spark, pipeline, "keyback-2")
+    assert list(load_iceberg_table(spark, lake_table).schema().identifierFieldNames()) == ["id"]
+    assert_lake_equals_source(pipeline, stack.source_dsn)
