@@ -155,6 +155,10 @@ def parse_request(
     accept_retention_gap: bool = False,
 ) -> BackfillRequest:
     """Validate a request as given in the Params form or on the command line."""
+    if not tables and pipeline.patterns:  # every table: the patterns' too
+        from cdclake.kafka import discover
+
+        pipeline = discover(pipeline)
     names = tuple(tables or ()) or tuple(t.source for t in pipeline.tables)
     resolved = []
     for name in names:

@@ -279,6 +279,9 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
 
 
 def compare_pipeline(pipeline: PipelineConfig, dsn: str) -> list[TableComparison]:
+    from cdclake.kafka import discover
+
+    pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
     return [compare_table(pipeline, t, dsn, cat) for t in pipeline.tables]
 

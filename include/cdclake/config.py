@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from cdclake.exceptions import ConfigError
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_GLOB = re.compile(r"^[A-Za-z0-9_*?]+$")
 _PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -145,7 +147,7 @@ class PipelineConfig:
     kafka: KafkaConfig
     catalog: CatalogConfig
     namespace: str
-    tables: tuple[TableConfig, ...]
+    tables: tuple[TableConfig, ...]  # listed by name, plus those `discover` found
     max_records_per_batch: int = 1_000_000
     schedule: str | None = None
     on_error: OnError = OnError.FAIL
@@ -153,17 +155,55 @@ class PipelineConfig:
     source: SourceConfig = field(default_factory=SourceConfig)
     connector: ConnectorModes = field(default_factory=ConnectorModes)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    # `source` globs ("inventory.*"): every captured table that matches is loaded too
+    patterns: tuple[TableConfig, ...] = ()
 
     @property
     def notification_topic(self) -> str:
         return self.source.notification_topic or f"{self.topic_prefix}.debezium_notifications"
 
     def table_named(self, name: str) -> TableConfig | None:
-        """A table of this pipeline by source (`schema.table`) or target name."""
+        """A table of this pipeline by source (`schema.table`) or target name, or a source
+        table a pattern matches."""
         for table in self.tables:
             if name in (table.source, table.target):
                 return table
+        return self._matched(name)
+
+    def _matched(self, source: str) -> TableConfig | None:
+        parts = source.split(".")
+        if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
+            return None
+        for pattern in self.patterns:
+            if all(map(fnmatchcase, parts, pattern.source.split("."))):
+                return replace(pattern, source=source, target=parts[1])
         return None
+
+    def with_topics(self, topics: Iterable[str]) -> PipelineConfig:
+        """This pipeline with the tables its patterns match among `topics` added (the
+        listed tables come first and win) and no patterns left."""
+        if not self.patterns:
+            return self
+        tables = list(self.tables)
+        taken = {t.source for t in tables}
+        by_target = {t.target: t.source for t in tables}
+        head = self.topic_prefix + "."
+        for topic in sorted(set(topics)):
+            if not topic.startswith(head) or topic[len(head) :] in taken:
+                continue
+            table = self._matched(topic[len(head) :])
+            if table is None:
+                continue
+            if table.target in by_target:
+                raise ConfigError(
+                    f"{self.path}: tables {by_target[table.target]} and {table.source} (matched "
+                    f"by a pattern) both land in {table.target!r}; list one of them with its "
+                    "own target"
+                )
+            by_target[table.target] = table.source
+            taken.add(table.source)
+            tables.append(table)
+        return replace(self, tables=tuple(tables), patterns=())
 
     def topic_for(self, table: TableConfig) -> str:
         return f"{self.topic_prefix}.{table.source}"
@@ -317,6 +357,7 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         if value not in choices:
             raise r.fail(f"connector.{key}", f"{value!r} is not one of {list(choices)}")
         modes[str(key).replace(".", "_")] = value
+    tables = _parse_tables(r, raw)
     return PipelineConfig(
         name=name,
         path=r.path,
@@ -324,7 +365,8 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         kafka=kafka,
         catalog=catalog,
         namespace=namespace,
-        tables=_parse_tables(r, raw),
+        tables=tuple(t for t in tables if not _is_glob(t.source)),
+        patterns=tuple(t for t in tables if _is_glob(t.source)),
         max_records_per_batch=max_records,
         schedule=r.get(raw, "", "schedule", str, None),
         on_error=on_error,
@@ -404,6 +446,10 @@ def _names(r: _Reader, item: Mapping[str, Any], where: str, key: str) -> list[st
     return names
 
 
+def _is_glob(source: str) -> bool:
+    return "*" in source or "?" in source
+
+
 def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
     items = r.get(raw, "", "tables", list)
     if not items:
@@ -417,10 +463,21 @@ def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]
             raise r.fail(where, "must be a string '<schema>.<table>' or a mapping")
         source = r.get(item, where, "source", str)
         parts = source.split(".")
-        if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
+        if _is_glob(source):
+            if len(parts) != 2 or not all(_GLOB.match(p) for p in parts):
+                raise r.fail(
+                    f"{where}.source",
+                    f"{source!r} must be '<schema>.<table>' (a pattern may use * and ?)",
+                )
+            if "target" in item:
+                raise r.fail(
+                    f"{where}.target",
+                    "a pattern's tables keep their own names; list a table by name to rename it",
+                )
+        elif len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
             raise r.fail(f"{where}.source", f"{source!r} must be '<schema>.<table>'")
-        target = r.get(item, where, "target", str, parts[1])
-        if not _IDENT.match(target):
+        target = "" if _is_glob(source) else r.get(item, where, "target", str, parts[1])
+        if target and not _IDENT.match(target):
             raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
         unknown = sorted(set(item) - _TABLE_FIELDS)
         if unknown:
@@ -459,6 +516,8 @@ def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]
         )
     seen: dict[str, str] = {}
     for t in tables:
+        if _is_glob(t.source):
+            continue
         if t.target in seen:
             raise r.fail("tables", f"{seen[t.target]} and {t.source} both land in {t.target!r}")
         seen[t.target] = t.source

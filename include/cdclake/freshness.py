@@ -16,7 +16,7 @@ from pathlib import Path
 from cdclake.catalog import TableState, load_catalog, table_state
 from cdclake.config import PipelineConfig, TableConfig, load_pipeline
 from cdclake.exceptions import ConfigError
-from cdclake.kafka import fetch_watermarks
+from cdclake.kafka import discover, fetch_watermarks
 from cdclake.offsets import SUMMARY_BATCH, SUMMARY_SOURCE_TS
 from cdclake.report import offsets_behind, seconds_behind_source
 
@@ -88,7 +88,9 @@ def table_freshness(
 
 
 def pipeline_freshness(pipeline: PipelineConfig, now_ms: int) -> list[TableFreshness]:
-    """One row per table of the pipeline, in config order."""
+    """One row per table of the pipeline, in config order (then the tables its patterns
+    match)."""
+    pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
     marks = fetch_watermarks(pipeline.kafka, [pipeline.topic_for(t) for t in pipeline.tables])
     out = []

@@ -22,6 +22,7 @@ from cdclake.changes import (
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.debezium import parse_connect_schema
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
+from cdclake.kafka import discover
 from cdclake.merge import (
     DEAD_LETTERS,
     build_append_sql,
@@ -94,6 +95,7 @@ def run_batch(
         raise ConfigError(f"batch {plan.batch_id}: unknown plan mode {plan.mode!r}")
     if not plan.ranges:
         return []
+    pipeline = discover(pipeline, {r.topic for r in plan.ranges})
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
     raw = read(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)

@@ -4,9 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cdclake.config import KafkaConfig
+from cdclake.config import KafkaConfig, PipelineConfig
 from cdclake.exceptions import EndpointError
 from cdclake.offsets import TopicPartition, Watermarks
+
+
+def list_topics(kafka: KafkaConfig, timeout: float = 15.0) -> list[str]:
+    """Every topic the broker has."""
+    from confluent_kafka import Consumer, KafkaException
+
+    consumer = Consumer({**kafka.client_config(), "group.id": "cdclake-planner"})
+    try:
+        return sorted(consumer.list_topics(timeout=timeout).topics)
+    except KafkaException as exc:
+        raise EndpointError(
+            f"Kafka at {kafka.bootstrap_servers} could not be reached: {exc}"
+        ) from exc
+    finally:
+        consumer.close()
+
+
+def discover(pipeline: PipelineConfig, topics: Iterable[str] | None = None) -> PipelineConfig:
+    """The pipeline with the tables its patterns match among the captured topics (the
+    broker's, unless `topics` are given). A pipeline without patterns is returned as is."""
+    if not pipeline.patterns:
+        return pipeline
+    return pipeline.with_topics(list_topics(pipeline.kafka) if topics is None else topics)
 
 
 def fetch_watermarks(

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
+from cdclake.kafka import discover
 from cdclake.merge import (
     DEAD_LETTERS,
     committed_offsets,
@@ -135,6 +136,7 @@ def maintain_pipeline(
 ) -> list[TableMaintenance]:
     """Maintain every table of the pipeline and the namespace's dead letters; `now_ms`
     anchors the retention windows."""
+    pipeline = discover(pipeline)
     results = [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
     dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
     if spark.catalog.tableExists(dead):
@@ -268,6 +270,7 @@ def last_runs(pipeline: PipelineConfig) -> list[dict | None]:
     from cdclake.catalog import load_catalog
 
     cat = load_catalog(pipeline.catalog)
+    pipeline = discover(pipeline)
     out: list[dict | None] = []
     for table in pipeline.tables:
         try:

@@ -7,13 +7,14 @@ import uuid
 
 from cdclake.catalog import load_catalog, table_state
 from cdclake.config import PipelineConfig
-from cdclake.kafka import fetch_watermarks
+from cdclake.kafka import discover, fetch_watermarks
 from cdclake.offsets import BatchPlan, plan_batch
 
 log = logging.getLogger(__name__)
 
 
 def plan_pipeline(pipeline: PipelineConfig, batch_id: str | None = None) -> BatchPlan:
+    pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
     committed: dict[tuple[str, int], int | None] = {}
     for table in pipeline.tables:

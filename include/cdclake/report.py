@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from cdclake.catalog import load_catalog, table_state
 from cdclake.config import PipelineConfig
-from cdclake.kafka import fetch_watermarks
+from cdclake.kafka import discover, fetch_watermarks
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_DELETES,
@@ -60,6 +60,7 @@ class TableReport:
 def report_pipeline(
     pipeline: PipelineConfig, batch_id: str | None, now_ms: int
 ) -> list[TableReport]:
+    pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
     topics = [pipeline.topic_for(t) for t in pipeline.tables]
     marks = fetch_watermarks(pipeline.kafka, topics)

@@ -376,7 +376,9 @@ def submit(
     Nothing is written unless every check passes. Returns what following it needs: the
     signal id and the notification topic's offsets taken just before sending.
     """
-    validate(request, [t.source for t in pipeline.tables])
+    captured = [t.source for t in pipeline.tables]  # and what the patterns match
+    captured += [n for n in request.tables if pipeline.table_named(n) is not None]
+    validate(request, captured)
     if channel not in ("source", "kafka"):
         raise SignalError(f"channel {channel!r} is not one of ['source', 'kafka']")
     if channel == "kafka" and not pipeline.source.signal_topic:

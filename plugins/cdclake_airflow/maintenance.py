@@ -39,9 +39,10 @@ def maintenance_schedule(pipelines: list[PipelineConfig]) -> str | None:
 
 def report(pipeline_path: str, **context) -> list[dict]:
     """Log the figures the job stored with each table, and check they are this run's."""
+    from cdclake.kafka import discover
     from cdclake.maintenance import last_runs
 
-    pipeline = load_pipeline(pipeline_path)
+    pipeline = discover(load_pipeline(pipeline_path))
     run_id = context["run_id"]
     out = []
     for table, figures in zip(pipeline.tables, last_runs(pipeline), strict=True):

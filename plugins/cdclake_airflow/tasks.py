@@ -32,18 +32,22 @@ def has_work(plan_json: str) -> bool:
 def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
     """Per-table figures, and one asset event per table with them in `extra`."""
     from cdclake.config import load_pipeline
+    from cdclake.kafka import discover
     from cdclake.offsets import BatchPlan
     from cdclake.report import report_pipeline
 
     from cdclake_airflow.factory import table_asset
 
-    pipeline = load_pipeline(pipeline_path)
+    listed = load_pipeline(pipeline_path)
+    pipeline = discover(listed)  # once: the figures and the tables below are the same set
     batch = BatchPlan.from_json(plan_json)
     reports = report_pipeline(pipeline, batch.batch_id, int(time.time() * 1000))
     outlet_events = context["outlet_events"]
+    with_asset = {t.target for t in listed.tables}  # tables a pattern found have none
     for table, rep in zip(pipeline.tables, reports, strict=True):
         extra = rep.to_dict()
-        outlet_events[table_asset(pipeline, table.target)].extra = extra
+        if table.target in with_asset:
+            outlet_events[table_asset(pipeline, table.target)].extra = extra
         log.info("%s", json.dumps(extra, sort_keys=True))
     return [r.to_dict() for r in reports]
 

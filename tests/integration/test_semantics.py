@@ -358,3 +358,36 @@ def test_a_table_left_without_its_key_gets_it_back(stack, spark, tmp_path):
     load_all(stack, spark, pipeline, "keyback-2")
     assert list(load_iceberg_table(spark, lake_table).schema().identifierFieldNames()) == ["id"]
     assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
+def test_a_pattern_loads_every_matching_table_and_picks_up_new_ones(stack, spark, tmp_path):
+    from cdclake.freshness import pipeline_freshness
+
+    n = uuid.uuid4().hex[:6]
+    for name in ("a", "b"):
+        sql(
+            stack,
+            f"create table inventory.disc_{n}_{name} (id int primary key, v text)",
+            f"insert into inventory.disc_{n}_{name} values (1, '{name}1'), (2, '{name}2')",
+        )
+    pipeline = make_pipeline(tmp_path, f"it_disc_{n}", [f"inventory.disc_{n}_*"])
+    assert pipeline.tables == () and len(pipeline.patterns) == 1
+    load_all(stack, spark, pipeline, "disc-1")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    lake = {r.tableName for r in spark.sql(f"show tables in lake.it_disc_{n}").collect()}
+    assert lake == {f"disc_{n}_a", f"disc_{n}_b"}
+
+    # a table created later is found and created in the lake on its first load
+    sql(
+        stack,
+        f"create table inventory.disc_{n}_c (id int primary key, v text)",
+        f"insert into inventory.disc_{n}_c values (7, 'c7')",
+        f"delete from inventory.disc_{n}_a where id = 1",
+    )
+    load_all(stack, spark, pipeline, "disc-2")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    fresh = pipeline_freshness(pipeline, now_ms=0)
+    assert sorted(f.table.rsplit(".", 1)[1] for f in fresh) == [
+        f"disc_{n}_a", f"disc_{n}_b", f"disc_{n}_c"
+    ]  # fmt: skip
+    assert all(f.offsets_behind == 0 for f in fresh)

@@ -80,6 +80,8 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (("tables:", "connector: {speed: fast}\ntables:"), "connector.speed"),
         (("tables:", "source: {signal_table: nodot}\ntables:"), "source.signal_table"),
         (("tables:", "source: {colour: red}\ntables:"), "source.colour"),
+        (("  - public.orders", "  - public.ord-*"), "tables[0].source"),  # bad glob
+        (("  - public.orders", "  - {source: 'public.*', target: x}"), "tables[0].target"),
     ],
 )
 def test_bad_config_names_file_and_field(tmp_path, change, field):
@@ -90,6 +92,41 @@ def test_bad_config_names_file_and_field(tmp_path, change, field):
         load_pipeline(path)
     assert str(path) in str(err.value)
     assert f": {field}:" in str(err.value)
+
+
+def test_patterns_add_the_captured_tables_they_match(tmp_path):
+    text = VALID.replace(
+        "  - public.orders\n",
+        "  - public.orders\n  - {source: 'sales.*', delete_mode: soft}\n  - 'arch?ve.log_*'\n",
+    )
+    p = load_pipeline(write(tmp_path, text))
+    assert [t.source for t in p.tables] == ["public.orders", "public.items", "public.audit"]
+    assert [t.source for t in p.patterns] == ["sales.*", "arch?ve.log_*"]
+    topics = [
+        "pg.sales.deals", "pg.sales.refunds", "pg.archive.log_2024", "pg.archive.other",
+        "pg.public.orders",  # listed by name: stays as listed
+        "pg.message", "pg.transaction", "other.sales.deals", "pg.sales.a.b",  # not tables
+    ]  # fmt: skip
+    found = p.with_topics(topics)
+    assert found.patterns == ()
+    assert [t.source for t in found.tables] == [
+        "public.orders", "public.items", "public.audit",
+        "archive.log_2024", "sales.deals", "sales.refunds",
+    ]  # fmt: skip
+    deals = found.table_named("sales.deals")
+    assert deals.target == "deals" and deals.delete_mode is DeleteMode.SOFT
+    assert found.with_topics(["pg.sales.late"]) is found  # found once: no patterns left
+    # a table a pattern matches can be named before it is found (backfills, snapshots)
+    assert p.table_named("sales.later").target == "later"
+    assert p.table_named("nosuch.table") is None
+
+
+def test_two_tables_landing_in_one_target_through_a_pattern_are_refused(tmp_path):
+    text = VALID.replace("  - public.orders\n", "  - public.orders\n  - '*.orders'\n")
+    p = load_pipeline(write(tmp_path, text))
+    assert [t.source for t in p.with_topics(["pg.public.orders"]).tables][0] == "public.orders"
+    with pytest.raises(ConfigError, match="public.orders and sales.orders .* both land in"):
+        p.with_topics(["pg.sales.orders"])
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
