@@ -7,9 +7,9 @@ from decimal import Decimal
 import pytest
 from cdclake.changes import decode_changes, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.job import _collect_schemas
+from cdclake.job import scan_raw
 from cdclake.reader import RAW_SCHEMA, record_row
-from cdclake.resolve import find_invalid, find_truncate, resolve_latest
+from cdclake.resolve import check_changes, find_invalid, resolve_latest
 
 from tests.debezium_records import decimal_b64, key_record, value_record
 
@@ -32,7 +32,7 @@ def raw_frame(spark, records):
 
 def decode(spark, records):
     raw = raw_frame(spark, records)
-    schemas = _collect_schemas(raw)[TOPIC]
+    schemas = scan_raw(raw).schemas[TOPIC]
     schema = topic_schema([s for _, s in schemas["key"]], [s for _, s in schemas.get("value", [])],
                           (), TOPIC)  # fmt: skip
     changes = decode_changes(raw, schema, dict(schemas["key"]), dict(schemas.get("value", [])))
@@ -140,9 +140,10 @@ def test_truncate_drops_what_came_before_it(spark):
         (key_record(2), value_record("c", None, item(2, "after"), lsn=13)),
     ]
     schema, changes = decode(spark, records)
-    find_invalid(changes, schema, TOPIC)
-    truncate = find_truncate(changes)
-    assert (truncate.offset, truncate.lsn) == (2, 12)
+    check = check_changes(changes, schema)
+    assert (check.first_invalid, check.invalid) == (None, 0)
+    truncate = check.truncate
+    assert (truncate.partition, truncate.offset, truncate.lsn) == (0, 2, 12)
     out = {r["id"]: r["name"] for r in resolve_latest(changes, schema, truncate).collect()}
     assert out == {2: "after"}
 
