@@ -48,6 +48,7 @@ from cdclake.resolve import (
     resolve_latest,
     toastable,
 )
+from cdclake.spark import batch_conf, batch_settings
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,9 @@ def run_batch(
         return []
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
-    return _run_batch(spark, pipeline, plan, read)
+    conf = batch_conf(sum(r.size for r in plan.ranges), pipeline.spark.conf)
+    with batch_settings(spark, conf):
+        return _run_batch(spark, pipeline, plan, read)
 
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable):

@@ -10,6 +10,7 @@ from cdclake.exceptions import DecodeError
 from cdclake.job import scan_raw
 from cdclake.reader import RAW_SCHEMA, record_row
 from cdclake.resolve import check_changes, find_invalid, resolve_latest
+from cdclake.spark import SMALL_BATCH_CONF, batch_settings
 
 from tests.debezium_records import decimal_b64, key_record, value_record
 
@@ -130,6 +131,55 @@ def test_toast_placeholder_takes_the_last_real_value_or_keeps_the_table_value(sp
     assert not out[1]["_cdc_toast_name"] and not out[1]["_cdc_toast_blob"]
     # key 2 has no earlier value in the batch: NULL here, the MERGE keeps the table's
     assert out[2]["name"] is None and out[2]["_cdc_toast_name"] and out[2]["_cdc_toast_blob"]
+
+
+def test_small_batches_evaluated_interpreted_resolve_like_compiled_ones(spark):
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=100)),
+        (key_record(2), v("c", None, item(2, "x", "-12.34"), lsn=101)),
+        (key_record(1), v("u", item(1, "a"), item(1, "b", "99999999.99"), lsn=102)),
+        (key_record(2), v("d", item(2, "x"), None, lsn=103)),
+        (key_record(2), None),
+        (key_record(3), v("r", None, item(3, "snap"), lsn=None)),
+        (key_record(1), v("u", item(1, "b"), item(1, "b"), lsn=101)),  # re-sent, stale
+    ]
+    schema, changes = decode(spark, records)
+
+    def rows():
+        check = check_changes(changes, schema)
+        out = resolve_latest(changes, schema, check.truncate).collect()
+        return check, sorted((r.asDict(recursive=True) for r in out), key=lambda r: r["id"])
+
+    compiled = rows()
+    with batch_settings(spark, SMALL_BATCH_CONF):
+        assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+        interpreted = rows()
+    assert spark.conf.get("spark.sql.codegen.factoryMode") != "NO_CODEGEN"  # put back
+    assert interpreted == compiled
+    # a deleted row keeps the last values it had in the batch
+    assert [(r["name"], r["_cdc_deleted"]) for r in compiled[1]] == [
+        ("b", False), ("x", True), ("snap", False),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "records, pipeline_conf, expected",
+    [
+        (100, {}, SMALL_BATCH_CONF),  # small: interpreted
+        (10_000, {}, SMALL_BATCH_CONF),  # the limit is still small
+        (10_001, {}, {}),  # big: compiled
+        (  # the pipeline's own setting wins
+            100,
+            {"spark.sql.codegen.wholeStage": "true"},
+            {"spark.sql.codegen.factoryMode": "NO_CODEGEN"},
+        ),
+    ],
+)
+def test_batch_conf_by_size(records, pipeline_conf, expected):
+    from cdclake.spark import batch_conf
+
+    assert batch_conf(records, pipeline_conf) == expected
 
 
 def test_truncate_drops_what_came_before_it(spark):
