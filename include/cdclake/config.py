@@ -149,6 +149,7 @@ class PipelineConfig:
     namespace: str
     tables: tuple[TableConfig, ...]  # listed by name, plus those `discover` found
     max_records_per_batch: int = 1_000_000
+    parallel_tables: int = 4  # tables of one batch loaded at the same time
     schedule: str | None = None
     on_error: OnError = OnError.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
@@ -278,7 +279,8 @@ class _Reader:
 _SOURCE_FIELDS = {"conn_id", "dsn", "signal_table", "signal_topic", "notification_topic"}
 _TOP_LEVEL = {
     "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
-    "max_records_per_batch", "schedule", "on_error", "spark", "source", "connector", "maintenance",
+    "max_records_per_batch", "parallel_tables", "schedule", "on_error", "spark", "source",
+    "connector", "maintenance",
 }  # fmt: skip
 
 
@@ -316,6 +318,9 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
     max_records = r.get(raw, "", "max_records_per_batch", int, 1_000_000)
     if max_records <= 0:
         raise r.fail("max_records_per_batch", "must be greater than 0")
+    parallel_tables = r.get(raw, "", "parallel_tables", int, 4)
+    if parallel_tables <= 0:
+        raise r.fail("parallel_tables", "must be greater than 0")
     on_error_raw = r.get(raw, "", "on_error", str, OnError.FAIL.value)
     try:
         on_error = OnError(on_error_raw)
@@ -368,6 +373,7 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         tables=tuple(t for t in tables if not _is_glob(t.source)),
         patterns=tuple(t for t in tables if _is_glob(t.source)),
         max_records_per_batch=max_records,
+        parallel_tables=parallel_tables,
         schedule=r.get(raw, "", "schedule", str, None),
         on_error=on_error,
         spark=spark,

@@ -5,7 +5,9 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -21,7 +23,7 @@ from cdclake.changes import (
 )
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.debezium import parse_connect_schema
-from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
+from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.kafka import discover
 from cdclake.merge import (
     DEAD_LETTERS,
@@ -29,13 +31,13 @@ from cdclake.merge import (
     build_merge_sql,
     commit_empty,
     commit_properties,
-    committed_offsets,
     conflicts_reported,
     current_snapshot,
     deleted_keys_table,
     ensure_table,
     mark_truncated,
     record_deleted_keys,
+    table_state,
     truncated_below,
     with_deleted_lsn,
     write_dead_letters,
@@ -55,13 +57,14 @@ from cdclake.offsets import (
 )
 from cdclake.reader import read_ranges
 from cdclake.resolve import (
+    REASON,
     changelog,
-    find_invalid,
-    find_truncate,
+    check_changes,
     invalid_reason,
     resolve_latest,
     toastable,
 )
+from cdclake.spark import batch_conf, batch_settings
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +90,12 @@ def run_batch(
     spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable = read_ranges
 ) -> list[TableResult]:
     """Load one planned batch. `read` makes the raw records DataFrame of the planned
-    ranges (Kafka; benchmarks pass a recorded file instead)."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    ranges (Kafka; benchmarks pass a recorded file instead).
 
+    The tables are loaded at the same time by up to `pipeline.parallel_tables` driver
+    threads (each table commits on its own, with its own offsets). When a table fails,
+    the others still load and commit; the run then fails with the first failed table's
+    error (in the pipeline's order), which names it."""
     if plan.mode not in PlanMode.ALL:
         raise ConfigError(f"batch {plan.batch_id}: unknown plan mode {plan.mode!r}")
     if not plan.ranges:
@@ -98,23 +103,110 @@ def run_batch(
     pipeline = discover(pipeline, {r.topic for r in plan.ranges})
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
+    conf = batch_conf(sum(r.size for r in plan.ranges), pipeline.spark.conf)
+    with batch_settings(spark, conf):
+        return _run_batch(spark, pipeline, plan, read)
+
+
+def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable):
+    from pyspark import StorageLevel
+
     raw = read(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        raw = _handle_broken_envelopes(spark, pipeline, plan, raw)
-        schemas = _collect_schemas(raw)
-        results = []
-        for table in pipeline.tables:
-            topic = pipeline.topic_for(table)
-            ranges = [r for r in plan.ranges if r.topic == topic]
-            if not ranges:
-                continue
-            table_raw = raw.where(F.col("topic") == topic)
-            results.append(
-                _load_table(spark, pipeline, plan, table, ranges, table_raw, schemas.get(topic, {}))
-            )
-        return results
+        scan = scan_raw(raw)
+        raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
+        batch = _Batch(spark, pipeline, plan, raw, scan)
+        work = [t for t in pipeline.tables if batch.ranges_of(t)]
+        return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
         raw.unpersist()
+
+
+def _run_tables(
+    tables: list[TableConfig], load: Callable[[TableConfig], TableResult], threads: int,
+    pipeline: PipelineConfig,
+) -> list[TableResult]:  # fmt: skip
+    """Run `load` for every table, `threads` at a time; results in the tables' order.
+    A failed table does not stop the others; the first failure (in order) is raised
+    once every table is done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(threads, len(tables)))
+    if workers == 1:  # in this thread (same semantics; profilers see it)
+        outcomes = [_outcome(load, t) for t in tables]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="cdclake-load") as pool:
+            futures = [pool.submit(_outcome, load, t) for t in tables]
+        outcomes = [f.result() for f in futures]
+    results, failed = [], []
+    for table, (result, exc) in zip(tables, outcomes, strict=True):
+        if exc is None:
+            results.append(result)
+            continue
+        log.error("%s: load failed: %s", pipeline.qualified_target(table), exc)
+        failed.append((table, exc))
+    if failed:
+        table, exc = failed[0]
+        others = [pipeline.qualified_target(t) for t, _ in failed[1:]]
+        qualified, topic = pipeline.qualified_target(table), pipeline.topic_for(table)
+        raise _naming(exc, qualified, topic, others)
+    return results
+
+
+def _outcome(load: Callable[[TableConfig], TableResult], table: TableConfig):
+    """(result, None) or (None, the exception): a failed table does not stop the others."""
+    try:
+        return load(table), None
+    except Exception as exc:
+        return None, exc
+
+
+def _naming(exc: BaseException, qualified: str, topic: str, others: list[str]):
+    """The error of a failed table, saying which table (and which others failed too).
+    cdclake's own errors keep their type; others get a note."""
+    also = f" (also failed: {', '.join(others)})" if others else ""
+    text = str(exc)
+    if isinstance(exc, CdclakeError):
+        if qualified in text or topic in text:
+            if not also:
+                return exc
+            renamed = type(exc)(text + also)
+        else:
+            renamed = type(exc)(f"{qualified}: {text}{also}")
+        renamed.__cause__ = exc
+        return renamed
+    exc.add_note(f"while loading {qualified}{also}")
+    return exc
+
+
+class _Batch:
+    """What the tables of one batch share: the session, the raw records and their scan,
+    and a lock for the dead-letter table every table writes to."""
+
+    def __init__(self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan):
+        self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
+        self.dead_letter_lock = threading.Lock()
+
+    def ranges_of(self, table: TableConfig) -> list[OffsetRange]:
+        topic = self.pipeline.topic_for(table)
+        return [r for r in self.plan.ranges if r.topic == topic]
+
+    def load(self, table: TableConfig) -> TableResult:
+        from pyspark.sql import functions as F
+
+        topic = self.pipeline.topic_for(table)
+        if topic in self.scan.broken:  # on_error: fail (dead letters were taken out)
+            partition, offset, error = self.scan.broken[topic]
+            raise DecodeError(f"{topic} partition {partition} offset {offset}: {error}")
+        table_raw = self.raw.where(F.col("topic") == topic)
+        return _load_table(
+            self, table, self.ranges_of(table), table_raw, self.scan.schemas.get(topic, {})
+        )
+
+    def dead_letters(self, rows, count: int) -> int:
+        with self.dead_letter_lock:  # concurrent commits to the one table would conflict
+            return _dead_letters(self.spark, self.pipeline, self.plan, rows, count)
 
 
 def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
@@ -134,61 +226,93 @@ def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
         spark.sql(f"DROP TABLE IF EXISTS {deleted_keys_table(qualified)} PURGE")
 
 
-def _handle_broken_envelopes(spark, pipeline: PipelineConfig, plan: BatchPlan, raw):
-    """Records that are not JSON-with-schema envelopes: fail, or dead-letter them."""
+@dataclass(frozen=True)
+class RawScan:
+    """What one pass over a batch's raw records tells: per topic, the key and value
+    schemas (id, text; oldest first by their last offset) of the records that split,
+    and the first record that did not (partition, offset, error) with their count."""
+
+    schemas: dict[str, dict[str, list[tuple[int, str]]]]
+    broken: dict[str, tuple[int, int, str]]
+    broken_count: int
+
+
+def scan_raw(raw) -> RawScan:
+    """One Spark job for the schema collection and the broken-envelope check of every
+    topic of the batch (instead of one job each)."""
     from pyspark.sql import functions as F
 
-    broken = raw.where(F.col("error").isNotNull())
-    if pipeline.on_error is OnError.DEAD_LETTER:
-        dead = broken.select(
-            "topic", "partition", "offset",
-            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"), "error",
-        )  # fmt: skip
-        _dead_letters(spark, pipeline, plan, dead)
-        return raw.where(F.col("error").isNull())
-    bad = broken.orderBy("topic", "partition", "offset").limit(1).collect()
-    if bad:
-        b = bad[0]
-        raise DecodeError(f"{b.topic} partition {b.partition} offset {b.offset}: {b.error}")
-    return raw
+    sides = [
+        F.struct(F.lit(side).alias("side"), F.col(f"{side}_schema_id").alias("sid"),
+                 F.col(f"{side}_schema").alias("text"))
+        for side in ("key", "value")
+    ]  # fmt: skip
+    sides.append(
+        F.struct(F.lit("error").alias("side"), F.lit(None).cast("long").alias("sid"),
+                 F.col("error").alias("text"))
+    )  # fmt: skip
+    at = F.struct("partition", "offset")
+    is_error = F.col("s.side") == "error"
+    rows = (
+        raw.select("topic", "partition", "offset", "error", F.explode(F.array(*sides)).alias("s"))
+        .where(F.col("s.sid").isNotNull() | (is_error & F.col("s.text").isNotNull()))
+        .groupBy("topic", F.col("s.side").alias("side"), F.col("s.sid").alias("sid"))
+        .agg(
+            # a schema counts for the records that split; its text may come from any
+            # record (the reader sends it with the first one of a task only)
+            F.max(F.when(F.col("error").isNull(), at)).alias("last"),
+            F.first("s.text", ignorenulls=True).alias("text"),
+            F.min(F.when(is_error, F.struct("partition", "offset", F.col("s.text")))).alias(
+                "first"
+            ),
+            F.count(F.lit(1)).alias("n"),
+        )
+        .collect()
+    )
+    schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
+    broken: dict[str, tuple[int, int, str]] = {}
+    broken_count = 0
+    for r in sorted(rows, key=lambda r: (r["topic"], r["last"]["offset"] if r["last"] else -1)):
+        if r["side"] == "error":
+            broken[r["topic"]] = (r["first"][0], r["first"][1], r["first"][2])
+            broken_count += r["n"]
+        elif r["last"] is not None:
+            schemas.setdefault(r["topic"], {}).setdefault(r["side"], []).append(
+                (r["sid"], r["text"])
+            )
+    return RawScan(schemas, broken, broken_count)
 
 
-def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows) -> int:
+def _handle_broken_envelopes(
+    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan
+) -> tuple[object, RawScan]:
+    """Records that are not JSON-with-schema envelopes: dead-letter them (and take them
+    out of the batch), or leave them in `scan.broken` to fail their tables."""
     from pyspark.sql import functions as F
 
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
+    if pipeline.on_error is not OnError.DEAD_LETTER or not scan.broken_count:
+        return raw, scan
+    dead = raw.where(F.col("error").isNotNull()).select(
+        "topic", "partition", "offset",
+        F.col("key_payload").alias("key"), F.col("value_payload").alias("value"), "error",
+    )  # fmt: skip
+    _dead_letters(spark, pipeline, plan, dead, scan.broken_count)
+    return raw.where(F.col("error").isNull()), dataclasses.replace(scan, broken={})
+
+
+def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int) -> int:
+    from pyspark.sql import functions as F
+
     stamped = rows.select(
         F.lit(pipeline.name).alias("pipeline"),
         F.lit(plan.batch_id).alias("batch_id"),
         "topic", "partition", "offset", "key", "value", "error",
         F.current_timestamp().alias("recorded_at"),
     )  # fmt: skip
-    count = write_dead_letters(spark, f"{pipeline.catalog.name}.{pipeline.namespace}", stamped)
-    if count:
-        log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
+    write_dead_letters(spark, f"{pipeline.catalog.name}.{pipeline.namespace}", stamped)
+    log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
     return count
-
-
-def _collect_schemas(raw) -> dict[str, dict[str, list[tuple[int, str]]]]:
-    """Per topic, key and value schemas (id, text), oldest first by their last offset."""
-    from pyspark.sql import functions as F
-
-    out: dict[str, dict[str, list[tuple[int, str]]]] = {}
-    for side in ("key", "value"):
-        rows = (
-            raw.where(F.col(f"{side}_schema_id").isNotNull())
-            .groupBy("topic", f"{side}_schema_id")
-            .agg(
-                F.max(F.struct("partition", "offset")).alias("last"),
-                F.first(f"{side}_schema", ignorenulls=True).alias("schema"),
-            )
-            .collect()
-        )
-        for r in sorted(rows, key=lambda r: (r["topic"], r["last"]["offset"])):
-            out.setdefault(r["topic"], {}).setdefault(side, []).append(
-                (r[f"{side}_schema_id"], r["schema"])
-            )
-    return out
 
 
 def _check_plan_start(
@@ -211,20 +335,19 @@ def _check_plan_start(
 
 
 def _load_table(
-    spark,
-    pipeline: PipelineConfig,
-    plan: BatchPlan,
+    batch: _Batch,
     table: TableConfig,
     ranges: list[OffsetRange],
     raw,
     schemas: dict[str, list[tuple[int, str]]],
 ) -> TableResult:
+    spark, pipeline, plan = batch.spark, batch.pipeline, batch.plan
     qualified = pipeline.qualified_target(table)
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
     result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
-    exists = spark.catalog.tableExists(qualified)
-    committed = committed_offsets(spark, qualified) if exists else {}
+    state = table_state(spark, qualified)
+    committed = state.committed
     if plan.mode == PlanMode.REPLAY:
         # re-applied records never regress newer rows (LSN check in the MERGE), and the
         # committed offsets never move backwards
@@ -234,15 +357,15 @@ def _load_table(
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         result.status = "already_committed"
         return result
+    else:
+        ends = {(r.topic, r.partition): r.end for r in ranges}
     known = (
         {f.name: f.dataType.simpleString() for f in spark.table(qualified).schema.fields}
-        if exists
+        if state.exists
         else {}
     )
-    schemas, raw = _set_aside_misfits(
-        spark, pipeline, plan, table, topic, schemas, known, raw, result
-    )
-    if not schemas.get("value") and not exists:
+    schemas, raw = _set_aside_misfits(batch, table, topic, schemas, known, raw, result)
+    if not schemas.get("value") and not state.exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
         return result
 
@@ -257,9 +380,7 @@ def _load_table(
     changes = decode_changes(
         raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
     )
-    resolved, truncate, counts, max_ts = _check_and_resolve(
-        spark, pipeline, plan, topic, schema, changes, result
-    )
+    resolved, truncate, counts, max_ts = _check_and_resolve(batch, topic, schema, changes, result)
     toast_columns = [c.name for c in toastable(schema)]
     try:
         result.upserts = counts.get(False, 0)
@@ -268,17 +389,13 @@ def _load_table(
             f"{qualified}: another run wrote to this table at the same time; this run's "
             "batch was not committed to it. Plan again."
         ):
-            spark.sql(
-                f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}"
-            )
             soft = table.delete_mode is DeleteMode.SOFT
             table_columns = ensure_table(
-                spark, qualified, schema, table.properties, table.partition_by, soft
-            )
+                spark, qualified, schema, table.properties, table.partition_by, soft,
+                exists=state.exists,
+            )  # fmt: skip
             present = {c.name for c in schema.columns}
             dropped = [n for n in table_columns if n not in present]
-            if plan.mode != PlanMode.REPLAY:
-                ends = {(r.topic, r.partition): r.end for r in ranges}
             new_offsets = {**committed, **ends}
             props = {
                 SUMMARY_OFFSETS: encode_offsets(new_offsets),
@@ -289,7 +406,9 @@ def _load_table(
             }
             if max_ts is not None:
                 props[SUMMARY_SOURCE_TS] = str(int(max_ts.timestamp() * 1000))
-            before_id, _ = current_snapshot(spark, qualified)
+            # the snapshot the offsets were read from: a commit by anyone else since then
+            # makes the check below fail rather than pass for ours
+            before_id = state.snapshot_id
             view = f"cdclake_changes_{table.target}"
             # hard deletes: a ledger of deleted keys keeps re-sent older changes out
             hard = bool(schema.key_names) and not soft
@@ -308,8 +427,11 @@ def _load_table(
                 )  # fmt: skip
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
-            with commit_properties(spark, props):
-                spark.sql(merge_sql)
+            try:
+                with commit_properties(spark, props):
+                    spark.sql(merge_sql)
+            finally:
+                spark.catalog.dropTempView(view)
             after_id, summary = current_snapshot(spark, qualified)
             if after_id == before_id:
                 commit_empty(spark, qualified, props)  # nothing changed, offsets still move
@@ -318,7 +440,6 @@ def _load_table(
                 raise CommitConflictError(
                     f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
                 )
-            spark.catalog.dropTempView(view)
     finally:
         resolved.unpersist()
     result.status = "committed"
@@ -334,9 +455,7 @@ def _load_table(
 
 
 def _set_aside_misfits(
-    spark,
-    pipeline: PipelineConfig,
-    plan: BatchPlan,
+    batch: _Batch,
     table: TableConfig,
     topic: str,
     schemas: dict[str, list[tuple[int, str]]],
@@ -367,72 +486,65 @@ def _set_aside_misfits(
     for (side, sid), text in rejected.items():
         cond = F.col(f"{side}_schema_id") == F.lit(sid)
         reason = F.when(cond, F.lit(text)) if reason is None else reason.when(cond, F.lit(text))
-    misfits = raw.withColumn("_misfit", reason).where(F.col("_misfit").isNotNull())
-    if pipeline.on_error is OnError.DEAD_LETTER:
+    marked = raw.withColumn("_misfit", reason)
+    misfits = marked.where(F.col("_misfit").isNotNull())
+    if batch.pipeline.on_error is OnError.DEAD_LETTER:
         dead = misfits.select(
             "topic", "partition", "offset",
             F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
             F.col("_misfit").alias("error"),
         )  # fmt: skip
-        result.dead_letters += _dead_letters(spark, pipeline, plan, dead)
+        result.dead_letters += batch.dead_letters(dead, dead.count())
         left = {
             side: [(sid, t) for sid, t in versions if (side, sid) not in rejected]
             for side, versions in schemas.items()
         }
-        kept = raw.withColumn("_misfit", reason).where(F.col("_misfit").isNull()).drop("_misfit")
-        return left, kept
+        return left, marked.where(F.col("_misfit").isNull()).drop("_misfit")
     first = misfits.orderBy("partition", "offset").limit(1).collect()[0]
     raise DecodeError(
         f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
-        f"Nothing of this batch was written to {pipeline.qualified_target(table)}. To go on, "
-        "set on_error: dead_letter (these records are set aside), or take the new type: "
+        f"Nothing of this batch was written to {batch.pipeline.qualified_target(table)}. To go "
+        "on, set on_error: dead_letter (these records are set aside), or take the new type: "
         "drop the column from the lake table, load (records of the old type in the same "
         "batch are set aside or fail), and run an incremental snapshot of the table."
     )
 
 
-def _check_and_resolve(
-    spark,
-    pipeline: PipelineConfig,
-    plan: BatchPlan,
-    topic: str,
-    schema: TopicSchema,
-    changes,
-    result: TableResult,
-):
+def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, result):
     """Check the decoded changes (fail, or dead-letter the bad ones), find the truncate,
-    and resolve the latest change per key.
+    and resolve the latest change per key: two Spark jobs.
 
-    Decoding (a JSON parse of every payload) is the costly part and the checks, the
-    truncate lookup and the resolve are separate Spark jobs: the decoded rows are kept
-    for all of them and dropped once the resolved rows are. Returns the resolved rows
-    (persisted; the caller unpersists them), the truncate, the count of rows per
-    deleted flag and the latest source timestamp.
+    Decoding (a JSON parse of every payload) is the costly part: the decoded rows, with
+    the reason each one cannot be applied, are kept for the check and the resolve and
+    dropped once the resolved rows are. The check (first invalid record, how many, the
+    last truncate) is one aggregation; the resolved rows are cached by the aggregation
+    that counts them and finds the latest source timestamp. Returns the resolved rows
+    (persisted; the caller unpersists them), the truncate, the count of rows per deleted
+    flag and the latest source timestamp.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    dead_letter = pipeline.on_error is OnError.DEAD_LETTER
-    if dead_letter:
-        changes = changes.withColumn("_reason", invalid_reason(schema))
-    else:  # the payload text is only kept for dead letters
+    dead_letter = batch.pipeline.on_error is OnError.DEAD_LETTER
+    changes = changes.withColumn(REASON, invalid_reason(schema))
+    if not dead_letter:  # the payload text is only kept for dead letters
         changes = changes.drop("key_payload", "value_payload")
     changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
     resolved = None
     try:
-        if dead_letter:
-            dead = changes.where(F.col("_reason").isNotNull()).select(
+        check = check_changes(changes, schema)
+        if not dead_letter:
+            check.raise_invalid(topic)
+        elif check.invalid:
+            dead = changes.where(F.col(REASON).isNotNull()).select(
                 F.lit(topic).alias("topic"), "partition", "offset",
                 F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
-                F.col("_reason").alias("error"),
+                F.col(REASON).alias("error"),
             )  # fmt: skip
-            result.dead_letters += _dead_letters(spark, pipeline, plan, dead)
-            valid = changes.where(F.col("_reason").isNull()).drop("_reason")
-        else:
-            find_invalid(changes, schema, topic)
-            valid = changes
+            result.dead_letters += batch.dead_letters(dead, check.invalid)
+        valid = changes.where(F.col(REASON).isNull()).drop(REASON)
         if schema.key_names:
-            truncate = find_truncate(valid)
+            truncate = check.truncate
             resolved = resolve_latest(valid, schema, truncate)
         else:  # no key: every change is appended, truncates included
             truncate, resolved = None, changelog(valid, schema)

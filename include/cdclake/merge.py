@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
@@ -169,12 +170,16 @@ def ensure_table(
     properties: Mapping[str, str],
     partition_by: Sequence[str] = (),
     soft_delete: bool = False,
+    exists: bool | None = None,
 ) -> list[str]:
     """Create the table on first sight, or evolve it: add new columns, widen promoted
     ones. Returns the table's source columns (metadata columns excluded), which may
-    include columns the source has dropped since."""
+    include columns the source has dropped since. `exists` saves the catalog lookup
+    when the caller knows."""
     keys = ", ".join(quote(k) for k in schema.key_names)
-    if not spark.catalog.tableExists(table):
+    if exists is None:
+        exists = spark.catalog.tableExists(table)
+    if not exists:
         spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
         if schema.key_names:
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
@@ -281,24 +286,26 @@ def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema
 DEAD_LETTERS = "_cdclake_dead_letters"
 
 
-def write_dead_letters(spark, namespace: str, rows) -> int:
-    """Idempotently record undecodable records (one row per topic, partition, offset)."""
+def write_dead_letters(spark, namespace: str, rows) -> None:
+    """Idempotently record undecodable records (one row per topic, partition, offset).
+
+    Not safe to call from two threads at once (one temp view name, and two commits to
+    the one table would conflict): the load job holds a lock around it."""
     table = f"{namespace}.{DEAD_LETTERS}"
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {table} (pipeline string, batch_id string, topic string, "
         "`partition` int, `offset` bigint, key string, value string, error string, "
         "recorded_at timestamp) USING iceberg TBLPROPERTIES ('format-version'='2')"
     )
-    count = rows.count()
-    if count:
-        rows.createOrReplaceTempView("cdclake_dead_letters_new")
+    rows.createOrReplaceTempView("cdclake_dead_letters_new")
+    try:
         spark.sql(
             f"MERGE INTO {table} t USING cdclake_dead_letters_new s "
             "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
             "WHEN NOT MATCHED THEN INSERT *"
         )
+    finally:
         spark.catalog.dropTempView("cdclake_dead_letters_new")
-    return count
 
 
 @contextmanager
@@ -360,6 +367,27 @@ def commit_empty(spark, table: str, properties: Mapping[str, str]) -> None:
     for k, v in properties.items():
         append = append.set(k, v)
     append.commit()
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A target table as the load finds it, from one read of its metadata."""
+
+    exists: bool
+    committed: dict[TopicPartition, int]
+    snapshot_id: int | None
+
+
+def table_state(spark, table: str) -> TableState:
+    """Whether the table exists, its committed offsets and current snapshot: one catalog
+    lookup and one metadata read instead of one each."""
+    if not spark.catalog.tableExists(table):
+        return TableState(False, {}, None)
+    ice = load_iceberg_table(spark, table)
+    ice.refresh()
+    snap = ice.currentSnapshot()
+    committed = committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
+    return TableState(True, committed, int(snap.snapshotId()) if snap is not None else None)
 
 
 def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:

@@ -87,35 +87,53 @@ def invalid_reason(schema: TopicSchema):
     )
 
 
+REASON = "_reason"
+
+
+@dataclass(frozen=True)
+class ChangeCheck:
+    """What the checks of a topic's decoded changes found."""
+
+    first_invalid: tuple[int, int, str] | None  # partition, offset, reason
+    invalid: int  # records that cannot be applied
+    truncate: Truncate | None  # the last truncate among the records that can
+
+    def raise_invalid(self, topic: str) -> None:
+        """Fail on the first record that cannot be applied, naming topic, partition,
+        offset."""
+        if self.first_invalid is not None:
+            partition, offset, reason = self.first_invalid
+            raise DecodeError(f"{topic} partition {partition} offset {offset}: {reason}")
+
+
+def check_changes(changes, schema: TopicSchema) -> ChangeCheck:
+    """One Spark job over the decoded changes for the validity check, the count of
+    invalid records and the truncate lookup. Uses the `_reason` column when the changes
+    carry it (`invalid_reason`, computed once where they are cached)."""
+    from pyspark.sql import functions as F
+
+    reason = F.col(REASON) if REASON in changes.columns else invalid_reason(schema)
+    bad = reason.isNotNull()
+    where = F.struct("partition", "offset", reason.alias("reason"))
+    is_truncate = ~bad & (F.col("op") == TRUNCATE)
+    row = changes.agg(
+        F.min(F.when(bad, where)).alias("first"),
+        F.count(F.when(bad, F.lit(1))).alias("n"),
+        # the truncate with the highest offset (orderings that are NULL do not count)
+        F.max_by(F.struct("partition", "offset", "lsn"),
+                 F.when(is_truncate, F.col("offset"))).alias("truncate"),
+    ).collect()[0]  # fmt: skip
+    first, trunc = row["first"], row["truncate"]
+    return ChangeCheck(
+        first_invalid=(first["partition"], first["offset"], first["reason"]) if first else None,
+        invalid=row["n"],
+        truncate=Truncate(trunc["partition"], trunc["offset"], trunc["lsn"]) if trunc else None,
+    )
+
+
 def find_invalid(changes, schema: TopicSchema, topic: str) -> None:
     """Fail on the first record that cannot be applied, naming topic, partition, offset."""
-    from pyspark.sql import functions as F
-
-    bad = (
-        changes.select("partition", "offset", invalid_reason(schema).alias("reason"))
-        .where(F.col("reason").isNotNull())
-        .orderBy("partition", "offset")
-        .limit(1)
-        .collect()
-    )
-    if bad:
-        row = bad[0]
-        raise DecodeError(
-            f"{topic} partition {row['partition']} offset {row['offset']}: {row['reason']}"
-        )
-
-
-def find_truncate(changes) -> Truncate | None:
-    from pyspark.sql import functions as F
-
-    rows = (
-        changes.where(F.col("op") == TRUNCATE)
-        .select("partition", "offset", "lsn")
-        .orderBy(F.col("offset").desc())
-        .limit(1)
-        .collect()
-    )
-    return Truncate(rows[0]["partition"], rows[0]["offset"], rows[0]["lsn"]) if rows else None
+    check_changes(changes, schema).raise_invalid(topic)
 
 
 def after_truncate(changes, truncate: Truncate | None):

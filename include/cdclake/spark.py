@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,3 +119,39 @@ def build_session(pipeline: PipelineConfig, master: str | None = None) -> SparkS
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+# A batch of at most this many records evaluates its expressions interpreted. Each table's
+# decode (a from_json and a CASE per schema, a cast per column) and resolve compile to
+# Java classes per query, which costs ~0.5-1 s of CPU a table; evaluating them for a few
+# thousand rows costs less than that. Above it, compiled code wins.
+SMALL_BATCH_RECORDS = 10_000
+SMALL_BATCH_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
+def batch_conf(records: int, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
+    """Session settings for a batch of `records` records; the pipeline's own win."""
+    if records > SMALL_BATCH_RECORDS:
+        return {}
+    return {k: v for k, v in SMALL_BATCH_CONF.items() if k not in pipeline_conf}
+
+
+@contextmanager
+def batch_settings(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
+    """Set `conf` on the session for one batch and put the old values back afterwards.
+    Session settings are shared by every thread: set them before the tables' threads
+    start, never inside one."""
+    old = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)

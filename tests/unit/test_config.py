@@ -40,6 +40,7 @@ def test_valid_config_parses_into_typed_objects(tmp_path):
     assert audit.partition_by == ("bucket(16, id)", "days(at)", "kind")
     assert audit.properties == {"a.b": "1"}
     assert p.max_records_per_batch == 1_000_000
+    assert p.parallel_tables == 4
 
 
 def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
@@ -63,6 +64,8 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (("key: [order_id, line]", "key: [1]"), "tables[1].key"),  # key not a name
         (("tables:", "max_records_per_batch: 0\ntables:"), "max_records_per_batch"),
         (("tables:", "on_error: ignore\ntables:"), "on_error"),  # not a known mode
+        (("tables:", "parallel_tables: 0\ntables:"), "parallel_tables"),  # no table at a time
+        (("tables:", "parallel_tables: two\ntables:"), "parallel_tables"),  # not a number
         (("tables:", "colour: blue\ntables:"), "colour"),  # unknown top-level field
         (
             ('bootstrap_servers: "k1:9092,k2:9092"', 'bootstrap_servers: "${NOPE_UNSET}"'),

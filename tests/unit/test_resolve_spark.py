@@ -7,9 +7,10 @@ from decimal import Decimal
 import pytest
 from cdclake.changes import decode_changes, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.job import _collect_schemas
+from cdclake.job import scan_raw
 from cdclake.reader import RAW_SCHEMA, record_row
-from cdclake.resolve import find_invalid, find_truncate, resolve_latest
+from cdclake.resolve import check_changes, find_invalid, resolve_latest
+from cdclake.spark import SMALL_BATCH_CONF, batch_settings
 
 from tests.debezium_records import decimal_b64, key_record, value_record
 
@@ -32,7 +33,7 @@ def raw_frame(spark, records):
 
 def decode(spark, records):
     raw = raw_frame(spark, records)
-    schemas = _collect_schemas(raw)[TOPIC]
+    schemas = scan_raw(raw).schemas[TOPIC]
     schema = topic_schema([s for _, s in schemas["key"]], [s for _, s in schemas.get("value", [])],
                           (), TOPIC)  # fmt: skip
     changes = decode_changes(raw, schema, dict(schemas["key"]), dict(schemas.get("value", [])))
@@ -78,7 +79,7 @@ def test_latest_change_per_key_in_kafka_order(spark):
 def test_a_batch_of_tombstones_only_decodes_and_resolves_to_nothing(spark):
     """A batch cut between a delete and its tombstone starts with the tombstone alone."""
     raw = raw_frame(spark, [(key_record(7), None), (key_record(8), None)])
-    schemas = _collect_schemas(raw)[TOPIC]
+    schemas = scan_raw(raw).schemas[TOPIC]
     assert "value" not in schemas
     known = {"id": "int", "name": "string"}
     schema = topic_schema([s for _, s in schemas["key"]], [], (), TOPIC, known=known)
@@ -148,6 +149,55 @@ def test_toast_placeholder_takes_the_last_real_value_or_keeps_the_table_value(sp
     assert out[2]["name"] is None and out[2]["_cdc_toast_name"] and out[2]["_cdc_toast_blob"]
 
 
+def test_small_batches_evaluated_interpreted_resolve_like_compiled_ones(spark):
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=100)),
+        (key_record(2), v("c", None, item(2, "x", "-12.34"), lsn=101)),
+        (key_record(1), v("u", item(1, "a"), item(1, "b", "99999999.99"), lsn=102)),
+        (key_record(2), v("d", item(2, "x"), None, lsn=103)),
+        (key_record(2), None),
+        (key_record(3), v("r", None, item(3, "snap"), lsn=None)),
+        (key_record(1), v("u", item(1, "b"), item(1, "b"), lsn=101)),  # re-sent, stale
+    ]
+    schema, changes = decode(spark, records)
+
+    def rows():
+        check = check_changes(changes, schema)
+        out = resolve_latest(changes, schema, check.truncate).collect()
+        return check, sorted((r.asDict(recursive=True) for r in out), key=lambda r: r["id"])
+
+    compiled = rows()
+    with batch_settings(spark, SMALL_BATCH_CONF):
+        assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+        interpreted = rows()
+    assert spark.conf.get("spark.sql.codegen.factoryMode") != "NO_CODEGEN"  # put back
+    assert interpreted == compiled
+    # a deleted row keeps the last values it had in the batch
+    assert [(r["name"], r["_cdc_deleted"]) for r in compiled[1]] == [
+        ("b", False), ("x", True), ("snap", False),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "records, pipeline_conf, expected",
+    [
+        (100, {}, SMALL_BATCH_CONF),  # small: interpreted
+        (10_000, {}, SMALL_BATCH_CONF),  # the limit is still small
+        (10_001, {}, {}),  # big: compiled
+        (  # the pipeline's own setting wins
+            100,
+            {"spark.sql.codegen.wholeStage": "true"},
+            {"spark.sql.codegen.factoryMode": "NO_CODEGEN"},
+        ),
+    ],
+)
+def test_batch_conf_by_size(records, pipeline_conf, expected):
+    from cdclake.spark import batch_conf
+
+    assert batch_conf(records, pipeline_conf) == expected
+
+
 def test_truncate_drops_what_came_before_it(spark):
     records = [
         (key_record(1), value_record("c", None, item(1, "gone"), lsn=10)),
@@ -156,9 +206,10 @@ def test_truncate_drops_what_came_before_it(spark):
         (key_record(2), value_record("c", None, item(2, "after"), lsn=13)),
     ]
     schema, changes = decode(spark, records)
-    find_invalid(changes, schema, TOPIC)
-    truncate = find_truncate(changes)
-    assert (truncate.offset, truncate.lsn) == (2, 12)
+    check = check_changes(changes, schema)
+    assert (check.first_invalid, check.invalid) == (None, 0)
+    truncate = check.truncate
+    assert (truncate.partition, truncate.offset, truncate.lsn) == (0, 2, 12)
     out = {r["id"]: r["name"] for r in resolve_latest(changes, schema, truncate).collect()}
     assert out == {2: "after"}
 
