@@ -34,6 +34,7 @@ from cdclake.merge import (
     conflicts_reported,
     current_snapshot,
     deleted_keys_table,
+    ensure_namespace,
     ensure_table,
     mark_truncated,
     record_deleted_keys,
@@ -115,7 +116,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable)
     try:
         scan = scan_raw(raw)
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
+        ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = _Batch(spark, pipeline, plan, raw, scan)
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
@@ -309,7 +310,7 @@ def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count:
         "topic", "partition", "offset", "key", "value", "error",
         F.current_timestamp().alias("recorded_at"),
     )  # fmt: skip
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {pipeline.catalog.name}.{pipeline.namespace}")
+    ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
     write_dead_letters(spark, f"{pipeline.catalog.name}.{pipeline.namespace}", stamped)
     log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
     return count

@@ -163,6 +163,25 @@ def build_merge_sql(
     return sql
 
 
+def ensure_namespace(spark, namespace: str) -> None:
+    """CREATE NAMESPACE IF NOT EXISTS, also when another run creates it at the same moment
+    (the JDBC catalog then fails on its unique key although the namespace now exists)."""
+    try:
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+    except Exception:
+        if not _namespace_exists(spark, namespace):
+            raise
+        log.info("%s: created by another run at the same time", namespace)
+
+
+def _namespace_exists(spark, namespace: str) -> bool:
+    try:
+        spark.sql(f"DESCRIBE NAMESPACE {namespace}").collect()
+    except Exception:
+        return False
+    return True
+
+
 def ensure_table(
     spark,
     table: str,
@@ -246,15 +265,16 @@ def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
     ledger = deleted_keys_table(table)
     if not spark.catalog.tableExists(ledger):
         return resolved.withColumn(DELETED_AT, F.lit(None).cast("bigint"))
-    deletes = spark.table(ledger).select(*schema.key_names, F.col(LSN).alias(DELETED_AT))
+    deletes = spark.table(ledger).groupBy(*schema.key_names).agg(F.max(LSN).alias(DELETED_AT))
     return resolved.join(deletes, list(schema.key_names), "left")
 
 
 def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema) -> None:
     """Remember the LSN of every key this batch hard-deletes, so that a re-sent older
     change of the key, loaded in a later batch, does not bring the row back. The ledger
-    only grows by deleted keys; it is written before the table (a crash in between
-    leaves facts the stream already holds)."""
+    only grows by deleted keys (a retried batch may add the same rows again, harmlessly);
+    it is written before the table (a crash in between leaves facts the stream already
+    holds)."""
     ledger = deleted_keys_table(table)
     wanted = {k.name: k.type for k in schema.key}
     if spark.catalog.tableExists(ledger):
@@ -273,13 +293,10 @@ def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema
             f"TBLPROPERTIES ({props})"
         )
     keys = ", ".join(quote(k) for k in wanted)
-    values = ", ".join(f"s.{quote(k)}" for k in wanted)
-    on = " AND ".join(f"l.{quote(k)} = s.{quote(k)}" for k in wanted)
+    # an append (no join with what the ledger holds): readers take each key's highest LSN
     spark.sql(
-        f"MERGE INTO {ledger} l USING (SELECT {keys}, {LSN} FROM {source_view} "
-        f"WHERE {DELETED} AND {LSN} IS NOT NULL) s ON {on} "
-        f"WHEN MATCHED AND s.{LSN} > l.{LSN} THEN UPDATE SET l.{LSN} = s.{LSN} "
-        f"WHEN NOT MATCHED THEN INSERT ({keys}, {LSN}) VALUES ({values}, s.{LSN})"
+        f"INSERT INTO {ledger} ({keys}, {LSN}) SELECT {keys}, {LSN} FROM {source_view} "
+        f"WHERE {DELETED} AND {LSN} IS NOT NULL"
     )
 
 

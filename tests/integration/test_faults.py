@@ -95,3 +95,31 @@ def test_two_loads_at_once_one_commits_the_other_fails_cleanly(stack, spark, tmp
         if code != 0:
             assert code == 2 and "another run" in err, err
     assert_exactly_once(stack, spark, pipeline)
+
+
+def test_runs_creating_the_namespace_at_the_same_moment_both_go_on(stack, spark):
+    """The JDBC catalog's CREATE NAMESPACE IF NOT EXISTS fails on its unique key when two
+    runs create the same namespace at once; the one that lost must still go on."""
+    import threading
+
+    from cdclake.merge import ensure_namespace
+
+    for _ in range(4):
+        namespace = f"lake.it_ns_{uuid.uuid4().hex[:6]}"
+        errors: list[BaseException] = []
+        start = threading.Barrier(6)
+
+        def create(namespace=namespace, errors=errors, start=start):
+            start.wait()
+            try:
+                ensure_namespace(spark, namespace)
+            except Exception as exc:  # collected: a thread's exception is not the test's
+                errors.append(exc)
+
+        threads = [threading.Thread(target=create) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, [str(e).splitlines()[1][:300] for e in errors]
+        assert spark.sql(f"describe namespace {namespace}").count() > 0
