@@ -132,11 +132,8 @@ def unify_columns(
             if f.name not in nullable:
                 order.append(f.name)
             nullable[f.name] = f.optional
-    newest = (
-        [f.name for f in schemas_oldest_first[-1] if f.name in nullable]
-        if (schemas_oldest_first)
-        else []
-    )
+    last = schemas_oldest_first[-1] if schemas_oldest_first else ()
+    newest = [f.name for f in last if f.name in nullable]
     ordered = newest + [n for n in order if n not in newest]
     return tuple(Column(n, types[n], nullable[n]) for n in ordered)
 

@@ -38,8 +38,8 @@ from cdclake.merge import (
     ensure_table,
     mark_truncated,
     record_deleted_keys,
+    table_columns,
     table_state,
-    truncated_below,
     with_deleted_lsn,
     write_dead_letters,
 )
@@ -360,11 +360,7 @@ def _load_table(
         return result
     else:
         ends = {(r.topic, r.partition): r.end for r in ranges}
-    known = (
-        {f.name: f.dataType.simpleString() for f in spark.table(qualified).schema.fields}
-        if state.exists
-        else {}
-    )
+    known = table_columns(spark, qualified) if state.exists else {}
     schemas, raw = _set_aside_misfits(batch, table, topic, schemas, known, raw, result)
     if not schemas.get("value") and not state.exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
@@ -391,12 +387,12 @@ def _load_table(
             "batch was not committed to it. Plan again."
         ):
             soft = table.delete_mode is DeleteMode.SOFT
-            table_columns = ensure_table(
+            lake_columns = ensure_table(
                 spark, qualified, schema, table.properties, table.partition_by, soft,
-                exists=state.exists,
+                existing=known,
             )  # fmt: skip
             present = {c.name for c in schema.columns}
-            dropped = [n for n in table_columns if n not in present]
+            dropped = [n for n in lake_columns if n not in present]
             new_offsets = {**committed, **ends}
             props = {
                 SUMMARY_OFFSETS: encode_offsets(new_offsets),
@@ -417,14 +413,15 @@ def _load_table(
             source.createOrReplaceTempView(view)
             if hard and result.deletes:
                 record_deleted_keys(spark, qualified, view, schema)
+            below = state.truncated_below
             if truncate is not None and truncate.lsn is not None:
-                mark_truncated(spark, qualified, truncate.lsn)
+                below = mark_truncated(spark, qualified, truncate.lsn, below)
             if schema.key_names:
                 merge_sql = build_merge_sql(
                     qualified, view, schema, toast_columns,
                     truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
                     dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
-                    truncated_below=truncated_below(spark, qualified),
+                    truncated_below=below,
                 )  # fmt: skip
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)

@@ -163,6 +163,11 @@ def build_merge_sql(
     return sql
 
 
+def table_columns(spark, table: str) -> dict[str, str]:
+    """Column name -> Spark type (simple string) of an existing table."""
+    return {f.name: f.dataType.simpleString() for f in spark.table(table).schema.fields}
+
+
 def ensure_namespace(spark, namespace: str) -> None:
     """CREATE NAMESPACE IF NOT EXISTS, also when another run creates it at the same moment
     (the JDBC catalog then fails on its unique key although the namespace now exists)."""
@@ -189,16 +194,16 @@ def ensure_table(
     properties: Mapping[str, str],
     partition_by: Sequence[str] = (),
     soft_delete: bool = False,
-    exists: bool | None = None,
+    existing: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Create the table on first sight, or evolve it: add new columns, widen promoted
     ones. Returns the table's source columns (metadata columns excluded), which may
-    include columns the source has dropped since. `exists` saves the catalog lookup
-    when the caller knows."""
+    include columns the source has dropped since. `existing` saves the catalog lookups
+    when the caller has read the table's column types (empty: it does not exist)."""
     keys = ", ".join(quote(k) for k in schema.key_names)
-    if exists is None:
-        exists = spark.catalog.tableExists(table)
-    if not exists:
+    if existing is None:
+        existing = table_columns(spark, table) if spark.catalog.tableExists(table) else {}
+    if not existing:
         spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
         if schema.key_names:
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
@@ -211,7 +216,6 @@ def ensure_table(
         # a run stopped between CREATE TABLE and setting the key: finish it
         spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("%s: identifier fields set to %s", table, schema.key_names)
-    existing = {f.name: f.dataType.simpleString() for f in spark.table(table).schema.fields}
     for c in schema.columns:
         old = existing.get(c.name)
         if old is None:
@@ -238,18 +242,14 @@ DELETED_AT = "_cdc_deleted_at_lsn"
 TRUNCATED_BELOW = "cdclake.truncated-below-lsn"
 
 
-def truncated_below(spark, table: str) -> int | None:
-    """The LSN of the last truncate loaded into the table (a table property), if any."""
-    value = load_iceberg_table(spark, table).properties().get(TRUNCATED_BELOW)
-    return int(value) if value is not None else None
-
-
-def mark_truncated(spark, table: str, lsn: int) -> None:
-    """Remember a truncate's LSN before the MERGE that applies it commits: re-sent
-    changes from before it, in later batches, must not bring rows back."""
-    current = truncated_below(spark, table)
-    if current is None or lsn > current:
-        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{TRUNCATED_BELOW}'='{int(lsn)}')")
+def mark_truncated(spark, table: str, lsn: int, current: int | None) -> int:
+    """Remember a truncate's LSN (unless `current`, the table's, is already higher) before
+    the MERGE that applies it commits: re-sent changes from before it, in later batches,
+    must not bring rows back. Returns the LSN no older change gets past."""
+    if current is not None and current >= lsn:
+        return current
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{TRUNCATED_BELOW}'='{int(lsn)}')")
+    return lsn
 
 
 def deleted_keys_table(table: str) -> str:
@@ -277,15 +277,17 @@ def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema
     holds)."""
     ledger = deleted_keys_table(table)
     wanted = {k.name: k.type for k in schema.key}
-    if spark.catalog.tableExists(ledger):
-        have = {f.name: f.dataType.simpleString() for f in spark.table(ledger).schema.fields}
+    exists = spark.catalog.tableExists(ledger)
+    if exists:
+        have = table_columns(spark, ledger)
         if set(have) != {*wanted, LSN}:  # the key changed: start a new ledger
             spark.sql(f"DROP TABLE {ledger} PURGE")
+            exists = False
         else:
             for name, type_ in wanted.items():
                 if have[name] != type_ and widens(have[name], type_):
                     spark.sql(f"ALTER TABLE {ledger} ALTER COLUMN {quote(name)} TYPE {type_}")
-    if not spark.catalog.tableExists(ledger):
+    if not exists:
         cols = ", ".join(f"{quote(n)} {t} NOT NULL" for n, t in wanted.items())
         props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
         spark.sql(
@@ -393,6 +395,7 @@ class TableState:
     exists: bool
     committed: dict[TopicPartition, int]
     snapshot_id: int | None
+    truncated_below: int | None = None  # the LSN of the last truncate loaded (a property)
 
 
 def table_state(spark, table: str) -> TableState:
@@ -404,7 +407,13 @@ def table_state(spark, table: str) -> TableState:
     ice.refresh()
     snap = ice.currentSnapshot()
     committed = committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
-    return TableState(True, committed, int(snap.snapshotId()) if snap is not None else None)
+    below = ice.properties().get(TRUNCATED_BELOW)
+    return TableState(
+        True,
+        committed,
+        int(snap.snapshotId()) if snap is not None else None,
+        int(below) if below is not None else None,
+    )
 
 
 def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:
