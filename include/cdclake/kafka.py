@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from cdclake.config import KafkaConfig, PipelineConfig
 from cdclake.exceptions import EndpointError
 from cdclake.offsets import TopicPartition, Watermarks
 
 
-def list_topics(kafka: KafkaConfig, timeout: float = 15.0) -> list[str]:
-    """Every topic the broker has."""
+@contextmanager
+def _metadata(kafka: KafkaConfig, timeout: float) -> Iterator[tuple[object, object]]:
+    """A planner consumer and the cluster's topic metadata; an unreachable broker is an
+    EndpointError naming it."""
     from confluent_kafka import Consumer, KafkaException
 
-    consumer = Consumer({**kafka.client_config(), "group.id": "cdclake-planner"})
+    consumer = Consumer(
+        {**kafka.client_config(), "group.id": "cdclake-planner", "enable.auto.commit": False}
+    )
     try:
-        return sorted(consumer.list_topics(timeout=timeout).topics)
-    except KafkaException as exc:
-        raise EndpointError(
-            f"Kafka at {kafka.bootstrap_servers} could not be reached: {exc}"
-        ) from exc
+        try:
+            meta = consumer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise EndpointError(
+                f"Kafka at {kafka.bootstrap_servers} could not be reached: {exc}"
+            ) from exc
+        yield consumer, meta
     finally:
         consumer.close()
+
+
+def list_topics(kafka: KafkaConfig, timeout: float = 15.0) -> list[str]:
+    """Every topic the broker has."""
+    with _metadata(kafka, timeout) as (_, meta):
+        return sorted(meta.topics)
 
 
 def discover(pipeline: PipelineConfig, topics: Iterable[str] | None = None) -> PipelineConfig:
@@ -36,18 +49,9 @@ def fetch_watermarks(
     kafka: KafkaConfig, topics: Iterable[str], timeout: float = 15.0
 ) -> dict[TopicPartition, Watermarks]:
     """Low and high watermarks of every partition of `topics` that exist."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
-    consumer = Consumer(
-        {**kafka.client_config(), "group.id": "cdclake-planner", "enable.auto.commit": False}
-    )
-    try:
-        try:
-            meta = consumer.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise EndpointError(
-                f"Kafka at {kafka.bootstrap_servers} could not be reached: {exc}"
-            ) from exc
+    with _metadata(kafka, timeout) as (consumer, meta):
         out: dict[tuple[str, int], Watermarks] = {}
         for topic in topics:
             tmeta = meta.topics.get(topic)
@@ -64,8 +68,6 @@ def fetch_watermarks(
                     ) from exc
                 out[(topic, p)] = Watermarks(low, high)
         return out
-    finally:
-        consumer.close()
 
 
 def offsets_for_time(
