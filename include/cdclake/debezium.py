@@ -270,26 +270,6 @@ def unscaled_from_base64(col):
     return F.when(col.isNull(), F.lit(None)).otherwise(value.cast("decimal(38,0)"))
 
 
-def scaled_text(digits, scale):
-    """'-12345' with scale 2 -> '-123.45' (scale may be a column); exact, as text."""
-    from pyspark.sql import functions as F
-
-    scale = F.lit(scale) if isinstance(scale, int) else scale
-    negative = digits.startswith("-")
-    absolute = F.regexp_replace(digits, "^-", "")
-    width = F.greatest(F.length(absolute), scale + 1)
-    padded = F.call_function("lpad", absolute, width, F.lit("0"))
-    int_len = F.length(padded) - scale
-    fractional = F.concat(
-        padded.substr(F.lit(1), int_len), F.lit("."), padded.substr(int_len + 1, scale)
-    )
-    zeros = F.call_function("repeat", F.lit("0"), -scale)
-    text = F.when(scale <= 0, F.concat(absolute, zeros)).otherwise(fractional)
-    return F.when(digits.isNull(), F.lit(None)).otherwise(
-        F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), text)
-    )
-
-
 def variable_scale_text(col):
     """VariableScaleDecimal {scale, value} -> exact decimal text, any number of digits.
 
@@ -320,9 +300,32 @@ def variable_scale_text(col):
     return decode(col)
 
 
+def unscaled_digits(col):
+    """Big-endian two's-complement bytes (base64) -> the signed integer as decimal text.
+
+    Values of up to 8 bytes (every decimal of up to 18 digits) are sign-extended to 64
+    bits and converted by one `conv`; longer ones go through `unscaled_from_base64`.
+    """
+    from pyspark.sql import functions as F
+
+    hexed = F.hex(F.unbase64(col))
+    negative = F.substring(hexed, 1, 1) >= F.lit("8")
+    pad = F.when(negative, F.lit("F")).otherwise(F.lit("0"))
+    short = F.conv(F.call_function("lpad", hexed, F.lit(16), pad), 16, -10)
+    return F.when(F.length(hexed) <= 16, short).otherwise(
+        unscaled_from_base64(col).cast("string")
+    )
+
+
 def decimal_from_base64(col, precision: int, scale: int):
-    unscaled = unscaled_from_base64(col)
-    return scaled_text(unscaled.cast("string"), scale).cast(f"decimal({precision},{max(scale, 0)})")
+    """Connect Decimal (unscaled bytes, base64) -> decimal(precision, scale), exactly:
+    the digits with an exponent (`12345E-2`) cast to the decimal type. A value that does
+    not fit the type becomes NULL (which the decoding reports as a column that does not
+    fit)."""
+    from pyspark.sql import functions as F
+
+    text = F.concat(unscaled_digits(col), F.lit(f"E{-scale}"))
+    return text.cast(f"decimal({precision},{max(scale, 0)})")
 
 
 def time_text(micros):

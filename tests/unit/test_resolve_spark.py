@@ -2,7 +2,7 @@
 
 import base64
 import datetime as dt
-from decimal import Decimal
+from decimal import Decimal, localcontext
 
 import pytest
 from cdclake.changes import decode_changes, topic_schema
@@ -227,3 +227,45 @@ def test_payload_not_matching_its_schema_is_refused(spark):
     schema, changes = decode(spark, [(key_record(1), good), (key_record(1), broken)])
     with pytest.raises(DecodeError, match="offset 1: value is not a Debezium envelope"):
         find_invalid(changes, schema, TOPIC)
+
+
+def _decimal_cases():
+    """Unscaled values at the byte-length edges of the Connect Decimal encoding (1, 8, 9
+    and 16 bytes, both signs), with the decimal type they are read as."""
+    out = []
+    for unscaled in (0, 1, -1, 127, 128, -128, -129, 32767, -32768, 2**63 - 1, -(2**63),
+                     2**63, -(2**63) - 1, 10**18, -(10**18), 10**37 + 12345, -(10**37) - 1):  # fmt: skip
+        out.append((unscaled, 38, 2))
+    out += [(-123456789, 18, 0), (999999999999999999, 18, 6), (-5, 10, -2)]
+    return out
+
+
+@pytest.mark.parametrize("interpreted", [False, True])
+def test_connect_decimals_decode_exactly_at_every_byte_length(spark, interpreted):
+    from cdclake.debezium import decimal_from_base64
+    from pyspark.sql import functions as F
+
+    cases = _decimal_cases()
+    rows = []
+    for unscaled, _, _ in cases:
+        size = max(1, (unscaled.bit_length() + 8) // 8)
+        rows.append((base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode(),))
+    df = spark.createDataFrame(rows, "b string")
+    exprs = [
+        decimal_from_base64(F.col("b"), p, s).cast("string").alias(f"c{i}")
+        for i, (_, p, s) in enumerate(cases)
+    ]
+    conf = SMALL_BATCH_CONF if interpreted else {}
+    with batch_settings(spark, conf):
+        got = df.select(*exprs).collect()
+    for i, (unscaled, precision, scale) in enumerate(cases):
+        value = got[i][f"c{i}"]
+        with localcontext(prec=100):
+            expected = Decimal(unscaled).scaleb(-scale)
+            kept = max(scale, 0)
+            if abs(expected) >= Decimal(10) ** (precision - kept):  # does not fit: NULL
+                assert value is None, (unscaled, precision, scale, value)
+                continue
+            assert value == format(expected.quantize(Decimal(1).scaleb(-kept)), "f"), (
+                unscaled, precision, scale, value,
+            )  # fmt: skip
