@@ -233,8 +233,9 @@ def _decimal_cases():
     """Unscaled values at the byte-length edges of the Connect Decimal encoding (1, 8, 9
     and 16 bytes, both signs), with the decimal type they are read as."""
     out = []
-    for unscaled in (0, 1, -1, 127, 128, -128, -129, 32767, -32768, 2**63 - 1, -(2**63),
-                     2**63, -(2**63) - 1, 10**18, -(10**18), 10**37 + 12345, -(10**37) - 1):  # fmt: skip
+    edges = (0, 1, -1, 127, 128, -128, -129, 32767, -32768, 2**63 - 1, -(2**63), 2**63,
+             -(2**63) - 1, 10**18, -(10**18), 10**37 + 12345, -(10**37) - 1)  # fmt: skip
+    for unscaled in edges:
         out.append((unscaled, 38, 2))
     out += [(-123456789, 18, 0), (999999999999999999, 18, 6), (-5, 10, -2)]
     return out
