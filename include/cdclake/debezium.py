@@ -312,9 +312,7 @@ def unscaled_digits(col):
     negative = F.substring(hexed, 1, 1) >= F.lit("8")
     pad = F.when(negative, F.lit("F")).otherwise(F.lit("0"))
     short = F.conv(F.call_function("lpad", hexed, F.lit(16), pad), 16, -10)
-    return F.when(F.length(hexed) <= 16, short).otherwise(
-        unscaled_from_base64(col).cast("string")
-    )
+    return F.when(F.length(hexed) <= 16, short).otherwise(unscaled_from_base64(col).cast("string"))
 
 
 def decimal_from_base64(col, precision: int, scale: int):
