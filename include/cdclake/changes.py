@@ -191,9 +191,10 @@ def _decoded_row(parsed, fields: Sequence[ConnectField], columns: Sequence[Colum
     return F.when(parsed.isNull(), F.lit(None)).otherwise(F.struct(*parts))
 
 
-def _unfit_columns(parsed, fields: Sequence[ConnectField], columns: Sequence[Column]):
-    """Names of columns whose value was present but did not survive decoding (overflow,
-    malformed text): such a record must fail or go to the dead letters, never load NULL."""
+def _unfit_columns(parsed, decoded, fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """Names of columns whose value was present (`parsed`) but did not survive decoding
+    (`decoded`: overflow, malformed text): such a record must fail or go to the dead
+    letters, never load NULL."""
     from pyspark.sql import functions as F
 
     by_name = {f.name: f for f in fields}
@@ -202,9 +203,7 @@ def _unfit_columns(parsed, fields: Sequence[ConnectField], columns: Sequence[Col
         f = by_name.get(c.name)
         if f is None:
             continue
-        raw = parsed[f.name]
-        decoded = decode_column(raw, f).cast(c.type)
-        checks.append(F.when(raw.isNotNull() & decoded.isNull(), F.lit(c.name)))
+        checks.append(F.when(parsed[f.name].isNotNull() & decoded[c.name].isNull(), F.lit(c.name)))
     if not checks:
         return F.array().cast("array<string>")
     return F.filter(F.array(*checks), lambda x: x.isNotNull())
@@ -255,7 +254,6 @@ def decode_changes(
             parsed["op"].alias("op"),
             parsed["source"]["ts_ms"].alias("source_ts_ms"),
             parsed["source"]["lsn"].alias("lsn"),
-            _unfit_columns(parsed["after"], fields, schema.columns).alias("unfit"),
         )
         cond = F.col("value_schema_id") == F.lit(sid)
         value_cases = (F.when(cond, decoded) if value_cases is None
@@ -273,17 +271,30 @@ def decode_changes(
         row = ",".join(f"`{c.name}`:{c.type}" for c in schema.columns)
         value_cases = F.lit(None).cast(
             f"struct<before:struct<{row}>,after:struct<{row}>,op:string,source_ts_ms:bigint,"
-            "lsn:bigint,unfit:array<string>>"
+            "lsn:bigint>"
         )
     value_expr = value_cases
     if key_cases is None:  # no Kafka key (table without primary key): a typed NULL
         key_type = ",".join(f"`{k.name}`:{k.type}" for k in key_cols)
         key_cases = F.lit(None).cast(f"struct<{key_type}>")
+    parsed_names = [f"_v{i}" for i in range(len(value_schemas))]
     df = raw.select(
         "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
+        "value_schema_id", *parsed_names,
         (key_cases if key_cases is not None else F.lit(None)).alias("key"),
         value_expr.alias("value"),
     )  # fmt: skip
+    # which columns did not survive decoding: the parsed value against the decoded one,
+    # computed once above (decoding again here would double its cost)
+    unfit = None
+    for i, (sid, text) in enumerate(value_schemas.items()):
+        fields = value_row_fields(parse_connect_schema(text), "value")
+        check = _unfit_columns(F.col(f"_v{i}")["after"], F.col("value.after"), fields,
+                               schema.columns)  # fmt: skip
+        cond = F.col("value_schema_id") == F.lit(sid)
+        unfit = F.when(cond, check) if unfit is None else unfit.when(cond, check)
+    if unfit is None:
+        unfit = F.lit(None).cast("array<string>")
     return df.select(
         "partition",
         "offset",
@@ -297,5 +308,5 @@ def decode_changes(
         F.col("value.op").alias("op"),
         F.col("value.source_ts_ms").alias("source_ts_ms"),
         F.col("value.lsn").alias("lsn"),
-        F.col("value.unfit").alias("unfit"),
+        unfit.alias("unfit"),
     )
