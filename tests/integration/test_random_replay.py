@@ -10,7 +10,7 @@ import uuid
 import pytest
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.reader import RAW_SCHEMA, record_row
+from cdclake.reader import RAW_SCHEMA, SchemaIds, record_row
 
 from tests.debezium_records import key_record, value_record
 from tests.integration.helpers import make_pipeline
@@ -72,7 +72,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(stack, spark, t
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
-        seen: set[int] = set()
+        seen = SchemaIds()
         rows = [
             record_row(seen, topic, 0, off, 0, k, v)
             for off, (k, v) in enumerate(records[start:end], start)
@@ -122,7 +122,7 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
     topic = pipeline.topic_for(table)
     start = 0
     for i, (batch, want) in enumerate(zip(batches, expected, strict=True)):
-        seen: set[int] = set()
+        seen = SchemaIds()
         rows = [record_row(seen, topic, 0, off, 0, k, val)
                 for off, (k, val) in enumerate(batch, start)]  # fmt: skip
         raw = spark.createDataFrame(rows, RAW_SCHEMA)

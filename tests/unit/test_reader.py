@@ -45,3 +45,15 @@ def test_slice_ranges_cuts_big_ranges_into_tasks():
         OffsetRange("t", 0, 20, 25),
         OffsetRange("u", 1, 0, 3),
     ]
+
+
+def test_schema_ids_are_stable_and_sent_once_per_task():
+    from cdclake.reader import SchemaIds
+
+    ids = SchemaIds()
+    a, b = b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
+    seq = [("value", a), ("value", a), ("key", a), ("value", b), ("value", a), ("value", b)]
+    got = [ids.id_of(side, s) for side, s in seq]
+    assert [sid for sid, _ in got] == [schema_id(s) for _, s in seq]
+    # the text goes with the first record of each schema only, whatever side it is on
+    assert [first for _, first in got] == [True, False, False, True, False, False]

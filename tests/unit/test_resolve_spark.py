@@ -8,7 +8,7 @@ import pytest
 from cdclake.changes import decode_changes, topic_schema
 from cdclake.exceptions import DecodeError
 from cdclake.job import scan_raw
-from cdclake.reader import RAW_SCHEMA, record_row
+from cdclake.reader import RAW_SCHEMA, SchemaIds, record_row
 from cdclake.resolve import check_changes, find_invalid, resolve_latest
 from cdclake.spark import SMALL_BATCH_CONF, batch_settings
 
@@ -26,7 +26,7 @@ def item(i, name, price="1.00"):
 
 
 def raw_frame(spark, records):
-    seen: set[int] = set()
+    seen = SchemaIds()
     rows = [record_row(seen, TOPIC, 0, off, 0, k, v) for off, (k, v) in enumerate(records)]
     return spark.createDataFrame(rows, RAW_SCHEMA)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cdclake.bench.events import Workload, generate_slice
 from cdclake.offsets import OffsetRange
-from cdclake.reader import RAW_SCHEMA, _arrow_schema, record_row, slice_ranges
+from cdclake.reader import RAW_SCHEMA, SchemaIds, _arrow_schema, record_row, slice_ranges
 
 RawReader = Callable[..., object]  # (spark, kafka config, ranges) -> raw DataFrame
 
@@ -62,7 +62,7 @@ def _plan(spark, ranges: Sequence[OffsetRange]):
     )
 
 
-def _raw_batch(topic: str, partition: int, cols: dict, seen: set[int]):
+def _raw_batch(topic: str, partition: int, cols: dict, seen: SchemaIds):
     """Recorded or generated columns -> the reader's raw rows (same code path)."""
     import pyarrow as pa
 
@@ -97,7 +97,7 @@ def _read_file_slice(where: str, r: dict) -> Iterator:
     import pyarrow.parquet as pq
 
     f = pq.ParquetFile(f"{where}/{_file_name(r['topic'], r['partition'])}")
-    seen: set[int] = set()
+    seen = SchemaIds()
     first = 0
     for g in range(f.num_row_groups):
         rows = f.metadata.row_group(g).num_rows
@@ -117,7 +117,7 @@ def generated_reader(workload: Workload) -> RawReader:
         def task(batches: Iterator) -> Iterator:
             for batch in batches:
                 for r in batch.to_pylist():
-                    seen: set[int] = set()
+                    seen = SchemaIds()
                     for cols in generate_slice(
                         workload, r["topic"], r["partition"], r["start"], r["end"]
                     ):
