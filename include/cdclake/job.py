@@ -58,10 +58,14 @@ from cdclake.offsets import (
 )
 from cdclake.reader import read_ranges
 from cdclake.resolve import (
+    CHECK_FIRST_TYPE,
+    CHECK_TRUNCATE_TYPE,
     REASON,
     changelog,
+    check_aggregates,
     check_changes,
     invalid_reason,
+    read_check,
     resolve_latest,
     toastable,
 )
@@ -236,6 +240,14 @@ class RawScan:
     schemas: dict[str, dict[str, list[tuple[int, str]]]]
     broken: dict[str, tuple[int, int, str]]
     broken_count: int
+    # topics with a payload that may be a truncate (`"op":"t"` in its text); the others
+    # certainly have none, so their check runs beside the resolve instead of before it
+    truncates: frozenset[str] = frozenset()
+
+
+# a truncate event's payload has this in its text; a row's own "op" column can match too,
+# which only costs the extra check job
+TRUNCATE_TEXT = r'"op"\s*:\s*"t"'
 
 
 def scan_raw(raw) -> RawScan:
@@ -252,11 +264,16 @@ def scan_raw(raw) -> RawScan:
         F.struct(F.lit("error").alias("side"), F.lit(None).cast("long").alias("sid"),
                  F.col("error").alias("text"))
     )  # fmt: skip
+    sides.append(
+        F.struct(F.lit("truncate").alias("side"), F.lit(None).cast("long").alias("sid"),
+                 F.when(F.col("value_payload").rlike(TRUNCATE_TEXT), F.lit("t")).alias("text"))
+    )  # fmt: skip
     at = F.struct("partition", "offset")
     is_error = F.col("s.side") == "error"
+    flagged = F.col("s.side").isin("error", "truncate") & F.col("s.text").isNotNull()
     rows = (
         raw.select("topic", "partition", "offset", "error", F.explode(F.array(*sides)).alias("s"))
-        .where(F.col("s.sid").isNotNull() | (is_error & F.col("s.text").isNotNull()))
+        .where(F.col("s.sid").isNotNull() | flagged)
         .groupBy("topic", F.col("s.side").alias("side"), F.col("s.sid").alias("sid"))
         .agg(
             # a schema counts for the records that split; its text may come from any
@@ -273,15 +290,18 @@ def scan_raw(raw) -> RawScan:
     schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
     broken: dict[str, tuple[int, int, str]] = {}
     broken_count = 0
+    truncates = set()
     for r in sorted(rows, key=lambda r: (r["topic"], r["last"]["offset"] if r["last"] else -1)):
-        if r["side"] == "error":
+        if r["side"] == "truncate":
+            truncates.add(r["topic"])
+        elif r["side"] == "error":
             broken[r["topic"]] = (r["first"][0], r["first"][1], r["first"][2])
             broken_count += r["n"]
         elif r["last"] is not None:
             schemas.setdefault(r["topic"], {}).setdefault(r["side"], []).append(
                 (r["sid"], r["text"])
             )
-    return RawScan(schemas, broken, broken_count)
+    return RawScan(schemas, broken, broken_count, frozenset(truncates))
 
 
 def _handle_broken_envelopes(
@@ -510,15 +530,17 @@ def _set_aside_misfits(
 
 def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, result):
     """Check the decoded changes (fail, or dead-letter the bad ones), find the truncate,
-    and resolve the latest change per key: two Spark jobs.
+    and resolve the latest change per key.
 
     Decoding (a JSON parse of every payload) is the costly part: the decoded rows, with
     the reason each one cannot be applied, are kept for the check and the resolve and
-    dropped once the resolved rows are. The check (first invalid record, how many, the
-    last truncate) is one aggregation; the resolved rows are cached by the aggregation
-    that counts them and finds the latest source timestamp. Returns the resolved rows
-    (persisted; the caller unpersists them), the truncate, the count of rows per deleted
-    flag and the latest source timestamp.
+    dropped once the resolved rows are. The resolved rows are cached by the aggregation
+    that counts them and finds the latest source timestamp. The check (first invalid
+    record, how many, the last truncate) runs in that same job when the batch's raw scan
+    says the topic has no truncate; else it is a job of its own before the resolve,
+    which needs the truncate's position. Nothing is written before both are known.
+    Returns the resolved rows (persisted; the caller unpersists them), the truncate, the
+    count of rows per deleted flag and the latest source timestamp.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -530,7 +552,24 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
     changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
     resolved = None
     try:
-        check = check_changes(changes, schema)
+        valid = changes.where(F.col(REASON).isNull()).drop(REASON)
+        together = bool(schema.key_names) and topic not in batch.scan.truncates
+        if together:
+            truncate = None
+            resolved = resolve_latest(valid, schema, None).persist(StorageLevel.MEMORY_AND_DISK)
+            check, stats = _check_with_stats(changes, resolved, schema)
+            if check.truncate is not None:  # the scan missed it: resolve again from it
+                log.warning("%s: a truncate the raw scan did not see; resolving again", topic)
+                resolved.unpersist()
+                together = False
+        if not together:
+            check = check_changes(changes, schema)
+            if schema.key_names:
+                truncate = check.truncate
+                resolved = resolve_latest(valid, schema, truncate)
+            else:  # no key: every change is appended, truncates included
+                truncate, resolved = None, changelog(valid, schema)
+            resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
         if not dead_letter:
             check.raise_invalid(topic)
         elif check.invalid:
@@ -540,18 +579,8 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
                 F.col(REASON).alias("error"),
             )  # fmt: skip
             result.dead_letters += batch.dead_letters(dead, check.invalid)
-        valid = changes.where(F.col(REASON).isNull()).drop(REASON)
-        if schema.key_names:
-            truncate = check.truncate
-            resolved = resolve_latest(valid, schema, truncate)
-        else:  # no key: every change is appended, truncates included
-            truncate, resolved = None, changelog(valid, schema)
-        resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
-        stats = (
-            resolved.groupBy(DELETED)
-            .agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"))
-            .collect()
-        )
+        if not together:
+            stats = _stats(resolved).collect()
     except BaseException:
         if resolved is not None:
             resolved.unpersist()
@@ -561,3 +590,29 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
     counts = {r[DELETED]: r["n"] for r in stats}
     max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
     return resolved, truncate, counts, max_ts
+
+
+def _stats(resolved):
+    """Rows per deleted flag, and the latest source timestamp of each."""
+    from pyspark.sql import functions as F
+
+    return resolved.groupBy(DELETED).agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"))
+
+
+def _check_with_stats(changes, resolved, schema: TopicSchema):
+    """The check of the changes and the stats of the resolved rows, in one Spark job:
+    (ChangeCheck, stats rows)."""
+    from pyspark.sql import functions as F
+
+    stats = _stats(resolved).select(
+        F.lit(False).alias("is_check"), DELETED, "n", "ts",
+        F.lit(None).cast(CHECK_FIRST_TYPE).alias("first"),
+        F.lit(None).cast(CHECK_TRUNCATE_TYPE).alias("truncate"),
+    )  # fmt: skip
+    check = changes.agg(*check_aggregates(changes, schema)).select(
+        F.lit(True).alias("is_check"), F.lit(None).cast("boolean").alias(DELETED), "n",
+        F.lit(None).cast("timestamp").alias("ts"), "first", "truncate",
+    )  # fmt: skip
+    rows = stats.unionByName(check).collect()
+    found = next(r for r in rows if r["is_check"])
+    return read_check(found), [r for r in rows if not r["is_check"]]

@@ -106,29 +106,49 @@ class ChangeCheck:
             raise DecodeError(f"{topic} partition {partition} offset {offset}: {reason}")
 
 
-def check_changes(changes, schema: TopicSchema) -> ChangeCheck:
-    """One Spark job over the decoded changes for the validity check, the count of
-    invalid records and the truncate lookup. Uses the `_reason` column when the changes
-    carry it (`invalid_reason`, computed once where they are cached)."""
+CHECK_FIRST_TYPE = "struct<partition:int,offset:bigint,reason:string>"
+CHECK_TRUNCATE_TYPE = "struct<partition:int,offset:bigint,lsn:bigint>"
+
+
+def check_aggregates(changes, schema: TopicSchema, truncate: bool = True) -> list:
+    """The aggregates of the validity check (and, with `truncate`, the truncate lookup)
+    over decoded changes, to run alone (`check_changes`) or beside another aggregation.
+    Uses the `_reason` column when the changes carry it (`invalid_reason`, computed once
+    where they are cached)."""
     from pyspark.sql import functions as F
 
     reason = F.col(REASON) if REASON in changes.columns else invalid_reason(schema)
     bad = reason.isNotNull()
     where = F.struct("partition", "offset", reason.alias("reason"))
-    is_truncate = ~bad & (F.col("op") == TRUNCATE)
-    row = changes.agg(
+    aggs = [
         F.min(F.when(bad, where)).alias("first"),
         F.count(F.when(bad, F.lit(1))).alias("n"),
+    ]
+    if truncate:
+        is_truncate = ~bad & (F.col("op") == TRUNCATE)
         # the truncate with the highest offset (orderings that are NULL do not count)
-        F.max_by(F.struct("partition", "offset", "lsn"),
-                 F.when(is_truncate, F.col("offset"))).alias("truncate"),
-    ).collect()[0]  # fmt: skip
-    first, trunc = row["first"], row["truncate"]
+        aggs.append(
+            F.max_by(F.struct("partition", "offset", "lsn"),
+                     F.when(is_truncate, F.col("offset"))).alias("truncate")
+        )  # fmt: skip
+    return aggs
+
+
+def read_check(row) -> ChangeCheck:
+    """The ChangeCheck from a row of `check_aggregates`."""
+    first = row["first"]
+    trunc = row["truncate"] if "truncate" in row.__fields__ else None
     return ChangeCheck(
         first_invalid=(first["partition"], first["offset"], first["reason"]) if first else None,
         invalid=row["n"],
         truncate=Truncate(trunc["partition"], trunc["offset"], trunc["lsn"]) if trunc else None,
     )
+
+
+def check_changes(changes, schema: TopicSchema) -> ChangeCheck:
+    """One Spark job over the decoded changes for the validity check, the count of
+    invalid records and the truncate lookup."""
+    return read_check(changes.agg(*check_aggregates(changes, schema)).collect()[0])
 
 
 def find_invalid(changes, schema: TopicSchema, topic: str) -> None:

@@ -91,7 +91,12 @@ def spark_conf(pipeline: PipelineConfig, secrets: bool = True) -> dict[str, str]
         "spark.sql.adaptive.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": "2g",
+        "spark.driver.memory": "4g",
+        # cached batches that spill to disk are read back whole: Kryo keeps them compact
+        "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+        # rows of decoded changes are wide (every column, before and after): cache them in
+        # batches of 2,000 rather than 10,000 so building one stays small
+        "spark.sql.inMemoryColumnarStorage.batchSize": "2000",
         **catalog_spark_conf(pipeline.catalog),
     }
     if "spark.jars" not in pipeline.spark.conf:

@@ -133,3 +133,35 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
         lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
         assert lake == want, f"{delete_mode} {gone}: after batch {i}"
         start += len(batch)
+
+
+@pytest.mark.parametrize("scan_sees_it", [True, False])
+def test_a_truncate_the_raw_scan_misses_is_still_applied(
+    stack, spark, tmp_path, monkeypatch, scan_sees_it
+):
+    """The check runs beside the resolve when the raw scan finds no truncate text; a
+    truncate it did not see (e.g. a payload written in an unusual form) must still win."""
+    import cdclake.job
+
+    if not scan_sees_it:
+        monkeypatch.setattr(cdclake.job, "TRUNCATE_TEXT", "(?!)")  # matches nothing
+    v = value_record
+    batch = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=110)),
+        (key_record(2), v("c", None, item(2, "b"), lsn=120)),
+        (None, v("t", None, None, lsn=130)),
+        (key_record(3), v("c", None, item(3, "c"), lsn=140)),
+    ]
+    name = f"it_trunc_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    table = pipeline.tables[0]
+    topic = pipeline.topic_for(table)
+    seen = SchemaIds()
+    rows = [record_row(seen, topic, 0, off, 0, k, val) for off, (k, val) in enumerate(batch)]
+    raw = spark.createDataFrame(rows, RAW_SCHEMA)
+    assert (topic in cdclake.job.scan_raw(raw).truncates) is scan_sees_it
+    plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(batch)),))
+    (result,) = run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
+    assert result.truncated
+    lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
+    assert lake == {3: "c"}
