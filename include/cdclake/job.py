@@ -5,6 +5,7 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 import threading
@@ -61,6 +62,7 @@ from cdclake.resolve import (
     CHECK_FIRST_TYPE,
     CHECK_TRUNCATE_TYPE,
     REASON,
+    TOAST_PLACEHOLDER,
     changelog,
     check_aggregates,
     check_changes,
@@ -243,11 +245,16 @@ class RawScan:
     # topics with a payload that may be a truncate (`"op":"t"` in its text); the others
     # certainly have none, so their check runs beside the resolve instead of before it
     truncates: frozenset[str] = frozenset()
+    # topics with a payload that may hold a TOAST placeholder (its text, or base64 of it
+    # for a bytea column); the others are resolved without the placeholder aggregates
+    toasts: frozenset[str] = frozenset()
 
 
 # a truncate event's payload has this in its text; a row's own "op" column can match too,
 # which only costs the extra check job
 TRUNCATE_TEXT = r'"op"\s*:\s*"t"'
+# how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
+TOAST_TEXTS = (TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36])
 
 
 def scan_raw(raw) -> RawScan:
@@ -268,9 +275,16 @@ def scan_raw(raw) -> RawScan:
         F.struct(F.lit("truncate").alias("side"), F.lit(None).cast("long").alias("sid"),
                  F.when(F.col("value_payload").rlike(TRUNCATE_TEXT), F.lit("t")).alias("text"))
     )  # fmt: skip
+    toast = F.lit(False)
+    for text in TOAST_TEXTS:
+        toast = toast | F.col("value_payload").contains(text)
+    sides.append(
+        F.struct(F.lit("toast").alias("side"), F.lit(None).cast("long").alias("sid"),
+                 F.when(toast, F.lit("t")).alias("text"))
+    )  # fmt: skip
     at = F.struct("partition", "offset")
     is_error = F.col("s.side") == "error"
-    flagged = F.col("s.side").isin("error", "truncate") & F.col("s.text").isNotNull()
+    flagged = F.col("s.side").isin("error", "truncate", "toast") & F.col("s.text").isNotNull()
     rows = (
         raw.select("topic", "partition", "offset", "error", F.explode(F.array(*sides)).alias("s"))
         .where(F.col("s.sid").isNotNull() | flagged)
@@ -290,10 +304,12 @@ def scan_raw(raw) -> RawScan:
     schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
     broken: dict[str, tuple[int, int, str]] = {}
     broken_count = 0
-    truncates = set()
+    truncates, toasts = set(), set()
     for r in sorted(rows, key=lambda r: (r["topic"], r["last"]["offset"] if r["last"] else -1)):
         if r["side"] == "truncate":
             truncates.add(r["topic"])
+        elif r["side"] == "toast":
+            toasts.add(r["topic"])
         elif r["side"] == "error":
             broken[r["topic"]] = (r["first"][0], r["first"][1], r["first"][2])
             broken_count += r["n"]
@@ -301,7 +317,7 @@ def scan_raw(raw) -> RawScan:
             schemas.setdefault(r["topic"], {}).setdefault(r["side"], []).append(
                 (r["sid"], r["text"])
             )
-    return RawScan(schemas, broken, broken_count, frozenset(truncates))
+    return RawScan(schemas, broken, broken_count, frozenset(truncates), frozenset(toasts))
 
 
 def _handle_broken_envelopes(
@@ -397,8 +413,10 @@ def _load_table(
     changes = decode_changes(
         raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
     )
-    resolved, truncate, counts, max_ts = _check_and_resolve(batch, topic, schema, changes, result)
-    toast_columns = [c.name for c in toastable(schema)]
+    resolved, truncate, counts, max_ts, toast = _check_and_resolve(
+        batch, topic, schema, changes, result
+    )
+    toast_columns = [c.name for c in toastable(schema)] if toast else []
     try:
         result.upserts = counts.get(False, 0)
         result.deletes = counts.get(True, 0)
@@ -554,14 +572,18 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
     try:
         valid = changes.where(F.col(REASON).isNull()).drop(REASON)
         together = bool(schema.key_names) and topic not in batch.scan.truncates
+        toast = True
         if together:
-            truncate = None
-            resolved = resolve_latest(valid, schema, None).persist(StorageLevel.MEMORY_AND_DISK)
-            check, stats = _check_with_stats(changes, resolved, schema)
-            if check.truncate is not None:  # the scan missed it: resolve again from it
-                log.warning("%s: a truncate the raw scan did not see; resolving again", topic)
+            truncate, toast = None, topic in batch.scan.toasts
+            resolved = resolve_latest(valid, schema, None, toast=toast)
+            resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+            check, stats = _check_with_stats(changes, resolved, schema, placeholders=not toast)
+            if check.truncate is not None or check.placeholders:
+                # the raw scan missed a truncate or a placeholder: resolve again with them
+                log.warning("%s: a truncate or TOAST placeholder the raw scan did not see; "
+                            "resolving again", topic)  # fmt: skip
                 resolved.unpersist()
-                together = False
+                together, toast = False, True
         if not together:
             check = check_changes(changes, schema)
             if schema.key_names:
@@ -589,7 +611,7 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
         changes.unpersist()
     counts = {r[DELETED]: r["n"] for r in stats}
     max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
-    return resolved, truncate, counts, max_ts
+    return resolved, truncate, counts, max_ts, toast
 
 
 def _stats(resolved):
@@ -599,7 +621,7 @@ def _stats(resolved):
     return resolved.groupBy(DELETED).agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"))
 
 
-def _check_with_stats(changes, resolved, schema: TopicSchema):
+def _check_with_stats(changes, resolved, schema: TopicSchema, placeholders: bool = False):
     """The check of the changes and the stats of the resolved rows, in one Spark job:
     (ChangeCheck, stats rows)."""
     from pyspark.sql import functions as F
@@ -608,10 +630,13 @@ def _check_with_stats(changes, resolved, schema: TopicSchema):
         F.lit(False).alias("is_check"), DELETED, "n", "ts",
         F.lit(None).cast(CHECK_FIRST_TYPE).alias("first"),
         F.lit(None).cast(CHECK_TRUNCATE_TYPE).alias("truncate"),
+        F.lit(None).cast("bigint").alias("placeholders"),
     )  # fmt: skip
-    check = changes.agg(*check_aggregates(changes, schema)).select(
+    aggs = check_aggregates(changes, schema, placeholders=placeholders)
+    check = changes.agg(*aggs).select(
         F.lit(True).alias("is_check"), F.lit(None).cast("boolean").alias(DELETED), "n",
         F.lit(None).cast("timestamp").alias("ts"), "first", "truncate",
+        F.col("placeholders") if placeholders else F.lit(None).cast("bigint").alias("placeholders"),
     )  # fmt: skip
     rows = stats.unionByName(check).collect()
     found = next(r for r in rows if r["is_check"])

@@ -97,6 +97,7 @@ class ChangeCheck:
     first_invalid: tuple[int, int, str] | None  # partition, offset, reason
     invalid: int  # records that cannot be applied
     truncate: Truncate | None  # the last truncate among the records that can
+    placeholders: int | None = None  # records with a TOAST placeholder, when counted
 
     def raise_invalid(self, topic: str) -> None:
         """Fail on the first record that cannot be applied, naming topic, partition,
@@ -110,9 +111,12 @@ CHECK_FIRST_TYPE = "struct<partition:int,offset:bigint,reason:string>"
 CHECK_TRUNCATE_TYPE = "struct<partition:int,offset:bigint,lsn:bigint>"
 
 
-def check_aggregates(changes, schema: TopicSchema, truncate: bool = True) -> list:
-    """The aggregates of the validity check (and, with `truncate`, the truncate lookup)
-    over decoded changes, to run alone (`check_changes`) or beside another aggregation.
+def check_aggregates(
+    changes, schema: TopicSchema, truncate: bool = True, placeholders: bool = False
+) -> list:
+    """The aggregates of the validity check (and, with `truncate`, the truncate lookup;
+    with `placeholders`, the count of records with a TOAST placeholder) over decoded
+    changes, to run alone (`check_changes`) or beside another aggregation.
     Uses the `_reason` column when the changes carry it (`invalid_reason`, computed once
     where they are cached)."""
     from pyspark.sql import functions as F
@@ -124,6 +128,14 @@ def check_aggregates(changes, schema: TopicSchema, truncate: bool = True) -> lis
         F.min(F.when(bad, where)).alias("first"),
         F.count(F.when(bad, F.lit(1))).alias("n"),
     ]
+    if placeholders:
+        # valid records holding a TOAST placeholder in their new values
+        held = [t for c in toastable(schema) if (t := toast_test(F.col("after")[c.name], c))
+                is not None]  # fmt: skip
+        found = F.lit(False)
+        for t in held:
+            found = found | F.coalesce(t, F.lit(False))
+        aggs.append(F.count(F.when(~bad & found, F.lit(1))).alias("placeholders"))
     if truncate:
         is_truncate = ~bad & (F.col("op") == TRUNCATE)
         # the truncate with the highest offset (orderings that are NULL do not count)
@@ -142,6 +154,7 @@ def read_check(row) -> ChangeCheck:
         first_invalid=(first["partition"], first["offset"], first["reason"]) if first else None,
         invalid=row["n"],
         truncate=Truncate(trunc["partition"], trunc["offset"], trunc["lsn"]) if trunc else None,
+        placeholders=row["placeholders"] if "placeholders" in row.__fields__ else None,
     )
 
 
@@ -222,8 +235,12 @@ def changelog(changes, schema: TopicSchema):
     )
 
 
-def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = None):
-    """One row per key: the change with the highest Kafka offset, flattened for MERGE."""
+def resolve_latest(
+    changes, schema: TopicSchema, truncate: Truncate | None = None, toast: bool = True
+):
+    """One row per key: the change with the highest Kafka offset, flattened for MERGE.
+    With `toast=False` (the batch has no TOAST placeholder) the per-column aggregates that
+    fill placeholders in are left out."""
     from pyspark.sql import functions as F
 
     keys = [
@@ -247,7 +264,7 @@ def resolve_latest(changes, schema: TopicSchema, truncate: Truncate | None = Non
         # the last values a deleted row had in this batch (kept by soft deletes)
         F.max_by("after", F.when(F.col("after").isNotNull(), F.col("offset"))).alias("last_after"),
     ]
-    toasty = toastable(schema)
+    toasty = toastable(schema) if toast else []
     for c in toasty:
         real = F.col("after").isNotNull() & ~toast_test(F.col("after")[c.name], c)
         aggs.append(

@@ -165,3 +165,34 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
     assert result.truncated
     lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
     assert lake == {3: "c"}
+
+
+@pytest.mark.parametrize("scan_sees_it", [True, False])
+def test_a_toast_placeholder_the_raw_scan_misses_is_still_filled_in(
+    stack, spark, tmp_path, monkeypatch, scan_sees_it
+):
+    """Topics whose payloads hold no placeholder text resolve without the placeholder
+    aggregates; a placeholder the scan did not see must still take the last real value."""
+    import cdclake.job
+    from cdclake.resolve import TOAST_PLACEHOLDER
+
+    if not scan_sees_it:
+        monkeypatch.setattr(cdclake.job, "TOAST_TEXTS", ("no payload holds this",))
+    v = value_record
+    batch = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=110)),
+        (key_record(2), v("c", None, item(2, "b"), lsn=120)),
+        (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=130)),
+    ]
+    name = f"it_toast_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    table = pipeline.tables[0]
+    topic = pipeline.topic_for(table)
+    seen = SchemaIds()
+    rows = [record_row(seen, topic, 0, off, 0, k, val) for off, (k, val) in enumerate(batch)]
+    raw = spark.createDataFrame(rows, RAW_SCHEMA)
+    assert (topic in cdclake.job.scan_raw(raw).toasts) is scan_sees_it
+    plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(batch)),))
+    run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
+    lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
+    assert lake == {1: "a", 2: "b"}
