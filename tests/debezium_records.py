@@ -44,7 +44,12 @@ def key_record(item_id: int) -> bytes:
 
 
 def decimal_b64(value: Decimal, scale: int) -> str:
-    unscaled = int(value.scaleb(scale))
+    return unscaled_b64(int(value.scaleb(scale)))
+
+
+def unscaled_b64(unscaled: int) -> str:
+    """A Connect Decimal's value: the unscaled integer as minimal big-endian two's
+    complement bytes, base64."""
     size = max(1, (unscaled.bit_length() + 8) // 8)
     return base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
 

@@ -572,7 +572,7 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
     try:
         valid = changes.where(F.col(REASON).isNull()).drop(REASON)
         together = bool(schema.key_names) and topic not in batch.scan.truncates
-        toast = True
+        toast, check = True, None
         if together:
             truncate, toast = None, topic in batch.scan.toasts
             resolved = resolve_latest(valid, schema, None, toast=toast)
@@ -580,12 +580,14 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
             check, stats = _check_with_stats(changes, resolved, schema, placeholders=not toast)
             if check.truncate is not None or check.placeholders:
                 # the raw scan missed a truncate or a placeholder: resolve again with them
+                # (the check already found the truncate)
                 log.warning("%s: a truncate or TOAST placeholder the raw scan did not see; "
                             "resolving again", topic)  # fmt: skip
                 resolved.unpersist()
                 together, toast = False, True
         if not together:
-            check = check_changes(changes, schema)
+            if check is None:
+                check = check_changes(changes, schema)
             if schema.key_names:
                 truncate = check.truncate
                 resolved = resolve_latest(valid, schema, truncate)

@@ -23,6 +23,20 @@ def item(i: int, name: str) -> dict:
             "blob": None}  # fmt: skip
 
 
+def raw_frame(spark, topic: str, records, start: int = 0):
+    """The reader's raw rows of `records` (key, value), at offsets from `start`."""
+    seen = SchemaIds()
+    rows = [record_row(seen, topic, 0, off, 0, k, v) for off, (k, v) in enumerate(records, start)]
+    return spark.createDataFrame(rows, RAW_SCHEMA)
+
+
+def load_one(spark, pipeline, name: str, raw, start: int, end: int):
+    """Run one batch of `raw` (offsets start..end of the pipeline's one table's topic)."""
+    topic = pipeline.topic_for(pipeline.tables[0])
+    plan = BatchPlan(pipeline.name, name, (OffsetRange(topic, 0, start, end),))
+    return run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
+
+
 def generate(rng: random.Random, steps: int, keys: int):
     """Kafka records (key, value) and, per record, the source state once it is consumed.
 
@@ -72,15 +86,8 @@ def test_random_interleavings_and_cuts_match_the_reference_model(stack, spark, t
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
-        seen = SchemaIds()
-        rows = [
-            record_row(seen, topic, 0, off, 0, k, v)
-            for off, (k, v) in enumerate(records[start:end], start)
-        ]
-        raw = spark.createDataFrame(rows, RAW_SCHEMA)
-        ranges = [OffsetRange(topic, 0, start, end)]
-        plan = BatchPlan(pipeline.name, f"{name}-{i}", tuple(ranges))
-        run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges, raw=raw: raw)
+        raw = raw_frame(spark, topic, records[start:end], start)
+        load_one(spark, pipeline, f"{name}-{i}", raw, start, end)
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
         lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
@@ -122,13 +129,8 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
     topic = pipeline.topic_for(table)
     start = 0
     for i, (batch, want) in enumerate(zip(batches, expected, strict=True)):
-        seen = SchemaIds()
-        rows = [record_row(seen, topic, 0, off, 0, k, val)
-                for off, (k, val) in enumerate(batch, start)]  # fmt: skip
-        raw = spark.createDataFrame(rows, RAW_SCHEMA)
-        ranges = [OffsetRange(topic, 0, start, start + len(batch))]
-        plan = BatchPlan(pipeline.name, f"{name}-{i}", tuple(ranges))
-        run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges, raw=raw: raw)
+        raw = raw_frame(spark, topic, batch, start)
+        load_one(spark, pipeline, f"{name}-{i}", raw, start, start + len(batch))
         rows = spark.table(pipeline.qualified_target(table)).collect()
         lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
         assert lake == want, f"{delete_mode} {gone}: after batch {i}"
@@ -156,12 +158,9 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
     table = pipeline.tables[0]
     topic = pipeline.topic_for(table)
-    seen = SchemaIds()
-    rows = [record_row(seen, topic, 0, off, 0, k, val) for off, (k, val) in enumerate(batch)]
-    raw = spark.createDataFrame(rows, RAW_SCHEMA)
+    raw = raw_frame(spark, topic, batch)
     assert (topic in cdclake.job.scan_raw(raw).truncates) is scan_sees_it
-    plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(batch)),))
-    (result,) = run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
+    (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch))
     assert result.truncated
     lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
     assert lake == {3: "c"}
@@ -188,11 +187,8 @@ def test_a_toast_placeholder_the_raw_scan_misses_is_still_filled_in(
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
     table = pipeline.tables[0]
     topic = pipeline.topic_for(table)
-    seen = SchemaIds()
-    rows = [record_row(seen, topic, 0, off, 0, k, val) for off, (k, val) in enumerate(batch)]
-    raw = spark.createDataFrame(rows, RAW_SCHEMA)
+    raw = raw_frame(spark, topic, batch)
     assert (topic in cdclake.job.scan_raw(raw).toasts) is scan_sees_it
-    plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(batch)),))
-    run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
+    load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch))
     lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
     assert lake == {1: "a", 2: "b"}

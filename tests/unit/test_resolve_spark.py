@@ -12,7 +12,7 @@ from cdclake.reader import RAW_SCHEMA, SchemaIds, record_row
 from cdclake.resolve import check_changes, find_invalid, resolve_latest
 from cdclake.spark import SMALL_BATCH_CONF, batch_settings
 
-from tests.debezium_records import decimal_b64, key_record, value_record
+from tests.debezium_records import decimal_b64, key_record, unscaled_b64, value_record
 
 TOPIC = "pg.public.items"
 
@@ -247,11 +247,7 @@ def test_connect_decimals_decode_exactly_at_every_byte_length(spark, interpreted
     from pyspark.sql import functions as F
 
     cases = _decimal_cases()
-    rows = []
-    for unscaled, _, _ in cases:
-        size = max(1, (unscaled.bit_length() + 8) // 8)
-        rows.append((base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode(),))
-    df = spark.createDataFrame(rows, "b string")
+    df = spark.createDataFrame([(unscaled_b64(u),) for u, _, _ in cases], "b string")
     exprs = [
         decimal_from_base64(F.col("b"), p, s).cast("string").alias(f"c{i}")
         for i, (_, p, s) in enumerate(cases)
