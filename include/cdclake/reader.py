@@ -137,7 +137,9 @@ def _read_slice(client_config: dict, row: dict, timeout_s: float) -> Iterator[pa
         next_offset = start
         idle_since = time.monotonic()
         while next_offset < end:
-            msgs = consumer.consume(num_messages=2000, timeout=1.0)
+            # consume() waits out its timeout while it holds fewer messages than asked
+            # for: never ask for more than the slice still needs
+            msgs = consumer.consume(num_messages=min(2000, end - next_offset), timeout=1.0)
             if not msgs:
                 if time.monotonic() - idle_since > timeout_s:
                     raise RuntimeError(

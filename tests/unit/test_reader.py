@@ -57,3 +57,81 @@ def test_schema_ids_are_stable_and_sent_once_per_task():
     assert [sid for sid, _ in got] == [schema_id(s) for _, s in seq]
     # the text goes with the first record of each schema only, whatever side it is on
     assert [first for _, first in got] == [True, False, False, True, False, False]
+
+
+class _Message:
+    def __init__(self, offset: int, eof: bool = False):
+        self._offset, self._eof = offset, eof
+
+    def error(self):
+        if not self._eof:
+            return None
+
+        class _Eof:
+            def code(self):
+                return -191  # _PARTITION_EOF
+
+        return _Eof()
+
+    def offset(self):
+        return self._offset
+
+    def timestamp(self):
+        return (1, 1_700_000_000_000 + self._offset)
+
+    def key(self):
+        return b'{"schema":{"type":"int32"},"payload":%d}' % self._offset
+
+    def value(self):
+        return b'{"schema":{"type":"int32"},"payload":%d}' % (self._offset * 10)
+
+
+class _Partition:
+    """What a consumer of one partition would return: records at `offsets`, then the
+    end-of-partition event at `high`. Notes every count asked for."""
+
+    def __init__(self, offsets: list[int], high: int):
+        self.queue = [_Message(o) for o in offsets] + [_Message(high, eof=True)]
+        self.asked: list[tuple[int, int]] = []  # (num_messages, what was left to give)
+
+    def __call__(self, config):
+        return self
+
+    def assign(self, partitions):
+        start = partitions[0].offset
+        self.queue = [m for m in self.queue if m.offset() >= start]
+
+    def consume(self, num_messages, timeout):
+        self.asked.append((num_messages, len(self.queue)))
+        out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "offsets, start, end",
+    [
+        (list(range(10)), 0, 10),  # a small range: fewer records than one fetch
+        (list(range(5000)), 1200, 4500),  # several fetches, the last one partial
+        ([*range(8), 9], 0, 10),  # a gap (a transaction marker at offset 8)
+    ],
+)
+def test_a_slice_never_asks_the_broker_for_more_records_than_it_needs(
+    monkeypatch, offsets, start, end
+):
+    """librdkafka's consume() waits for its whole timeout while it has fewer messages
+    than asked for: asking for more than the range holds would add that wait to the
+    end of every slice (a second for each small table of a batch)."""
+    import confluent_kafka
+    from cdclake.reader import _read_slice
+
+    partition = _Partition(offsets, high=offsets[-1] + 1)
+    monkeypatch.setattr(confluent_kafka, "Consumer", partition)
+    row = {"topic": "t", "partition": 0, "start": start, "end": end}
+    batches = list(_read_slice({"bootstrap.servers": "unused"}, row, timeout_s=5))
+    got = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert got == [o for o in offsets if start <= o < end]
+    # every call could be answered at once: it never asked for more than was there
+    assert all(n <= left for n, left in partition.asked), partition.asked
