@@ -71,7 +71,13 @@ from cdclake.resolve import (
     resolve_latest,
     toastable,
 )
-from cdclake.spark import batch_conf, batch_settings
+from cdclake.spark import (
+    SMALL_BATCH_PARTITIONS,
+    SMALL_BATCH_RECORDS,
+    batch_conf,
+    batch_settings,
+    cache_level,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +122,11 @@ def run_batch(
 
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable):
-    from pyspark import StorageLevel
-
-    raw = read(spark, pipeline.kafka, plan.ranges).persist(StorageLevel.MEMORY_AND_DISK)
+    records = sum(r.size for r in plan.ranges)
+    raw = read(spark, pipeline.kafka, plan.ranges)
+    if records <= SMALL_BATCH_RECORDS:
+        raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
+    raw = raw.persist(cache_level(records))
     try:
         scan = scan_raw(raw)
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
@@ -560,14 +568,14 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
     Returns the resolved rows (persisted; the caller unpersists them), the truncate, the
     count of rows per deleted flag and the latest source timestamp.
     """
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    level = cache_level(result.records)
     dead_letter = batch.pipeline.on_error is OnError.DEAD_LETTER
     changes = changes.withColumn(REASON, invalid_reason(schema))
     if not dead_letter:  # the payload text is only kept for dead letters
         changes = changes.drop("key_payload", "value_payload")
-    changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
+    changes = changes.persist(level)
     resolved = None
     try:
         valid = changes.where(F.col(REASON).isNull()).drop(REASON)
@@ -576,7 +584,7 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
         if together:
             truncate, toast = None, topic in batch.scan.toasts
             resolved = resolve_latest(valid, schema, None, toast=toast)
-            resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+            resolved = resolved.persist(level)
             check, stats = _check_with_stats(changes, resolved, schema, placeholders=not toast)
             if check.truncate is not None or check.placeholders:
                 # the raw scan missed a truncate or a placeholder: resolve again with them
@@ -593,7 +601,7 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
                 resolved = resolve_latest(valid, schema, truncate)
             else:  # no key: every change is appended, truncates included
                 truncate, resolved = None, changelog(valid, schema)
-            resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+            resolved = resolved.persist(level)
         if not dead_letter:
             check.raise_invalid(topic)
         elif check.invalid:

@@ -188,7 +188,7 @@ def test_small_batches_evaluated_interpreted_resolve_like_compiled_ones(spark):
         (  # the pipeline's own setting wins
             100,
             {"spark.sql.codegen.wholeStage": "true"},
-            {"spark.sql.codegen.factoryMode": "NO_CODEGEN"},
+            {k: v for k, v in SMALL_BATCH_CONF.items() if k != "spark.sql.codegen.wholeStage"},
         ),
     ],
 )

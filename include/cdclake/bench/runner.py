@@ -286,7 +286,7 @@ class Bench:
 
     # ---- peak memory against batch size --------------------------------------------------
     def memory(self) -> None:
-        peaks = {}
+        peaks, walls = {}, {}
         keys = self.sizes.memory_keys
         for events in self.sizes.memory_events:
             tables = self.sizes.tables
@@ -296,11 +296,20 @@ class Bench:
                    str(self.work / "memory.yaml"), "--events", str(events),
                    "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
             self.say(f"generated batch of {events:,} events in its own process")
-            peaks[events] = peak_rss(cmd)
-            self.say(f"peak RSS {peaks[events] / 2**20:,.0f} MiB")
+            peaks[events], out = peak_rss(cmd)
+            done = json.loads(out.strip().splitlines()[-1])
+            if done["tables"] != tables:
+                raise RuntimeError(f"the {events:,}-event batch loaded {done['tables']} tables "
+                                   f"of {tables}")  # fmt: skip
+            walls[events] = done["wall_s"]
+            self.say(f"peak RSS {peaks[events] / 2**20:,.0f} MiB, "
+                     f"{events / walls[events]:,.0f} events/s")  # fmt: skip
         small, big = sorted(peaks)
         self.figures["memory_ratio"] = peaks[big] / peaks[small]
-        self.details["memory"] = {f"events_{e}_peak_mib": p / 2**20 for e, p in peaks.items()}
+        self.details["memory"] = {
+            **{f"events_{e}_peak_mib": p / 2**20 for e, p in peaks.items()},
+            **{f"events_{e}_wall_s": w for e, w in walls.items()},
+        }
 
     # ---- the real connector's capture rate -------------------------------------------------
     def capture(self) -> None:
@@ -414,9 +423,9 @@ def fill_select(spark, table: str, rows: int) -> str:
     return f"SELECT {', '.join(exprs)} FROM range(1, {rows + 1})"
 
 
-def peak_rss(cmd: list[str]) -> int:
+def peak_rss(cmd: list[str]) -> tuple[int, str]:
     """Run `cmd`; the peak of the summed RSS of it and all its descendants (JVM, Python
-    workers), sampled every 0.2 s."""
+    workers), sampled every 0.2 s, and its output."""
     import psutil
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -435,10 +444,10 @@ def peak_rss(cmd: list[str]) -> int:
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.2)
-    _, err = proc.communicate()
+    out, err = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} failed: {err[-2000:]}")
-    return peak
+    return peak, out
 
 
 def render_table(figures: dict[str, float], sizes: Sizes | None = None) -> str:
