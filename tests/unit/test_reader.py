@@ -135,3 +135,43 @@ def test_a_slice_never_asks_the_broker_for_more_records_than_it_needs(
     assert got == [o for o in offsets if start <= o < end]
     # every call could be answered at once: it never asked for more than was there
     assert all(n <= left for n, left in partition.asked), partition.asked
+
+
+def _envelope(schema: bytes, payload: bytes) -> bytes:
+    return b'{"schema":' + schema + b',"payload":' + payload + b"}"
+
+
+def test_raw_rows_equal_the_rows_of_record_row():
+    """The prefix shortcut must give exactly the general path's rows: schema switches
+    and returns, tombstones, records without key, broken envelopes and bad UTF-8."""
+    import pyarrow as pa
+    from cdclake.reader import RawRows, SchemaIds, _arrow_schema, record_row
+
+    k, a, b = b'{"type":"int32"}', b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
+    records = [
+        (_envelope(k, b"1"), _envelope(a, b'{"op":"c"}')),
+        (_envelope(k, b"2"), _envelope(a, b'{"op":"u"}')),  # same schemas: shortcut
+        (_envelope(k, b"2"), None),  # tombstone
+        (None, _envelope(a, b'{"op":"c"}')),  # no key
+        (_envelope(k, b"3"), _envelope(b, b'{"op":"c"}')),  # schema change
+        (_envelope(k, b"1"), _envelope(a, b'{"op":"u"}')),  # and back
+        (_envelope(k, b"4"), b'{"payload":{}}'),  # not an envelope
+        (_envelope(k, b"5"), _envelope(a, b'{"x":"\xff"}')),  # the last schema, bad UTF-8
+        (_envelope(k, b"6"), _envelope(a, b'{"op":"c"}')[:-3]),  # the last schema, cut short
+        (_envelope(k, b"7"), _envelope(a, b'{"op":"d"}')),
+        (None, None),
+        (_envelope(k, b"8"), _envelope(a, b'{"op":"u","note":",\\"payload\\":"}')),
+    ]
+    rows = RawRows("t", 3)
+    for offset, (key, value) in enumerate(records):
+        rows.add(offset, 1000 + offset, key, value)
+    got = rows.batch()
+    seen = SchemaIds()
+    want = [record_row(seen, "t", 3, o, 1000 + o, key, value)
+            for o, (key, value) in enumerate(records)]  # fmt: skip
+    expected = pa.RecordBatch.from_pylist(want, schema=_arrow_schema())
+    assert got.to_pylist() == expected.to_pylist()
+    assert len(rows) == 0  # the batch took the rows
+    # the errors are there (not both paths equally wrong)
+    errors = [r["error"] for r in got.to_pylist()]
+    assert sum(e is not None for e in errors) == 3, errors

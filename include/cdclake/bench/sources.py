@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cdclake.bench.events import Workload, generate_slice
 from cdclake.offsets import OffsetRange
-from cdclake.reader import RAW_SCHEMA, SchemaIds, _arrow_schema, record_row, slice_ranges
+from cdclake.reader import RAW_SCHEMA, RawRows, slice_ranges
 
 RawReader = Callable[..., object]  # (spark, kafka config, ranges) -> raw DataFrame
 
@@ -62,18 +62,13 @@ def _plan(spark, ranges: Sequence[OffsetRange]):
     )
 
 
-def _raw_batch(topic: str, partition: int, cols: dict, seen: SchemaIds):
+def _raw_batch(cols: dict, rows: RawRows):
     """Recorded or generated columns -> the reader's raw rows (same code path)."""
-    import pyarrow as pa
-
-    out: dict[str, list] = {name: [] for name in _arrow_schema().names}
     for offset, ts, key, value in zip(
         cols["offset"], cols["timestamp"], cols["key"], cols["value"], strict=True
     ):
-        row = record_row(seen, topic, partition, offset, ts, key, value)
-        for name, values in out.items():
-            values.append(row[name])
-    return pa.RecordBatch.from_pydict(out, schema=_arrow_schema())
+        rows.add(offset, ts, key, value)
+    return rows.batch()
 
 
 def file_reader(directory: Path) -> RawReader:
@@ -97,7 +92,7 @@ def _read_file_slice(where: str, r: dict) -> Iterator:
     import pyarrow.parquet as pq
 
     f = pq.ParquetFile(f"{where}/{_file_name(r['topic'], r['partition'])}")
-    seen = SchemaIds()
+    raw = RawRows(r["topic"], r["partition"])
     first = 0
     for g in range(f.num_row_groups):
         rows = f.metadata.row_group(g).num_rows
@@ -108,7 +103,7 @@ def _read_file_slice(where: str, r: dict) -> Iterator:
             offsets = t["offset"].to_numpy()
             lo, hi = np.searchsorted(offsets, [r["start"], r["end"]])
             t = t.slice(lo, hi - lo)
-            yield _raw_batch(r["topic"], r["partition"], t.to_pydict(), seen)
+            yield _raw_batch(t.to_pydict(), raw)
         first += rows
 
 
@@ -120,11 +115,11 @@ def generated_reader(workload: Workload) -> RawReader:
         def task(batches: Iterator) -> Iterator:
             for batch in batches:
                 for r in batch.to_pylist():
-                    seen = SchemaIds()
+                    raw = RawRows(r["topic"], r["partition"])
                     for cols in generate_slice(
                         workload, r["topic"], r["partition"], r["start"], r["end"]
                     ):
-                        yield _raw_batch(r["topic"], r["partition"], cols, seen)
+                        yield _raw_batch(cols, raw)
 
         return _plan(spark, ranges).mapInArrow(task, RAW_SCHEMA)
 
