@@ -9,6 +9,7 @@ import base64
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -94,6 +95,10 @@ class TableResult:
     truncated: bool = False
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
     snapshot_id: int | None = None
+    # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
+    # its tables), then this table's `state` (table state and schema check), `resolve`
+    # (decode, check, resolve) and `write` (table DDL, deleted-keys ledger, MERGE, commit)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,10 +133,12 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable)
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
     raw = raw.persist(cache_level(records))
     try:
+        started = time.perf_counter()
         scan = scan_raw(raw)
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = _Batch(spark, pipeline, plan, raw, scan)
+        batch.read_seconds = time.perf_counter() - started
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
@@ -202,6 +209,7 @@ class _Batch:
     def __init__(self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan):
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.dead_letter_lock = threading.Lock()
+        self.read_seconds = 0.0  # reading the raw records and their scan
 
     def ranges_of(self, table: TableConfig) -> list[OffsetRange]:
         topic = self.pipeline.topic_for(table)
@@ -391,6 +399,7 @@ def _load_table(
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
     result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
+    clock = _Clock(result.seconds, read=batch.read_seconds)
     state = table_state(spark, qualified)
     committed = state.committed
     if plan.mode == PlanMode.REPLAY:
@@ -418,12 +427,14 @@ def _load_table(
         table.exclude,
         known,
     )
+    clock.lap("state")
     changes = decode_changes(
         raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
     )
     resolved, truncate, counts, max_ts, toast = _check_and_resolve(
         batch, topic, schema, changes, result
     )
+    clock.lap("resolve")
     toast_columns = [c.name for c in toastable(schema)] if toast else []
     try:
         result.upserts = counts.get(False, 0)
@@ -486,6 +497,7 @@ def _load_table(
                 )
     finally:
         resolved.unpersist()
+    clock.lap("write")
     result.status = "committed"
     result.truncated = truncate is not None
     result.snapshot_id = after_id
@@ -496,6 +508,19 @@ def _load_table(
         qualified, records, result.upserts, result.deletes, after_id,
     )  # fmt: skip
     return result
+
+
+class _Clock:
+    """Seconds per stage into `seconds`: each `lap` takes the time since the last one."""
+
+    def __init__(self, seconds: dict[str, float], **given: float) -> None:
+        self.seconds, self.last = seconds, time.perf_counter()
+        seconds.update({k: round(v, 3) for k, v in given.items()})
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self.last, 3)
+        self.last = now
 
 
 def _set_aside_misfits(

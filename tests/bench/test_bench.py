@@ -22,8 +22,11 @@ from cdclake.bench.runner import (
     STEPS,
     Sizes,
     committed_tables,
+    job_tables,
     peak_rss,
+    render_stages,
     run_bench,
+    stage_seconds,
 )
 from cdclake.bench.sources import _file_name, recorded_ranges
 from cdclake.catalog import load_catalog
@@ -145,6 +148,20 @@ def test_committed_tables_finds_the_job_lines_among_spark_output():
         committed_tables("only spark logging\n")
 
 
+def test_stage_seconds_sum_the_tables_and_take_the_batch_read_once():
+    tables = [
+        {"seconds": {"read": 2.0, "state": 0.5, "resolve": 3.0, "write": 1.0}},
+        {"seconds": {"read": 2.0, "state": 0.25, "resolve": 1.0, "write": 2.0}},
+        {"seconds": {"read": 2.0}},  # skipped before its stages (nothing to load)
+    ]
+    stdout = "spark says hello\n" + json.dumps({"batch_id": "b", "tables": tables})
+    stages = stage_seconds(job_tables(stdout), parallel_tables=4)
+    assert stages == {"read_s": 2.0, "state_s": 0.75, "resolve_s": 4.0, "write_s": 3.0,
+                      "tables": 3, "parallel_tables": 4}  # fmt: skip
+    line = render_stages({"fixed_overhead": {"stages": stages}})
+    assert "fixed_overhead: read and scan 2.0s" in line and "resolve 4.0s" in line
+
+
 SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory")]
 
 
@@ -185,6 +202,11 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     for stream in workload.streams:
         expected = final_state(generated(workload, stream.topic))
         assert lake_rows(catalog, kafka["namespace"], stream.topic) == expected
+
+    # where the time went, from the tables' own timings
+    stages = details["throughput"]["stages"]
+    assert stages["tables"] == sizes.tables
+    assert stages["read_s"] > 0 and stages["resolve_s"] > 0 and stages["write_s"] > 0
 
     assert set(details["merge_scaling"]) == {"batch", *(f"rows_{n}_s" for n in sizes.merge_rows)}
     assert details["capture"]["rows"] == sizes.capture_rows

@@ -159,6 +159,7 @@ class Bench:
             "upserts": sum(r.upserts for r in results),
             "deletes": sum(r.deletes for r in results),
             "namespace": pipeline.namespace,
+            "stages": stage_seconds([r.to_dict() for r in results], pipeline.parallel_tables),
         }
         self.details["file_pipeline"] = pipeline
         self.details["file_workload"] = workload
@@ -217,9 +218,10 @@ class Bench:
             raise RuntimeError(f"spark-submit failed: {done.stderr[-2000:]}")
         committed = committed_tables(done.stdout)
         self.figures["fixed_overhead_s"] = wall
+        stages = stage_seconds(job_tables(done.stdout), pipeline.parallel_tables)
         self.details["fixed_overhead"] = {
             "wall_s": wall, "cpu_s": cpu, "tables_committed": committed,
-            "events": z.fixed_events, "tables": z.fixed_tables,
+            "events": z.fixed_events, "tables": z.fixed_tables, "stages": stages,
         }  # fmt: skip
         self.say(f"fixed overhead: {wall:.1f}s ({cpu:.1f} CPU s), {committed} tables committed")
 
@@ -341,15 +343,48 @@ class Bench:
         self.say(f"Debezium capture: {rate:,.0f} events/s")
 
 
-def committed_tables(stdout: str) -> int:
-    """Tables the load job says it committed: its stdout has one JSON line per batch among
+def job_tables(stdout: str) -> list[dict]:
+    """The table results of the load job: its stdout has one JSON line per batch among
     whatever else Spark and the job print."""
     lines = [x for x in stdout.splitlines() if x.startswith('{"batch_id"')]
     if not lines:
         raise RuntimeError(f"no batch result in the load job's output: {stdout[-2000:]!r}")
-    return sum(
-        1 for line in lines for t in json.loads(line)["tables"] if t["status"] == "committed"
-    )
+    return [t for line in lines for t in json.loads(line)["tables"]]
+
+
+def committed_tables(stdout: str) -> int:
+    """Tables the load job says it committed."""
+    return sum(1 for t in job_tables(stdout) if t["status"] == "committed")
+
+
+STAGES = ("state", "resolve", "write")
+
+
+def stage_seconds(tables: list[dict], parallel_tables: int) -> dict:
+    """Where a batch's time went, from its tables' `seconds`: the batch's read and raw
+    scan, then each table stage summed over the tables (they overlap when tables load
+    `parallel_tables` at a time)."""
+    out = {"read_s": max((t["seconds"].get("read", 0.0) for t in tables), default=0.0)}
+    for stage in STAGES:
+        out[f"{stage}_s"] = round(sum(t["seconds"].get(stage, 0.0) for t in tables), 3)
+    out["tables"] = len(tables)
+    out["parallel_tables"] = parallel_tables
+    return out
+
+
+def render_stages(details: dict) -> str:
+    """A line per step that timed its batch's stages (the report's 'where the time goes')."""
+    lines = []
+    for step in ("throughput", "fixed_overhead"):
+        stages = details.get(step, {}).get("stages")
+        if not stages:
+            continue
+        per_table = ", ".join(f"{s} {stages[f'{s}_s']:,.1f}s" for s in STAGES)
+        lines.append(
+            f"{step}: read and scan {stages['read_s']:,.1f}s; summed over "
+            f"{stages['tables']} tables ({stages['parallel_tables']} at a time): {per_table}"
+        )
+    return "\n".join(["", "where the time goes:", *lines]) if lines else ""
 
 
 def _children_cpu_s() -> float:
@@ -513,5 +548,5 @@ def run_bench(
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(render_table(bench.figures, sizes))
+    print(render_table(bench.figures, sizes) + render_stages(bench.details))
     return report
