@@ -127,13 +127,13 @@ def run_batch(
 
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable):
+    started = time.perf_counter()
     records = sum(r.size for r in plan.ranges)
     raw = read(spark, pipeline.kafka, plan.ranges)
     if records <= SMALL_BATCH_RECORDS:
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
     raw = raw.persist(cache_level(records))
     try:
-        started = time.perf_counter()
         scan = scan_raw(raw)
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
