@@ -137,8 +137,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable)
         scan = scan_raw(raw)
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-        batch = _Batch(spark, pipeline, plan, raw, scan)
-        batch.read_seconds = time.perf_counter() - started
+        batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started)
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
@@ -206,10 +205,13 @@ class _Batch:
     """What the tables of one batch share: the session, the raw records and their scan,
     and a lock for the dead-letter table every table writes to."""
 
-    def __init__(self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan):
+    def __init__(
+        self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
+        read_seconds: float,
+    ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
+        self.read_seconds = read_seconds  # reading the raw records and their scan
         self.dead_letter_lock = threading.Lock()
-        self.read_seconds = 0.0  # reading the raw records and their scan
 
     def ranges_of(self, table: TableConfig) -> list[OffsetRange]:
         topic = self.pipeline.topic_for(table)
@@ -399,7 +401,8 @@ def _load_table(
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
     result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
-    clock = _Clock(result.seconds, read=batch.read_seconds)
+    result.seconds["read"] = round(batch.read_seconds, 3)
+    clock = _Clock(result.seconds)
     state = table_state(spark, qualified)
     committed = state.committed
     if plan.mode == PlanMode.REPLAY:
@@ -513,9 +516,8 @@ def _load_table(
 class _Clock:
     """Seconds per stage into `seconds`: each `lap` takes the time since the last one."""
 
-    def __init__(self, seconds: dict[str, float], **given: float) -> None:
+    def __init__(self, seconds: dict[str, float]) -> None:
         self.seconds, self.last = seconds, time.perf_counter()
-        seconds.update({k: round(v, 3) for k, v in given.items()})
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()

@@ -37,6 +37,26 @@ def load_one(spark, pipeline, name: str, raw, start: int, end: int):
     return run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
 
 
+def lake_names(spark, pipeline) -> dict[int, str]:
+    """id -> name of the rows in the pipeline's one table."""
+    target = pipeline.qualified_target(pipeline.tables[0])
+    return {r["id"]: r["name"] for r in spark.table(target).collect()}
+
+
+def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it: bool):
+    """A one-table pipeline and the raw frame of `records` for it, after checking whether
+    the raw scan noted the topic under `flag` (`truncates`, `toasts`): (name, pipeline,
+    raw)."""
+    import cdclake.job
+
+    name = f"it_{label}_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    topic = pipeline.topic_for(pipeline.tables[0])
+    raw = raw_frame(spark, topic, records)
+    assert (topic in getattr(cdclake.job.scan_raw(raw), flag)) is scan_sees_it
+    return name, pipeline, raw
+
+
 def generate(rng: random.Random, steps: int, keys: int):
     """Kafka records (key, value) and, per record, the source state once it is consumed.
 
@@ -81,8 +101,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(stack, spark, t
     records, states = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    table = pipeline.tables[0]
-    topic = pipeline.topic_for(table)
+    topic = pipeline.topic_for(pipeline.tables[0])
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
@@ -90,7 +109,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(stack, spark, t
         load_one(spark, pipeline, f"{name}-{i}", raw, start, end)
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
-        lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
+        lake = lake_names(spark, pipeline)
         assert lake == states[end - 1], f"seed {seed}: batch {i} ({start}..{end}) of {cuts}"
         start = end
 
@@ -154,15 +173,10 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
         (None, v("t", None, None, lsn=130)),
         (key_record(3), v("c", None, item(3, "c"), lsn=140)),
     ]
-    name = f"it_trunc_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
-    pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    table = pipeline.tables[0]
-    topic = pipeline.topic_for(table)
-    raw = raw_frame(spark, topic, batch)
-    assert (topic in cdclake.job.scan_raw(raw).truncates) is scan_sees_it
+    name, pipeline, raw = scanned_batch(spark, tmp_path, "trunc", batch, "truncates", scan_sees_it)
     (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch))
     assert result.truncated
-    lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
+    lake = lake_names(spark, pipeline)
     assert lake == {3: "c"}
 
 
@@ -183,12 +197,7 @@ def test_a_toast_placeholder_the_raw_scan_misses_is_still_filled_in(
         (key_record(2), v("c", None, item(2, "b"), lsn=120)),
         (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=130)),
     ]
-    name = f"it_toast_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
-    pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    table = pipeline.tables[0]
-    topic = pipeline.topic_for(table)
-    raw = raw_frame(spark, topic, batch)
-    assert (topic in cdclake.job.scan_raw(raw).toasts) is scan_sees_it
+    name, pipeline, raw = scanned_batch(spark, tmp_path, "toast", batch, "toasts", scan_sees_it)
     load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch))
-    lake = {r["id"]: r["name"] for r in spark.table(pipeline.qualified_target(table)).collect()}
+    lake = lake_names(spark, pipeline)
     assert lake == {1: "a", 2: "b"}
