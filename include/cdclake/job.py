@@ -5,7 +5,6 @@ Shared by `cdclake run` (in-process Spark) and `jobs/load.py` (spark-submit).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 import threading
@@ -58,12 +57,11 @@ from cdclake.offsets import (
     TopicPartition,
     encode_offsets,
 )
-from cdclake.reader import read_ranges
+from cdclake.reader import DRIVER_READ_RECORDS, arrow_frame, read_local, read_ranges
 from cdclake.resolve import (
     CHECK_FIRST_TYPE,
     CHECK_TRUNCATE_TYPE,
     REASON,
-    TOAST_PLACEHOLDER,
     changelog,
     check_aggregates,
     check_changes,
@@ -72,6 +70,7 @@ from cdclake.resolve import (
     resolve_latest,
     toastable,
 )
+from cdclake.scan import RawScan, scan_raw, scan_rows
 from cdclake.spark import (
     SMALL_BATCH_PARTITIONS,
     SMALL_BATCH_RECORDS,
@@ -105,10 +104,12 @@ class TableResult:
 
 
 def run_batch(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable = read_ranges
+    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable | None = None
 ) -> list[TableResult]:
     """Load one planned batch. `read` makes the raw records DataFrame of the planned
-    ranges (Kafka; benchmarks pass a recorded file instead).
+    ranges; by default they come from Kafka, read by the driver itself for a batch of at
+    most `DRIVER_READ_RECORDS` records and by Spark tasks above (benchmarks pass a
+    recorded file instead).
 
     The tables are loaded at the same time by up to `pipeline.parallel_tables` driver
     threads (each table commits on its own, with its own offsets). When a table fails,
@@ -128,13 +129,8 @@ def run_batch(
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable):
     started = time.perf_counter()
-    records = sum(r.size for r in plan.ranges)
-    raw = read(spark, pipeline.kafka, plan.ranges)
-    if records <= SMALL_BATCH_RECORDS:
-        raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
-    raw = raw.persist(cache_level(records))
+    raw, scan = _read(spark, pipeline, plan, read)
     try:
-        scan = scan_raw(raw)
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started)
@@ -142,6 +138,27 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable)
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
         raw.unpersist()
+
+
+def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+    """The batch's raw records and their scan.
+
+    A small batch from Kafka is read by the driver: its rows become a local relation
+    (no Spark job, no Python worker to start) and are scanned in Python. Otherwise the
+    records are read by Spark tasks (or by `read`), cached, and scanned by a Spark job."""
+    records = sum(r.size for r in plan.ranges)
+    if read is None and records <= DRIVER_READ_RECORDS:
+        rows = read_local(pipeline.kafka, plan.ranges)
+        return arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS), scan_rows(rows)
+    raw = (read or read_ranges)(spark, pipeline.kafka, plan.ranges)
+    if records <= SMALL_BATCH_RECORDS:
+        raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
+    raw = raw.persist(cache_level(records))
+    try:
+        return raw, scan_raw(raw)
+    except BaseException:
+        raw.unpersist()
+        raise
 
 
 def _run_tables(
@@ -249,93 +266,6 @@ def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
         log.warning("%s: dropped for rebuild %s", qualified, plan.run_prefix)
         spark.sql(f"DROP TABLE {qualified} PURGE")
         spark.sql(f"DROP TABLE IF EXISTS {deleted_keys_table(qualified)} PURGE")
-
-
-@dataclass(frozen=True)
-class RawScan:
-    """What one pass over a batch's raw records tells: per topic, the key and value
-    schemas (id, text; oldest first by their last offset) of the records that split,
-    and the first record that did not (partition, offset, error) with their count."""
-
-    schemas: dict[str, dict[str, list[tuple[int, str]]]]
-    broken: dict[str, tuple[int, int, str]]
-    broken_count: int
-    # topics with a payload that may be a truncate (`"op":"t"` in its text); the others
-    # certainly have none, so their check runs beside the resolve instead of before it
-    truncates: frozenset[str] = frozenset()
-    # topics with a payload that may hold a TOAST placeholder (its text, or base64 of it
-    # for a bytea column); the others are resolved without the placeholder aggregates
-    toasts: frozenset[str] = frozenset()
-
-
-# a truncate event's payload has this in its text; a row's own "op" column can match too,
-# which only costs the extra check job
-TRUNCATE_TEXT = r'"op"\s*:\s*"t"'
-# how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
-TOAST_TEXTS = (TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36])
-
-
-def scan_raw(raw) -> RawScan:
-    """One Spark job for the schema collection and the broken-envelope check of every
-    topic of the batch (instead of one job each)."""
-    from pyspark.sql import functions as F
-
-    sides = [
-        F.struct(F.lit(side).alias("side"), F.col(f"{side}_schema_id").alias("sid"),
-                 F.col(f"{side}_schema").alias("text"))
-        for side in ("key", "value")
-    ]  # fmt: skip
-    sides.append(
-        F.struct(F.lit("error").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.col("error").alias("text"))
-    )  # fmt: skip
-    sides.append(
-        F.struct(F.lit("truncate").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.when(F.col("value_payload").rlike(TRUNCATE_TEXT), F.lit("t")).alias("text"))
-    )  # fmt: skip
-    toast = F.lit(False)
-    for text in TOAST_TEXTS:
-        toast = toast | F.col("value_payload").contains(text)
-    sides.append(
-        F.struct(F.lit("toast").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.when(toast, F.lit("t")).alias("text"))
-    )  # fmt: skip
-    at = F.struct("partition", "offset")
-    is_error = F.col("s.side") == "error"
-    flagged = F.col("s.side").isin("error", "truncate", "toast") & F.col("s.text").isNotNull()
-    rows = (
-        raw.select("topic", "partition", "offset", "error", F.explode(F.array(*sides)).alias("s"))
-        .where(F.col("s.sid").isNotNull() | flagged)
-        .groupBy("topic", F.col("s.side").alias("side"), F.col("s.sid").alias("sid"))
-        .agg(
-            # a schema counts for the records that split; its text may come from any
-            # record (the reader sends it with the first one of a task only)
-            F.max(F.when(F.col("error").isNull(), at)).alias("last"),
-            F.first("s.text", ignorenulls=True).alias("text"),
-            F.min(F.when(is_error, F.struct("partition", "offset", F.col("s.text")))).alias(
-                "first"
-            ),
-            F.count(F.lit(1)).alias("n"),
-        )
-        .collect()
-    )
-    schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
-    broken: dict[str, tuple[int, int, str]] = {}
-    broken_count = 0
-    truncates, toasts = set(), set()
-    for r in sorted(rows, key=lambda r: (r["topic"], r["last"]["offset"] if r["last"] else -1)):
-        if r["side"] == "truncate":
-            truncates.add(r["topic"])
-        elif r["side"] == "toast":
-            toasts.add(r["topic"])
-        elif r["side"] == "error":
-            broken[r["topic"]] = (r["first"][0], r["first"][1], r["first"][2])
-            broken_count += r["n"]
-        elif r["last"] is not None:
-            schemas.setdefault(r["topic"], {}).setdefault(r["side"], []).append(
-                (r["sid"], r["text"])
-            )
-    return RawScan(schemas, broken, broken_count, frozenset(truncates), frozenset(toasts))
 
 
 def _handle_broken_envelopes(

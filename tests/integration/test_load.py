@@ -153,3 +153,38 @@ def test_a_topic_recreated_behind_the_committed_offsets_fails_as_data_loss(stack
         r"partition \(2\).*rebuild",
     ):
         plan_pipeline(pipeline, "gone-2")
+
+
+def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path, monkeypatch):
+    """Small batches are read by the driver, big ones by Spark tasks: both give the same
+    raw rows and scan on the real broker, and a load through the tasks also ends with the
+    lake equal to the source."""
+    import uuid
+
+    import cdclake.job
+    from cdclake.reader import read_local, read_ranges
+    from cdclake.scan import scan_raw, scan_rows
+
+    from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
+
+    apply_workload(stack.source_dsn)
+    stack.wait_for_capture()
+    name = f"it_read_{uuid.uuid4().hex[:6]}"
+    tables = ["inventory.customers", "inventory.orders", "inventory.type_zoo"]
+    pipeline = make_pipeline(tmp_path, name, tables)
+    plan = plan_pipeline(pipeline, f"{name}-0")  # a new namespace: everything from the start
+    assert len(plan.ranges) == 3 and all(r.size for r in plan.ranges)
+
+    local = read_local(pipeline.kafka, plan.ranges)
+    frame = read_ranges(spark, pipeline.kafka, plan.ranges)
+    order = ["topic", "partition", "offset"]
+    assert local.sort_by([(c, "ascending") for c in order]).to_pylist() == [
+        r.asDict() for r in frame.orderBy(*order).collect()
+    ]
+    assert local.num_rows == sum(r.size for r in plan.ranges)
+    assert scan_rows(local) == scan_raw(frame)
+
+    monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)  # every batch through tasks
+    results = load_all(stack, spark, pipeline, name)
+    assert {r.status for r in results} == {"committed"}
+    assert_lake_equals_source(pipeline, stack.source_dsn)

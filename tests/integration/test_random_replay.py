@@ -47,13 +47,13 @@ def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it:
     """A one-table pipeline and the raw frame of `records` for it, after checking whether
     the raw scan noted the topic under `flag` (`truncates`, `toasts`): (name, pipeline,
     raw)."""
-    import cdclake.job
+    import cdclake.scan
 
     name = f"it_{label}_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
     topic = pipeline.topic_for(pipeline.tables[0])
     raw = raw_frame(spark, topic, records)
-    assert (topic in getattr(cdclake.job.scan_raw(raw), flag)) is scan_sees_it
+    assert (topic in getattr(cdclake.scan.scan_raw(raw), flag)) is scan_sees_it
     return name, pipeline, raw
 
 
@@ -162,10 +162,10 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
 ):
     """The check runs beside the resolve when the raw scan finds no truncate text; a
     truncate it did not see (e.g. a payload written in an unusual form) must still win."""
-    import cdclake.job
+    import cdclake.scan
 
     if not scan_sees_it:
-        monkeypatch.setattr(cdclake.job, "TRUNCATE_TEXT", "(?!)")  # matches nothing
+        monkeypatch.setattr(cdclake.scan, "TRUNCATE_TEXT", "(?!)")  # matches nothing
     v = value_record
     batch = [
         (key_record(1), v("c", None, item(1, "a"), lsn=110)),
@@ -186,11 +186,11 @@ def test_a_toast_placeholder_the_raw_scan_misses_is_still_filled_in(
 ):
     """Topics whose payloads hold no placeholder text resolve without the placeholder
     aggregates; a placeholder the scan did not see must still take the last real value."""
-    import cdclake.job
+    import cdclake.scan
     from cdclake.resolve import TOAST_PLACEHOLDER
 
     if not scan_sees_it:
-        monkeypatch.setattr(cdclake.job, "TOAST_TEXTS", ("no payload holds this",))
+        monkeypatch.setattr(cdclake.scan, "TOAST_TEXTS", ("no payload holds this",))
     v = value_record
     batch = [
         (key_record(1), v("c", None, item(1, "a"), lsn=110)),
