@@ -106,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         help="override one size of the scale, e.g. merge_rows=1000,100000",
     )  # fmt: skip
 
+    archive = sub.add_parser(
+        "jvm-archive", help="build the Spark driver's class-data-sharing archive (faster starts)"
+    )
+    archive.add_argument("--force", action="store_true", help="rebuild it when it exists")
+
     status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
     status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
                         "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
@@ -169,6 +174,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = dict(item.split("=", 1) for item in args.size)
         sizes = Sizes.at_scale(args.scale).replace(overrides)
         run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
+        return 0
+    if args.command == "jvm-archive":
+        from cdclake.jvm import build_archive
+
+        print(build_archive(force=args.force))
         return 0
     if args.command == "status":
         from cdclake.freshness import render_freshness, status_rows

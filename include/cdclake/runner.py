@@ -12,7 +12,7 @@ def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict:
     plan = plan_pipeline(pipeline, batch_id)
     if not plan.ranges:
         return {"pipeline": pipeline.name, "batch_id": plan.batch_id, "tables": []}
-    spark = build_session(pipeline, pipeline.spark.master)
+    spark = build_session(pipeline, pipeline.spark.master, records=plan.total)
     results = run_batch(spark, pipeline, plan)
     return {
         "pipeline": pipeline.name,

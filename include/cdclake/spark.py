@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from cdclake.config import CatalogConfig, PipelineConfig
 from cdclake.exceptions import ConfigError
+from cdclake.jvm import driver_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,8 +76,11 @@ def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
     return conf
 
 
-def spark_conf(pipeline: PipelineConfig, secrets: bool = True) -> dict[str, str]:
-    """Every Spark setting a load needs; the pipeline's own `spark.conf` wins.
+def spark_conf(
+    pipeline: PipelineConfig, secrets: bool = True, records: int | None = None
+) -> dict[str, str]:
+    """Every Spark setting a load needs; the pipeline's own `spark.conf` wins. The
+    driver's Java options depend on the batch's size (`records`; None when unknown).
 
     With `secrets=False` (what goes on spark-submit's command line, which Airflow logs and
     `ps` shows) settings such as the catalog password are left out: the driver reads the
@@ -104,14 +108,18 @@ def spark_conf(pipeline: PipelineConfig, secrets: bool = True) -> dict[str, str]
         if pipeline.catalog.type == "jdbc":
             jars.append(postgres_jdbc_jar())
         conf["spark.jars"] = ",".join(str(j) for j in jars)
+    conf.update(driver_conf(pipeline.spark.conf, records))
     conf.update(pipeline.spark.conf)
     if not secrets:
         conf = {k: v for k, v in conf.items() if not is_secret(k)}
     return conf
 
 
-def build_session(pipeline: PipelineConfig, master: str | None = None) -> SparkSession:
-    """A SparkSession for a load (spark-submit passes its own master and conf)."""
+def build_session(
+    pipeline: PipelineConfig, master: str | None = None, records: int | None = None
+) -> SparkSession:
+    """A SparkSession for a load (spark-submit passes its own master and conf); a new
+    driver JVM gets the Java options for a batch of `records` records."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -119,7 +127,7 @@ def build_session(pipeline: PipelineConfig, master: str | None = None) -> SparkS
     builder = SparkSession.builder.appName(f"cdclake-{pipeline.name}")
     if master:
         builder = builder.master(master)
-    for key, value in spark_conf(pipeline).items():
+    for key, value in spark_conf(pipeline, records=records).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

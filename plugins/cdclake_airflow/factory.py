@@ -16,6 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Asset, TriggerRule, task
 from cdclake.config import PipelineConfig, load_pipeline
 from cdclake.exceptions import ConfigError
+from cdclake.jvm import DRIVER_OPTIONS
 from cdclake.spark import spark_conf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -45,17 +46,23 @@ def spark_submit(
     application_args: list[str],
     name: str,
     timeout: dt.timedelta,
+    driver_options: str | None = None,
     **kwargs,
 ) -> SparkSubmitOperator:
     """The stock SparkSubmitOperator running a cdclake job for `pipeline`: its Spark
     connection and settings (secrets left for the driver to set), this environment's
-    Python on the driver and the executors."""
+    Python on the driver and the executors. `driver_options` (a template) sets the
+    driver's Java options at run time, unless the pipeline sets them itself; else they
+    are chosen when the DAG file is parsed."""
+    conf = spark_conf(pipeline, secrets=False)
+    if driver_options is not None and DRIVER_OPTIONS not in pipeline.spark.conf:
+        conf[DRIVER_OPTIONS] = driver_options
     return SparkSubmitOperator(
         task_id=task_id,
         application=str(application),
         application_args=application_args,
         conn_id=pipeline.spark.conn_id,
-        conf=spark_conf(pipeline, secrets=False),
+        conf=conf,
         name=name,
         spark_binary=_spark_binary(),
         env_vars={"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
@@ -92,6 +99,9 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         )(plan)
         load = spark_submit(
             pipeline,
+            driver_options=(
+                f"{{{{ ti.xcom_pull(task_ids='plan', key='{tasks.DRIVER_OPTIONS_XCOM}') or '' }}}}"
+            ),
             task_id="load",
             application=LOAD_APPLICATION,
             application_args=["--pipeline", path, "--plan", "{{ ti.xcom_pull(task_ids='plan') }}"],

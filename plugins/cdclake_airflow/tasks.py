@@ -8,10 +8,14 @@ import time
 
 log = logging.getLogger(__name__)
 
+# the XCom of the plan task the load task's spark-submit takes its driver's Java options from
+DRIVER_OPTIONS_XCOM = "driver_java_options"
+
 
 def plan(pipeline_path: str, **context) -> str:
     """Next batch plan as JSON; the batch id names the DAG run so commits can be traced."""
     from cdclake.config import load_pipeline
+    from cdclake.jvm import driver_java_options
     from cdclake.planner import plan_pipeline
 
     pipeline = load_pipeline(pipeline_path)
@@ -20,6 +24,8 @@ def plan(pipeline_path: str, **context) -> str:
     for r in batch.ranges:
         log.info("plan %s[%d]: offsets %d..%d (%d records)", r.topic, r.partition, r.start,
                  r.end - 1, r.size)  # fmt: skip
+    # the load's driver JVM: the archive when there is one, the JIT for the batch's size
+    context["ti"].xcom_push(key=DRIVER_OPTIONS_XCOM, value=driver_java_options(batch.total))
     return batch.to_json()
 
 

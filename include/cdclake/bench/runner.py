@@ -23,6 +23,7 @@ from cdclake.bench.events import Workload, generate_slice
 from cdclake.bench.pipeline import bench_pipeline
 from cdclake.bench.sources import file_reader, record_workload, recorded_ranges
 from cdclake.job import run_batch
+from cdclake.jvm import DRIVER_OPTIONS, archive_path, build_archive, driver_java_options
 from cdclake.local.stack import LocalStack, StackSettings
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.spark import spark_conf
@@ -194,18 +195,42 @@ class Bench:
         ranges = produce_workload(self.stack.broker.bootstrap, workload)
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "fixed")
         plan = BatchPlan(pipeline.name, "bench-fixed", tuple(ranges))
-        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]"]
-        for k, v in spark_conf(pipeline).items():
-            cmd += ["--conf", f"{k}={v}"]
-        cmd += [
-            str(LOAD_JOB),
-            "--pipeline",
-            str(self.work / "fixed.yaml"),
-            "--plan",
-            plan.to_json(),
-        ]
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        if (archive := archive_path()) is not None and not archive.is_file():
+            started = time.perf_counter()
+            build_archive(archive)  # what `cdclake jvm-archive` does once per environment
+            self.say(f"built the JVM archive {archive} in {time.perf_counter() - started:.0f}s")
         self.say(f"spark-submit jobs/load.py: {z.fixed_events} events over {z.fixed_tables} tables")
+        wall, cpu, out = self._submit_load(pipeline, "fixed", plan, z.fixed_events)
+        committed = committed_tables(out)
+        self.figures["fixed_overhead_s"] = wall
+        stages = stage_seconds(job_tables(out), pipeline.parallel_tables)
+        self.details["fixed_overhead"] = {
+            "wall_s": wall, "cpu_s": cpu, "tables_committed": committed,
+            "events": z.fixed_events, "tables": z.fixed_tables, "stages": stages,
+            "driver_java_options": driver_java_options(z.fixed_events),
+        }  # fmt: skip
+        self.say(f"fixed overhead: {wall:.1f}s ({cpu:.1f} CPU s), {committed} tables committed")
+        # side by side: the same batch again, with a driver JVM of Spark's defaults
+        plain = bench_pipeline(self.work, self.stack.s, workload, "fixed_plain",
+                               spark_conf={DRIVER_OPTIONS: ""})  # fmt: skip
+        again = BatchPlan(plain.name, "bench-fixed-plain", plan.ranges)
+        wall, cpu, out = self._submit_load(plain, "fixed_plain", again, None)
+        self.details["fixed_overhead"]["plain_jvm"] = {
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "tables_committed": committed_tables(out),
+        }
+        self.say(f"the same with Spark's JVM defaults: {wall:.1f}s ({cpu:.1f} CPU s)")
+
+    def _submit_load(self, pipeline, label: str, plan: BatchPlan, records: int | None):
+        """spark-submit jobs/load.py of `plan` for the pipeline of `<work>/<label>.yaml`:
+        (wall, CPU seconds, its stdout). Its log is kept in `<work>/<label>.log`."""
+        path = self.work / f"{label}.yaml"
+        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]"]
+        for k, v in spark_conf(pipeline, records=records).items():
+            cmd += ["--conf", f"{k}={v}"]
+        cmd += [str(LOAD_JOB), "--pipeline", str(path), "--plan", plan.to_json()]
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         cpu_before = _children_cpu_s()
         started = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -213,17 +238,10 @@ class Bench:
         # CPU seconds of spark-submit and its driver: far less sensitive than the wall to
         # other load on a shared machine
         cpu = _children_cpu_s() - cpu_before
-        (self.work / "fixed_overhead.log").write_text(done.stderr)  # the job's own log
+        (self.work / f"{label}.log").write_text(done.stderr)  # the job's own log
         if done.returncode != 0:
             raise RuntimeError(f"spark-submit failed: {done.stderr[-2000:]}")
-        committed = committed_tables(done.stdout)
-        self.figures["fixed_overhead_s"] = wall
-        stages = stage_seconds(job_tables(done.stdout), pipeline.parallel_tables)
-        self.details["fixed_overhead"] = {
-            "wall_s": wall, "cpu_s": cpu, "tables_committed": committed,
-            "events": z.fixed_events, "tables": z.fixed_tables, "stages": stages,
-        }  # fmt: skip
-        self.say(f"fixed overhead: {wall:.1f}s ({cpu:.1f} CPU s), {committed} tables committed")
+        return wall, cpu, done.stdout
 
     # ---- peers on the recorded events ---------------------------------------------------
     def peers(self) -> None:

@@ -1,0 +1,84 @@
+"""The driver JVM's options: the class-data-sharing archive and the JIT per batch size."""
+
+import pytest
+from cdclake.jvm import (
+    ARCHIVE_ENV,
+    DRIVER_OPTIONS,
+    QUICK_JIT_RECORDS,
+    archive_path,
+    driver_conf,
+    driver_java_options,
+)
+
+
+@pytest.fixture
+def archive(tmp_path, monkeypatch):
+    path = tmp_path / "driver.jsa"
+    monkeypatch.setenv(ARCHIVE_ENV, str(path))
+    return path
+
+
+def test_the_archive_is_used_once_it_exists(archive):
+    assert "SharedArchiveFile" not in driver_java_options(1_000_000)
+    archive.write_bytes(b"built")
+    options = driver_java_options(1_000_000)
+    assert f"-XX:SharedArchiveFile={archive}" in options
+    # the JVM's warnings go to stderr: the job's stdout carries its results
+    assert options.endswith("-Xlog:disable -Xlog:all=warning:stderr")
+
+
+@pytest.mark.parametrize(
+    "records, quick",
+    [(1, True), (QUICK_JIT_RECORDS, True), (QUICK_JIT_RECORDS + 1, False), (None, False)],
+)
+def test_small_batches_run_the_client_compiler_only(archive, records, quick):
+    options = driver_java_options(records)
+    assert ("-XX:TieredStopAtLevel=1" in options) is quick
+    assert (options == "") is (not quick)  # no archive: nothing else to say
+
+
+def test_the_pipeline_own_driver_options_win(archive):
+    archive.write_bytes(b"built")
+    assert driver_conf({DRIVER_OPTIONS: "-Xss4m"}, 10) == {}
+    assert "SharedArchiveFile" in driver_conf({}, 10)[DRIVER_OPTIONS]
+
+
+def test_the_archive_can_be_switched_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(ARCHIVE_ENV, "off")
+    assert archive_path() is None
+    assert driver_java_options(None) == ""
+
+
+def test_the_default_archive_is_named_after_spark_and_cached_per_user(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    monkeypatch.delenv(ARCHIVE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = archive_path()
+    version = importlib.metadata.version("pyspark")
+    assert path.parent == tmp_path / "cdclake"
+    assert path.name.startswith(f"spark-driver-{version}-") and path.suffix == ".jsa"
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "another-jdk"))
+    assert archive_path() != path  # another Java, another archive
+
+
+def test_the_load_task_takes_its_driver_options_from_the_plan(monkeypatch):
+    """The plan knows the batch's size: the load's spark-submit renders its driver's Java
+    options from the plan task's XCom, unless the pipeline sets them."""
+    import dataclasses
+
+    from cdclake.config import load_pipeline
+    from cdclake_airflow.factory import build_pipeline_dag
+    from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM
+
+    from tests.conftest import DEMO_PIPELINE
+
+    pipeline = load_pipeline(DEMO_PIPELINE)
+    load = build_pipeline_dag(pipeline).get_task("load")
+    assert "conf" in load.template_fields
+    template = load.conf[DRIVER_OPTIONS]
+    assert "xcom_pull(task_ids='plan'" in template and DRIVER_OPTIONS_XCOM in template
+
+    own = dataclasses.replace(pipeline.spark, conf={DRIVER_OPTIONS: "-Xss4m"})
+    load = build_pipeline_dag(dataclasses.replace(pipeline, spark=own)).get_task("load")
+    assert load.conf[DRIVER_OPTIONS] == "-Xss4m"
