@@ -28,6 +28,12 @@ def main() -> int:
     print(f"    kafka   {status['kafka']['bootstrap']}")
     print(f"    catalog {status['catalog']['uri']}  warehouse {status['catalog']['warehouse']}")
 
+    from cdclake.jvm import archive_path, build_archive
+
+    if (archive := archive_path()) is not None:
+        print("==> the Spark driver's class-data-sharing archive (built once, ~40 s)")
+        print(f"    {build_archive(archive)}")
+
     print("==> applying a workload: inserts, updates, deletes, a primary-key change")
     done = apply_workload(stack.source_dsn)
     print(f"    round {done['round']}: {done}")

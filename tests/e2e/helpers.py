@@ -23,7 +23,7 @@ def task_states(run) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
-def xcom_of(run, task_id: str):
+def xcom_of(run, task_id: str, key: str = "return_value"):
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -34,7 +34,7 @@ def xcom_of(run, task_id: str):
                 XComModel.dag_id == run.dag_id,
                 XComModel.run_id == run.run_id,
                 XComModel.task_id == task_id,
-                XComModel.key == "return_value",
+                XComModel.key == key,
             )
         )
     while isinstance(value, str) and value[:1] in ('"', "{", "["):

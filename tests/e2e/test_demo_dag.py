@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
+from cdclake.jvm import QUICK_JIT_RECORDS
 from cdclake.kafka import fetch_watermarks
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan
+from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM
 
 from tests.e2e.helpers import run_dag, xcom_of
 
@@ -49,6 +51,9 @@ def test_dag_runs_load_the_lake_and_the_second_reads_only_new_offsets(stack, pip
     assert_lake_equals_source(pipeline, stack.source_dsn)
     plan = plan_of(second)
     assert plan.ranges
+    # the plan chose the load's driver JVM options for its size (a small batch here)
+    options = xcom_of(second, "plan", key=DRIVER_OPTIONS_XCOM)
+    assert plan.total <= QUICK_JIT_RECORDS and "-XX:TieredStopAtLevel=1" in options
     for r in plan.ranges:  # started exactly where the first run committed
         assert r.start == after_first[(r.topic, r.partition)]
     after_second = committed(pipeline)
