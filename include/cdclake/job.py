@@ -57,7 +57,13 @@ from cdclake.offsets import (
     TopicPartition,
     encode_offsets,
 )
-from cdclake.reader import DRIVER_READ_RECORDS, arrow_frame, read_local, read_ranges
+from cdclake.reader import (
+    DRIVER_READ_BYTES,
+    DRIVER_READ_RECORDS,
+    arrow_frame,
+    read_local,
+    read_ranges,
+)
 from cdclake.resolve import (
     CHECK_FIRST_TYPE,
     CHECK_TRUNCATE_TYPE,
@@ -149,7 +155,10 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     records = sum(r.size for r in plan.ranges)
     if read is None and records <= DRIVER_READ_RECORDS:
         rows = read_local(pipeline.kafka, plan.ranges)
-        return arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS), scan_rows(rows)
+        if rows is not None:
+            return arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS), scan_rows(rows)
+        log.info("batch %s: more than %d MiB of records; read by Spark tasks",
+                 plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
     raw = (read or read_ranges)(spark, pipeline.kafka, plan.ranges)
     if records <= SMALL_BATCH_RECORDS:
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)

@@ -46,8 +46,11 @@ SLICE_RECORDS = 50_000  # records per Spark task: one cached block each, kept sm
 # A batch of at most this many records is read by the driver (`read_local`). Spark tasks
 # reading it cost a job and a Python worker's start before any table's work: for 100
 # records over 10 topics, 6.5 s against 1.9 s read by the driver. Its rows (~4 KB each
-# for the connector's JSON with schemas) are held in the driver's memory.
+# for the connector's JSON with schemas) are held in the driver's memory, up to
+# DRIVER_READ_BYTES of them: records bigger than that in all (wide TOASTed values) are
+# left to Spark tasks after all.
 DRIVER_READ_RECORDS = 10_000
+DRIVER_READ_BYTES = 256 * 1024 * 1024
 
 
 def split_envelope(data: bytes) -> tuple[bytes, bytes]:
@@ -124,17 +127,23 @@ def read_ranges(
 
 
 def read_local(
-    kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float = 60
-) -> pa.Table:
+    kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float = 60,
+    max_bytes: int = DRIVER_READ_BYTES,
+) -> pa.Table | None:  # fmt: skip
     """Read the ranges in this process, slice after slice: the raw rows the Spark tasks
-    of `read_ranges` would yield, as one Arrow table."""
+    of `read_ranges` would yield, as one Arrow table. None as soon as the rows hold more
+    than `max_bytes` (what was read is dropped; the caller reads with Spark tasks)."""
     import pyarrow as pa
 
     client_config = kafka.client_config()
-    batches = []
+    batches, held = [], 0
     for r in slice_ranges(ranges):
         row = {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-        batches.extend(_read_slice(client_config, row, timeout_s))
+        for batch in _read_slice(client_config, row, timeout_s, max_bytes - held):
+            held += batch.nbytes
+            if held > max_bytes:
+                return None
+            batches.append(batch)
     return pa.Table.from_batches(batches, schema=_arrow_schema())
 
 
@@ -161,7 +170,11 @@ def arrow_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
                      spark)  # fmt: skip
 
 
-def _read_slice(client_config: dict, row: dict, timeout_s: float) -> Iterator[pa.RecordBatch]:
+def _read_slice(
+    client_config: dict, row: dict, timeout_s: float, batch_bytes: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The raw rows of one slice, in Arrow batches of up to 10,000 records (or fewer once
+    their records hold `batch_bytes`)."""
     import time
     import uuid
 
@@ -180,6 +193,7 @@ def _read_slice(client_config: dict, row: dict, timeout_s: float) -> Iterator[pa
         }
     )
     rows = RawRows(topic, partition)
+    held = 0  # record bytes in `rows`
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         next_offset = start
@@ -209,9 +223,12 @@ def _read_slice(client_config: dict, row: dict, timeout_s: float) -> Iterator[pa
                     next_offset = end
                     break
                 next_offset = offset + 1
-                rows.add(offset, msg.timestamp()[1], msg.key(), msg.value())
-            if len(rows) >= 10_000:
+                key, value = msg.key(), msg.value()
+                rows.add(offset, msg.timestamp()[1], key, value)
+                held += len(key or b"") + len(value or b"")
+            if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield rows.batch()
+                held = 0
     finally:
         consumer.close()
     if len(rows):

@@ -175,3 +175,23 @@ def test_raw_rows_equal_the_rows_of_record_row():
     # the errors are there (not both paths equally wrong)
     errors = [r["error"] for r in got.to_pylist()]
     assert sum(e is not None for e in errors) == 3, errors
+
+
+def test_the_driver_read_gives_up_beyond_its_byte_budget(monkeypatch):
+    """A small batch of wide records (big TOASTed values) must not fill the driver: past
+    the budget the driver read stops and says so (the batch is read by Spark tasks)."""
+    import confluent_kafka
+    from cdclake.config import KafkaConfig
+    from cdclake.reader import read_local
+
+    kafka, ranges = KafkaConfig("unused"), [OffsetRange("t", 0, 0, 5000)]
+    monkeypatch.setattr(confluent_kafka, "Consumer", _Partition(list(range(5000)), high=5000))
+    rows = read_local(kafka, ranges, timeout_s=5)
+    assert rows.column("offset").to_pylist() == list(range(5000))
+    held = rows.nbytes
+
+    partition = _Partition(list(range(5000)), high=5000)
+    monkeypatch.setattr(confluent_kafka, "Consumer", partition)
+    assert read_local(kafka, ranges, timeout_s=5, max_bytes=held // 4) is None
+    # it stopped after the first fetch (2,000 records) instead of reading them all
+    assert len(partition.asked) == 1 and len(partition.queue) == 3001
