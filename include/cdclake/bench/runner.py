@@ -22,6 +22,7 @@ from pathlib import Path
 from cdclake.bench.events import Workload, generate_slice
 from cdclake.bench.pipeline import bench_pipeline
 from cdclake.bench.sources import file_reader, record_workload, recorded_ranges
+from cdclake.exceptions import CdclakeError
 from cdclake.job import run_batch
 from cdclake.jvm import DRIVER_OPTIONS, archive_path, build_archive, driver_java_options
 from cdclake.local.stack import LocalStack, StackSettings
@@ -197,8 +198,12 @@ class Bench:
         plan = BatchPlan(pipeline.name, "bench-fixed", tuple(ranges))
         if (archive := archive_path()) is not None and not archive.is_file():
             started = time.perf_counter()
-            build_archive(archive)  # what `cdclake jvm-archive` does once per environment
-            self.say(f"built the JVM archive {archive} in {time.perf_counter() - started:.0f}s")
+            try:
+                build_archive(archive)  # what `cdclake jvm-archive` does once per environment
+                self.say(f"built the JVM archive {archive} in "
+                         f"{time.perf_counter() - started:.0f}s")  # fmt: skip
+            except (CdclakeError, OSError) as exc:
+                self.say(f"measured without a JVM archive, which could not be built: {exc}")
         self.say(f"spark-submit jobs/load.py: {z.fixed_events} events over {z.fixed_tables} tables")
         wall, cpu, out = self._submit_load(pipeline, "fixed", plan, z.fixed_events)
         committed = committed_tables(out)
