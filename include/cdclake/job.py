@@ -28,6 +28,7 @@ from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, D
 from cdclake.kafka import discover
 from cdclake.merge import (
     DEAD_LETTERS,
+    TableState,
     build_append_sql,
     build_merge_sql,
     commit_empty,
@@ -133,7 +134,7 @@ def run_batch(
         return _run_batch(spark, pipeline, plan, read)
 
 
-def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable):
+def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
     started = time.perf_counter()
     raw, scan = _read(spark, pipeline, plan, read)
     try:
@@ -416,11 +417,12 @@ def _load_table(
             if truncate is not None and truncate.lsn is not None:
                 below = mark_truncated(spark, qualified, truncate.lsn, below)
             if schema.key_names:
+                keys = _key_filter(state, schema, resolved, truncate, counts)
                 merge_sql = build_merge_sql(
                     qualified, view, schema, toast_columns,
                     truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
                     dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
-                    truncated_below=below,
+                    truncated_below=below, key_values=keys,
                 )  # fmt: skip
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
@@ -450,6 +452,27 @@ def _load_table(
         qualified, records, result.upserts, result.deletes, after_id,
     )  # fmt: skip
     return result
+
+
+# A MERGE into a table of at least this many rows, of at most KEY_FILTER_KEYS changes on
+# one integer key, names its keys in the join condition (`build_merge_sql`): 10,000
+# changes into a 10M-row table took 9.2 s without it. A smaller table is cheaper to
+# join whole than the extra job that collects the keys.
+KEY_FILTER_ROWS = 1_000_000
+KEY_FILTER_KEYS = 20_000
+_INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
+
+
+def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, counts):
+    """The resolved rows' keys, sorted, when the MERGE is worth filtering by them."""
+    keys = schema.key
+    changes = sum(counts.values())
+    if (truncate is not None or len(keys) != 1 or keys[0].type not in _INTEGER_TYPES
+            or state.rows < KEY_FILTER_ROWS or not 0 < changes <= KEY_FILTER_KEYS):  # fmt: skip
+        return None
+    from pyspark.sql import functions as F
+
+    return sorted(r[0] for r in resolved.select(F.col(f"`{keys[0].name}`")).collect())
 
 
 class _Clock:

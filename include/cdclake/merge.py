@@ -98,15 +98,27 @@ def build_merge_sql(
     soft_delete: bool = False,
     deleted_lsn: bool = False,
     truncated_below: int | None = None,
+    key_values: Sequence[int] | None = None,
 ) -> str:
     """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
     when both have one); TOAST placeholders keep the table's value; a truncate deletes
     every row it did not see again. With `deleted_lsn` the source carries the LSN at
     which an earlier batch hard-deleted the key (`DELETED_AT`), and a change that is not
     newer than that delete (a re-sent one) does not insert the row again; likewise no
-    change older than an already loaded truncate (`truncated_below`) writes a row."""
+    change older than an already loaded truncate (`truncated_below`) writes a row.
+
+    `key_values`, the source's keys (one integer key column, no truncate), also go into
+    the join condition as a filter on the table alone: Spark pushes it into the table's
+    scan, so only rows with those keys reach the join instead of the whole table (a MERGE
+    with inserts is an outer join that cannot broadcast the source). Rows outside it
+    matched nothing before either, so the outcome is the same."""
     names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
+    if key_values is not None:
+        if len(schema.key_names) != 1 or truncate:
+            raise ValueError("a key filter needs one key column and no truncate")
+        values = ", ".join(str(int(v)) for v in key_values)
+        on += f" AND t.{quote(schema.key_names[0])} IN ({values})"
     fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
     after_truncate = ""
     if truncated_below is not None:
@@ -396,6 +408,7 @@ class TableState:
     committed: dict[TopicPartition, int]
     snapshot_id: int | None
     truncated_below: int | None = None  # the LSN of the last truncate loaded (a property)
+    rows: int = 0  # records in its data files (deleted ones too): how big a MERGE target it is
 
 
 def table_state(spark, table: str) -> TableState:
@@ -408,11 +421,13 @@ def table_state(spark, table: str) -> TableState:
     snap = ice.currentSnapshot()
     committed = committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
     below = ice.properties().get(TRUNCATED_BELOW)
+    rows = snap.summary().get("total-records") if snap is not None else None
     return TableState(
         True,
         committed,
         int(snap.snapshotId()) if snap is not None else None,
         int(below) if below is not None else None,
+        int(rows) if rows is not None else 0,
     )
 
 
