@@ -472,7 +472,8 @@ def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, coun
         return None
     from pyspark.sql import functions as F
 
-    return sorted(r[0] for r in resolved.select(F.col(f"`{keys[0].name}`")).collect())
+    rows = resolved.select(F.col(f"`{keys[0].name}`")).collect()
+    return sorted(r[0] for r in rows if r[0] is not None)  # a NULL key matches nothing
 
 
 class _Clock:
