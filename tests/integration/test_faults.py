@@ -62,17 +62,25 @@ def test_killed_loads_leave_old_or_new_state_and_resume(stack, spark, tmp_path):
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute(f"create table {table} (id int primary key, v text)")
     pipeline = make_pipeline(tmp_path, f"it_kill_{n}", [table], max_records_per_batch=40)
+    # how long one run takes here, so the kills fall anywhere in a run: start-up, plan,
+    # read, merge or commit
+    workload(stack.source_dsn, table, 2, rng)
+    stack.wait_for_capture()
+    started = time.monotonic()
+    first = start_run(pipeline.path)
+    assert first.wait(timeout=600) == 0, first.stderr.read()
+    run_s = time.monotonic() - started
     kills = 0
-    for _ in range(22):
+    for _ in range(24):
         workload(stack.source_dsn, table, 2, rng)
         stack.wait_for_capture()
         proc = start_run(pipeline.path)
-        time.sleep(rng.uniform(2.0, 16.0))  # start-up, plan, read, merge or commit
+        time.sleep(rng.uniform(0.05, 0.9) * run_s)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait()
-    assert kills >= 20
+    assert kills >= 20, f"{kills} of 24 runs killed (a run takes {run_s:.1f}s)"
     # catch up in big batches: what the killed runs did not commit is still to load
     load_all(stack, spark, dataclasses.replace(pipeline, max_records_per_batch=100_000), n)
     assert_exactly_once(stack, spark, pipeline)
