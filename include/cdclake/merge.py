@@ -216,7 +216,17 @@ def ensure_table(
     if existing is None:
         existing = table_columns(spark, table) if spark.catalog.tableExists(table) else {}
     if not existing:
-        spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
+        try:
+            spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
+        except Exception as exc:
+            # the JDBC catalog reports a create that lost the race to another run's as an
+            # unknown SQL failure (PostgreSQL's unique violation), not AlreadyExists
+            if not spark.catalog.tableExists(table):
+                raise
+            raise CommitConflictError(
+                f"{table}: another run created this table at the same time; this run's "
+                "batch was not committed to it. Plan again."
+            ) from exc
         if schema.key_names:
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("created %s with key %s", table, schema.key_names)
