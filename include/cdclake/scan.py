@@ -115,12 +115,12 @@ def _age(last) -> tuple[int, int]:
 def scan_rows(rows: pa.Table) -> RawScan:
     """`scan_raw` of raw rows held by the driver (an Arrow table of the reader's rows)."""
     truncate = re.compile(TRUNCATE_TEXT, re.ASCII)  # Java's \s: ASCII whitespace only
-    last: dict[tuple[str, str, int], dict[str, int]] = {}
+    last: dict[tuple[str, str, int], tuple[int, int]] = {}  # (partition, offset)
     texts: dict[tuple[str, str, int], str | None] = {}
     broken: dict[str, tuple[int, int, str]] = {}
     broken_count = 0
     truncates, toasts = set(), set()
-    columns = rows.to_pydict()
+    columns = rows.drop_columns(["key_payload"]).to_pydict()
     for i, topic in enumerate(columns["topic"]):
         partition, offset = columns["partition"][i], columns["offset"][i]
         error = columns["error"][i]
@@ -131,8 +131,8 @@ def scan_rows(rows: pa.Table) -> RawScan:
             group = (topic, side, sid)
             if texts.get(group) is None:
                 texts[group] = columns[f"{side}_schema"][i]
-            if error is None and (partition, offset) > _at(last.get(group)):
-                last[group] = {"partition": partition, "offset": offset}
+            if error is None:
+                last[group] = max(last.get(group, (partition, offset)), (partition, offset))
         if error is not None:
             broken_count += 1
             broken[topic] = min(broken.get(topic, (partition, offset, error)),
@@ -144,10 +144,7 @@ def scan_rows(rows: pa.Table) -> RawScan:
             if any(text in payload for text in TOAST_TEXTS):
                 toasts.add(topic)
     schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
-    for topic, side, sid in sorted(last, key=lambda g: (g[0], _age(last[g]))):
+    # the order of `_age`: by offset, then partition
+    for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
         schemas.setdefault(topic, {}).setdefault(side, []).append((sid, texts[(topic, side, sid)]))
     return RawScan(schemas, broken, broken_count, frozenset(truncates), frozenset(toasts))
-
-
-def _at(last: dict[str, int] | None) -> tuple[int, int]:
-    return (last["partition"], last["offset"]) if last else (-1, -1)
