@@ -61,3 +61,13 @@ def spark(pipeline):
     session = build_session(pipeline, "local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(params=["driver", "spark"])
+def resolve_in(request, monkeypatch):
+    """Run the test with small batches decoded and resolved in the driver (the default),
+    and again with the Spark jobs that bigger batches use."""
+    import cdclake.job
+
+    monkeypatch.setattr(cdclake.job, "DRIVER_RESOLVE", request.param == "driver")
+    return request.param

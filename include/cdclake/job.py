@@ -24,6 +24,7 @@ from cdclake.changes import (
 )
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.debezium import parse_connect_schema
+from cdclake.driver_resolve import DriverResolved, Unsupported, resolve_rows
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.kafka import discover
 from cdclake.merge import (
@@ -100,6 +101,9 @@ class TableResult:
     dead_letters: int = 0
     truncated: bool = False
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    # where the changes were decoded and resolved: "driver" (a small batch, in Python) or
+    # "spark" (Spark jobs); empty when the table had nothing to load
+    resolved_by: str = ""
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
     # its tables), then this table's `state` (table state and schema check), `resolve`
@@ -136,11 +140,11 @@ def run_batch(
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
     started = time.perf_counter()
-    raw, scan = _read(spark, pipeline, plan, read)
+    raw, scan, rows = _read(spark, pipeline, plan, read)
     try:
         raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-        batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started)
+        batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows)
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
@@ -148,7 +152,8 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
 
 
 def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
-    """The batch's raw records and their scan.
+    """The batch's raw records, their scan, and the records as the driver holds them
+    (an Arrow table, or None).
 
     A small batch from Kafka is read by the driver: its rows become a local relation
     (no Spark job, no Python worker to start) and are scanned in Python. Otherwise the
@@ -157,7 +162,8 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     if read is None and records <= DRIVER_READ_RECORDS:
         rows = read_local(pipeline.kafka, plan.ranges)
         if rows is not None:
-            return arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS), scan_rows(rows)
+            raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
+            return raw, scan_rows(rows), rows
         log.info("batch %s: more than %d MiB of records; read by Spark tasks",
                  plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
     raw = (read or read_ranges)(spark, pipeline.kafka, plan.ranges)
@@ -165,7 +171,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
     raw = raw.persist(cache_level(records))
     try:
-        return raw, scan_raw(raw)
+        return raw, scan_raw(raw), None
     except BaseException:
         raw.unpersist()
         raise
@@ -234,9 +240,10 @@ class _Batch:
 
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
-        read_seconds: float,
+        read_seconds: float, rows=None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
+        self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.read_seconds = read_seconds  # reading the raw records and their scan
         self.dead_letter_lock = threading.Lock()
 
@@ -357,6 +364,7 @@ def _load_table(
     else:
         ends = {(r.topic, r.partition): r.end for r in ranges}
     known = table_columns(spark, qualified) if state.exists else {}
+    found = schemas
     schemas, raw = _set_aside_misfits(batch, table, topic, schemas, known, raw, result)
     if not schemas.get("value") and not state.exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
@@ -371,12 +379,20 @@ def _load_table(
         known,
     )
     clock.lap("state")
-    changes = decode_changes(
-        raw, schema, dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    )
-    resolved, truncate, counts, max_ts, toast = _check_and_resolve(
-        batch, topic, schema, changes, result
-    )
+    key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    local = None
+    if batch.rows is not None and schemas is found:  # read by the driver, nothing set aside
+        local = _resolve_in_driver(batch.rows, topic, schema, key_schemas, value_schemas)
+    result.resolved_by = "spark" if local is None else "driver"
+    if local is not None:
+        resolved = arrow_frame(spark, local.rows, local.ddl)
+        truncate, counts, toast = local.truncate, local.counts, local.toast
+        max_ts = local.max_source_ms
+    else:
+        changes = decode_changes(raw, schema, key_schemas, value_schemas)
+        resolved, truncate, counts, max_ts, toast = _check_and_resolve(
+            batch, topic, schema, changes, result
+        )
     clock.lap("resolve")
     toast_columns = [c.name for c in toastable(schema)] if toast else []
     try:
@@ -402,7 +418,7 @@ def _load_table(
                 SUMMARY_DELETES: str(result.deletes),
             }
             if max_ts is not None:
-                props[SUMMARY_SOURCE_TS] = str(int(max_ts.timestamp() * 1000))
+                props[SUMMARY_SOURCE_TS] = str(max_ts)
             # the snapshot the offsets were read from: a commit by anyone else since then
             # makes the check below fail rather than pass for ours
             before_id = state.snapshot_id
@@ -544,6 +560,27 @@ def _set_aside_misfits(
     )
 
 
+# Tables of a batch the driver read are decoded, checked and resolved in the driver
+# (`driver_resolve`) unless this is off; they go through the Spark jobs when it cannot.
+DRIVER_RESOLVE = True
+
+
+def _resolve_in_driver(rows, topic: str, schema: TopicSchema, key_schemas: dict,
+                       value_schemas: dict) -> DriverResolved | None:  # fmt: skip
+    """The topic's records resolved in the driver, or None when the Spark jobs must do it
+    (a record that cannot be applied, a value the driver does not decode as Spark does)."""
+    if not DRIVER_RESOLVE:
+        return None
+    import pyarrow.compute as pc
+
+    mine = rows.filter(pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"])))
+    try:
+        return resolve_rows(mine, schema, key_schemas, value_schemas)
+    except Unsupported as why:
+        log.info("%s: resolved by Spark jobs: %s", topic, why)
+        return None
+
+
 def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, result):
     """Check the decoded changes (fail, or dead-letter the bad ones), find the truncate,
     and resolve the latest change per key.
@@ -556,7 +593,7 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
     says the topic has no truncate; else it is a job of its own before the resolve,
     which needs the truncate's position. Nothing is written before both are known.
     Returns the resolved rows (persisted; the caller unpersists them), the truncate, the
-    count of rows per deleted flag and the latest source timestamp.
+    count of rows per deleted flag and the latest source timestamp (epoch milliseconds).
     """
     from pyspark.sql import functions as F
 
@@ -611,7 +648,8 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
         changes.unpersist()
     counts = {r[DELETED]: r["n"] for r in stats}
     max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
-    return resolved, truncate, counts, max_ts, toast
+    max_ms = None if max_ts is None else int(max_ts.timestamp() * 1000)
+    return resolved, truncate, counts, max_ms, toast
 
 
 def _stats(resolved):

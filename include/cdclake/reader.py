@@ -147,9 +147,10 @@ def read_local(
     return pa.Table.from_batches(batches, schema=_arrow_schema())
 
 
-def arrow_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
-    """The raw rows the driver holds as a DataFrame: a local relation, built in the JVM
-    from Arrow (no Python worker; the schema is `RAW_SCHEMA`).
+def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> DataFrame:
+    """Rows the driver holds as a DataFrame: a local relation, built in the JVM from
+    Arrow (no Python worker). The schema is `ddl`, or `RAW_SCHEMA` for the reader's raw
+    rows; the Arrow columns must be of the types Spark reads as it.
 
     PySpark 3.5 has no public way from an Arrow table to a DataFrame (Spark 4's
     `createDataFrame` takes one); this is what its own `createDataFrame` of a pandas
@@ -158,9 +159,11 @@ def arrow_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.sql.types import _parse_datatype_string
 
-    schema = _parse_datatype_string(RAW_SCHEMA)
+    schema = _parse_datatype_string(ddl or RAW_SCHEMA)
     jvm = spark._jvm
-    batches = rows.select(_COLUMNS).to_batches()
+    batches = (rows if ddl else rows.select(_COLUMNS)).to_batches()
+    if not batches:
+        return spark.createDataFrame([], schema)
     stream = spark.sparkContext._serialize_to_jvm(
         batches, ArrowStreamSerializer(),
         lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),

@@ -73,3 +73,10 @@ def concurrent_writes(dsn: str, table: str, low: int, high: int, seed: int) -> I
     finally:
         stop.set()
         writer.join()
+
+
+def assert_resolved_in(results: list, where: str) -> None:
+    """Every table that loaded something was decoded and resolved `where` ("driver",
+    "spark"): the driver did not hand a table back to the Spark jobs."""
+    used = {r.table: r.resolved_by for r in results if r.resolved_by}
+    assert used and set(used.values()) == {where}, used

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.integration.helpers import (
     assert_lake_equals_source,
+    assert_resolved_in,
     concurrent_writes,
     load_all,
     make_pipeline,
@@ -46,7 +47,7 @@ def topic_contains(bootstrap: str, topic: str, needle: bytes) -> bool:
         consumer.close()
 
 
-def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path):
+def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
     n = uuid.uuid4().hex[:6]  # fresh tables each run, also on a kept stack
     sql(
         stack,
@@ -73,7 +74,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path):
         f"it_sem_{n}",
         [f"inventory.docs_{n}", {"source": f"inventory.events_{n}", "key": ["event_id"]}],
     )
-    load_all(stack, spark, pipeline, "sem-1")
+    assert_resolved_in(load_all(stack, spark, pipeline, "sem-1"), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
     # unchanged TOASTed columns: from the table (doc 1), from the same batch (doc 4)
@@ -87,7 +88,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path):
         f"update inventory.events_{n} set amount = amount * 2 where event_id = 2",
         f"delete from inventory.events_{n} where event_id = 3",
     )
-    load_all(stack, spark, pipeline, "sem-2")
+    assert_resolved_in(load_all(stack, spark, pipeline, "sem-2"), resolve_in)
     assert topic_contains(
         stack.broker.bootstrap, f"demo.inventory.docs_{n}", b"__debezium_unavailable"
     )
@@ -103,6 +104,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path):
     )
     results = load_all(stack, spark, pipeline, "sem-3")
     assert any(r.truncated for r in results)
+    assert_resolved_in(results, resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
 
@@ -276,7 +278,7 @@ def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path)
     assert lake.where("_cdc_op = 'r' and id > 300").count() == 0  # the filter was applied
 
 
-def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path):
+def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path, resolve_in):
     n = uuid.uuid4().hex[:6]
     t = f"inventory.log_{n}"
     sql(
@@ -292,7 +294,7 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path):
         f"insert into {t} values (4, 'four', null)",
     )
     pipeline = make_pipeline(tmp_path, f"it_log_{n}", [t])
-    load_all(stack, spark, pipeline, "log-1")
+    assert_resolved_in(load_all(stack, spark, pipeline, "log-1"), resolve_in)
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     rows = [
         (r["_cdc_op"], r["a"], r["note"], None if r["body"] is None else len(r["body"]))
@@ -312,7 +314,7 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path):
     assert [r.records for r in again] == [1] and lake.count() == 9
 
 
-def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_path):
+def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_path, resolve_in):
     """Under pgoutput with a publication that publishes updates and deletes (the connector's
     `all_tables`), PostgreSQL refuses UPDATE and DELETE of a REPLICA IDENTITY NOTHING table:
     only inserts and truncates reach the stream, and the lake still equals the source."""
@@ -336,6 +338,7 @@ def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_
     sql(stack, f"truncate {t}", f"insert into {t} values (10, 'after')")
     results = load_all(stack, spark, pipeline, "nothing-2")
     assert any(r.truncated for r in results)
+    assert_resolved_in(results, resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     assert [(r.id, r.body) for r in spark.table(lake_table).collect()] == [(10, "after")]
 

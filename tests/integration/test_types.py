@@ -9,7 +9,12 @@ import psycopg
 import pytest
 from cdclake.compare import compare_table
 
-from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
+from tests.integration.helpers import (
+    assert_lake_equals_source,
+    assert_resolved_in,
+    load_all,
+    make_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -19,9 +24,11 @@ def zoo_equal(pipeline, dsn) -> bool:
     return compare_table(pipeline, zoo, dsn).equal
 
 
-def test_type_zoo_insert_update_delete(stack, spark, tmp_path):
+def test_type_zoo_insert_update_delete(stack, spark, tmp_path, resolve_in):
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute("delete from inventory.type_zoo where id >= 100")  # an earlier run's
     pipeline = make_pipeline(tmp_path, f"it_zoo_{uuid.uuid4().hex[:6]}", ["inventory.type_zoo"])
-    load_all(stack, spark, pipeline, "zoo-1")
+    assert_resolved_in(load_all(stack, spark, pipeline, "zoo-1"), resolve_in)
     assert zoo_equal(pipeline, stack.source_dsn)
 
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -42,7 +49,7 @@ def test_type_zoo_insert_update_delete(stack, spark, tmp_path):
         )
         conn.execute("update inventory.type_zoo set c_text = 'big unchanged' where id = 101")
         conn.execute("delete from inventory.type_zoo where id = 102")
-    load_all(stack, spark, pipeline, "zoo-2")
+    assert_resolved_in(load_all(stack, spark, pipeline, "zoo-2"), resolve_in)
     assert zoo_equal(pipeline, stack.source_dsn)
 
     # the comparison can fail: change the source without loading
@@ -53,7 +60,9 @@ def test_type_zoo_insert_update_delete(stack, spark, tmp_path):
     assert zoo_equal(pipeline, stack.source_dsn)
 
 
-def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(stack, spark, tmp_path):
+def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(
+    stack, spark, tmp_path, resolve_in
+):
     n = uuid.uuid4().hex[:6]
     t = f"inventory.inf_{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -68,7 +77,7 @@ def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(stack, spar
             "'2024-02-29 01:02:03.456789+00'), (4, NULL, NULL, NULL, NULL)"
         )
     pipeline = make_pipeline(tmp_path, f"it_inf_{n}", [t])
-    load_all(stack, spark, pipeline, "inf")
+    assert_resolved_in(load_all(stack, spark, pipeline, "inf"), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     rows = {
         r["id"]: r
@@ -83,7 +92,7 @@ def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(stack, spar
     assert rows[3]["t6"] == "2024-02-29 01:02:03.456789" and rows[4]["d"] is None
 
 
-def test_postgis_geometry_and_geography(stack, spark, tmp_path):
+def test_postgis_geometry_and_geography(stack, spark, tmp_path, resolve_in):
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         if conn.execute("select to_regclass('inventory.geo_zoo')").fetchone()[0] is None:
             pytest.skip("PostGIS is not installed (apt-get install postgis), so no geo_zoo")
@@ -96,7 +105,7 @@ def test_postgis_geometry_and_geography(stack, spark, tmp_path):
         )
         conn.execute("delete from inventory.geo_zoo where id = 102")
     pipeline = make_pipeline(tmp_path, f"it_geo_{uuid.uuid4().hex[:6]}", ["inventory.geo_zoo"])
-    load_all(stack, spark, pipeline, "geo")
+    assert_resolved_in(load_all(stack, spark, pipeline, "geo"), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     types = dict(lake.dtypes)

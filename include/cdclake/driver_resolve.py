@@ -1,0 +1,687 @@
+"""Decode, check and resolve a small batch's changes in the driver, in Python.
+
+A batch the driver read itself (at most `DRIVER_READ_RECORDS` records) is already in
+the driver's memory. Planning and running Spark jobs to decode, check and resolve a few
+thousand records costs far more than the work itself (about 1 s of Catalyst planning and
+py4j calls per table), so such a batch is resolved here: the result is the rows
+`resolve_latest` (or `changelog`, for a table without a key) gives, as an Arrow table
+the MERGE reads as a local relation. The rules are those of `resolve.py`.
+
+Only what this module does exactly as the Spark jobs do is done here. Anything else
+raises `Unsupported` and the table goes through the Spark jobs, which fail or set aside
+records as always: a record that cannot be applied (not an envelope, unknown operation,
+no key, a value that does not fit its column), a value of an unexpected JSON type or out
+of its type's range, a nested struct kept as JSON text, or a key column that is not a
+plain scalar.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import math
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from cdclake.changes import (
+    DELETED,
+    LSN,
+    OFFSET,
+    OP,
+    PARTITION,
+    SOURCE_TS,
+    Column,
+    TopicSchema,
+    value_row_fields,
+)
+from cdclake.debezium import (
+    CONNECT_DATE,
+    CONNECT_TIME,
+    CONNECT_TIMESTAMP,
+    DATE,
+    DECIMAL,
+    GEOGRAPHY,
+    GEOMETRY,
+    INFINITY_DAYS,
+    INFINITY_MICROS,
+    INFINITY_MILLIS,
+    MICRO_TIME,
+    MICRO_TIMESTAMP,
+    NANO_TIME,
+    NANO_TIMESTAMP,
+    TIME,
+    TIMESTAMP,
+    VARIABLE_SCALE_DECIMAL,
+    ZONED_TIMESTAMP,
+    ConnectField,
+    decimal_params,
+    parse_connect_schema,
+)
+from cdclake.resolve import (
+    ROW_OPS,
+    STALE_CHECK_LSN,
+    TOAST_PLACEHOLDER,
+    TOAST_PREFIX,
+    TRUNCATE,
+    Truncate,
+    toastable,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class Unsupported(Exception):
+    """This table's records need the Spark jobs (the message says why)."""
+
+
+@dataclass(frozen=True)
+class DriverResolved:
+    """What the checks and the resolve of one topic's records found."""
+
+    rows: pa.Table  # the shape of `resolve_latest` / `changelog`
+    ddl: str  # the rows' Spark schema
+    truncate: Truncate | None
+    counts: dict[bool, int]  # rows per deleted flag
+    max_source_ms: int | None  # the latest source timestamp of the rows
+    toast: bool  # the rows carry the TOAST flags (a placeholder was in the batch)
+
+
+# ---- values ----------------------------------------------------------------------------
+
+_EPOCH_DAY = dt.date(1970, 1, 1).toordinal()
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICRO = dt.timedelta(microseconds=1)
+# the ends of the range Spark and Iceberg share, which ±infinity loads as (debezium.py)
+_MAX_DAY = dt.date(9999, 12, 31).toordinal() - _EPOCH_DAY
+_MIN_DAY = dt.date(1, 1, 1).toordinal() - _EPOCH_DAY
+_MAX_MICROS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC) - _EPOCH) // _MICRO
+_MIN_MICROS = (dt.datetime(1, 1, 1, tzinfo=dt.UTC) - _EPOCH) // _MICRO
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_FLOAT_TEXTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _integer(value, field: ConnectField, bounds: tuple[int, int]) -> int:
+    if type(value) is not int or not bounds[0] <= value <= bounds[1]:
+        raise Unsupported(f"field {field.name!r}: {value!r} is not a {field.type}")
+    return value
+
+
+def _number(value, field: ConnectField) -> float:
+    if isinstance(value, str) and value in _FLOAT_TEXTS:
+        return _FLOAT_TEXTS[value]
+    if type(value) not in (int, float):
+        raise Unsupported(f"field {field.name!r}: {value!r} is not a number")
+    return float(value)
+
+
+def _float32(value: float) -> float:
+    """The value a float column holds (Spark parses JSON into a 32-bit float)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except (OverflowError, struct.error):
+        raise Unsupported(f"{value!r} is out of a 32-bit float's range") from None
+
+
+def _unbase64(value, field: ConnectField) -> bytes:
+    if not isinstance(value, str):
+        raise Unsupported(f"field {field.name!r}: {value!r} is not base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise Unsupported(f"field {field.name!r}: {value[:40]!r} is not base64") from None
+
+
+def _time_text(micros: int) -> str:
+    """Microseconds since midnight -> 'HH:MM:SS.ffffff' (as `debezium.time_text`)."""
+    if not 0 <= micros < 100 * 3_600_000_000:
+        raise Unsupported(f"time of day {micros} µs is out of range")
+    seconds, frac = divmod(micros, 1_000_000)
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{frac:06d}"
+
+
+def _ranged(value: int, low: int, high: int, what: str) -> int:
+    if not low <= value <= high:
+        raise Unsupported(f"{what} {value} is out of the lake's range")
+    return value
+
+
+def _decimal(field: ConnectField) -> Callable[[Any], Any]:
+    precision, _ = decimal_params(field)
+    raw_scale = int(field.param("scale", "0") or 0)
+    limit = 10**precision  # on the digits of the lake's unscaled value
+
+    def decode(value):
+        # integers only: Decimal arithmetic rounds to 28 digits
+        unscaled = int.from_bytes(_unbase64(value, field), "big", signed=True)
+        if raw_scale < 0:
+            unscaled *= 10**-raw_scale
+        if abs(unscaled) >= limit:  # Spark makes it NULL: a value that does not fit
+            raise Unsupported(f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
+                              "fit its decimal type")  # fmt: skip
+        return Decimal(f"{unscaled}E{-max(raw_scale, 0)}")
+
+    return decode
+
+
+def _variable_scale(field: ConnectField) -> Callable[[Any], Any]:
+    def decode(value):
+        if not isinstance(value, dict):
+            raise Unsupported(f"field {field.name!r}: {value!r} is not a variable-scale decimal")
+        scale, digits64 = value.get("scale"), value.get("value")
+        if digits64 is None:
+            return None
+        scale = _integer(scale, field, _INT32)
+        unscaled = int.from_bytes(_unbase64(digits64, field), "big", signed=True)
+        digits = str(abs(unscaled)).rjust(scale + 1, "0")
+        sign = "-" if unscaled < 0 else ""
+        cut = len(digits) - scale
+        return sign + (digits[:cut] + "." + digits[cut:] if scale > 0 else digits)
+
+    return decode
+
+
+def _zoned(field: ConnectField) -> Callable[[Any], Any]:
+    def decode(value):
+        if value == "infinity":
+            return _MAX_MICROS
+        if value == "-infinity":
+            return _MIN_MICROS
+        if not isinstance(value, str):
+            raise Unsupported(f"field {field.name!r}: {value!r} is not a zoned timestamp")
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise Unsupported(f"field {field.name!r}: {value!r} is not a timestamp") from None
+        if parsed.tzinfo is None:
+            raise Unsupported(f"field {field.name!r}: {value!r} has no time zone")
+        return (parsed - _EPOCH) // _MICRO
+
+    return decode
+
+
+def _infinity(values: tuple[int, int], top: int, bottom: int, scale: int, field: ConnectField):
+    def decode(value):
+        value = _integer(value, field, _INT64)
+        if value == values[0]:
+            return top
+        if value == values[1]:
+            return bottom
+        return _ranged(value * scale, bottom, top, f"field {field.name!r}:")
+
+    return decode
+
+
+def decoder(field: ConnectField) -> Callable[[Any], Any]:
+    """A function from the JSON value of `field` (not None) to the value of its lake type
+    as Arrow takes it (dates as days, timestamps as microseconds), as `decode_column`
+    gives it; `Unsupported` where the Spark jobs must decide."""
+    lg = field.logical
+    if lg == DECIMAL:
+        return _decimal(field)
+    if lg in (DATE, CONNECT_DATE):
+        return _infinity(INFINITY_DAYS, _MAX_DAY, _MIN_DAY, 1, field)
+    if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
+        return _infinity(INFINITY_MILLIS, _MAX_MICROS, _MIN_MICROS, 1000, field)
+    if lg == MICRO_TIMESTAMP:
+        return _infinity(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, field)
+    if lg == NANO_TIMESTAMP:
+        return lambda v: _ranged(_integer(v, field, _INT64) // 1000, _MIN_MICROS, _MAX_MICROS,
+                                 f"field {field.name!r}:")  # fmt: skip
+    if lg == ZONED_TIMESTAMP:
+        return _zoned(field)
+    if lg in (TIME, CONNECT_TIME):
+        return lambda v: _time_text(_integer(v, field, _INT64) * 1000)
+    if lg == MICRO_TIME:
+        return lambda v: _time_text(_integer(v, field, _INT64))
+    if lg == NANO_TIME:
+        return lambda v: _time_text(_integer(v, field, _INT64) // 1000)
+    if lg == VARIABLE_SCALE_DECIMAL:
+        return _variable_scale(field)
+    if lg in (GEOMETRY, GEOGRAPHY):
+
+        def geo(value):
+            if not isinstance(value, dict):
+                raise Unsupported(f"field {field.name!r}: {value!r} is not a geometry")
+            wkb, srid = value.get("wkb"), value.get("srid")
+            return {"wkb": None if wkb is None else _unbase64(wkb, field),
+                    "srid": None if srid is None else _integer(srid, field, _INT32)}  # fmt: skip
+
+        return geo
+    kind = field.type
+    if kind == "bytes":
+        return lambda v: _unbase64(v, field)
+    if kind in ("int8", "int16", "int32"):
+        return lambda v: _integer(v, field, _INT32)
+    if kind == "int64":
+        return lambda v: _integer(v, field, _INT64)
+    if kind in ("float32", "float"):
+        return lambda v: _float32(_number(v, field))
+    if kind in ("float64", "double"):
+        return lambda v: _number(v, field)
+    if kind == "boolean":
+        return _checked(field, bool, "a boolean")
+    if kind == "string":
+        return _checked(field, str, "text")
+    if kind == "array" and field.items is not None:
+        item = decoder(field.items)
+        return _checked(field, list, "an array",
+                        lambda v: [None if x is None else item(x) for x in v])  # fmt: skip
+    if kind == "map" and field.values is not None:
+        member = decoder(field.values)
+        return _checked(field, dict, "a map", lambda v: [
+            (k, None if x is None else member(x)) for k, x in v.items()
+        ])  # fmt: skip
+    if kind == "struct":  # kept as JSON text (a point's x, y, wkb, srid)
+        return lambda v: _json_text(v, field)
+    raise Unsupported(f"field {field.name!r}: Connect type {kind} is decoded by Spark only")
+
+
+def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callable[[Any], Any]:
+    """A decoder of JSON values of one Python type (`convert`ed, when given)."""
+
+    def decode(value):
+        if not isinstance(value, kind):
+            raise Unsupported(f"field {field.name!r}: {value!r:.60} is not {what}")
+        return value if convert is None else convert(value)
+
+    return decode
+
+
+def _json_text(value, field: ConnectField) -> str:
+    """JSON text as Spark's `from_json` writes a nested value it reads as a string:
+    Jackson's compact generator, doubles as Java's `Double.toString`."""
+    if isinstance(value, dict):
+        items = (f"{_json_string(k)}:{_json_text(v, field)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_json_text(v, field) for v in value) + "]"
+    if isinstance(value, str):
+        return _json_string(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(value)
+    return _java_double(value, field)
+
+
+def _json_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # escapes what Jackson escapes
+
+
+def _java_double(value: float, field: ConnectField) -> str:
+    if not math.isfinite(value):
+        raise Unsupported(f"field {field.name!r}: {value} in a nested value")
+    if value == 0:
+        return "-0.0" if math.copysign(1, value) < 0 else "0.0"
+    if 1e-3 <= abs(value) < 1e7:
+        return repr(value)  # plain digits with a point, as Java writes them in this range
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    power = exponent + len(digits) - 1
+    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
+
+
+def _row_decoder(fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """A function from a parsed row (dict, or None) to a dict of every unified column."""
+    by_name = {f.name: f for f in fields}
+    plan = [(c.name, decoder(by_name[c.name]) if c.name in by_name else None) for c in columns]
+
+    def decode(parsed):
+        if parsed is None:
+            return None
+        if not isinstance(parsed, dict):
+            raise Unsupported(f"{parsed!r:.60} is not a row")
+        row = {}
+        for name, fn in plan:
+            value = parsed.get(name) if fn is not None else None
+            row[name] = None if value is None else fn(value)
+        return row
+
+    return decode
+
+
+# ---- records ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Change:
+    partition: int
+    offset: int
+    is_tombstone: bool
+    key: dict | None
+    after: dict | None
+    before: dict | None
+    op: str | None
+    source_ts_ms: int | None
+    lsn: int | None
+
+
+def _json(text: str | None, where: str):
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise Unsupported(f"{where}: the payload is not JSON") from None
+
+
+def decode_records(
+    rows: pa.Table,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+) -> list[_Change]:
+    """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
+    `decode_changes` makes them; every record must be one that can be applied."""
+    values = {
+        sid: _row_decoder(value_row_fields(parse_connect_schema(text), "value"), schema.columns)
+        for sid, text in value_schemas.items()
+    }
+    keys = {sid: _row_decoder(parse_connect_schema(text).fields, schema.key)
+            for sid, text in key_schemas.items()}  # fmt: skip
+    cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
+                        "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
+    changes = []
+    for i, offset in enumerate(cols["offset"]):
+        partition = cols["partition"][i]
+        where = f"partition {partition} offset {offset}"
+        key_sid, value_sid = cols["key_schema_id"][i], cols["value_schema_id"][i]
+        key = None
+        if key_sid is not None:
+            if key_sid not in keys:
+                raise Unsupported(f"{where}: key schema {key_sid} is not among the batch's")
+            key = keys[key_sid](_json(cols["key_payload"][i], where))
+        change = _Change(partition, offset, bool(cols["is_tombstone"][i]), key,
+                         None, None, None, None, None)  # fmt: skip
+        if value_sid is not None:
+            envelope = _json(cols["value_payload"][i], where)
+            if not isinstance(envelope, dict):
+                raise Unsupported(f"{where}: value is not an envelope")
+            decode = values.get(value_sid)
+            if decode is None:
+                raise Unsupported(f"{where}: value schema {value_sid} is not among the batch's")
+            change.after = decode(envelope.get("after"))
+            change.before = decode(envelope.get("before"))
+            change.op = envelope.get("op")
+            source = envelope.get("source")
+            if source is not None and not isinstance(source, dict):
+                raise Unsupported(f"{where}: source is not a struct")
+            source = source or {}
+            for name in ("ts_ms", "lsn"):
+                if source.get(name) is not None and type(source[name]) is not int:
+                    raise Unsupported(f"{where}: source.{name} is not an integer")
+            change.source_ts_ms, change.lsn = source.get("ts_ms"), source.get("lsn")
+        _check(change, schema, where)
+        changes.append(change)
+    return changes
+
+
+def _check(change: _Change, schema: TopicSchema, where: str) -> None:
+    """A record that `invalid_reason` would name is left to the Spark jobs."""
+    if change.is_tombstone:
+        return
+    if not isinstance(change.op, str) or change.op not in (*ROW_OPS, TRUNCATE):
+        raise Unsupported(f"{where}: operation {change.op!r}")
+    if (
+        change.op != TRUNCATE
+        and schema.key_names
+        and all(_key_value(change, k) is None for k in schema.key_names)
+    ):
+        raise Unsupported(f"{where}: record has no key")
+
+
+def _key_value(change: _Change, name: str):
+    for side in (change.key, change.after, change.before):
+        if side is not None and side.get(name) is not None:
+            return side[name]
+    return None
+
+
+# ---- resolve ---------------------------------------------------------------------------
+
+
+def _placeholder(value, column: Column) -> bool:
+    """`toast_test`, with NULL as False."""
+    if value is None:
+        return False
+    if column.type == "string":
+        return value == TOAST_PLACEHOLDER
+    if column.type == "binary":
+        return value == TOAST_PLACEHOLDER.encode()
+    if column.type == "array<string>":
+        return len(value) == 1 and value[0] == TOAST_PLACEHOLDER
+    return False
+
+
+def last_truncate(changes: Sequence[_Change]) -> Truncate | None:
+    """The truncate with the highest offset."""
+    found = [c for c in changes if not c.is_tombstone and c.op == TRUNCATE]
+    if not found:
+        return None
+    last = max(found, key=lambda c: (c.offset, c.partition))
+    return Truncate(last.partition, last.offset, last.lsn)
+
+
+def _after_truncate(changes: Sequence[_Change], truncate: Truncate | None) -> list[_Change]:
+    rows = [c for c in changes if c.op != TRUNCATE]
+    if truncate is None:
+        return rows
+
+    def kept(c: _Change) -> bool:
+        if c.partition == truncate.partition:
+            return c.offset > truncate.offset
+        return truncate.lsn is None or c.lsn is None or c.lsn > truncate.lsn
+
+    return [c for c in rows if kept(c)]
+
+
+_SCALAR_KEYS = ("int", "bigint", "string", "binary", "boolean", "date", "timestamp",
+                "timestamp_ntz")  # fmt: skip
+
+
+def resolve_changes(
+    changes: Sequence[_Change], schema: TopicSchema
+) -> tuple[list[dict], Truncate | None, bool]:
+    """`resolve_latest`'s rows (dicts of its columns), the truncate, and whether a TOAST
+    placeholder was among the values (then the rows carry the TOAST flags)."""
+    for k in schema.key:
+        if k.type not in _SCALAR_KEYS and not k.type.startswith("decimal("):
+            raise Unsupported(f"key column {k.name!r} is {k.type}")
+    truncate = last_truncate(changes)
+    toasty = toastable(schema)
+    rows = []
+    for c in _after_truncate(changes, truncate):
+        key = tuple(_key_value(c, k) for k in schema.key_names)
+        if c.is_tombstone and all(v is None for v in key):
+            continue  # a tombstone without key carries nothing
+        rows.append((key, c))
+    groups: dict[tuple, list[_Change]] = {}
+    for key, c in sorted(rows, key=lambda kc: (kc[1].partition, kc[1].offset)):
+        groups.setdefault(key, []).append(c)
+    toast = any(_placeholder(c.after.get(col.name), col)
+                for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
+    out = []
+    for key, group in groups.items():
+        kept = _drop_stale(group)
+        if kept:
+            out.append(_latest(key, kept, schema, toasty if toast else []))
+    return out, truncate, toast
+
+
+def _drop_stale(group: Sequence[_Change]) -> list[_Change]:
+    """`drop_stale` for one key's changes in Kafka order."""
+    seen, stale = None, []
+    for c in group:
+        stale.append(c.lsn is not None and seen is not None and c.lsn <= seen)
+        if c.lsn is not None:
+            seen = c.lsn if seen is None else max(seen, c.lsn)
+    kept = []
+    for i, c in enumerate(group):
+        dropped = (stale[i - 1] if i > 0 else True) if c.is_tombstone else stale[i]
+        if not dropped:
+            kept.append(c)
+    return kept
+
+
+def _latest(key: tuple, group: Sequence[_Change], schema: TopicSchema, toasty) -> dict:
+    r = max(group, key=lambda c: c.offset)
+    lsns = [c.lsn for c in group if c.lsn is not None]
+    with_after = [c for c in group if c.after is not None]
+    last_after = max(with_after, key=lambda c: c.offset).after if with_after else None
+    deleted = r.is_tombstone or r.op == "d"
+    after = last_after if deleted else r.after
+    row: dict[str, Any] = {}
+    keys = dict(zip(schema.key_names, key, strict=True))
+    toast_names = {c.name for c in toasty}
+    flags = {}
+    for col in schema.columns:
+        if col.name in keys:
+            row[col.name] = keys[col.name]
+            continue
+        value = None if after is None else after.get(col.name)
+        if col.name in toast_names:
+            placeholder = _placeholder(value, col) and not deleted
+            real = [c for c in group if c.after is not None and c.after.get(col.name) is not None
+                    and not _placeholder(c.after[col.name], col)]  # fmt: skip
+            unresolved = placeholder and not real
+            if unresolved:
+                value = None
+            elif placeholder:
+                value = max(real, key=lambda c: c.offset).after[col.name]
+            flags[f"{TOAST_PREFIX}{col.name}"] = unresolved
+        row[col.name] = value
+    row[DELETED] = deleted
+    row[OP] = "d" if r.is_tombstone else r.op
+    row[SOURCE_TS] = None if r.source_ts_ms is None else r.source_ts_ms * 1000
+    row[LSN] = r.lsn if r.lsn is not None else (max(lsns) if lsns else None)
+    row[STALE_CHECK_LSN] = r.lsn
+    row[PARTITION] = r.partition
+    row[OFFSET] = r.offset
+    row.update(flags)
+    return row
+
+
+def changelog_rows(changes: Sequence[_Change], schema: TopicSchema) -> list[dict]:
+    """`changelog`'s rows: every change of a table without a key."""
+    out = []
+    for c in changes:
+        if c.is_tombstone:
+            continue
+        deleted = c.op == "d"
+        data = c.before if deleted else (c.after if c.op != TRUNCATE else None)
+        row: dict[str, Any] = {}
+        for col in schema.columns:
+            value = None if data is None else data.get(col.name)
+            if _placeholder(value, col):
+                value = None if c.before is None else c.before.get(col.name)
+            row[col.name] = value
+        row[DELETED] = deleted
+        row[OP] = c.op
+        row[SOURCE_TS] = None if c.source_ts_ms is None else c.source_ts_ms * 1000
+        row[LSN] = c.lsn
+        row[PARTITION] = c.partition
+        row[OFFSET] = c.offset
+        out.append(row)
+    return out
+
+
+# ---- the table the MERGE reads -----------------------------------------------------------
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at the commas outside <> and ()."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def arrow_type(ddl: str) -> pa.DataType:
+    """The Arrow type Spark reads as the Spark type `ddl` (the lake's types)."""
+    import pyarrow as pa
+
+    ddl = ddl.strip()
+    simple = {
+        "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+        "boolean": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
+        "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
+        "timestamp_ntz": pa.timestamp("us"),
+    }  # fmt: skip
+    if ddl in simple:
+        return simple[ddl]
+    if ddl.startswith("decimal("):
+        precision, scale = (int(x) for x in ddl[8:-1].split(","))
+        return pa.decimal128(precision, scale)
+    if ddl.startswith("array<"):
+        return pa.list_(arrow_type(ddl[6:-1]))
+    if ddl.startswith("map<"):
+        key, value = _split_top(ddl[4:-1])
+        return pa.map_(arrow_type(key), arrow_type(value))
+    if ddl.startswith("struct<"):
+        fields = []
+        for part in _split_top(ddl[7:-1]):
+            name, _, type_ = part.partition(":")
+            fields.append(pa.field(name.strip("`"), arrow_type(type_)))
+        return pa.struct(fields)
+    raise Unsupported(f"type {ddl} has no Arrow form here")
+
+
+def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[str, str]]:
+    """(name, Spark type) of the resolved rows, in `resolve_latest`'s (or `changelog`'s)
+    order."""
+    cols = [(c.name, c.type) for c in schema.columns]
+    cols += [(DELETED, "boolean"), (OP, "string"), (SOURCE_TS, "timestamp"), (LSN, "bigint")]
+    if keyed:
+        cols.append((STALE_CHECK_LSN, "bigint"))
+    cols += [(PARTITION, "int"), (OFFSET, "bigint")]
+    if keyed and toast:
+        cols += [(f"{TOAST_PREFIX}{c.name}", "boolean") for c in toastable(schema)]
+    return cols
+
+
+def resolve_rows(
+    rows: pa.Table,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+) -> DriverResolved:
+    """Raw rows of one topic -> the resolved rows and what the checks found."""
+    import pyarrow as pa
+
+    changes = decode_records(rows, schema, key_schemas, value_schemas)
+    keyed = bool(schema.key_names)
+    if keyed:
+        out, truncate, toast = resolve_changes(changes, schema)
+    else:
+        out, truncate, toast = changelog_rows(changes, schema), None, False
+    columns = result_columns(schema, keyed, toast)
+    arrays, fields = [], []
+    for name, type_ in columns:
+        kind = arrow_type(type_)
+        try:
+            arrays.append(pa.array([r[name] for r in out], type=kind))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
+        fields.append(pa.field(name, kind))
+    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    counts: dict[bool, int] = {}
+    for r in out:
+        counts[r[DELETED]] = counts.get(r[DELETED], 0) + 1
+    stamps = [r[SOURCE_TS] for r in out if r[SOURCE_TS] is not None]
+    ddl = ", ".join(f"`{name}` {type_}" for name, type_ in columns)
+    return DriverResolved(table, ddl, truncate, counts,
+                          max(stamps) // 1000 if stamps else None, toast)  # fmt: skip

@@ -1,0 +1,315 @@
+"""The driver's decode, check and resolve (small batches) against the Spark jobs, on
+records shaped like the connector's: the same rows, or `Unsupported` where the Spark jobs
+must decide."""
+
+import base64
+import random
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from cdclake.changes import DELETED, OFFSET, OP, topic_schema
+from cdclake.changes import decode_changes as spark_decode
+from cdclake.debezium import INFINITY_DAYS, INFINITY_MICROS, INFINITY_MILLIS
+from cdclake.driver_resolve import Unsupported, arrow_type, resolve_rows
+from cdclake.reader import RawRows, arrow_frame
+from cdclake.resolve import (
+    TOAST_PLACEHOLDER,
+    TOAST_PREFIX,
+    changelog,
+    check_changes,
+    resolve_latest,
+)
+from cdclake.scan import scan_rows
+
+from tests.debezium_records import (
+    ITEM_COLUMNS,
+    decimal_b64,
+    key_record,
+    unscaled_b64,
+    value_record,
+)
+
+TOPIC = "pg.public.items"
+TOAST_B64 = base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()
+
+
+def raw_table(parts: dict[int, list]) -> pa.Table:
+    """The reader's rows of records (key, value) per partition, offsets from 0."""
+    batches = []
+    for partition, records in parts.items():
+        rows = RawRows(TOPIC, partition)
+        for offset, (key, value) in enumerate(records):
+            rows.add(offset, 1000 + offset, key, value)
+        batches.append(rows.batch())
+    return pa.Table.from_batches(batches)
+
+
+def both(spark, rows: pa.Table, key: tuple = ()):
+    """(Spark's rows, the driver's rows, the driver's result), rows as sorted dicts."""
+    schemas = scan_rows(rows).schemas[TOPIC]
+    keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    schema = topic_schema(list(keys.values()), list(values.values()), key, TOPIC)
+    changes = spark_decode(arrow_frame(spark, rows), schema, keys, values)
+    check = check_changes(changes, schema)
+    check.raise_invalid(TOPIC)
+    if schema.key_names:
+        spark_rows = resolve_latest(changes, schema, check.truncate)
+    else:
+        spark_rows = changelog(changes, schema)
+    local = resolve_rows(rows, schema, keys, values)
+    assert local.truncate == (check.truncate if schema.key_names else None)
+    mine = arrow_frame(spark, local.rows, local.ddl)  # also what the MERGE reads
+
+    def ordered(frame):
+        from pyspark.sql import functions as F
+
+        # instants as text: Python cannot hold year 1 in local time
+        frame = frame.select(*[F.col(f"`{f.name}`").cast("string").alias(f.name)
+                               if f.dataType.typeName() == "timestamp" else F.col(f"`{f.name}`")
+                               for f in frame.schema.fields])  # fmt: skip
+        return sorted((r.asDict(recursive=True) for r in frame.collect()),
+                      key=lambda r: (r[OFFSET], r["_cdc_kafka_partition"]))  # fmt: skip
+
+    return ordered(spark_rows), ordered(mine), local
+
+
+def same(spark_rows, mine, toast: bool):
+    """Equal rows; without placeholders the driver leaves out the TOAST flags, which
+    Spark's rows must then all have False."""
+    if not toast:
+        for r in spark_rows:
+            for name in [n for n in r if n.startswith(TOAST_PREFIX)]:
+                assert r.pop(name) is False, r
+    assert mine == spark_rows
+
+
+def item(i, name, price="1.00", blob=b"\x01"):
+    return {
+        "id": i, "name": name, "price": None if price is None else decimal_b64(Decimal(price), 2),
+        "day": 19000 + i, "at": 1_700_000_000_123_456 + i,
+        "at_tz": f"2024-01-02T03:04:0{i % 10}.678901Z",
+        "blob": base64.b64encode(blob).decode() if isinstance(blob, bytes) else blob,
+    }  # fmt: skip
+
+
+def history(seed: int, partitions: int = 1) -> dict[int, list]:
+    """A random stream of changes to a few keys: creates, updates (some with TOAST
+    placeholders), deletes with and without tombstones, lone tombstones, re-sent records,
+    snapshot reads without LSN, and truncates."""
+    rnd = random.Random(seed)
+    parts: dict[int, list] = {p: [] for p in range(partitions)}
+    sent: list[tuple[int, tuple]] = []
+    lsn = 1000
+    for _ in range(rnd.randint(20, 60)):
+        lsn += rnd.randint(1, 3)
+        k = rnd.randint(1, 6)
+        p = k % partitions
+        roll = rnd.random()
+        name = rnd.choice(["a", "b", "ü", TOAST_PLACEHOLDER, None])
+        blob = rnd.choice([b"\x00\xff", TOAST_B64, None])
+        price = rnd.choice(["1.00", "-2.50", "99999999.99", None])
+        if roll < 0.35:
+            rec = (key_record(k), value_record("c", None, item(k, "new", price), lsn=lsn))
+        elif roll < 0.65:
+            rec = (key_record(k), value_record("u", None, item(k, name, price, blob), lsn=lsn))
+        elif roll < 0.75:
+            rec = (key_record(k), value_record("d", item(k, "old"), None, lsn=lsn))
+            parts[p].append(rec)
+            sent.append((p, rec))
+            if rnd.random() < 0.7:
+                rec = (key_record(k), None)
+        elif roll < 0.8:
+            rec = (key_record(k), None)  # lone tombstone
+        elif roll < 0.88 and sent:
+            p, rec = rnd.choice(sent)  # re-sent after a connector restart
+        elif roll < 0.94:
+            rec = (key_record(k), value_record("r", None, item(k, "snap"), lsn=None))
+        elif rnd.random() < 0.3:
+            rec = (None, value_record("t", None, None, lsn=lsn))  # truncate
+            p = rnd.randrange(partitions)
+        else:
+            rec = (key_record(k), value_record("u", None, item(k, "z"), lsn=lsn))
+        parts[p].append(rec)
+        sent.append((p, rec))
+    return parts
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_histories_resolve_as_in_spark(spark, seed):
+    rows = raw_table(history(seed, partitions=1 + seed % 2))
+    spark_rows, mine, local = both(spark, rows)
+    same(spark_rows, mine, local.toast)
+    assert sum(local.counts.values()) == len(mine)
+    assert local.counts.get(True, 0) == sum(r[DELETED] for r in mine)
+
+
+def test_a_history_resolves_to_the_expected_rows(spark):
+    """Not only equal to Spark: right."""
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=100)),  # 0
+        (key_record(1), v("u", None, item(1, "b", "-2.50"), lsn=101)),  # 1
+        (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER, "3.00"), lsn=102)),  # 2
+        (key_record(2), v("d", item(2, "x"), None, lsn=103)),  # 3
+        (key_record(2), None),  # 4 tombstone
+        (key_record(3), v("u", None, item(3, TOAST_PLACEHOLDER), lsn=104)),  # 5
+        (key_record(1), v("u", None, item(1, "b", "-2.50"), lsn=101)),  # 6 re-sent
+        (key_record(4), None),  # 7 lone tombstone
+    ]
+    spark_rows, mine, local = both(spark, raw_table({0: records}))
+    same(spark_rows, mine, local.toast)
+    got = {r["id"]: r for r in mine}
+    assert set(got) == {1, 2, 3}
+    assert got[1]["name"] == "b" and got[1]["price"] == Decimal("3.00") and got[1][OFFSET] == 2
+    assert got[2][DELETED] and got[2][OP] == "d"
+    assert got[3][f"{TOAST_PREFIX}name"] is True and got[3]["name"] is None
+    assert local.toast and local.counts == {False: 2, True: 1}
+    assert local.max_source_ms == 1_700_000_000_000
+
+
+def test_a_truncate_drops_what_came_before(spark):
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=100)),
+        (None, v("t", None, None, lsn=101)),
+        (key_record(2), v("c", None, item(2, "b"), lsn=102)),
+    ]
+    spark_rows, mine, local = both(spark, raw_table({0: records}))
+    same(spark_rows, mine, local.toast)
+    assert [r["id"] for r in mine] == [2]
+    assert (local.truncate.offset, local.truncate.lsn) == (1, 101)
+
+
+def test_a_table_without_key_keeps_every_change(spark):
+    v = value_record
+    records = [
+        (None, v("c", None, item(1, "a"), lsn=100)),
+        (None, v("u", item(1, "a"), item(1, TOAST_PLACEHOLDER), lsn=101)),
+        (None, v("d", item(1, "a"), None, lsn=102)),
+        (None, None),
+        (None, v("t", None, None, lsn=103)),
+    ]
+    spark_rows, mine, _ = both(spark, raw_table({0: records}))
+    assert mine == spark_rows
+    assert [r[OP] for r in mine] == ["c", "u", "d", "t"]
+    assert mine[1]["name"] == "a"  # the placeholder took the value before
+
+
+def col(field, type_, name=None, **params):
+    out = {"type": type_, "optional": True, "field": field}
+    if name:
+        out["name"] = name
+    if params:
+        out["parameters"] = params
+    return out
+
+
+TYPED = [
+    {"type": "int32", "optional": False, "field": "id"},
+    col("small", "int16"), col("big", "int64"), col("f32", "float"), col("f64", "double"),
+    col("flag", "boolean"),
+    col("d_neg", "bytes", "org.apache.kafka.connect.data.Decimal", scale="-2",
+        **{"connect.decimal.precision": "5"}),
+    col("d38", "bytes", "org.apache.kafka.connect.data.Decimal", scale="4",
+        **{"connect.decimal.precision": "38"}),
+    col("vs", "struct", "io.debezium.data.VariableScaleDecimal"),
+    col("ts_ms", "int64", "io.debezium.time.Timestamp"),
+    col("ts_ns", "int64", "io.debezium.time.NanoTimestamp"),
+    col("t_ms", "int32", "io.debezium.time.Time"),
+    col("t_us", "int64", "io.debezium.time.MicroTime"),
+    col("t_ns", "int64", "io.debezium.time.NanoTime"),
+    col("geo", "struct", "io.debezium.data.geometry.Geometry"),
+    {**col("tags", "array"), "items": {"type": "string", "optional": True}},
+    {**col("amounts", "array"), "items": {"type": "bytes", "optional": True,
+     "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "1"}}},
+    {**col("attrs", "map"), "keys": {"type": "string"}, "values": {"type": "int32"}},
+    col("point", "struct", "io.debezium.data.geometry.Point"),
+    *ITEM_COLUMNS[1:],
+]  # fmt: skip
+# the vs and geo struct members
+TYPED[8]["fields"] = [col("scale", "int32"), col("value", "bytes")]
+TYPED[14]["fields"] = [col("wkb", "bytes"), col("srid", "int32")]
+
+
+def typed(i: int, **overrides) -> dict:
+    row = {
+        "id": i, "small": -7, "big": 2**62 + i, "f32": 0.1, "f64": 1e300, "flag": True,
+        "d_neg": unscaled_b64(-123), "d38": unscaled_b64(-(10**37) - i),
+        "vs": {"scale": 3, "value": unscaled_b64(10**45 + 1)},
+        "ts_ms": 1_700_000_000_123, "ts_ns": 1_700_000_000_123_456_789, "t_ms": 45_296_789,
+        "t_us": 86_400_000_000, "t_ns": 1_000_999, "geo": {"wkb": "AQE=", "srid": 4326},
+        "tags": ["a", None, TOAST_PLACEHOLDER], "amounts": [unscaled_b64(-15), None],
+        "attrs": {"x": 1, "y": None},
+        "point": {"x": 1.5, "y": -2.0, "wkb": "AQE=", "srid": None},
+        **item(i, f"n{i}"),
+    }  # fmt: skip
+    row.update(overrides)
+    return row
+
+
+def test_every_type_decodes_as_in_spark(spark):
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, typed(1), columns=TYPED)),
+        (key_record(2), v("c", None, typed(2, day=INFINITY_DAYS[0], at=INFINITY_MICROS[1],
+                                            ts_ms=INFINITY_MILLIS[0], at_tz="-infinity",
+                                            vs={"scale": 0, "value": unscaled_b64(-5)},
+                                            f32=3.4e38, geo={"wkb": None, "srid": None}),
+                          columns=TYPED)),
+        (key_record(3), v("c", None, {k: None for k in typed(3)} | {"id": 3}, columns=TYPED)),
+        (key_record(4), v("c", None, typed(4, tags=[TOAST_PLACEHOLDER], at_tz="infinity",
+                                            ts_ns=-1_500, t_ns=999),
+                          columns=TYPED)),
+    ] + [
+        (key_record(10 + i), v("c", None, typed(10 + i, point=p), columns=TYPED))
+        for i, p in enumerate([
+            {"x": 1e7, "y": 1.0e-4, "z": -0.0, "big": 2**70},
+            {"x": 123456789.123, "y": 0.001, "n": [1, 2.5e-300, True, None]},
+            {"x": -9.999999e6, "y": 1e22, "s": 'a"b\n\u0001ü/', "o": {"k": {}}},
+        ])
+    ]  # fmt: skip
+    spark_rows, mine, local = both(spark, raw_table({0: records}))
+    same(spark_rows, mine, local.toast)
+    got = {r["id"]: r for r in mine}
+    assert got[1]["t_ms"] == "12:34:56.789000" and got[1]["t_us"] == "24:00:00.000000"
+    assert got[1]["vs"] == "1" + "0" * 42 + ".001" and got[1]["d_neg"] == Decimal(-12300)
+    assert got[1]["attrs"] == {"x": 1, "y": None} and got[1]["geo"]["srid"] == 4326
+    assert str(got[2]["day"]) == "9999-12-31" and got[2]["vs"] == "-5"
+    assert got[3]["small"] is None and got[3]["tags"] is None
+    assert got[1]["point"] == '{"x":1.5,"y":-2.0,"wkb":"AQE=","srid":null}'
+    assert got[10]["point"].startswith('{"x":1.0E7,"y":1.0E-4,"z":-0.0,')
+    assert local.toast  # the one-element array of the placeholder
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (value_record("c", None, item(1, "a", blob="%%%")), "not base64"),
+        (value_record("x", None, item(1, "a")), "operation"),
+        (value_record("c", None, item(1, "a", price="100000000.00")), "does not fit"),
+        (value_record("c", None, {**item(1, "a"), "name": 5}), "is not text"),
+        (b'{"schema":{"type":"struct","fields":[{"type":"string","field":"op"},'
+         b'{"type":"struct","field":"after","fields":[]}]},"payload":[1]}', "not an envelope"),
+    ],
+)  # fmt: skip
+def test_what_spark_must_decide_is_left_to_it(value, why):
+    rows = raw_table({0: [(key_record(1), value)]})
+    schemas = scan_rows(rows).schemas[TOPIC]
+    keys, values = dict(schemas["key"]), dict(schemas["value"])
+    schema = topic_schema(list(keys.values()), list(values.values()), (), TOPIC)
+    with pytest.raises(Unsupported, match=why):
+        resolve_rows(rows, schema, keys, values)
+
+
+def test_arrow_types_of_the_lake_types():
+    assert arrow_type("decimal(10,2)") == pa.decimal128(10, 2)
+    assert arrow_type("timestamp") == pa.timestamp("us", tz="UTC")
+    assert arrow_type("map<string,array<timestamp_ntz>>") == pa.map_(
+        pa.string(), pa.list_(pa.timestamp("us"))
+    )
+    assert arrow_type("struct<wkb:binary,srid:int>") == pa.struct(
+        [("wkb", pa.binary()), ("srid", pa.int32())]
+    )
+    with pytest.raises(Unsupported, match="interval"):
+        arrow_type("interval")
