@@ -23,7 +23,7 @@ from cdclake.bench.runner import (
     Sizes,
     committed_tables,
     job_tables,
-    peak_rss,
+    peak_memory,
     render_stages,
     run_bench,
     stage_seconds,
@@ -128,15 +128,35 @@ child.wait()
 """
 
 
-def test_peak_rss_counts_the_child_processes():
+def test_peak_memory_counts_the_child_processes():
     """A parent that stays small and a child that holds 300 MiB: the child must count."""
-    peak, _ = peak_rss([sys.executable, "-c", SPAWNING])
-    assert peak > 300 * 2**20
+    peak, _ = peak_memory([sys.executable, "-c", SPAWNING])
+    assert peak.pss > 300 * 2**20 and peak.rss > 300 * 2**20
 
 
-def test_peak_rss_reports_a_failed_command():
+FORKING = """
+import os, time
+b = bytearray(300 * 2**20)  # touched: resident
+for i in range(0, len(b), 4096):
+    b[i] = 1
+pids = [os.fork() for _ in range(2)]  # four processes share the pages, copy-on-write
+time.sleep(1.5)
+for pid in pids:
+    if pid:
+        os.waitpid(pid, 0)
+"""
+
+
+def test_peak_memory_counts_pages_forked_processes_share_once():
+    """Four processes mapping the same 300 MiB: RSS counts it four times, PSS once."""
+    peak, _ = peak_memory([sys.executable, "-c", FORKING])
+    assert peak.rss > 1000 * 2**20
+    assert 300 * 2**20 < peak.pss < 500 * 2**20
+
+
+def test_peak_memory_reports_a_failed_command():
     with pytest.raises(RuntimeError, match="failed"):
-        peak_rss([sys.executable, "-c", "import sys; sys.exit(3)"])
+        peak_memory([sys.executable, "-c", "import sys; sys.exit(3)"])
 
 
 def test_committed_tables_finds_the_job_lines_among_spark_output():

@@ -311,7 +311,7 @@ class Bench:
 
     # ---- peak memory against batch size --------------------------------------------------
     def memory(self) -> None:
-        peaks, walls = {}, {}
+        peaks, rss, walls = {}, {}, {}
         keys = self.sizes.memory_keys
         for events in self.sizes.memory_events:
             tables = self.sizes.tables
@@ -321,18 +321,21 @@ class Bench:
                    str(self.work / "memory.yaml"), "--events", str(events),
                    "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
             self.say(f"generated batch of {events:,} events in its own process")
-            peaks[events], out = peak_rss(cmd)
+            peak, out = peak_memory(cmd)
+            peaks[events], rss[events] = peak.pss, peak.rss
             done = json.loads(out.strip().splitlines()[-1])
             if done["tables"] != tables:
                 raise RuntimeError(f"the {events:,}-event batch loaded {done['tables']} tables "
                                    f"of {tables}")  # fmt: skip
             walls[events] = done["wall_s"]
-            self.say(f"peak RSS {peaks[events] / 2**20:,.0f} MiB, "
+            self.say(f"peak PSS {peaks[events] / 2**20:,.0f} MiB "
+                     f"(RSS {rss[events] / 2**20:,.0f} MiB), "
                      f"{events / walls[events]:,.0f} events/s")  # fmt: skip
         small, big = sorted(peaks)
         self.figures["memory_ratio"] = peaks[big] / peaks[small]
         self.details["memory"] = {
             **{f"events_{e}_peak_mib": p / 2**20 for e, p in peaks.items()},
+            **{f"events_{e}_peak_rss_mib": p / 2**20 for e, p in rss.items()},
             **{f"events_{e}_wall_s": w for e, w in walls.items()},
         }
 
@@ -481,24 +484,49 @@ def fill_select(spark, table: str, rows: int) -> str:
     return f"SELECT {', '.join(exprs)} FROM range(1, {rows + 1})"
 
 
-def peak_rss(cmd: list[str]) -> tuple[int, str]:
-    """Run `cmd`; the peak of the summed RSS of it and all its descendants (JVM, Python
-    workers), sampled every 0.2 s, and its output."""
+@dataclasses.dataclass
+class Peak:
+    """Peak memory of a process tree, in bytes: the summed proportional set size (each
+    shared page split among the processes that map it, so the pages forked Python
+    workers share with their daemon count once) and the summed resident set size."""
+
+    pss: int = 0
+    rss: int = 0
+
+
+def _pss(pid: int) -> int | None:
+    """The process's proportional set size (Linux `smaps_rollup`), or None."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def peak_memory(cmd: list[str]) -> tuple[Peak, str]:
+    """Run `cmd`; the peak memory of it and all its descendants (JVM, Python workers),
+    sampled every 0.2 s, and its output. Where the kernel has no PSS, RSS stands in."""
     import psutil
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     top = psutil.Process(proc.pid)
-    peak = 0
+    peak = Peak()
     while proc.poll() is None:
         try:
             procs = [top, *top.children(recursive=True)]
-            total = 0
+            pss = rss = 0
             for p in procs:
                 try:
-                    total += p.memory_info().rss
+                    resident = p.memory_info().rss
                 except psutil.NoSuchProcess:
-                    pass
-            peak = max(peak, total)
+                    continue
+                rss += resident
+                proportional = _pss(p.pid)
+                pss += resident if proportional is None else proportional
+            peak = Peak(max(peak.pss, pss), max(peak.rss, rss))
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.2)
