@@ -63,11 +63,16 @@ def spark(pipeline):
     session.stop()
 
 
-@pytest.fixture(params=["driver", "spark"])
+@pytest.fixture(params=["driver", "tasks", "spark"])
 def resolve_in(request, monkeypatch):
-    """Run the test with small batches decoded and resolved in the driver (the default),
-    and again with the Spark jobs that bigger batches use."""
+    """Run the test three times: batches decoded and resolved in the driver (small ones,
+    the default); read by Spark tasks and resolved by the same Python code in tasks
+    (bigger ones); and by the Spark SQL jobs (what the others fall back to)."""
     import cdclake.job
 
-    monkeypatch.setattr(cdclake.job, "DRIVER_RESOLVE", request.param == "driver")
-    return request.param
+    mode = request.param
+    monkeypatch.setattr(cdclake.job, "DRIVER_RESOLVE", mode == "driver")
+    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", mode == "tasks")
+    if mode != "driver":
+        monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)  # read by Spark tasks
+    return mode

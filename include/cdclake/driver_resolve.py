@@ -363,9 +363,27 @@ class _Change:
     lsn: int | None
 
 
+def _fast_json():
+    """msgspec's JSON decoder (3× `json.loads` here), when installed."""
+    try:
+        from msgspec import DecodeError
+        from msgspec.json import Decoder
+    except ImportError:
+        return None, ()
+    return Decoder().decode, (DecodeError,)
+
+
+_DECODE, _DECODE_ERRORS = _fast_json()
+
+
 def _json(text: str | None, where: str):
     if text is None:
         return None
+    if _DECODE is not None:
+        try:
+            return _DECODE(text)
+        except _DECODE_ERRORS:
+            pass  # e.g. NaN, which `json` takes as Jackson may write it
     try:
         return json.loads(text)
     except ValueError:
@@ -388,6 +406,7 @@ def decode_records(
             for sid, text in key_schemas.items()}  # fmt: skip
     cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                         "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
+    key_names = schema.key_names
     changes = []
     for i, offset in enumerate(cols["offset"]):
         partition = cols["partition"][i]
@@ -418,21 +437,24 @@ def decode_records(
                 if source.get(name) is not None and type(source[name]) is not int:
                     raise Unsupported(f"{where}: source.{name} is not an integer")
             change.source_ts_ms, change.lsn = source.get("ts_ms"), source.get("lsn")
-        _check(change, schema, where)
+        _check(change, key_names, where)
         changes.append(change)
     return changes
 
 
-def _check(change: _Change, schema: TopicSchema, where: str) -> None:
+_OPS = frozenset((*ROW_OPS, TRUNCATE))
+
+
+def _check(change: _Change, key_names: tuple[str, ...], where: str) -> None:
     """A record that `invalid_reason` would name is left to the Spark jobs."""
     if change.is_tombstone:
         return
-    if not isinstance(change.op, str) or change.op not in (*ROW_OPS, TRUNCATE):
+    if not isinstance(change.op, str) or change.op not in _OPS:
         raise Unsupported(f"{where}: operation {change.op!r}")
     if (
         change.op != TRUNCATE
-        and schema.key_names
-        and all(_key_value(change, k) is None for k in schema.key_names)
+        and key_names
+        and all(_key_value(change, k) is None for k in key_names)
     ):
         raise Unsupported(f"{where}: record has no key")
 
@@ -487,26 +509,31 @@ _SCALAR_KEYS = ("int", "bigint", "string", "binary", "boolean", "date", "timesta
 
 
 def resolve_changes(
-    changes: Sequence[_Change], schema: TopicSchema
+    changes: Sequence[_Change], schema: TopicSchema, flags: bool | None = None
 ) -> tuple[list[dict], Truncate | None, bool]:
-    """`resolve_latest`'s rows (dicts of its columns), the truncate, and whether a TOAST
-    placeholder was among the values (then the rows carry the TOAST flags)."""
+    """`resolve_latest`'s rows (dicts of its columns), the truncate, and whether the rows
+    carry the TOAST flags: when a placeholder was among the values, or as `flags` says
+    (False: there must be no placeholder)."""
     for k in schema.key:
         if k.type not in _SCALAR_KEYS and not k.type.startswith("decimal("):
             raise Unsupported(f"key column {k.name!r} is {k.type}")
     truncate = last_truncate(changes)
     toasty = toastable(schema)
+    key_names = schema.key_names
     rows = []
     for c in _after_truncate(changes, truncate):
-        key = tuple(_key_value(c, k) for k in schema.key_names)
+        key = tuple(_key_value(c, k) for k in key_names)
         if c.is_tombstone and all(v is None for v in key):
             continue  # a tombstone without key carries nothing
         rows.append((key, c))
     groups: dict[tuple, list[_Change]] = {}
     for key, c in sorted(rows, key=lambda kc: (kc[1].partition, kc[1].offset)):
         groups.setdefault(key, []).append(c)
-    toast = any(_placeholder(c.after.get(col.name), col)
+    found = any(_placeholder(c.after.get(col.name), col)
                 for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
+    if found and flags is False:
+        raise Unsupported("a TOAST placeholder the raw scan did not see")
+    toast = found if flags is None else flags
     out = []
     for key, group in groups.items():
         kept = _drop_stale(group)
@@ -658,14 +685,16 @@ def resolve_rows(
     schema: TopicSchema,
     key_schemas: Mapping[int, str],
     value_schemas: Mapping[int, str],
+    flags: bool | None = None,
 ) -> DriverResolved:
-    """Raw rows of one topic -> the resolved rows and what the checks found."""
+    """Raw rows of one topic -> the resolved rows and what the checks found (`flags`: see
+    `resolve_changes`)."""
     import pyarrow as pa
 
     changes = decode_records(rows, schema, key_schemas, value_schemas)
     keyed = bool(schema.key_names)
     if keyed:
-        out, truncate, toast = resolve_changes(changes, schema)
+        out, truncate, toast = resolve_changes(changes, schema, flags)
     else:
         out, truncate, toast = changelog_rows(changes, schema), None, False
     columns = result_columns(schema, keyed, toast)
@@ -685,3 +714,53 @@ def resolve_rows(
     ddl = ", ".join(f"`{name}` {type_}" for name, type_ in columns)
     return DriverResolved(table, ddl, truncate, counts,
                           max(stamps) // 1000 if stamps else None, toast)  # fmt: skip
+
+
+# ---- the same in Spark tasks, for batches the driver did not read -------------------------
+
+UNSUPPORTED_MARK = "cdclake-unsupported: "
+RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
+               "value_schema_id", "value_payload")  # fmt: skip
+TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
+
+
+def tasks_can_resolve(schema: TopicSchema, key_schemas: Mapping[int, str], table_key) -> str | None:
+    """Why the records of a topic cannot be resolved in tasks grouped by their Kafka key
+    (None when they can). Every record of a key must have the same key text: so the
+    key is the Kafka key (not a configured one) and has one schema in the batch."""
+    if not schema.key_names:
+        return "the table has no key"
+    if table_key:
+        return "the table's key is configured, not the Kafka key"
+    if len(key_schemas) != 1:
+        return f"the batch has {len(key_schemas)} key schemas"
+    return None
+
+
+def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
+                 value_schemas: Mapping[int, str], toast: bool):  # fmt: skip
+    """A `mapInArrow` function: the raw records of some keys (all of each key's records
+    in the batch) -> their resolved rows, with the TOAST flags when `toast`. A task that
+    meets what only the Spark jobs decide fails with `UNSUPPORTED_MARK` in its error."""
+    key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
+
+    def task(batches):
+        import pyarrow as pa
+
+        parts = [b for b in batches if b.num_rows]
+        if not parts:
+            return
+        rows = pa.Table.from_batches(parts)
+        try:
+            done = resolve_rows(rows, schema, key_schemas, value_schemas, flags=toast)
+        except Unsupported as why:
+            raise RuntimeError(f"{UNSUPPORTED_MARK}{why}") from None
+        if done.truncate is not None:  # the raw scan said there was none
+            raise RuntimeError(f"{UNSUPPORTED_MARK}a truncate the raw scan did not see")
+        yield from done.rows.to_batches()
+
+    return task
+
+
+def task_ddl(schema: TopicSchema, toast: bool) -> str:
+    return ", ".join(f"`{n}` {t}" for n, t in result_columns(schema, True, toast))

@@ -24,7 +24,17 @@ from cdclake.changes import (
 )
 from cdclake.config import DeleteMode, OnError, PipelineConfig, TableConfig
 from cdclake.debezium import parse_connect_schema
-from cdclake.driver_resolve import DriverResolved, Unsupported, resolve_rows
+from cdclake.driver_resolve import (
+    RAW_COLUMNS,
+    TASK_RECORDS,
+    UNSUPPORTED_MARK,
+    DriverResolved,
+    Unsupported,
+    resolve_rows,
+    resolve_task,
+    task_ddl,
+    tasks_can_resolve,
+)
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.kafka import discover
 from cdclake.merge import (
@@ -101,8 +111,9 @@ class TableResult:
     dead_letters: int = 0
     truncated: bool = False
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
-    # where the changes were decoded and resolved: "driver" (a small batch, in Python) or
-    # "spark" (Spark jobs); empty when the table had nothing to load
+    # where the changes were decoded and resolved: "driver" (a small batch, in Python),
+    # "tasks" (the same Python code in Spark tasks, records grouped by key) or "spark"
+    # (Spark SQL jobs); empty when the table had nothing to load
     resolved_by: str = ""
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
@@ -383,11 +394,18 @@ def _load_table(
     local = None
     if batch.rows is not None and schemas is found:  # read by the driver, nothing set aside
         local = _resolve_in_driver(batch.rows, topic, schema, key_schemas, value_schemas)
-    result.resolved_by = "spark" if local is None else "driver"
+    in_tasks = None
+    if local is None and batch.rows is None and schemas is found:
+        in_tasks = _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
+                                     value_schemas, records)  # fmt: skip
+    result.resolved_by = "driver" if local else "tasks" if in_tasks else "spark"
     if local is not None:
         resolved = arrow_frame(spark, local.rows, local.ddl)
         truncate, counts, toast = local.truncate, local.counts, local.toast
         max_ts = local.max_source_ms
+    elif in_tasks is not None:
+        truncate = None
+        resolved, counts, max_ts, toast = in_tasks
     else:
         changes = decode_changes(raw, schema, key_schemas, value_schemas)
         resolved, truncate, counts, max_ts, toast = _check_and_resolve(
@@ -581,6 +599,52 @@ def _resolve_in_driver(rows, topic: str, schema: TopicSchema, key_schemas: dict,
         return None
 
 
+# Batches the driver did not read are resolved by the same Python code in Spark tasks,
+# the records grouped by their Kafka key, unless this is off or the table cannot be
+# (`tasks_can_resolve`, a possible truncate); then by the Spark SQL jobs.
+TASK_RESOLVE = True
+
+
+def _resolve_in_tasks(batch: _Batch, raw, topic: str, table: TableConfig, schema: TopicSchema,
+                      key_schemas: dict, value_schemas: dict, records: int):  # fmt: skip
+    """(resolved rows, persisted; counts; latest source ms; TOAST flags) from Spark tasks
+    running the driver's resolve over each key's records, or None when the Spark SQL jobs
+    must do it. Every record of a key has the same Kafka key text, so a shuffle by that
+    text puts all of a key's records of the batch in one task."""
+    why = tasks_can_resolve(schema, key_schemas, table.key)
+    if why is None and topic in batch.scan.truncates:
+        why = "the topic may hold a truncate"
+    if not TASK_RESOLVE or why is not None:
+        if why:
+            log.info("%s: resolved by Spark jobs: %s", topic, why)
+        return None
+    toast = topic in batch.scan.toasts
+    task = resolve_task(schema, key_schemas, value_schemas, toast)
+    resolved = (
+        raw.select(*RAW_COLUMNS)
+        .repartition(max(1, -(-records // TASK_RECORDS)), "key_payload")
+        .mapInArrow(task, task_ddl(schema, toast))
+        .persist(cache_level(records))
+    )
+    try:
+        counts, max_ms = _summary(_stats(resolved).collect())
+    except Exception as exc:
+        resolved.unpersist()
+        if UNSUPPORTED_MARK not in str(exc):
+            raise
+        reason = str(exc).split(UNSUPPORTED_MARK, 1)[1].splitlines()[0]
+        log.info("%s: resolved by Spark jobs: %s", topic, reason)
+        return None
+    return resolved, counts, max_ms, toast
+
+
+def _summary(stats) -> tuple[dict[bool, int], int | None]:
+    """Rows per deleted flag and the latest source timestamp (epoch ms) from `_stats`."""
+    counts = {r[DELETED]: r["n"] for r in stats}
+    max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
+    return counts, None if max_ts is None else int(max_ts.timestamp() * 1000)
+
+
 def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, result):
     """Check the decoded changes (fail, or dead-letter the bad ones), find the truncate,
     and resolve the latest change per key.
@@ -646,9 +710,7 @@ def _check_and_resolve(batch: _Batch, topic: str, schema: TopicSchema, changes, 
         raise
     finally:
         changes.unpersist()
-    counts = {r[DELETED]: r["n"] for r in stats}
-    max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
-    max_ms = None if max_ts is None else int(max_ts.timestamp() * 1000)
+    counts, max_ms = _summary(stats)
     return resolved, truncate, counts, max_ms, toast
 
 

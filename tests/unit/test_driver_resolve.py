@@ -11,7 +11,16 @@ import pytest
 from cdclake.changes import DELETED, OFFSET, OP, topic_schema
 from cdclake.changes import decode_changes as spark_decode
 from cdclake.debezium import INFINITY_DAYS, INFINITY_MICROS, INFINITY_MILLIS
-from cdclake.driver_resolve import Unsupported, arrow_type, resolve_rows
+from cdclake.driver_resolve import (
+    RAW_COLUMNS,
+    UNSUPPORTED_MARK,
+    Unsupported,
+    arrow_type,
+    resolve_rows,
+    resolve_task,
+    task_ddl,
+    tasks_can_resolve,
+)
 from cdclake.reader import RawRows, arrow_frame
 from cdclake.resolve import (
     TOAST_PLACEHOLDER,
@@ -60,18 +69,19 @@ def both(spark, rows: pa.Table, key: tuple = ()):
     local = resolve_rows(rows, schema, keys, values)
     assert local.truncate == (check.truncate if schema.key_names else None)
     mine = arrow_frame(spark, local.rows, local.ddl)  # also what the MERGE reads
-
-    def ordered(frame):
-        from pyspark.sql import functions as F
-
-        # instants as text: Python cannot hold year 1 in local time
-        frame = frame.select(*[F.col(f"`{f.name}`").cast("string").alias(f.name)
-                               if f.dataType.typeName() == "timestamp" else F.col(f"`{f.name}`")
-                               for f in frame.schema.fields])  # fmt: skip
-        return sorted((r.asDict(recursive=True) for r in frame.collect()),
-                      key=lambda r: (r[OFFSET], r["_cdc_kafka_partition"]))  # fmt: skip
-
     return ordered(spark_rows), ordered(mine), local
+
+
+def ordered(frame) -> list[dict]:
+    """The rows as dicts in Kafka order, instants as text (Python cannot hold year 1 in
+    local time)."""
+    from pyspark.sql import functions as F
+
+    frame = frame.select(*[F.col(f"`{f.name}`").cast("string").alias(f.name)
+                           if f.dataType.typeName() == "timestamp" else F.col(f"`{f.name}`")
+                           for f in frame.schema.fields])  # fmt: skip
+    return sorted((r.asDict(recursive=True) for r in frame.collect()),
+                  key=lambda r: (r[OFFSET], r["_cdc_kafka_partition"]))  # fmt: skip
 
 
 def same(spark_rows, mine, toast: bool):
@@ -313,3 +323,48 @@ def test_arrow_types_of_the_lake_types():
     )
     with pytest.raises(Unsupported, match="interval"):
         arrow_type("interval")
+
+
+def tasks_resolve(spark, rows: pa.Table, toast: bool):
+    """The driver's resolve run in Spark tasks, the records shuffled by their Kafka key."""
+    schemas = scan_rows(rows).schemas[TOPIC]
+    keys, values = dict(schemas["key"]), dict(schemas["value"])
+    schema = topic_schema(list(keys.values()), list(values.values()), (), TOPIC)
+    task = resolve_task(schema, keys, values, toast)
+    return (
+        arrow_frame(spark, rows).select(*RAW_COLUMNS).repartition(3, "key_payload")
+        .mapInArrow(task, task_ddl(schema, toast))
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tasks_grouped_by_key_resolve_as_in_spark(spark, seed):
+    """Each task holds every record of its keys, so the tasks' rows are the driver's; a
+    truncate needs the whole topic, and a task that meets one says so."""
+    rows = raw_table(history(seed, partitions=1 + seed % 2))
+    scan = scan_rows(rows)
+    frame = tasks_resolve(spark, rows, toast=TOPIC in scan.toasts)
+    spark_rows, _, local = both(spark, rows)
+    if local.truncate is not None:
+        with pytest.raises(Exception, match=UNSUPPORTED_MARK):
+            frame.collect()
+        return
+    same(spark_rows, ordered(frame), TOPIC in scan.toasts)
+    assert len(spark_rows) == sum(local.counts.values())
+
+
+def test_a_task_that_meets_a_placeholder_the_scan_missed_says_so(spark):
+    records = [(key_record(1), value_record("u", None, item(1, TOAST_PLACEHOLDER), lsn=5))]
+    with pytest.raises(Exception, match="placeholder the raw scan did not see"):
+        tasks_resolve(spark, raw_table({0: records}), toast=False).collect()
+
+
+def test_tasks_refuse_what_a_key_shuffle_cannot_group():
+    rows = raw_table({0: [(key_record(1), value_record("c", None, item(1, "a")))]})
+    schemas = scan_rows(rows).schemas[TOPIC]
+    keys, values = dict(schemas["key"]), [s for _, s in schemas["value"]]
+    keyed = topic_schema(list(keys.values()), values, (), TOPIC)
+    assert tasks_can_resolve(keyed, keys, ()) is None
+    assert "no key" in tasks_can_resolve(topic_schema([], values, (), TOPIC), {}, ())
+    assert "configured" in tasks_can_resolve(keyed, keys, ("name",))
+    assert "2 key schemas" in tasks_can_resolve(keyed, {**keys, 99: "{}"}, ())
