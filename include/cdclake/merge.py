@@ -199,6 +199,22 @@ def _namespace_exists(spark, namespace: str) -> bool:
     return True
 
 
+def _create(spark, table: str, create_sql: str, of: str | None = None) -> None:
+    """Run a CREATE TABLE; when it fails because another run created the table at the
+    same moment, fail this run's batch as a conflict (nothing of it is written). The
+    JDBC catalog reports such a loss as an unknown SQL failure (PostgreSQL's unique
+    violation), Spark as TABLE_OR_VIEW_ALREADY_EXISTS."""
+    try:
+        spark.sql(create_sql)
+    except Exception as exc:
+        if not spark.catalog.tableExists(table):
+            raise
+        raise CommitConflictError(
+            f"{of or table}: another run created {table if of else 'this table'} at the same "
+            "time; this run's batch was not committed to it. Plan again."
+        ) from exc
+
+
 def ensure_table(
     spark,
     table: str,
@@ -216,17 +232,8 @@ def ensure_table(
     if existing is None:
         existing = table_columns(spark, table) if spark.catalog.tableExists(table) else {}
     if not existing:
-        try:
-            spark.sql(build_create_sql(table, schema, properties, partition_by, soft_delete))
-        except Exception as exc:
-            # the JDBC catalog reports a create that lost the race to another run's as an
-            # unknown SQL failure (PostgreSQL's unique violation), not AlreadyExists
-            if not spark.catalog.tableExists(table):
-                raise
-            raise CommitConflictError(
-                f"{table}: another run created this table at the same time; this run's "
-                "batch was not committed to it. Plan again."
-            ) from exc
+        _create(spark, table, build_create_sql(table, schema, properties, partition_by,
+                                               soft_delete))  # fmt: skip
         if schema.key_names:
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("created %s with key %s", table, schema.key_names)
@@ -312,10 +319,8 @@ def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema
     if not exists:
         cols = ", ".join(f"{quote(n)} {t} NOT NULL" for n, t in wanted.items())
         props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
-        spark.sql(
-            f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) USING iceberg "
-            f"TBLPROPERTIES ({props})"
-        )
+        _create(spark, ledger, f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) "
+                               f"USING iceberg TBLPROPERTIES ({props})", of=table)  # fmt: skip
     keys = ", ".join(quote(k) for k in wanted)
     # an append (no join with what the ledger holds): readers take each key's highest LSN
     spark.sql(
