@@ -96,15 +96,21 @@ def generate(rng: random.Random, steps: int, keys: int):
 
 
 @pytest.mark.parametrize(
-    "seed, key_filter", [(0, False), (1, False), (2, False), (3, False), (4, True), (5, True)]
-)
+    "seed, key_filter, resolve",
+    [(0, False, "tasks"), (1, False, "tasks"), (2, False, "tasks"), (3, False, "tasks"),
+     (4, True, "tasks"), (5, True, "tasks"), (6, False, "spark"), (7, True, "spark")],
+)  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
-    stack, spark, tmp_path, monkeypatch, seed, key_filter
+    stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
-    into a big table does."""
+    into a big table does. The batches (read by Spark, as big ones are) are resolved by
+    the Python code in tasks, and a batch with a truncate by the Spark SQL jobs; with
+    `resolve="spark"` every batch is."""
     import cdclake.job
 
+    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve == "tasks")
+    used = set()
     filtered = []
     if key_filter:
         monkeypatch.setattr(cdclake.job, "KEY_FILTER_ROWS", 0)
@@ -124,7 +130,8 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     start = 0
     for i, end in enumerate(cuts):
         raw = raw_frame(spark, topic, records[start:end], start)
-        load_one(spark, pipeline, f"{name}-{i}", raw, start, end)
+        used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
+                                                     start, end))  # fmt: skip
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
         lake = lake_names(spark, pipeline)
@@ -132,6 +139,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         start = end
     if key_filter:  # the filter was there (batches with a truncate go without)
         assert any(f for f in filtered), filtered
+    assert resolve in used and used <= {resolve, "spark"}, used
 
 
 def _resent_batches(gone: str):
