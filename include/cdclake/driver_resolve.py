@@ -534,11 +534,12 @@ def resolve_changes(
     if found and flags is False:
         raise Unsupported("a TOAST placeholder the raw scan did not see")
     toast = found if flags is None else flags
+    toast_names = {c.name for c in toasty} if toast else set()
     out = []
     for key, group in groups.items():
         kept = _drop_stale(group)
         if kept:
-            out.append(_latest(key, kept, schema, toasty if toast else []))
+            out.append(_latest(key, kept, schema, toast_names))
     return out, truncate, toast
 
 
@@ -557,7 +558,8 @@ def _drop_stale(group: Sequence[_Change]) -> list[_Change]:
     return kept
 
 
-def _latest(key: tuple, group: Sequence[_Change], schema: TopicSchema, toasty) -> dict:
+def _latest(key: tuple, group: Sequence[_Change], schema: TopicSchema,
+            toast_names: set[str]) -> dict:  # fmt: skip
     r = max(group, key=lambda c: c.offset)
     lsns = [c.lsn for c in group if c.lsn is not None]
     with_after = [c for c in group if c.after is not None]
@@ -566,7 +568,6 @@ def _latest(key: tuple, group: Sequence[_Change], schema: TopicSchema, toasty) -
     after = last_after if deleted else r.after
     row: dict[str, Any] = {}
     keys = dict(zip(schema.key_names, key, strict=True))
-    toast_names = {c.name for c in toasty}
     flags = {}
     for col in schema.columns:
         if col.name in keys:
@@ -667,6 +668,11 @@ def arrow_type(ddl: str) -> pa.DataType:
     raise Unsupported(f"type {ddl} has no Arrow form here")
 
 
+def columns_ddl(columns: Sequence[tuple[str, str]]) -> str:
+    """The Spark schema (DDL) of (name, Spark type) columns."""
+    return ", ".join(f"`{name}` {type_}" for name, type_ in columns)
+
+
 def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[str, str]]:
     """(name, Spark type) of the resolved rows, in `resolve_latest`'s (or `changelog`'s)
     order."""
@@ -711,8 +717,7 @@ def resolve_rows(
     for r in out:
         counts[r[DELETED]] = counts.get(r[DELETED], 0) + 1
     stamps = [r[SOURCE_TS] for r in out if r[SOURCE_TS] is not None]
-    ddl = ", ".join(f"`{name}` {type_}" for name, type_ in columns)
-    return DriverResolved(table, ddl, truncate, counts,
+    return DriverResolved(table, columns_ddl(columns), truncate, counts,
                           max(stamps) // 1000 if stamps else None, toast)  # fmt: skip
 
 
@@ -763,4 +768,5 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
 
 
 def task_ddl(schema: TopicSchema, toast: bool) -> str:
-    return ", ".join(f"`{n}` {t}" for n, t in result_columns(schema, True, toast))
+    """The Spark schema of what `resolve_task` returns."""
+    return columns_ddl(result_columns(schema, True, toast))

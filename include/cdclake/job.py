@@ -391,11 +391,11 @@ def _load_table(
     )
     clock.lap("state")
     key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    local = None
-    if batch.rows is not None and schemas is found:  # read by the driver, nothing set aside
+    whole = schemas is found  # no record was set aside: `raw` holds all the topic's records
+    local = in_tasks = None
+    if whole and batch.rows is not None:  # read by the driver
         local = _resolve_in_driver(batch.rows, topic, schema, key_schemas, value_schemas)
-    in_tasks = None
-    if local is None and batch.rows is None and schemas is found:
+    elif whole:
         in_tasks = _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
                                      value_schemas, records)  # fmt: skip
     result.resolved_by = "driver" if local else "tasks" if in_tasks else "spark"
@@ -611,12 +611,13 @@ def _resolve_in_tasks(batch: _Batch, raw, topic: str, table: TableConfig, schema
     running the driver's resolve over each key's records, or None when the Spark SQL jobs
     must do it. Every record of a key has the same Kafka key text, so a shuffle by that
     text puts all of a key's records of the batch in one task."""
+    if not TASK_RESOLVE:
+        return None
     why = tasks_can_resolve(schema, key_schemas, table.key)
     if why is None and topic in batch.scan.truncates:
         why = "the topic may hold a truncate"
-    if not TASK_RESOLVE or why is not None:
-        if why:
-            log.info("%s: resolved by Spark jobs: %s", topic, why)
+    if why is not None:
+        log.info("%s: resolved by Spark jobs: %s", topic, why)
         return None
     toast = topic in batch.scan.toasts
     task = resolve_task(schema, key_schemas, value_schemas, toast)

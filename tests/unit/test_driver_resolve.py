@@ -54,11 +54,17 @@ def raw_table(parts: dict[int, list]) -> pa.Table:
     return pa.Table.from_batches(batches)
 
 
-def both(spark, rows: pa.Table, key: tuple = ()):
-    """(Spark's rows, the driver's rows, the driver's result), rows as sorted dicts."""
+def topic_of(rows: pa.Table) -> tuple:
+    """(TopicSchema, key schemas, value schemas) of the topic's raw rows, as the job
+    makes them from the raw scan."""
     schemas = scan_rows(rows).schemas[TOPIC]
     keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    schema = topic_schema(list(keys.values()), list(values.values()), key, TOPIC)
+    return topic_schema(list(keys.values()), list(values.values()), (), TOPIC), keys, values
+
+
+def both(spark, rows: pa.Table):
+    """(Spark's rows, the driver's rows, the driver's result), rows as sorted dicts."""
+    schema, keys, values = topic_of(rows)
     changes = spark_decode(arrow_frame(spark, rows), schema, keys, values)
     check = check_changes(changes, schema)
     check.raise_invalid(TOPIC)
@@ -305,9 +311,7 @@ def test_every_type_decodes_as_in_spark(spark):
 )  # fmt: skip
 def test_what_spark_must_decide_is_left_to_it(value, why):
     rows = raw_table({0: [(key_record(1), value)]})
-    schemas = scan_rows(rows).schemas[TOPIC]
-    keys, values = dict(schemas["key"]), dict(schemas["value"])
-    schema = topic_schema(list(keys.values()), list(values.values()), (), TOPIC)
+    schema, keys, values = topic_of(rows)
     with pytest.raises(Unsupported, match=why):
         resolve_rows(rows, schema, keys, values)
 
@@ -327,9 +331,7 @@ def test_arrow_types_of_the_lake_types():
 
 def tasks_resolve(spark, rows: pa.Table, toast: bool):
     """The driver's resolve run in Spark tasks, the records shuffled by their Kafka key."""
-    schemas = scan_rows(rows).schemas[TOPIC]
-    keys, values = dict(schemas["key"]), dict(schemas["value"])
-    schema = topic_schema(list(keys.values()), list(values.values()), (), TOPIC)
+    schema, keys, values = topic_of(rows)
     task = resolve_task(schema, keys, values, toast)
     return (
         arrow_frame(spark, rows).select(*RAW_COLUMNS).repartition(3, "key_payload")
@@ -361,10 +363,9 @@ def test_a_task_that_meets_a_placeholder_the_scan_missed_says_so(spark):
 
 def test_tasks_refuse_what_a_key_shuffle_cannot_group():
     rows = raw_table({0: [(key_record(1), value_record("c", None, item(1, "a")))]})
-    schemas = scan_rows(rows).schemas[TOPIC]
-    keys, values = dict(schemas["key"]), [s for _, s in schemas["value"]]
-    keyed = topic_schema(list(keys.values()), values, (), TOPIC)
+    keyed, keys, values = topic_of(rows)
     assert tasks_can_resolve(keyed, keys, ()) is None
-    assert "no key" in tasks_can_resolve(topic_schema([], values, (), TOPIC), {}, ())
+    keyless = topic_schema([], list(values.values()), (), TOPIC)
+    assert "no key" in tasks_can_resolve(keyless, {}, ())
     assert "configured" in tasks_can_resolve(keyed, keys, ("name",))
     assert "2 key schemas" in tasks_can_resolve(keyed, {**keys, 99: "{}"}, ())
