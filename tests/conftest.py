@@ -63,16 +63,19 @@ def spark(pipeline):
     session.stop()
 
 
-@pytest.fixture(params=["driver", "tasks", "spark"])
+@pytest.fixture(params=["driver", "ranges", "tasks", "spark"])
 def resolve_in(request, monkeypatch):
-    """Run the test three times: batches decoded and resolved in the driver (small ones,
-    the default); read by Spark tasks and resolved by the same Python code in tasks
-    (bigger ones); and by the Spark SQL jobs (what the others fall back to)."""
+    """Run the test four times: batches decoded and resolved in the driver (small ones,
+    the default); read and resolved by the same Python code in Spark tasks, a task per
+    Kafka partition (bigger ones); read by Spark tasks, then resolved in tasks grouped by
+    key (what a topic the former cannot take falls back to); and by the Spark SQL jobs
+    (what both fall back to)."""
     import cdclake.job
 
     mode = request.param
     monkeypatch.setattr(cdclake.job, "DRIVER_RESOLVE", mode == "driver")
-    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", mode == "tasks")
+    monkeypatch.setattr(cdclake.job, "RANGE_RESOLVE", mode == "ranges")
+    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", mode in ("ranges", "tasks"))
     if mode != "driver":
         monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)  # read by Spark tasks
     return mode

@@ -390,20 +390,29 @@ def _json(text: str | None, where: str):
         raise Unsupported(f"{where}: the payload is not JSON") from None
 
 
-def decode_records(
-    rows: pa.Table,
-    schema: TopicSchema,
-    key_schemas: Mapping[int, str],
-    value_schemas: Mapping[int, str],
-) -> list[_Change]:
-    """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
-    `decode_changes` makes them; every record must be one that can be applied."""
+def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
+                 value_schemas: Mapping[int, str]) -> tuple[dict, dict]:  # fmt: skip
+    """The row decoders of each key and value schema (by id)."""
     values = {
         sid: _row_decoder(value_row_fields(parse_connect_schema(text), "value"), schema.columns)
         for sid, text in value_schemas.items()
     }
     keys = {sid: _row_decoder(parse_connect_schema(text).fields, schema.key)
             for sid, text in key_schemas.items()}  # fmt: skip
+    return keys, values
+
+
+def decode_records(
+    rows: pa.Table | pa.RecordBatch,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+    decoders: tuple[dict, dict] | None = None,
+) -> list[_Change]:
+    """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
+    `decode_changes` makes them; every record must be one that can be applied.
+    `decoders` (from `row_decoders`) saves building them again for each call."""
+    keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                         "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
     key_names = schema.key_names
@@ -508,21 +517,31 @@ _SCALAR_KEYS = ("int", "bigint", "string", "binary", "boolean", "date", "timesta
                 "timestamp_ntz")  # fmt: skip
 
 
+def check_key_types(schema: TopicSchema) -> None:
+    """Keys of other types are left to the Spark jobs (their grouping there is Spark's)."""
+    for k in schema.key:
+        if k.type not in _SCALAR_KEYS and not k.type.startswith("decimal("):
+            raise Unsupported(f"key column {k.name!r} is {k.type}")
+
+
+def key_of(change: _Change, key_names: Sequence[str]) -> tuple:
+    """The change's key values, from its key, else its row after, else before."""
+    return tuple(_key_value(change, k) for k in key_names)
+
+
 def resolve_changes(
     changes: Sequence[_Change], schema: TopicSchema, flags: bool | None = None
 ) -> tuple[list[dict], Truncate | None, bool]:
     """`resolve_latest`'s rows (dicts of its columns), the truncate, and whether the rows
     carry the TOAST flags: when a placeholder was among the values, or as `flags` says
     (False: there must be no placeholder)."""
-    for k in schema.key:
-        if k.type not in _SCALAR_KEYS and not k.type.startswith("decimal("):
-            raise Unsupported(f"key column {k.name!r} is {k.type}")
+    check_key_types(schema)
     truncate = last_truncate(changes)
     toasty = toastable(schema)
     key_names = schema.key_names
     rows = []
     for c in _after_truncate(changes, truncate):
-        key = tuple(_key_value(c, k) for k in key_names)
+        key = key_of(c, key_names)
         if c.is_tombstone and all(v is None for v in key):
             continue  # a tombstone without key carries nothing
         rows.append((key, c))
@@ -534,66 +553,102 @@ def resolve_changes(
     if found and flags is False:
         raise Unsupported("a TOAST placeholder the raw scan did not see")
     toast = found if flags is None else flags
-    toast_names = {c.name for c in toasty} if toast else set()
+    toast_cols = [c for c in toasty if toast]
     out = []
     for key, group in groups.items():
-        kept = _drop_stale(group)
-        if kept:
-            out.append(_latest(key, kept, schema, toast_names))
+        fold = KeyFold()
+        for c in group:
+            fold.add(c, toast_cols)
+        if fold.r is not None:
+            out.append(fold.row(key, schema, toast_cols))
     return out, truncate, toast
 
 
-def _drop_stale(group: Sequence[_Change]) -> list[_Change]:
-    """`drop_stale` for one key's changes in Kafka order."""
-    seen, stale = None, []
-    for c in group:
-        stale.append(c.lsn is not None and seen is not None and c.lsn <= seen)
-        if c.lsn is not None:
-            seen = c.lsn if seen is None else max(seen, c.lsn)
-    kept = []
-    for i, c in enumerate(group):
-        dropped = (stale[i - 1] if i > 0 else True) if c.is_tombstone else stale[i]
-        if not dropped:
-            kept.append(c)
-    return kept
+class KeyFold:
+    """One key's changes folded in Kafka order into what its resolved row needs:
+    `drop_stale` (a change whose LSN is not above every earlier one's is a re-send; a
+    tombstone goes with the change before it) and `resolve_latest` over the changes
+    kept. Holds one key's latest state, not its changes."""
 
+    __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real")
 
-def _latest(key: tuple, group: Sequence[_Change], schema: TopicSchema,
-            toast_names: set[str]) -> dict:  # fmt: skip
-    r = max(group, key=lambda c: c.offset)
-    lsns = [c.lsn for c in group if c.lsn is not None]
-    with_after = [c for c in group if c.after is not None]
-    last_after = max(with_after, key=lambda c: c.offset).after if with_after else None
-    deleted = r.is_tombstone or r.op == "d"
-    after = last_after if deleted else r.after
-    row: dict[str, Any] = {}
-    keys = dict(zip(schema.key_names, key, strict=True))
-    flags = {}
-    for col in schema.columns:
-        if col.name in keys:
-            row[col.name] = keys[col.name]
-            continue
-        value = None if after is None else after.get(col.name)
-        if col.name in toast_names:
-            placeholder = _placeholder(value, col) and not deleted
-            real = [c for c in group if c.after is not None and c.after.get(col.name) is not None
-                    and not _placeholder(c.after[col.name], col)]  # fmt: skip
-            unresolved = placeholder and not real
+    def __init__(self) -> None:
+        self.seen: int | None = None  # the highest LSN of the key's changes so far
+        self.prev_stale = True  # a first tombstone follows nothing and is dropped
+        self.r: _Change | None = None  # the kept change with the highest offset
+        self.lsn: int | None = None  # the highest LSN of the kept changes
+        self.change: _Change | None = None  # the kept change (not tombstone), highest offset
+        self.after: _Change | None = None  # the kept change with a row, highest offset
+        self.real: dict[str, tuple[int, Any]] = {}  # TOAST column -> (offset, real value)
+
+    def add(self, c: _Change, toast_cols: Sequence[Column] = ()) -> None:
+        """The next change of the key (Kafka order); `toast_cols`: the columns whose
+        last real value a TOAST placeholder takes."""
+        stale = c.lsn is not None and self.seen is not None and c.lsn <= self.seen
+        dropped = self.prev_stale if c.is_tombstone else stale
+        self.prev_stale = stale
+        if c.lsn is not None and (self.seen is None or c.lsn > self.seen):
+            self.seen = c.lsn
+        if dropped:
+            return
+        # `max` by offset keeps the first of equal offsets (of different partitions)
+        if self.r is None or c.offset > self.r.offset:
+            self.r = c
+        if c.lsn is not None and (self.lsn is None or c.lsn > self.lsn):
+            self.lsn = c.lsn
+        if not c.is_tombstone and (self.change is None or c.offset > self.change.offset):
+            self.change = c
+        after = c.after
+        if after is None:
+            return
+        if self.after is None or c.offset > self.after.offset:
+            self.after = c
+        for col in toast_cols:
+            value = after.get(col.name)
+            if value is not None and not _placeholder(value, col):
+                held = self.real.get(col.name)
+                if held is None or c.offset > held[0]:
+                    self.real[col.name] = (c.offset, value)
+
+    def row(self, key: tuple, schema: TopicSchema, toast_cols: Sequence[Column] = ()) -> dict:
+        """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
+        `toast_cols` (the columns `add` was given)."""
+        r = self.r
+        assert r is not None, "no change of the key was kept"
+        deleted = r.is_tombstone or r.op == "d"
+        if deleted:
+            after = None if self.after is None else self.after.after
+        else:
+            after = r.after
+        row: dict[str, Any] = {}
+        keys = dict(zip(schema.key_names, key, strict=True))
+        for col in schema.columns:
+            row[col.name] = keys[col.name] if col.name in keys else (
+                None if after is None else after.get(col.name))  # fmt: skip
+        row[DELETED] = deleted
+        row[OP] = "d" if r.is_tombstone else r.op
+        row[SOURCE_TS] = None if r.source_ts_ms is None else r.source_ts_ms * 1000
+        row[LSN] = r.lsn if r.lsn is not None else self.lsn
+        # a re-sent delete must not remove a newer row: a tombstone is checked with the
+        # LSN of its delete
+        if r.is_tombstone:
+            row[STALE_CHECK_LSN] = None if self.change is None else self.change.lsn
+        else:
+            row[STALE_CHECK_LSN] = r.lsn
+        row[PARTITION] = r.partition
+        row[OFFSET] = r.offset
+        for col in toast_cols:
+            if col.name in keys:
+                continue
+            placeholder = _placeholder(row[col.name], col) and not deleted
+            held = self.real.get(col.name)
+            unresolved = placeholder and held is None
             if unresolved:
-                value = None
+                row[col.name] = None
             elif placeholder:
-                value = max(real, key=lambda c: c.offset).after[col.name]
-            flags[f"{TOAST_PREFIX}{col.name}"] = unresolved
-        row[col.name] = value
-    row[DELETED] = deleted
-    row[OP] = "d" if r.is_tombstone else r.op
-    row[SOURCE_TS] = None if r.source_ts_ms is None else r.source_ts_ms * 1000
-    row[LSN] = r.lsn if r.lsn is not None else (max(lsns) if lsns else None)
-    row[STALE_CHECK_LSN] = r.lsn
-    row[PARTITION] = r.partition
-    row[OFFSET] = r.offset
-    row.update(flags)
-    return row
+                row[col.name] = held[1]
+            row[f"{TOAST_PREFIX}{col.name}"] = unresolved
+        return row
 
 
 def changelog_rows(changes: Sequence[_Change], schema: TopicSchema) -> list[dict]:
@@ -686,6 +741,21 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
     return cols
 
 
+def rows_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> pa.Table:
+    """Rows (dicts) as an Arrow table of (name, Spark type) columns."""
+    import pyarrow as pa
+
+    arrays, fields = [], []
+    for name, type_ in columns:
+        kind = arrow_type(type_)
+        try:
+            arrays.append(pa.array([r[name] for r in rows], type=kind))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
+        fields.append(pa.field(name, kind))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
 def resolve_rows(
     rows: pa.Table,
     schema: TopicSchema,
@@ -695,8 +765,6 @@ def resolve_rows(
 ) -> DriverResolved:
     """Raw rows of one topic -> the resolved rows and what the checks found (`flags`: see
     `resolve_changes`)."""
-    import pyarrow as pa
-
     changes = decode_records(rows, schema, key_schemas, value_schemas)
     keyed = bool(schema.key_names)
     if keyed:
@@ -704,15 +772,7 @@ def resolve_rows(
     else:
         out, truncate, toast = changelog_rows(changes, schema), None, False
     columns = result_columns(schema, keyed, toast)
-    arrays, fields = [], []
-    for name, type_ in columns:
-        kind = arrow_type(type_)
-        try:
-            arrays.append(pa.array([r[name] for r in out], type=kind))
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
-        fields.append(pa.field(name, kind))
-    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    table = rows_table(out, columns)
     counts: dict[bool, int] = {}
     for r in out:
         counts[r[DELETED]] = counts.get(r[DELETED], 0) + 1

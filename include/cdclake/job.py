@@ -69,12 +69,23 @@ from cdclake.offsets import (
     TopicPartition,
     encode_offsets,
 )
+from cdclake.range_resolve import (
+    RANGE_SCHEMA,
+    AcceptedTopic,
+    RangeSummary,
+    TopicPlan,
+    accept,
+    range_task,
+    unpack_task,
+)
 from cdclake.reader import (
     DRIVER_READ_BYTES,
     DRIVER_READ_RECORDS,
+    KAFKA,
+    RawSource,
     arrow_frame,
+    range_plan,
     read_local,
-    read_ranges,
 )
 from cdclake.resolve import (
     CHECK_FIRST_TYPE,
@@ -151,15 +162,135 @@ def run_batch(
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
     started = time.perf_counter()
-    raw, scan, rows = _read(spark, pipeline, plan, read)
+    ranged = _read_by_range(spark, pipeline, plan, read)
+    rest = dataclasses.replace(plan, ranges=tuple(r for r in plan.ranges if r.topic not in ranged))
+    raw = None
     try:
-        raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
+        if rest.ranges:
+            raw, scan, rows = _read(spark, pipeline, rest, read)
+            raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
+        else:
+            scan, rows = RawScan({}, {}, 0), None
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-        batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows)
+        batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
+                       ranged)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
-        raw.unpersist()
+        if raw is not None:
+            raw.unpersist()
+        for topic in ranged.values():
+            topic.rows.unpersist()
+
+
+# Batches the driver does not read, from a `RawSource` (Kafka, or a benchmark's), are
+# read and resolved range by range in Spark tasks (`range_resolve`) unless this is off;
+# the topics that cannot be are read again and take the general path.
+RANGE_RESOLVE = True
+
+
+@dataclass
+class _RangedTopic:
+    """A topic of the batch read and resolved range by range: what its ranges added up
+    to, its resolved rows (persisted), and the lake columns they were resolved for."""
+
+    accepted: AcceptedTopic
+    rows: object
+    known: dict[str, str]
+
+
+def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+    """The topics read and resolved range by range ({} when none is): one Spark job
+    reads every eligible topic's ranges, a task each, and resolves them; each topic
+    that resolved whole is then unpacked into typed rows (and, with more than one range,
+    checked for a key in two of them) before its raw results are dropped."""
+    from pyspark.sql import functions as F
+
+    source = KAFKA if read is None else read
+    records = plan.total
+    if (not RANGE_RESOLVE or not isinstance(source, RawSource)
+            or (read is None and records <= DRIVER_READ_RECORDS)):  # fmt: skip
+        return {}
+    topics = {r.topic for r in plan.ranges}
+    plans, known = {}, {}
+    for table in pipeline.tables:
+        topic = pipeline.topic_for(table)
+        if topic not in topics or table.key:  # a configured key: grouped by Spark
+            continue
+        qualified = pipeline.qualified_target(table)
+        exists = spark.catalog.tableExists(qualified)
+        known[topic] = table_columns(spark, qualified) if exists else {}
+        plans[topic] = TopicPlan(topic, tuple(table.exclude), known[topic])
+    if not plans:
+        return {}
+    ranges = [r for r in plan.ranges if r.topic in plans]
+    level = cache_level(records)
+    frame = (
+        range_plan(spark, ranges)
+        .mapInArrow(range_task(source.open(pipeline.kafka), plans), RANGE_SCHEMA)
+        .persist(level)
+    )
+    try:
+        summaries: dict[str, list[RangeSummary]] = {}
+        for r in frame.where(F.col("meta").isNotNull()).select("meta").collect():
+            summary = RangeSummary.from_json(r["meta"])
+            summaries.setdefault(summary.topic, []).append(summary)
+        accepted = {}
+        for table in pipeline.tables:
+            topic = pipeline.topic_for(table)
+            if topic not in plans:
+                continue
+            try:
+                got = accept(summaries.get(topic, []), plans[topic])
+            except CdclakeError as exc:
+                got = str(exc)
+            if isinstance(got, AcceptedTopic) and _misfits(table, topic, got.schemas, known[topic]):
+                got = "a schema that does not fit the table's columns"
+            if isinstance(got, str):
+                log.info("%s: read again and resolved by key: %s", topic, got)
+                continue
+            accepted[topic] = got
+        done = {}
+
+        def unpack(topic: str) -> None:
+            got = accepted[topic]
+            rows = (
+                frame.where((F.col("topic") == topic) & F.col("data").isNotNull())
+                .select("data")
+                .mapInArrow(unpack_task(got.columns), got.ddl)
+                .persist(level)
+            )
+            if got.ranges > 1:
+                keys = [F.col(f"`{k}`") for k in got.key_names]
+                twice = rows.groupBy(*keys).count().where(F.col("count") > 1).limit(1).collect()
+                if twice:
+                    rows.unpersist()
+                    log.warning("%s: key %s is in more than one partition; read again and "
+                                "resolved by key", topic, tuple(twice[0])[:-1])  # fmt: skip
+                    return
+            else:
+                rows.count()  # kept before the ranges' results are dropped
+            done[topic] = _RangedTopic(got, rows, known[topic])
+
+        try:
+            _each(list(accepted), unpack, pipeline.parallel_tables)
+        except BaseException:
+            for topic in done.values():
+                topic.rows.unpersist()
+            raise
+        return done
+    finally:
+        frame.unpersist()
+
+
+def _each(items: list, fn: Callable, threads: int) -> None:
+    """`fn` of every item, `threads` at a time; the first error is raised once all ran."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(threads, len(items) or 1))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+    for f in futures:
+        f.result()
 
 
 def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
@@ -177,7 +308,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
             return raw, scan_rows(rows), rows
         log.info("batch %s: more than %d MiB of records; read by Spark tasks",
                  plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
-    raw = (read or read_ranges)(spark, pipeline.kafka, plan.ranges)
+    raw = (read or KAFKA)(spark, pipeline.kafka, plan.ranges)
     if records <= SMALL_BATCH_RECORDS:
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
     raw = raw.persist(cache_level(records))
@@ -251,10 +382,11 @@ class _Batch:
 
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
-        read_seconds: float, rows=None,
+        read_seconds: float, rows=None, ranged: dict[str, _RangedTopic] | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
+        self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
         self.dead_letter_lock = threading.Lock()
 
@@ -266,6 +398,9 @@ class _Batch:
         from pyspark.sql import functions as F
 
         topic = self.pipeline.topic_for(table)
+        if topic in self.ranged:
+            schemas = self.ranged[topic].accepted.schemas
+            return _load_table(self, table, self.ranges_of(table), None, schemas)
         if topic in self.scan.broken:  # on_error: fail (dead letters were taken out)
             partition, offset, error = self.scan.broken[topic]
             raise DecodeError(f"{topic} partition {partition} offset {offset}: {error}")
@@ -375,6 +510,12 @@ def _load_table(
     else:
         ends = {(r.topic, r.partition): r.end for r in ranges}
     known = table_columns(spark, qualified) if state.exists else {}
+    ranged = batch.ranged.get(topic)
+    if ranged is not None and known != ranged.known:
+        raise CommitConflictError(
+            f"{qualified}: another run changed the table's columns while this batch was "
+            "resolved; nothing was written. Plan again."
+        )
     found = schemas
     schemas, raw = _set_aside_misfits(batch, table, topic, schemas, known, raw, result)
     if not schemas.get("value") and not state.exists:
@@ -393,12 +534,16 @@ def _load_table(
     key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
     whole = schemas is found  # no record was set aside: `raw` holds all the topic's records
     local = in_tasks = None
-    if whole and batch.rows is not None:  # read by the driver
+    if ranged is not None:
+        got = ranged.accepted
+        in_tasks = ranged.rows, got.counts, got.max_source_ms, got.toast
+    elif whole and batch.rows is not None:  # read by the driver
         local = _resolve_in_driver(batch.rows, topic, schema, key_schemas, value_schemas)
     elif whole:
         in_tasks = _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
                                      value_schemas, records)  # fmt: skip
-    result.resolved_by = "driver" if local else "tasks" if in_tasks else "spark"
+    result.resolved_by = ("ranges" if ranged else "driver" if local else "tasks" if in_tasks
+                          else "spark")  # fmt: skip
     if local is not None:
         resolved = arrow_frame(spark, local.rows, local.ddl)
         truncate, counts, toast = local.truncate, local.counts, local.toast
@@ -536,18 +681,7 @@ def _set_aside_misfits(
     dead-letter them all and go on with the rest. Returns the schemas and records left."""
     from pyspark.sql import functions as F
 
-    rejected: dict[tuple[str, int], str] = {}
-    for side in ("key", "value") if not table.key else ("value",):
-        versions = [
-            (sid, value_row_fields(parse_connect_schema(text), topic) if side == "value"
-             else parse_connect_schema(text).fields)
-            for sid, text in schemas.get(side, [])
-        ]  # fmt: skip
-        exclude = table.exclude if side == "value" else ()
-        types = column_types([f for _, f in versions], known, exclude)
-        for sid, fields in versions:
-            if (reason := misfit(fields, types, exclude)) is not None:
-                rejected[(side, sid)] = reason
+    rejected = _misfits(table, topic, schemas, known)
     if not rejected:
         return schemas, raw
     reason = None
@@ -576,6 +710,24 @@ def _set_aside_misfits(
         "drop the column from the lake table, load (records of the old type in the same "
         "batch are set aside or fail), and run an incremental snapshot of the table."
     )
+
+
+def _misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, str]]],
+             known: dict[str, str]) -> dict[tuple[str, int], str]:  # fmt: skip
+    """(side, schema id) -> why that schema version does not fit the table's columns."""
+    rejected: dict[tuple[str, int], str] = {}
+    for side in ("key", "value") if not table.key else ("value",):
+        versions = [
+            (sid, value_row_fields(parse_connect_schema(text), topic) if side == "value"
+             else parse_connect_schema(text).fields)
+            for sid, text in schemas.get(side, [])
+        ]  # fmt: skip
+        exclude = table.exclude if side == "value" else ()
+        types = column_types([f for _, f in versions], known, exclude)
+        for sid, fields in versions:
+            if (reason := misfit(fields, types, exclude)) is not None:
+                rejected[(side, sid)] = reason
+    return rejected
 
 
 # Tables of a batch the driver read are decoded, checked and resolved in the driver

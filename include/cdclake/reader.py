@@ -12,7 +12,9 @@ a known type.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from cdclake.config import KafkaConfig
@@ -106,24 +108,53 @@ def slice_ranges(ranges: Sequence[OffsetRange], size: int = SLICE_RECORDS) -> li
     return out
 
 
-def read_ranges(
-    spark: SparkSession, kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float = 60
-) -> DataFrame:
-    slices = slice_ranges(ranges)
-    rows = [(r.topic, r.partition, r.start, r.end) for r in slices]
-    client_config = kafka.client_config()
-    sc = spark.sparkContext
-    plan = spark.createDataFrame(
-        sc.parallelize(rows, max(1, len(rows))),
+# A function a Spark task calls with one offset range ({"topic", "partition", "start",
+# "end"}) to get its raw rows, in Arrow batches (picklable: it is sent to the tasks)
+RangeReader = Callable[[dict], Iterator["pa.RecordBatch"]]
+
+
+@dataclass(frozen=True)
+class RawSource:
+    """Where a batch's raw records come from when Spark tasks read them: `open` gives,
+    for the pipeline's Kafka settings, the `RangeReader` the tasks call. Called like
+    `read_ranges`, it makes the raw records DataFrame of the ranges, cut into tasks of at
+    most `SLICE_RECORDS` records. Kafka is the source of every pipeline; benchmarks read
+    recorded or generated records through the same code."""
+
+    open: Callable[[KafkaConfig], RangeReader]
+
+    def __call__(self, spark: SparkSession, kafka: KafkaConfig,
+                 ranges: Sequence[OffsetRange]) -> DataFrame:  # fmt: skip
+        reader = self.open(kafka)
+
+        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for row in batch.to_pylist():
+                    yield from reader(row)
+
+        return range_plan(spark, slice_ranges(ranges)).mapInArrow(read, RAW_SCHEMA)
+
+
+def range_plan(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
+    """One row per range (topic, partition, start, end), each in a Spark partition."""
+    rows = [(r.topic, r.partition, r.start, r.end) for r in ranges]
+    return spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, max(1, len(rows))),
         "topic string, partition int, start long, end long",
     )
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                yield from _read_slice(client_config, row, timeout_s)
 
-    return plan.mapInArrow(read, RAW_SCHEMA)
+def _kafka_reader(kafka: KafkaConfig, timeout_s: float = 60) -> RangeReader:
+    return partial(_read_slice, kafka.client_config(), timeout_s=timeout_s)
+
+
+KAFKA = RawSource(_kafka_reader)
+
+
+def read_ranges(
+    spark: SparkSession, kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float = 60
+) -> DataFrame:
+    return RawSource(partial(_kafka_reader, timeout_s=timeout_s))(spark, kafka, ranges)
 
 
 def read_local(

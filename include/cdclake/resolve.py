@@ -263,6 +263,8 @@ def resolve_latest(
         F.max("lsn").alias("lsn_max"),
         # the last values a deleted row had in this batch (kept by soft deletes)
         F.max_by("after", F.when(F.col("after").isNotNull(), F.col("offset"))).alias("last_after"),
+        # the LSN of the change a latest tombstone follows (its delete)
+        F.max_by("lsn", F.when(~F.col("is_tombstone"), F.col("offset"))).alias("change_lsn"),
     ]
     toasty = toastable(schema) if toast else []
     for c in toasty:
@@ -301,7 +303,11 @@ def resolve_latest(
         F.when(F.col("r.is_tombstone"), F.lit("d")).otherwise(F.col("r.op")).alias(OP),
         F.timestamp_millis(F.col("r.source_ts_ms")).alias(SOURCE_TS),
         F.coalesce(F.col("r.lsn"), F.col("lsn_max")).alias(LSN),
-        F.col("r.lsn").alias(STALE_CHECK_LSN),
+        # a re-sent delete must not remove a newer row: a tombstone is checked with the
+        # LSN of its delete
+        F.when(F.col("r.is_tombstone"), F.col("change_lsn"))
+        .otherwise(F.col("r.lsn"))
+        .alias(STALE_CHECK_LSN),
         F.col("r.partition").alias(PARTITION),
         F.col("r.offset").alias(OFFSET),
         *flags,

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.reader import RAW_SCHEMA, SchemaIds, record_row
+from cdclake.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row
 
 from tests.debezium_records import key_record, value_record
 from tests.integration.helpers import make_pipeline
@@ -30,11 +30,27 @@ def raw_frame(spark, topic: str, records, start: int = 0):
     return spark.createDataFrame(rows, RAW_SCHEMA)
 
 
+def records_source(records, start: int = 0) -> RawSource:
+    """A source whose Spark tasks yield the reader's raw rows of `records` (key, value),
+    at offsets from `start`, as a Kafka range's reader does."""
+
+    def reader(r: dict):
+        rows = RawRows(r["topic"], r["partition"])
+        for off, (k, v) in enumerate(records, start):
+            if r["start"] <= off < r["end"]:
+                rows.add(off, 0, k, v)
+        yield rows.batch()
+
+    return RawSource(lambda kafka: reader)
+
+
 def load_one(spark, pipeline, name: str, raw, start: int, end: int):
-    """Run one batch of `raw` (offsets start..end of the pipeline's one table's topic)."""
+    """Run one batch of `raw` (offsets start..end of the pipeline's one table's topic): a
+    raw DataFrame, or a `RawSource`."""
     topic = pipeline.topic_for(pipeline.tables[0])
     plan = BatchPlan(pipeline.name, name, (OffsetRange(topic, 0, start, end),))
-    return run_batch(spark, pipeline, plan, read=lambda spark, kafka, ranges: raw)
+    read = raw if isinstance(raw, RawSource) else lambda spark, kafka, ranges: raw
+    return run_batch(spark, pipeline, plan, read=read)
 
 
 def lake_names(spark, pipeline) -> dict[int, str]:
@@ -98,18 +114,20 @@ def generate(rng: random.Random, steps: int, keys: int):
 @pytest.mark.parametrize(
     "seed, key_filter, resolve",
     [(0, False, "tasks"), (1, False, "tasks"), (2, False, "tasks"), (3, False, "tasks"),
-     (4, True, "tasks"), (5, True, "tasks"), (6, False, "spark"), (7, True, "spark")],
+     (4, True, "tasks"), (5, True, "tasks"), (6, False, "spark"), (7, True, "spark"),
+     (8, False, "ranges"), (9, False, "ranges"), (10, False, "ranges"), (11, True, "ranges")],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
     stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
     into a big table does. The batches (read by Spark, as big ones are) are resolved by
-    the Python code in tasks, and a batch with a truncate by the Spark SQL jobs; with
-    `resolve="spark"` every batch is."""
+    the Python code in tasks grouped by key, and a batch with a truncate by the Spark SQL
+    jobs; with `resolve="ranges"` they are read and resolved range by range, as a Kafka
+    source's are; with `resolve="spark"` every batch goes through the Spark SQL jobs."""
     import cdclake.job
 
-    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve == "tasks")
+    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve in ("ranges", "tasks"))
     used = set()
     filtered = []
     if key_filter:
@@ -129,7 +147,10 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
-        raw = raw_frame(spark, topic, records[start:end], start)
+        if resolve == "ranges":
+            raw = records_source(records[start:end], start)
+        else:
+            raw = raw_frame(spark, topic, records[start:end], start)
         used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
                                                      start, end))  # fmt: skip
         # after every batch the lake is the source as of the last record read: a re-sent
@@ -160,6 +181,40 @@ def _resent_batches(gone: str):
         [(key_record(1), v("c", None, item(1, "again"), lsn=140))],  # a real new insert
     ]
     return batches, [{2: "b"}, {2: "b"}, {2: "b"}, {1: "again", 2: "b"}]
+
+
+@pytest.mark.parametrize("resolve", ["ranges", "tasks", "spark"])
+def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
+    stack, spark, tmp_path, monkeypatch, resolve
+):
+    """The connector restarts and re-sends a delete (and its tombstone) of a key that was
+    inserted again after it: the batch's latest record of the key is the tombstone,
+    which is checked with the LSN of its delete, so the newer row stays."""
+    import cdclake.job
+
+    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve in ("ranges", "tasks"))
+    v = value_record
+    deleted = [(key_record(1), v("d", item(1, "a"), None, lsn=120)), (key_record(1), None)]
+    batches = [
+        [(key_record(1), v("c", None, item(1, "a"), lsn=110)), *deleted,
+         (key_record(1), v("c", None, item(1, "again"), lsn=130))],
+        deleted,  # re-sent after a restart
+    ]  # fmt: skip
+    name = f"it_redelete_{resolve}_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    topic = pipeline.topic_for(pipeline.tables[0])
+    start, used = 0, set()
+    for i, batch in enumerate(batches):
+        end = start + len(batch)
+        if resolve == "ranges":
+            raw = records_source(batch, start)
+        else:
+            raw = raw_frame(spark, topic, batch, start)
+        used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
+                                                     start, end))  # fmt: skip
+        assert lake_names(spark, pipeline) == {1: "again"}, f"after batch {i}"
+        start = end
+    assert used == {resolve}, used
 
 
 @pytest.mark.parametrize("gone", ["delete", "truncate"])

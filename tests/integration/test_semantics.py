@@ -75,7 +75,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
         [f"inventory.docs_{n}", {"source": f"inventory.events_{n}", "key": ["event_id"]}],
     )
     # in tasks, only the table keyed by its Kafka key (events has a configured key)
-    both = (resolve_in, "spark") if resolve_in == "tasks" else (resolve_in,)
+    both = (resolve_in, "spark") if resolve_in in ("ranges", "tasks") else (resolve_in,)
     assert_resolved_in(load_all(stack, spark, pipeline, "sem-1"), *both)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
@@ -107,7 +107,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
     results = load_all(stack, spark, pipeline, "sem-3")
     assert any(r.truncated for r in results)
     # a truncate needs the whole topic: not resolved in tasks grouped by key
-    assert_resolved_in(results, "spark" if resolve_in == "tasks" else resolve_in)
+    assert_resolved_in(results, "spark" if resolve_in in ("ranges", "tasks") else resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
 
@@ -299,7 +299,7 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path, r
     pipeline = make_pipeline(tmp_path, f"it_log_{n}", [t])
     # no key to group by: not resolved in tasks
     assert_resolved_in(load_all(stack, spark, pipeline, "log-1"),
-                       "spark" if resolve_in == "tasks" else resolve_in)  # fmt: skip
+                       "spark" if resolve_in in ("ranges", "tasks") else resolve_in)  # fmt: skip
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     rows = [
         (r["_cdc_op"], r["a"], r["note"], None if r["body"] is None else len(r["body"]))
@@ -343,7 +343,7 @@ def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_
     sql(stack, f"truncate {t}", f"insert into {t} values (10, 'after')")
     results = load_all(stack, spark, pipeline, "nothing-2")
     assert any(r.truncated for r in results)
-    assert_resolved_in(results, "spark" if resolve_in == "tasks" else resolve_in)
+    assert_resolved_in(results, "spark" if resolve_in in ("ranges", "tasks") else resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     assert [(r.id, r.body) for r in spark.table(lake_table).collect()] == [(10, "after")]
 

@@ -10,14 +10,13 @@ reads Kafka partitions: in parallel, split into the same slices.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from cdclake.bench.events import Workload, generate_slice
 from cdclake.offsets import OffsetRange
-from cdclake.reader import RAW_SCHEMA, RawRows, slice_ranges
-
-RawReader = Callable[..., object]  # (spark, kafka config, ranges) -> raw DataFrame
+from cdclake.reader import RawRows, RawSource
 
 
 def _file_name(topic: str, partition: int) -> str:
@@ -53,15 +52,6 @@ def recorded_ranges(directory: Path) -> list[OffsetRange]:
     return [OffsetRange(*r) for r in json.loads((directory / "ranges.json").read_text())]
 
 
-def _plan(spark, ranges: Sequence[OffsetRange]):
-    slices = slice_ranges(ranges)
-    rows = [(r.topic, r.partition, r.start, r.end) for r in slices]
-    return spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, max(1, len(rows))),
-        "topic string, partition int, start long, end long",
-    )
-
-
 def _raw_batch(cols: dict, rows: RawRows):
     """Recorded or generated columns -> the reader's raw rows (same code path)."""
     for offset, ts, key, value in zip(
@@ -71,20 +61,13 @@ def _raw_batch(cols: dict, rows: RawRows):
     return rows.batch()
 
 
-def file_reader(directory: Path) -> RawReader:
-    """A reader for `run_batch` that takes the records from a recording."""
-    where = str(directory)
+def file_reader(directory: Path) -> RawSource:
+    """A source for `run_batch` that takes the records from a recording."""
+    return RawSource(partial(_file_ranges, str(directory)))
 
-    def read(spark, kafka, ranges: Sequence[OffsetRange]):
-        def task(batches: Iterator) -> Iterator:
 
-            for batch in batches:
-                for r in batch.to_pylist():
-                    yield from _read_file_slice(where, r)
-
-        return _plan(spark, ranges).mapInArrow(task, RAW_SCHEMA)
-
-    return read
+def _file_ranges(where: str, kafka) -> Callable[[dict], Iterator]:
+    return partial(_read_file_slice, where)
 
 
 def _read_file_slice(where: str, r: dict) -> Iterator:
@@ -107,20 +90,17 @@ def _read_file_slice(where: str, r: dict) -> Iterator:
         first += rows
 
 
-def generated_reader(workload: Workload) -> RawReader:
-    """A reader that generates the workload's records inside the executors (for batches
+def generated_reader(workload: Workload) -> RawSource:
+    """A source that generates the workload's records inside the executors (for batches
     too big to record)."""
+    return RawSource(partial(_generated_ranges, workload))
 
-    def read(spark, kafka, ranges: Sequence[OffsetRange]):
-        def task(batches: Iterator) -> Iterator:
-            for batch in batches:
-                for r in batch.to_pylist():
-                    raw = RawRows(r["topic"], r["partition"])
-                    for cols in generate_slice(
-                        workload, r["topic"], r["partition"], r["start"], r["end"]
-                    ):
-                        yield _raw_batch(cols, raw)
 
-        return _plan(spark, ranges).mapInArrow(task, RAW_SCHEMA)
+def _generated_ranges(workload: Workload, kafka) -> Callable[[dict], Iterator]:
+    return partial(_generate_range, workload)
 
-    return read
+
+def _generate_range(workload: Workload, r: dict) -> Iterator:
+    raw = RawRows(r["topic"], r["partition"])
+    for cols in generate_slice(workload, r["topic"], r["partition"], r["start"], r["end"]):
+        yield _raw_batch(cols, raw)

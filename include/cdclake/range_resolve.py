@@ -1,0 +1,331 @@
+"""Big batches read and resolved in the same Spark tasks, one task per Kafka partition.
+
+Debezium keys each record by its row's primary key, and Kafka's partitioner sends every
+record of a key to one partition: all of a key's changes in a batch are then in one of
+its offset ranges. So a task can read a whole range, split and decode its records and
+fold each key's changes (`KeyFold`) as they come, holding each key's latest state only:
+its memory grows with the range's keys, not its records. Nothing of the raw records is
+cached, scanned or shuffled; only the resolved rows leave the task.
+
+The lake schema of a topic is learnt from its records, so a task returns its rows as
+Arrow IPC streams (`RANGE_SCHEMA`), with a summary of what it met. The driver reads the
+summaries (`accept`): a topic whose every range resolved, with one key schema and one
+value schema among them all, is unpacked into typed rows (`unpack`) and, when it has
+more than one range, checked for a key found in two of them (a repartitioned topic, or
+a producer routing records by something else than the key). Any other topic takes the
+general path: its raw records are read again, cached and scanned, and resolved in tasks
+grouped by key or by the Spark SQL jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cdclake.changes import DELETED, SOURCE_TS, TopicSchema, topic_schema
+from cdclake.driver_resolve import (
+    KeyFold,
+    Unsupported,
+    arrow_type,
+    check_key_types,
+    columns_ddl,
+    decode_records,
+    key_of,
+    result_columns,
+    row_decoders,
+    rows_table,
+)
+from cdclake.exceptions import CdclakeError
+from cdclake.reader import RangeReader
+from cdclake.resolve import TOAST_PREFIX, TRUNCATE, toastable
+from cdclake.scan import TOAST_TEXTS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# what a range task returns: rows of resolved rows (`data`, an Arrow IPC stream), then
+# one summary row (`meta`, JSON) per range
+RANGE_SCHEMA = "topic string, partition int, meta string, data binary"
+BLOB_ROWS = 2_000  # resolved rows per IPC stream
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """What a range task needs to know of its topic's table."""
+
+    topic: str
+    exclude: tuple[str, ...] = ()
+    known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
+
+
+@dataclass
+class RangeSummary:
+    """What one range task met. `reason` says why its topic must take the general path
+    (None when the range resolved)."""
+
+    topic: str
+    partition: int
+    records: int = 0
+    reason: str | None = None
+    key_schemas: list[tuple[int, str]] = field(default_factory=list)
+    value_schemas: list[tuple[int, str]] = field(default_factory=list)
+    counts: dict[bool, int] = field(default_factory=dict)  # resolved rows per deleted flag
+    max_source_ms: int | None = None
+    toast: bool = False  # a TOAST placeholder may be among the values (its text was seen)
+
+    def to_json(self) -> str:
+        out = self.__dict__ | {"counts": [[k, v] for k, v in self.counts.items()]}
+        return json.dumps(out)
+
+    @classmethod
+    def from_json(cls, text: str) -> RangeSummary:
+        data = json.loads(text)
+        data["counts"] = {bool(k): v for k, v in data["counts"]}
+        for side in ("key_schemas", "value_schemas"):
+            data[side] = [tuple(x) for x in data[side]]
+        return cls(**data)
+
+
+class RangeFold:
+    """The records of one offset range, folded batch by batch into each key's state."""
+
+    def __init__(self, plan: TopicPlan, partition: int) -> None:
+        self.plan = plan
+        self.summary = RangeSummary(plan.topic, partition)
+        self.schema: TopicSchema | None = None
+        self._texts: dict[str, dict[int, str]] = {"key": {}, "value": {}}
+        self._pending: list[pa.RecordBatch] = []  # read before a value schema was seen
+        self._decoders = None
+        self._toast_cols: list = []
+        self.states: dict[tuple, KeyFold] = {}
+
+    @property
+    def reason(self) -> str | None:
+        return self.summary.reason
+
+    def add(self, raw: pa.RecordBatch) -> bool:
+        """Fold the raw rows in; False once the range must take the general path."""
+        if self.reason is not None:
+            return False
+        self.summary.records += raw.num_rows
+        self._guarded(self._add, raw)
+        return self.reason is None
+
+    def _guarded(self, step, *args) -> None:
+        try:
+            step(*args)
+        except Unsupported as why:
+            self.summary.reason = str(why)
+        except CdclakeError as exc:  # e.g. a schema the lake cannot take
+            self.summary.reason = str(exc)
+
+    def _add(self, raw: pa.RecordBatch) -> None:
+        import pyarrow.compute as pc
+
+        if raw.column(raw.schema.get_field_index("error")).null_count != raw.num_rows:
+            raise Unsupported("a record that is not a JSON-with-schema envelope")
+        for side in ("key", "value"):
+            ids = raw.column(raw.schema.get_field_index(f"{side}_schema_id"))
+            texts = raw.column(raw.schema.get_field_index(f"{side}_schema"))
+            for sid, text in zip(ids.to_pylist(), texts.to_pylist(), strict=True):
+                if text is not None:
+                    self._texts[side].setdefault(sid, text)
+            seen = self._texts[side]
+            if len(seen) > 1:
+                raise Unsupported(f"{len(seen)} {side} schemas in one partition")
+            if ids.null_count != len(ids) and (
+                not seen or pc.any(pc.not_equal(ids, next(iter(seen)))).as_py()
+            ):
+                raise Unsupported(f"a {side} schema whose text the reader did not send")
+        payloads = raw.column(raw.schema.get_field_index("value_payload"))
+        for text in TOAST_TEXTS:
+            if not self.summary.toast and pc.any(pc.match_substring(payloads, text)).as_py():
+                self.summary.toast = True
+        if self.schema is None:
+            self._pending.append(raw)
+            if self._texts["value"]:
+                self._fold_pending()
+            return
+        self._fold(raw)
+
+    def _fold_pending(self) -> None:
+        """Start with the schemas seen and fold the batches held until then."""
+        self._start()
+        pending, self._pending = self._pending, []
+        for batch in pending:
+            self._fold(batch)
+
+    def _start(self) -> None:
+        keys, values = self._texts["key"], self._texts["value"]
+        if not keys:
+            raise Unsupported("the table has no key")
+        self.schema = topic_schema(list(keys.values()), list(values.values()), (),
+                                   self.plan.topic, self.plan.exclude, self.plan.known)  # fmt: skip
+        check_key_types(self.schema)
+        self._decoders = row_decoders(self.schema, keys, values)
+        self._toast_cols = toastable(self.schema)
+
+    def _fold(self, raw: pa.RecordBatch) -> None:
+        schema, states, toast_cols = self.schema, self.states, self._toast_cols
+        changes = decode_records(raw, schema, self._texts["key"], self._texts["value"],
+                                 self._decoders)  # fmt: skip
+        key_names = schema.key_names
+        for c in changes:
+            if c.op == TRUNCATE:
+                raise Unsupported(f"a truncate at offset {c.offset}")
+            key = key_of(c, key_names)
+            if c.is_tombstone and all(v is None for v in key):
+                continue  # a tombstone without key carries nothing
+            fold = states.get(key)
+            if fold is None:
+                fold = states[key] = KeyFold()
+            fold.add(c, toast_cols)
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """The resolved rows (IPC streams of up to `BLOB_ROWS` rows), then the summary."""
+
+        summary = self.summary
+        if summary.reason is None and self.schema is None:
+            if not self._pending:
+                summary.reason = "no records"
+            else:  # only tombstones: they delete rows of the columns the lake has
+                self._guarded(self._fold_pending)
+        if summary.reason is None:
+            summary.key_schemas = list(self._texts["key"].items())
+            summary.value_schemas = list(self._texts["value"].items())
+            toast_cols = self._toast_cols if summary.toast else []
+            columns = result_columns(self.schema, True, summary.toast)
+            rows: list[dict] = []
+            try:
+                while self.states:
+                    key, fold = self.states.popitem()
+                    if fold.r is None:
+                        continue
+                    row = fold.row(key, self.schema, toast_cols)
+                    rows.append(row)
+                    summary.counts[row[DELETED]] = summary.counts.get(row[DELETED], 0) + 1
+                    ts = row[SOURCE_TS]
+                    if ts is not None and (summary.max_source_ms is None
+                                           or ts // 1000 > summary.max_source_ms):  # fmt: skip
+                        summary.max_source_ms = ts // 1000
+                    if len(rows) == BLOB_ROWS or not self.states:
+                        yield self._out(_ipc(rows_table(rows, columns)))
+                        rows = []
+            except Unsupported as why:
+                summary.reason = str(why)
+        yield self._out(None, summary.to_json())
+
+    def _out(self, data: bytes | None, meta: str | None = None) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        return pa.RecordBatch.from_pydict(
+            {"topic": [self.plan.topic], "partition": [self.summary.partition],
+             "meta": [meta], "data": [data]},
+            schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                              ("meta", pa.string()), ("data", pa.binary())]),
+        )  # fmt: skip
+
+
+def _ipc(table: pa.Table) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
+    """A `mapInArrow` function over range rows (`reader.range_plan`): each range read
+    whole by `reader` and resolved (`RANGE_SCHEMA`). A range that must take the general
+    path stops reading at once and returns its summary only."""
+    plans = dict(plans)
+
+    def task(batches):
+        for batch in batches:
+            for r in batch.to_pylist():
+                fold = RangeFold(plans[r["topic"]], r["partition"])
+                records = reader(r)
+                try:
+                    for raw in records:
+                        if not fold.add(raw):
+                            break
+                finally:
+                    close = getattr(records, "close", None)
+                    if close is not None:
+                        close()
+                yield from fold.finish()
+
+    return task
+
+
+@dataclass(frozen=True)
+class AcceptedTopic:
+    """A topic whose ranges all resolved: its schemas (as `RawScan.schemas` gives them),
+    the rows' columns, and what the summaries add up to."""
+
+    schemas: dict[str, list[tuple[int, str]]]
+    columns: list[tuple[str, str]]  # (name, Spark type) of the resolved rows
+    key_names: tuple[str, ...]
+    toast: bool
+    counts: dict[bool, int]
+    max_source_ms: int | None
+    ranges: int
+
+    @property
+    def ddl(self) -> str:
+        return columns_ddl(self.columns)
+
+
+def accept(summaries: Sequence[RangeSummary], plan: TopicPlan) -> AcceptedTopic | str:
+    """The topic's ranges taken together, or why the topic takes the general path."""
+    for s in summaries:
+        if s.reason is not None:
+            return f"partition {s.partition}: {s.reason}"
+    keys = {sid: text for s in summaries for sid, text in s.key_schemas}
+    values = {sid: text for s in summaries for sid, text in s.value_schemas}
+    if len(keys) != 1 or len(values) > 1:
+        return f"{len(keys)} key and {len(values)} value schemas among the partitions"
+    schema = topic_schema(list(keys.values()), list(values.values()), (), plan.topic,
+                          plan.exclude, plan.known)  # fmt: skip
+    toast = any(s.toast for s in summaries)
+    counts: dict[bool, int] = {}
+    for s in summaries:
+        for deleted, n in s.counts.items():
+            counts[deleted] = counts.get(deleted, 0) + n
+    stamps = [s.max_source_ms for s in summaries if s.max_source_ms is not None]
+    return AcceptedTopic(
+        {"key": list(keys.items()), "value": list(values.items())},
+        result_columns(schema, True, toast), schema.key_names, toast, counts,
+        max(stamps) if stamps else None, len(summaries),
+    )  # fmt: skip
+
+
+def unpack_task(columns: Sequence[tuple[str, str]]):
+    """A `mapInArrow` function: the IPC streams of `data` -> the rows, of these (name,
+    Spark type) columns (TOAST flags a range did not carry, since it saw no placeholder,
+    are False)."""
+    columns = list(columns)
+
+    def task(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            for data in batch.column(0).to_pylist():
+                if data is None:
+                    continue
+                table = pa.ipc.open_stream(data).read_all()
+                arrays = []
+                for name, type_ in columns:
+                    if name in table.column_names:
+                        arrays.append(table[name])
+                    elif name.startswith(TOAST_PREFIX):
+                        arrays.append(pa.array([False] * table.num_rows, pa.bool_()))
+                    else:  # a range of tombstones only: its rows are deletes, no values
+                        arrays.append(pa.nulls(table.num_rows, arrow_type(type_)))
+                fields = [pa.field(n, arrow_type(t)) for n, t in columns]
+                yield from pa.Table.from_arrays(arrays, schema=pa.schema(fields)).to_batches()
+
+    return task
