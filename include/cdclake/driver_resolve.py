@@ -347,6 +347,82 @@ def _row_decoder(fields: Sequence[ConnectField], columns: Sequence[Column]):
     return decode
 
 
+_INT_TYPES = {"int8": _INT32, "int16": _INT32, "int32": _INT32, "int64": _INT64}
+
+
+def _typed_fields(fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """msgspec types of a row's fields, and the decoders of those it only parses: a
+    plain text, boolean, integer or double column is type-checked by msgspec as its
+    decoder would check it; any other is parsed as JSON and then decoded."""
+    from typing import Annotated
+
+    from msgspec import Meta
+
+    wanted = {c.name for c in columns}
+    types, later = {}, []
+    for f in fields:
+        if f.name not in wanted:
+            continue
+        kind = f.type if f.logical is None else None
+        if kind == "string":
+            types[f.name] = str | None
+        elif kind == "boolean":
+            types[f.name] = bool | None
+        elif kind in _INT_TYPES:
+            low, high = _INT_TYPES[kind]
+            types[f.name] = Annotated[int, Meta(ge=low, le=high)] | None
+        elif kind in ("float64", "double"):
+            types[f.name] = float | None
+        else:
+            types[f.name] = Any
+            later.append((f.name, decoder(f)))
+    return types, later
+
+
+class _Envelopes:
+    """A value schema's envelopes -> (after, before, op, source), the rows decoded.
+
+    msgspec parses an envelope straight into rows of checked types (`_typed_fields`), in
+    C; a payload it refuses (a value of another JSON type, NaN, ...) is parsed as plain
+    JSON and decoded field by field, which decides as always (`Unsupported`)."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column]) -> None:
+        self.generic = _row_decoder(fields, columns)
+        self.typed = None
+        if _DECODE is not None:
+            from typing import TypedDict
+
+            from msgspec.json import Decoder
+
+            types, self.later = _typed_fields(fields, columns)
+            row = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
+            sides = {"before": row | None, "after": row | None, "op": Any, "source": Any}
+            envelope = TypedDict("Envelope", sides, total=False)  # type: ignore[misc]  # noqa: UP013
+            self.typed = Decoder(envelope).decode
+
+    def __call__(self, text: str, where: str):
+        if self.typed is not None:
+            try:
+                envelope = self.typed(text)
+            except _DECODE_ERRORS:
+                envelope = None
+            if envelope is not None:
+                after, before = envelope.get("after"), envelope.get("before")
+                if self.later:
+                    for row in (after, before):
+                        if row is not None:
+                            for name, fn in self.later:
+                                value = row.get(name)
+                                if value is not None:
+                                    row[name] = fn(value)
+                return after, before, envelope.get("op"), envelope.get("source")
+        envelope = _json(text, where)
+        if not isinstance(envelope, dict):
+            raise Unsupported(f"{where}: value is not an envelope")
+        return (self.generic(envelope.get("after")), self.generic(envelope.get("before")),
+                envelope.get("op"), envelope.get("source"))  # fmt: skip
+
+
 # ---- records ---------------------------------------------------------------------------
 
 
@@ -364,13 +440,14 @@ class _Change:
 
 
 def _fast_json():
-    """msgspec's JSON decoder (3× `json.loads` here), when installed."""
+    """msgspec's JSON decoder (3× `json.loads` here), when installed; its errors (a
+    payload it refuses, or one not of the expected types)."""
     try:
-        from msgspec import DecodeError
+        from msgspec import DecodeError, ValidationError
         from msgspec.json import Decoder
     except ImportError:
         return None, ()
-    return Decoder().decode, (DecodeError,)
+    return Decoder().decode, (DecodeError, ValidationError)
 
 
 _DECODE, _DECODE_ERRORS = _fast_json()
@@ -394,7 +471,7 @@ def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
                  value_schemas: Mapping[int, str]) -> tuple[dict, dict]:  # fmt: skip
     """The row decoders of each key and value schema (by id)."""
     values = {
-        sid: _row_decoder(value_row_fields(parse_connect_schema(text), "value"), schema.columns)
+        sid: _Envelopes(value_row_fields(parse_connect_schema(text), "value"), schema.columns)
         for sid, text in value_schemas.items()
     }
     keys = {sid: _row_decoder(parse_connect_schema(text).fields, schema.key)
@@ -429,16 +506,10 @@ def decode_records(
         change = _Change(partition, offset, bool(cols["is_tombstone"][i]), key,
                          None, None, None, None, None)  # fmt: skip
         if value_sid is not None:
-            envelope = _json(cols["value_payload"][i], where)
-            if not isinstance(envelope, dict):
-                raise Unsupported(f"{where}: value is not an envelope")
             decode = values.get(value_sid)
             if decode is None:
                 raise Unsupported(f"{where}: value schema {value_sid} is not among the batch's")
-            change.after = decode(envelope.get("after"))
-            change.before = decode(envelope.get("before"))
-            change.op = envelope.get("op")
-            source = envelope.get("source")
+            change.after, change.before, change.op, source = decode(cols["value_payload"][i], where)
             if source is not None and not isinstance(source, dict):
                 raise Unsupported(f"{where}: source is not a struct")
             source = source or {}
@@ -476,6 +547,11 @@ def _key_value(change: _Change, name: str):
 
 
 # ---- resolve ---------------------------------------------------------------------------
+
+
+# a TOAST placeholder as a value of each type `toastable` columns have (`_placeholder`)
+_PLACEHOLDERS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode(),
+                 "array<string>": [TOAST_PLACEHOLDER]}  # fmt: skip
 
 
 def _placeholder(value, column: Column) -> bool:
@@ -603,12 +679,13 @@ class KeyFold:
             return
         if self.after is None or c.offset > self.after.offset:
             self.after = c
+        real = self.real
         for col in toast_cols:
             value = after.get(col.name)
-            if value is not None and not _placeholder(value, col):
-                held = self.real.get(col.name)
+            if value is not None and value != _PLACEHOLDERS[col.type]:
+                held = real.get(col.name)
                 if held is None or c.offset > held[0]:
-                    self.real[col.name] = (c.offset, value)
+                    real[col.name] = (c.offset, value)
 
     def row(self, key: tuple, schema: TopicSchema, toast_cols: Sequence[Column] = ()) -> dict:
         """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
