@@ -179,7 +179,7 @@ def test_stage_seconds_sum_the_tables_and_take_the_batch_read_once():
     assert stages == {"read_s": 2.0, "state_s": 0.75, "resolve_s": 4.0, "write_s": 3.0,
                       "tables": 3, "parallel_tables": 4}  # fmt: skip
     line = render_stages({"fixed_overhead": {"stages": stages}})
-    assert "fixed_overhead: read and scan 2.0s" in line and "resolve 4.0s" in line
+    assert "fixed_overhead: read 2.0s" in line and "resolve 4.0s" in line
 
 
 SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory")]
@@ -226,7 +226,8 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     # where the time went, from the tables' own timings
     stages = details["throughput"]["stages"]
     assert stages["tables"] == sizes.tables
-    assert stages["read_s"] > 0 and stages["resolve_s"] > 0 and stages["write_s"] > 0
+    # (the tables are resolved range by range while they are read: in `read_s`)
+    assert stages["read_s"] > 0 and stages["resolve_s"] >= 0 and stages["write_s"] > 0
 
     assert set(details["merge_scaling"]) == {"batch", *(f"rows_{n}_s" for n in sizes.merge_rows)}
     assert details["capture"]["rows"] == sizes.capture_rows

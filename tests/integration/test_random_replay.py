@@ -217,6 +217,35 @@ def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     assert used == {resolve}, used
 
 
+def test_a_key_in_two_partitions_is_read_again_and_resolved_by_key(stack, spark, tmp_path):
+    """Records of one key in two partitions (a topic given more partitions, or records
+    routed by something else than the key): each range alone would give the key a row,
+    so the topic is read again and resolved grouped by key; the later change wins."""
+    v = value_record
+    parts = {
+        0: [(key_record(1), v("c", None, item(1, "first"), lsn=110)),
+            (key_record(2), v("c", None, item(2, "two"), lsn=120))],
+        1: [(key_record(3), v("c", None, item(3, "three"), lsn=125)),
+            (key_record(1), v("u", None, item(1, "second"), lsn=130))],
+    }  # fmt: skip
+
+    def reader(r: dict):
+        rows = RawRows(r["topic"], r["partition"])
+        for off, (k, value) in enumerate(parts[r["partition"]]):
+            if r["start"] <= off < r["end"]:
+                rows.add(off, 0, k, value)
+        yield rows.batch()
+
+    name = f"it_twoparts_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    topic = pipeline.topic_for(pipeline.tables[0])
+    ranges = tuple(OffsetRange(topic, p, 0, len(recs)) for p, recs in parts.items())
+    (result,) = run_batch(spark, pipeline, BatchPlan(pipeline.name, f"{name}-0", ranges),
+                          read=RawSource(lambda kafka: reader))  # fmt: skip
+    assert result.resolved_by == "tasks" and result.upserts == 3
+    assert lake_names(spark, pipeline) == {1: "second", 2: "two", 3: "three"}
+
+
 @pytest.mark.parametrize("gone", ["delete", "truncate"])
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(

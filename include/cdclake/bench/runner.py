@@ -387,9 +387,10 @@ STAGES = ("state", "resolve", "write")
 
 
 def stage_seconds(tables: list[dict], parallel_tables: int) -> dict:
-    """Where a batch's time went, from its tables' `seconds`: the batch's read and raw
-    scan, then each table stage summed over the tables (they overlap when tables load
-    `parallel_tables` at a time)."""
+    """Where a batch's time went, from its tables' `seconds`: the batch's read (with its
+    raw scan, or the resolve of the tables resolved range by range), then each table
+    stage summed over the tables (they overlap when tables load `parallel_tables` at a
+    time)."""
     out = {"read_s": max((t["seconds"].get("read", 0.0) for t in tables), default=0.0)}
     for stage in STAGES:
         out[f"{stage}_s"] = round(sum(t["seconds"].get(stage, 0.0) for t in tables), 3)
@@ -407,7 +408,8 @@ def render_stages(details: dict) -> str:
             continue
         per_table = ", ".join(f"{s} {stages[f'{s}_s']:,.1f}s" for s in STAGES)
         lines.append(
-            f"{step}: read and scan {stages['read_s']:,.1f}s; summed over "
+            f"{step}: read {stages['read_s']:,.1f}s (with the raw scan, or the resolve "
+            f"range by range); summed over "
             f"{stages['tables']} tables ({stages['parallel_tables']} at a time): {per_table}"
         )
     return "\n".join(["", "where the time goes:", *lines]) if lines else ""

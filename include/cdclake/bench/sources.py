@@ -1,10 +1,11 @@
 """Benchmark inputs for the load job: raw Kafka records from a recorded file, or generated
-inside the executors, as the same raw DataFrame `reader.read_ranges` makes from Kafka.
+inside the executors, as `RawSource`s like the Kafka one (`reader.KAFKA`): the same raw
+rows, read the same ways (in slices, or a range per task to resolve it whole).
 
 A recording is a directory with one Parquet file per topic-partition (columns offset,
 timestamp, key, value; row groups in offset order) and `ranges.json`, the offset ranges
-it holds. Each Spark task reads one slice of one file, so the job reads files the way it
-reads Kafka partitions: in parallel, split into the same slices.
+it holds. Each Spark task reads one slice or range of one file, so the job reads files
+the way it reads Kafka partitions.
 """
 
 from __future__ import annotations

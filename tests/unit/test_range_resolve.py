@@ -1,0 +1,176 @@
+"""Ranges read and resolved whole in one task each (big batches) against the Spark jobs:
+the same rows once the ranges' results are put together, or the reason the topic must
+take the general path."""
+
+import pyarrow as pa
+import pytest
+from cdclake.range_resolve import (
+    BLOB_ROWS,
+    AcceptedTopic,
+    RangeFold,
+    RangeSummary,
+    TopicPlan,
+    accept,
+    range_task,
+    unpack_task,
+)
+from cdclake.reader import RawRows, arrow_frame
+from cdclake.resolve import TOAST_PREFIX
+
+from tests.debezium_records import ITEM_COLUMNS, key_record, value_record
+from tests.unit.test_driver_resolve import (
+    TOPIC,
+    both,
+    history,
+    item,
+    ordered,
+    raw_table,
+    same,
+)
+
+
+def range_rows(parts: dict[int, list], batch: int = 7):
+    """Run `range_task` over each partition of `parts` (records read `batch` at a time):
+    the task's output batches and the summaries."""
+
+    def reader(r: dict):
+        rows = RawRows(r["topic"], r["partition"])
+        for offset, (key, value) in enumerate(parts[r["partition"]]):
+            rows.add(offset, 1000 + offset, key, value)
+            if len(rows) == batch:
+                yield rows.batch()
+        if len(rows):
+            yield rows.batch()
+
+    task = range_task(reader, {TOPIC: TopicPlan(TOPIC)})
+    plan = pa.RecordBatch.from_pylist(
+        [{"topic": TOPIC, "partition": p, "start": 0, "end": len(recs)}
+         for p, recs in parts.items()]
+    )  # fmt: skip
+    out = list(task(iter([plan])))
+    summaries = [RangeSummary.from_json(b.column(2)[0].as_py()) for b in out
+                 if b.column(2)[0].is_valid]  # fmt: skip
+    return out, summaries
+
+
+def unpacked(out, accepted: AcceptedTopic) -> pa.Table:
+    data = pa.RecordBatch.from_pydict({"data": [b.column(3)[0].as_py() for b in out]})
+    return pa.Table.from_batches(list(unpack_task(accepted.columns)(iter([data]))))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ranges_resolve_as_in_spark(spark, seed):
+    parts = history(seed, partitions=1 + seed % 2)
+    out, summaries = range_rows(parts)
+    assert len(summaries) == len(parts)
+    got = accept(summaries, TopicPlan(TOPIC))
+    spark_rows, _, local = both(spark, raw_table(parts))
+    if local.truncate is not None:
+        assert isinstance(got, str) and "truncate" in got, got
+        return
+    assert isinstance(got, AcceptedTopic), got
+    rows = unpacked(out, got)
+    assert sum(got.counts.values()) == rows.num_rows == len(spark_rows)
+    assert got.counts == local.counts and got.max_source_ms == local.max_source_ms
+    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+
+
+def test_a_key_folds_across_batches_and_streams_of_many_rows(spark):
+    """More keys than one IPC stream holds, each with changes in several read batches."""
+    records = []
+    for round_ in range(3):
+        op = "u" if round_ else "c"
+        for k in range(1, BLOB_ROWS + 50):
+            value = value_record(op, None, item(k, f"r{round_}"), lsn=k + round_ * 10**6)
+            records.append((key_record(k), value))
+    records.append((key_record(7), value_record("d", item(7, "r2"), None, lsn=10**7)))
+    records.append((key_record(7), None))
+    out, (summary,) = range_rows({0: records}, batch=999)
+    got = accept([summary], TopicPlan(TOPIC))
+    rows = unpacked(out, got).to_pylist()
+    assert len(out) == 3  # two IPC streams, then the summary
+    assert len(rows) == BLOB_ROWS + 49 and got.counts == {False: BLOB_ROWS + 48, True: 1}
+    names = {r["id"]: (r["name"], r["_cdc_deleted"]) for r in rows}
+    assert names[1] == ("r2", False) and names[7] == ("r2", True)
+
+
+def test_a_placeholder_in_one_range_gives_every_range_the_flags():
+    with_placeholder = item(1, "__debezium_unavailable_value")
+    parts = {
+        0: [(key_record(2), value_record("c", None, item(2, "two"), lsn=10))],
+        1: [(key_record(1), value_record("c", None, item(1, "one"), lsn=11)),
+            (key_record(1), value_record("u", None, with_placeholder, lsn=12))],
+    }  # fmt: skip
+    out, summaries = range_rows(parts)
+    assert [s.toast for s in sorted(summaries, key=lambda s: s.partition)] == [False, True]
+    got = accept(summaries, TopicPlan(TOPIC))
+    rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
+    assert rows[1]["name"] == "one" and rows[1][f"{TOAST_PREFIX}name"] is False
+    assert rows[2][f"{TOAST_PREFIX}name"] is False  # filled in for the range without
+
+
+@pytest.mark.parametrize(
+    "records, why",
+    [
+        ([(key_record(1), b"not an envelope")], "not a JSON-with-schema envelope"),
+        ([(None, value_record("c", None, item(1, "a"), lsn=1))], "no key"),
+        ([(key_record(1), value_record("c", None, item(1, "a"), lsn=1)),
+          (None, value_record("t", None, None, lsn=2))], "truncate"),
+        ([(key_record(1), value_record("c", None, {**item(1, "a"), "id": "one"}, lsn=1))],
+         "'id'"),
+    ],
+)  # fmt: skip
+def test_a_range_the_fold_cannot_take_stops_and_says_why(records, why):
+    out, (summary,) = range_rows({0: records})
+    assert summary.reason is not None and why in summary.reason, summary.reason
+    assert len(out) == 1  # the summary only
+    got = accept([summary], TopicPlan(TOPIC))
+    assert isinstance(got, str) and why in got
+
+
+def test_two_value_schemas_take_the_general_path():
+    extra = [*ITEM_COLUMNS, {"type": "int32", "optional": True, "field": "extra"}]
+    wider = value_record("c", None, {**item(2, "b"), "extra": 1}, lsn=2, columns=extra)
+    parts = {0: [(key_record(1), value_record("c", None, item(1, "a"), lsn=1))],
+             1: [(key_record(2), wider)]}  # fmt: skip
+    _, summaries = range_rows(parts)
+    assert all(s.reason is None for s in summaries)
+    got = accept(summaries, TopicPlan(TOPIC))
+    assert isinstance(got, str) and "2 value schemas" in got
+    _, (summary,) = range_rows({0: [parts[0][0], (key_record(2), wider)]})
+    assert "2 value schemas in one partition" in summary.reason
+
+
+def test_a_range_of_tombstones_only_resolves_to_nothing():
+    out, (summary,) = range_rows({0: [(key_record(1), None), (key_record(2), None)]})
+    assert summary.reason is None and summary.value_schemas == [] and summary.counts == {}
+    assert isinstance(accept([summary], TopicPlan(TOPIC)), AcceptedTopic)
+
+
+def test_the_reader_is_closed_when_the_range_stops_early():
+    closed = []
+
+    def reader(r: dict):
+        rows = RawRows(r["topic"], r["partition"])
+        try:
+            for offset in range(100):
+                rows.add(offset, 0, key_record(1), b"broken")
+                yield rows.batch()
+        finally:
+            closed.append(offset)
+
+    task = range_task(reader, {TOPIC: TopicPlan(TOPIC)})
+    plan = pa.RecordBatch.from_pylist([{"topic": TOPIC, "partition": 0, "start": 0, "end": 100}])
+    (out,) = list(task(iter([plan])))
+    assert "envelope" in RangeSummary.from_json(out.column(2)[0].as_py()).reason
+    assert closed == [0]  # stopped after the first batch
+
+
+def test_a_fold_reports_its_records():
+    fold = RangeFold(TopicPlan(TOPIC), 3)
+    rows = RawRows(TOPIC, 3)
+    rows.add(0, 0, key_record(1), value_record("c", None, item(1, "a"), lsn=1))
+    assert fold.add(rows.batch()) and fold.summary.records == 1
+    (last,) = list(fold.finish())[-1:]
+    summary = RangeSummary.from_json(last.column(2)[0].as_py())
+    assert (summary.partition, summary.counts, summary.reason) == (3, {False: 1}, None)
