@@ -549,12 +549,12 @@ def _key_value(change: _Change, name: str):
 # ---- resolve ---------------------------------------------------------------------------
 
 
-# a TOAST placeholder as a value of each type `toastable` columns have (`_placeholder`)
+# a TOAST placeholder as a value of each type `toastable` columns have (`is_placeholder`)
 _PLACEHOLDERS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode(),
                  "array<string>": [TOAST_PLACEHOLDER]}  # fmt: skip
 
 
-def _placeholder(value, column: Column) -> bool:
+def is_placeholder(value, column: Column) -> bool:
     """`toast_test`, with NULL as False."""
     if value is None:
         return False
@@ -624,7 +624,7 @@ def resolve_changes(
     groups: dict[tuple, list[_Change]] = {}
     for key, c in sorted(rows, key=lambda kc: (kc[1].partition, kc[1].offset)):
         groups.setdefault(key, []).append(c)
-    found = any(_placeholder(c.after.get(col.name), col)
+    found = any(is_placeholder(c.after.get(col.name), col)
                 for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
     if found and flags is False:
         raise Unsupported("a TOAST placeholder the raw scan did not see")
@@ -717,7 +717,7 @@ class KeyFold:
         for col in toast_cols:
             if col.name in keys:
                 continue
-            placeholder = _placeholder(row[col.name], col) and not deleted
+            placeholder = is_placeholder(row[col.name], col) and not deleted
             held = self.real.get(col.name)
             unresolved = placeholder and held is None
             if unresolved:
@@ -739,7 +739,7 @@ def changelog_rows(changes: Sequence[_Change], schema: TopicSchema) -> list[dict
         row: dict[str, Any] = {}
         for col in schema.columns:
             value = None if data is None else data.get(col.name)
-            if _placeholder(value, col):
+            if is_placeholder(value, col):
                 value = None if c.before is None else c.before.get(col.name)
             row[col.name] = value
         row[DELETED] = deleted

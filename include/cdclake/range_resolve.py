@@ -32,6 +32,7 @@ from cdclake.driver_resolve import (
     check_key_types,
     columns_ddl,
     decode_records,
+    is_placeholder,
     key_of,
     result_columns,
     row_decoders,
@@ -204,6 +205,8 @@ class RangeFold:
                     if fold.r is None:
                         continue
                     row = fold.row(key, self.schema, toast_cols)
+                    if not summary.toast and not row[DELETED]:
+                        _no_placeholder(row, self._toast_cols)
                     rows.append(row)
                     summary.counts[row[DELETED]] = summary.counts.get(row[DELETED], 0) + 1
                     ts = row[SOURCE_TS]
@@ -226,6 +229,15 @@ class RangeFold:
             schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
                               ("meta", pa.string()), ("data", pa.binary())]),
         )  # fmt: skip
+
+
+def _no_placeholder(row: dict, toast_cols) -> None:
+    """A row resolved without the TOAST flags (the text search saw no placeholder in the
+    range) must not carry one: it would be written as the value."""
+    for col in toast_cols:
+        if is_placeholder(row[col.name], col):
+            raise Unsupported(f"a TOAST placeholder in column {col.name!r} that the text "
+                              "search did not see")  # fmt: skip
 
 
 def _ipc(table: pa.Table) -> bytes:

@@ -15,7 +15,7 @@ from cdclake.range_resolve import (
     unpack_task,
 )
 from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import TOAST_PREFIX
+from cdclake.resolve import TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import ITEM_COLUMNS, key_record, value_record
 from tests.unit.test_driver_resolve import (
@@ -174,3 +174,18 @@ def test_a_fold_reports_its_records():
     (last,) = list(fold.finish())[-1:]
     summary = RangeSummary.from_json(last.column(2)[0].as_py())
     assert (summary.partition, summary.counts, summary.reason) == (3, {False: 1}, None)
+
+
+def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch):
+    import cdclake.range_resolve
+
+    monkeypatch.setattr(cdclake.range_resolve, "TOAST_TEXTS", ("(never in a payload)",))
+    records = [
+        (key_record(1), value_record("c", None, item(1, "one"), lsn=1)),
+        (key_record(1), value_record("u", None, item(1, TOAST_PLACEHOLDER), lsn=2)),
+    ]
+    out, (summary,) = range_rows({0: records})
+    assert summary.reason is not None and "did not see" in summary.reason, summary.reason
+    monkeypatch.undo()
+    out, (summary,) = range_rows({0: records})
+    assert summary.reason is None and summary.toast
