@@ -50,6 +50,11 @@ if TYPE_CHECKING:
 # one summary row (`meta`, JSON) per range
 RANGE_SCHEMA = "topic string, partition int, meta string, data binary"
 BLOB_ROWS = 2_000  # resolved rows per IPC stream
+# A range whose fold holds more keys than this (an initial snapshot: every record a new
+# key) stops and its topic takes the general path, whose tasks hold ~50,000 records
+# each: a task's memory stays bounded (a key's state is its latest row, ~5 KB of Python
+# objects for the connector's rows of ~1 KB of values).
+RANGE_KEYS = 100_000
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,8 @@ class RangeFold:
             if fold is None:
                 fold = states[key] = KeyFold()
             fold.add(c, toast_cols)
+        if len(states) > RANGE_KEYS:
+            raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (IPC streams of up to `BLOB_ROWS` rows), then the summary."""

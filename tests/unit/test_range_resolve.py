@@ -189,3 +189,16 @@ def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch):
     monkeypatch.undo()
     out, (summary,) = range_rows({0: records})
     assert summary.reason is None and summary.toast
+
+
+def test_a_range_with_too_many_keys_stops(monkeypatch):
+    """An initial snapshot makes every record a new key: the range's memory would grow
+    with its records, so it stops once it holds more than RANGE_KEYS keys."""
+    import cdclake.range_resolve
+
+    monkeypatch.setattr(cdclake.range_resolve, "RANGE_KEYS", 10)
+    records = [(key_record(k), value_record("r", None, item(k, "s"), lsn=None))
+               for k in range(1, 30)]  # fmt: skip
+    out, (summary,) = range_rows({0: records}, batch=7)
+    assert summary.reason == "more than 10 keys in one partition's range"
+    assert summary.records == 14 and len(out) == 1  # stopped after the second read batch
