@@ -555,16 +555,8 @@ _PLACEHOLDERS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode
 
 
 def is_placeholder(value, column: Column) -> bool:
-    """`toast_test`, with NULL as False."""
-    if value is None:
-        return False
-    if column.type == "string":
-        return value == TOAST_PLACEHOLDER
-    if column.type == "binary":
-        return value == TOAST_PLACEHOLDER.encode()
-    if column.type == "array<string>":
-        return len(value) == 1 and value[0] == TOAST_PLACEHOLDER
-    return False
+    """`toast_test`, with NULL as False (columns of other types hold no placeholder)."""
+    return value is not None and value == _PLACEHOLDERS.get(column.type)
 
 
 def last_truncate(changes: Sequence[_Change]) -> Truncate | None:
@@ -629,7 +621,7 @@ def resolve_changes(
     if found and flags is False:
         raise Unsupported("a TOAST placeholder the raw scan did not see")
     toast = found if flags is None else flags
-    toast_cols = [c for c in toasty if toast]
+    toast_cols = toasty if toast else []
     out = []
     for key, group in groups.items():
         fold = KeyFold()
@@ -714,9 +706,7 @@ class KeyFold:
             row[STALE_CHECK_LSN] = r.lsn
         row[PARTITION] = r.partition
         row[OFFSET] = r.offset
-        for col in toast_cols:
-            if col.name in keys:
-                continue
+        for col in toast_cols:  # `toastable` columns: never a key column
             placeholder = is_placeholder(row[col.name], col) and not deleted
             held = self.real.get(col.name)
             unresolved = placeholder and held is None

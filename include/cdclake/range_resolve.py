@@ -135,8 +135,10 @@ class RangeFold:
         for side in ("key", "value"):
             ids = raw.column(raw.schema.get_field_index(f"{side}_schema_id"))
             texts = raw.column(raw.schema.get_field_index(f"{side}_schema"))
-            for sid, text in zip(ids.to_pylist(), texts.to_pylist(), strict=True):
-                if text is not None:
+            if texts.null_count != len(texts):  # the reader sends a schema's text once
+                sent = pc.is_valid(texts)
+                for sid, text in zip(pc.filter(ids, sent).to_pylist(),
+                                     pc.filter(texts, sent).to_pylist(), strict=True):  # fmt: skip
                     self._texts[side].setdefault(sid, text)
             seen = self._texts[side]
             if len(seen) > 1:
@@ -193,7 +195,6 @@ class RangeFold:
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (IPC streams of up to `BLOB_ROWS` rows), then the summary."""
-
         summary = self.summary
         if summary.reason is None and self.schema is None:
             if not self._pending:
@@ -339,20 +340,20 @@ def unpack_task(columns: Sequence[tuple[str, str]]):
     def task(batches):
         import pyarrow as pa
 
+        schema = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns])
         for batch in batches:
             for data in batch.column(0).to_pylist():
                 if data is None:
                     continue
                 table = pa.ipc.open_stream(data).read_all()
                 arrays = []
-                for name, type_ in columns:
-                    if name in table.column_names:
-                        arrays.append(table[name])
-                    elif name.startswith(TOAST_PREFIX):
+                for f in schema:
+                    if f.name in table.column_names:
+                        arrays.append(table[f.name])
+                    elif f.name.startswith(TOAST_PREFIX):
                         arrays.append(pa.array([False] * table.num_rows, pa.bool_()))
                     else:  # a range of tombstones only: its rows are deletes, no values
-                        arrays.append(pa.nulls(table.num_rows, arrow_type(type_)))
-                fields = [pa.field(n, arrow_type(t)) for n, t in columns]
-                yield from pa.Table.from_arrays(arrays, schema=pa.schema(fields)).to_batches()
+                        arrays.append(pa.nulls(table.num_rows, f.type))
+                yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
 
     return task
