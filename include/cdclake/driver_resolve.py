@@ -23,10 +23,10 @@ import datetime as dt
 import json
 import math
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from cdclake.changes import (
     DELETED,
@@ -379,54 +379,112 @@ def _typed_fields(fields: Sequence[ConnectField], columns: Sequence[Column]):
     return types, later
 
 
-class _Envelopes:
-    """A value schema's envelopes -> (after, before, op, source), the rows decoded.
+# an envelope's source as the resolve reads it: other fields are skipped unparsed
+_Source = TypedDict("_Source", {"ts_ms": int | None, "lsn": int | None}, total=False)  # noqa: UP013
 
-    msgspec parses an envelope straight into rows of checked types (`_typed_fields`), in
-    C; a payload it refuses (a value of another JSON type, NaN, ...) is parsed as plain
-    JSON and decoded field by field, which decides as always (`Unsupported`)."""
 
-    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column]) -> None:
+class _Rows:
+    """The rows of one Connect schema's payloads, typed by msgspec: a plain text,
+    boolean, integer or double column is checked in C (`_typed_fields`), the others are
+    decoded after: those in `eager` at once (`finish`), the rest (`deferred`) only for
+    the changes whose values are written (`settle`); `generic` decodes a row parsed as
+    plain JSON field by field, which decides as always (`Unsupported`)."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
+                 eager: Collection[str] | None = None) -> None:  # fmt: skip
         self.generic = _row_decoder(fields, columns)
+        self.later, self.deferred, self.type = [], [], None
+        if _DECODE is not None:
+            types, later = _typed_fields(fields, columns)
+            self.type = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
+            for name, fn in later:
+                now = eager is None or name in eager
+                (self.later if now else self.deferred).append((name, fn))
+
+    def finish(self, row: dict | None, deferred: bool = False) -> dict | None:
+        """The row with its `eager` columns decoded (or its `deferred` ones)."""
+        if row is not None:
+            for name, fn in self.deferred if deferred else self.later:
+                value = row.get(name)
+                if value is not None:
+                    row[name] = fn(value)
+        return row
+
+
+class _Envelopes:
+    """A value schema's envelopes -> (after, before, op, source ts_ms, source lsn), the
+    rows decoded: msgspec parses an envelope straight into typed rows (`_Rows`) and a
+    source of integer `ts_ms` and `lsn`; a payload it refuses (a value of another JSON
+    type, NaN, ...) is parsed as plain JSON and decoded field by field."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
+                 eager: Collection[str] | None = None) -> None:  # fmt: skip
+        self.rows = _Rows(fields, columns, eager)
+        self.pending = self.rows if self.rows.deferred else None
         self.typed = None
         if _DECODE is not None:
-            from typing import TypedDict
+            import msgspec
 
-            from msgspec.json import Decoder
-
-            types, self.later = _typed_fields(fields, columns)
-            row = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
-            sides = {"before": row | None, "after": row | None, "op": Any, "source": Any}
-            envelope = TypedDict("Envelope", sides, total=False)  # type: ignore[misc]  # noqa: UP013
-            self.typed = Decoder(envelope).decode
+            row = self.rows.type
+            envelope = msgspec.defstruct("Envelope", [
+                ("before", row | None, None), ("after", row | None, None),
+                ("op", Any, None), ("source", _Source | None, None),
+            ])  # fmt: skip
+            self.typed = msgspec.json.Decoder(envelope).decode
 
     def __call__(self, text: str, where: str):
         if self.typed is not None:
             try:
-                envelope = self.typed(text)
+                e = self.typed(text)
             except _DECODE_ERRORS:
-                envelope = None
-            if envelope is not None:
-                after, before = envelope.get("after"), envelope.get("before")
-                if self.later:
-                    for row in (after, before):
-                        if row is not None:
-                            for name, fn in self.later:
-                                value = row.get(name)
-                                if value is not None:
-                                    row[name] = fn(value)
-                return after, before, envelope.get("op"), envelope.get("source")
+                e = None
+            if e is not None:
+                finish, source = self.rows.finish, e.source
+                after, before = finish(e.after), finish(e.before)
+                if source is None:
+                    return after, before, e.op, None, None, self.pending
+                return (after, before, e.op, source.get("ts_ms"), source.get("lsn"),
+                        self.pending)  # fmt: skip
         envelope = _json(text, where)
         if not isinstance(envelope, dict):
             raise Unsupported(f"{where}: value is not an envelope")
-        return (self.generic(envelope.get("after")), self.generic(envelope.get("before")),
-                envelope.get("op"), envelope.get("source"))  # fmt: skip
+        source = envelope.get("source")
+        if source is not None and not isinstance(source, dict):
+            raise Unsupported(f"{where}: source is not a struct")
+        source = source or {}
+        for name in ("ts_ms", "lsn"):
+            if source.get(name) is not None and type(source[name]) is not int:
+                raise Unsupported(f"{where}: source.{name} is not an integer")
+        generic = self.rows.generic
+        return (generic(envelope.get("after")), generic(envelope.get("before")),
+                envelope.get("op"), source.get("ts_ms"), source.get("lsn"), None)  # fmt: skip
+
+
+class _Keys:
+    """A key schema's payloads -> rows (`_Rows`), else parsed as plain JSON and decoded
+    field by field."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column]) -> None:
+        self.rows = _Rows(fields, columns)
+        self.typed = None
+        if _DECODE is not None:
+            from msgspec.json import Decoder
+
+            self.typed = Decoder(self.rows.type | None).decode
+
+    def __call__(self, text: str | None, where: str):
+        if self.typed is not None and text is not None:
+            try:
+                return self.rows.finish(self.typed(text))
+            except _DECODE_ERRORS:
+                pass
+        return self.rows.generic(_json(text, where))
 
 
 # ---- records ---------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Change:
     partition: int
     offset: int
@@ -437,6 +495,18 @@ class _Change:
     op: str | None
     source_ts_ms: int | None
     lsn: int | None
+    ident: tuple = ()  # the key's values: from its key, else its row after, else before
+    pending: Any = None  # the `_Rows` whose deferred columns are still to decode (`settle`)
+
+
+def settle(change: _Change) -> _Change:
+    """The change with every column of its rows decoded."""
+    rows = change.pending
+    if rows is not None:
+        change.pending = None
+        rows.finish(change.after, deferred=True)
+        rows.finish(change.before, deferred=True)
+    return change
 
 
 def _fast_json():
@@ -469,12 +539,17 @@ def _json(text: str | None, where: str):
 
 def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
                  value_schemas: Mapping[int, str]) -> tuple[dict, dict]:  # fmt: skip
-    """The row decoders of each key and value schema (by id)."""
+    """The row decoders of each key and value schema (by id). A value's key and
+    TOASTable columns are decoded at once, the others once the change is to be written
+    (`settle`): a change that a later one replaces never needs them."""
+    eager = {*schema.key_names, *(c.name for c in toastable(schema))}
     values = {
-        sid: _Envelopes(value_row_fields(parse_connect_schema(text), "value"), schema.columns)
+        sid: _Envelopes(
+            value_row_fields(parse_connect_schema(text), "value"), schema.columns, eager
+        )  # fmt: skip
         for sid, text in value_schemas.items()
     }
-    keys = {sid: _row_decoder(parse_connect_schema(text).fields, schema.key)
+    keys = {sid: _Keys(parse_connect_schema(text).fields, schema.key)
             for sid, text in key_schemas.items()}  # fmt: skip
     return keys, values
 
@@ -502,22 +577,17 @@ def decode_records(
         if key_sid is not None:
             if key_sid not in keys:
                 raise Unsupported(f"{where}: key schema {key_sid} is not among the batch's")
-            key = keys[key_sid](_json(cols["key_payload"][i], where))
+            key = keys[key_sid](cols["key_payload"][i], where)
         change = _Change(partition, offset, bool(cols["is_tombstone"][i]), key,
                          None, None, None, None, None)  # fmt: skip
         if value_sid is not None:
             decode = values.get(value_sid)
             if decode is None:
                 raise Unsupported(f"{where}: value schema {value_sid} is not among the batch's")
-            change.after, change.before, change.op, source = decode(cols["value_payload"][i], where)
-            if source is not None and not isinstance(source, dict):
-                raise Unsupported(f"{where}: source is not a struct")
-            source = source or {}
-            for name in ("ts_ms", "lsn"):
-                if source.get(name) is not None and type(source[name]) is not int:
-                    raise Unsupported(f"{where}: source.{name} is not an integer")
-            change.source_ts_ms, change.lsn = source.get("ts_ms"), source.get("lsn")
-        _check(change, key_names, where)
+            (change.after, change.before, change.op, change.source_ts_ms, change.lsn,
+             change.pending) = decode(cols["value_payload"][i], where)  # fmt: skip
+        change.ident = tuple([_key_value(change, k) for k in key_names])
+        _check(change, where)
         changes.append(change)
     return changes
 
@@ -525,17 +595,14 @@ def decode_records(
 _OPS = frozenset((*ROW_OPS, TRUNCATE))
 
 
-def _check(change: _Change, key_names: tuple[str, ...], where: str) -> None:
+def _check(change: _Change, where: str) -> None:
     """A record that `invalid_reason` would name is left to the Spark jobs."""
     if change.is_tombstone:
         return
     if not isinstance(change.op, str) or change.op not in _OPS:
         raise Unsupported(f"{where}: operation {change.op!r}")
-    if (
-        change.op != TRUNCATE
-        and key_names
-        and all(_key_value(change, k) is None for k in key_names)
-    ):
+    ident = change.ident
+    if change.op != TRUNCATE and ident and ident.count(None) == len(ident):
         raise Unsupported(f"{where}: record has no key")
 
 
@@ -552,6 +619,28 @@ def _key_value(change: _Change, name: str):
 # a TOAST placeholder as a value of each type `toastable` columns have (`is_placeholder`)
 _PLACEHOLDERS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode(),
                  "array<string>": [TOAST_PLACEHOLDER]}  # fmt: skip
+
+
+class ToastColumns:
+    """The `toastable` columns as `KeyFold.add` reads them: (name, placeholder) pairs,
+    and a getter of all their values of a row at once."""
+
+    __slots__ = ("pairs", "values", "marks")
+
+    def __init__(self, columns: Sequence[Column]) -> None:
+        from operator import itemgetter
+
+        self.pairs = tuple((c.name, _PLACEHOLDERS[c.type]) for c in columns)
+        names = [n for n, _ in self.pairs]
+        get = itemgetter(*names) if names else None
+        self.values = (lambda row: (get(row),)) if len(names) == 1 else get
+        self.marks = tuple({repr(p): p for _, p in self.pairs}.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.pairs)
+
+
+NO_TOAST = ToastColumns(())
 
 
 def is_placeholder(value, column: Column) -> bool:
@@ -592,11 +681,6 @@ def check_key_types(schema: TopicSchema) -> None:
             raise Unsupported(f"key column {k.name!r} is {k.type}")
 
 
-def key_of(change: _Change, key_names: Sequence[str]) -> tuple:
-    """The change's key values, from its key, else its row after, else before."""
-    return tuple(_key_value(change, k) for k in key_names)
-
-
 def resolve_changes(
     changes: Sequence[_Change], schema: TopicSchema, flags: bool | None = None
 ) -> tuple[list[dict], Truncate | None, bool]:
@@ -606,10 +690,9 @@ def resolve_changes(
     check_key_types(schema)
     truncate = last_truncate(changes)
     toasty = toastable(schema)
-    key_names = schema.key_names
     rows = []
     for c in _after_truncate(changes, truncate):
-        key = key_of(c, key_names)
+        key = c.ident
         if c.is_tombstone and all(v is None for v in key):
             continue  # a tombstone without key carries nothing
         rows.append((key, c))
@@ -622,13 +705,13 @@ def resolve_changes(
         raise Unsupported("a TOAST placeholder the raw scan did not see")
     toast = found if flags is None else flags
     toast_cols = toasty if toast else []
-    out = []
+    out, toast_of, shape = [], ToastColumns(toast_cols), RowShape(schema, toast_cols)
     for key, group in groups.items():
         fold = KeyFold()
         for c in group:
-            fold.add(c, toast_cols)
+            fold.add(c, toast_of)
         if fold.r is not None:
-            out.append(fold.row(key, schema, toast_cols))
+            out.append(fold.row(key, shape))
     return out, truncate, toast
 
 
@@ -638,7 +721,7 @@ class KeyFold:
     tombstone goes with the change before it) and `resolve_latest` over the changes
     kept. Holds one key's latest state, not its changes."""
 
-    __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real")
+    __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real", "base")
 
     def __init__(self) -> None:
         self.seen: int | None = None  # the highest LSN of the key's changes so far
@@ -647,11 +730,15 @@ class KeyFold:
         self.lsn: int | None = None  # the highest LSN of the kept changes
         self.change: _Change | None = None  # the kept change (not tombstone), highest offset
         self.after: _Change | None = None  # the kept change with a row, highest offset
-        self.real: dict[str, tuple[int, Any]] = {}  # TOAST column -> (offset, real value)
+        # the last real value of each TOAST column: the one of highest offset among
+        # `real` (column -> (offset, value)) and `base`, the kept change of highest
+        # offset whose every TOAST column held a real value (most changes)
+        self.real: dict[str, tuple[int, Any]] = {}
+        self.base: _Change | None = None
 
-    def add(self, c: _Change, toast_cols: Sequence[Column] = ()) -> None:
-        """The next change of the key (Kafka order); `toast_cols`: the columns whose
-        last real value a TOAST placeholder takes."""
+    def add(self, c: _Change, toast: ToastColumns = NO_TOAST) -> None:
+        """The next change of the key (Kafka order); `toast`: the columns whose last
+        real value a TOAST placeholder takes."""
         stale = c.lsn is not None and self.seen is not None and c.lsn <= self.seen
         dropped = self.prev_stale if c.is_tombstone else stale
         self.prev_stale = stale
@@ -671,29 +758,53 @@ class KeyFold:
             return
         if self.after is None or c.offset > self.after.offset:
             self.after = c
-        real = self.real
-        for col in toast_cols:
-            value = after.get(col.name)
-            if value is not None and value != _PLACEHOLDERS[col.type]:
-                held = real.get(col.name)
-                if held is None or c.offset > held[0]:
-                    real[col.name] = (c.offset, value)
+            if not toast:
+                return
+            try:
+                values = toast.values(after)
+            except KeyError:  # a column the row does not have
+                values = None
+            if (values is not None and None not in values
+                    and not any(mark in values for mark in toast.marks)):  # fmt: skip
+                # every column's value is real, of the highest offset yet: it is each
+                # column's last real value
+                self.base = c
+                if self.real:
+                    self.real = {}
+                return
+        real, offset, base = self.real, c.offset, self.base
+        for name, placeholder in toast.pairs:
+            value = after.get(name)
+            if value is not None and value != placeholder:
+                held = real.get(name)
+                top = -1 if held is None else held[0]
+                if base is not None and base.offset > top:
+                    top = base.offset
+                if offset > top:
+                    real[name] = (offset, value)
 
-    def row(self, key: tuple, schema: TopicSchema, toast_cols: Sequence[Column] = ()) -> dict:
+    def _real(self, name: str):
+        """The last real value of a TOAST column, as (offset, value), or None."""
+        held, base = self.real.get(name), self.base
+        if base is not None and (held is None or base.offset > held[0]):
+            return base.offset, base.after[name]
+        return held
+
+    def row(self, key: tuple, shape: RowShape) -> dict:
         """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
-        `toast_cols` (the columns `add` was given)."""
+        the shape's columns (those `add` was given)."""
         r = self.r
         assert r is not None, "no change of the key was kept"
         deleted = r.is_tombstone or r.op == "d"
         if deleted:
-            after = None if self.after is None else self.after.after
+            after = None if self.after is None else settle(self.after).after
         else:
-            after = r.after
-        row: dict[str, Any] = {}
-        keys = dict(zip(schema.key_names, key, strict=True))
-        for col in schema.columns:
-            row[col.name] = keys[col.name] if col.name in keys else (
-                None if after is None else after.get(col.name))  # fmt: skip
+            after = settle(r).after
+        if after is None:
+            row = dict.fromkeys(shape.names)
+        else:
+            row = {name: after.get(name) for name in shape.names}
+        row.update(zip(shape.key_names, key, strict=True))
         row[DELETED] = deleted
         row[OP] = "d" if r.is_tombstone else r.op
         row[SOURCE_TS] = None if r.source_ts_ms is None else r.source_ts_ms * 1000
@@ -706,16 +817,29 @@ class KeyFold:
             row[STALE_CHECK_LSN] = r.lsn
         row[PARTITION] = r.partition
         row[OFFSET] = r.offset
-        for col in toast_cols:  # `toastable` columns: never a key column
-            placeholder = is_placeholder(row[col.name], col) and not deleted
-            held = self.real.get(col.name)
+        for name, mark, flag in shape.toast:  # `toastable` columns: never a key column
+            placeholder = not deleted and row[name] is not None and row[name] == mark
+            held = self._real(name) if placeholder else None
             unresolved = placeholder and held is None
             if unresolved:
-                row[col.name] = None
+                row[name] = None
             elif placeholder:
-                row[col.name] = held[1]
-            row[f"{TOAST_PREFIX}{col.name}"] = unresolved
+                row[name] = held[1]
+            row[flag] = unresolved
         return row
+
+
+class RowShape:
+    """What `KeyFold.row` writes: the schema's columns, its key, and the TOAST columns
+    whose flags it carries (name, placeholder, flag column)."""
+
+    __slots__ = ("names", "key_names", "toast")
+
+    def __init__(self, schema: TopicSchema, toast_cols: Sequence[Column] = ()) -> None:
+        self.names = tuple(c.name for c in schema.columns)
+        self.key_names = schema.key_names
+        self.toast = tuple((c.name, _PLACEHOLDERS[c.type], f"{TOAST_PREFIX}{c.name}")
+                           for c in toast_cols)  # fmt: skip
 
 
 def changelog_rows(changes: Sequence[_Change], schema: TopicSchema) -> list[dict]:
@@ -724,6 +848,7 @@ def changelog_rows(changes: Sequence[_Change], schema: TopicSchema) -> list[dict
     for c in changes:
         if c.is_tombstone:
             continue
+        settle(c)
         deleted = c.op == "d"
         data = c.before if deleted else (c.after if c.op != TRUNCATE else None)
         row: dict[str, Any] = {}

@@ -200,87 +200,95 @@ class _RangedTopic:
 
 
 def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
-    """The topics read and resolved range by range ({} when none is): one Spark job
-    reads every eligible topic's ranges, a task each, and resolves them; each topic
-    that resolved whole is then unpacked into typed rows (and, with more than one range,
-    checked for a key in two of them) before its raw results are dropped."""
-    from pyspark.sql import functions as F
-
+    """The topics read and resolved range by range ({} when none is): for each eligible
+    topic (as many at a time as tables are loaded), one Spark job reads its ranges, a
+    task each, and resolves them; a topic that resolved whole is then unpacked into typed
+    rows (and, with more than one range, checked for a key in two of them) before its
+    raw results are dropped."""
     source = KAFKA if read is None else read
     records = plan.total
     if (not RANGE_RESOLVE or not isinstance(source, RawSource)
             or (read is None and records <= DRIVER_READ_RECORDS)):  # fmt: skip
         return {}
     topics = {r.topic for r in plan.ranges}
-    plans, known = {}, {}
+    work = {}
     for table in pipeline.tables:
         topic = pipeline.topic_for(table)
         if topic not in topics or table.key:  # a configured key: grouped by Spark
             continue
         qualified = pipeline.qualified_target(table)
-        exists = spark.catalog.tableExists(qualified)
-        known[topic] = table_columns(spark, qualified) if exists else {}
-        plans[topic] = TopicPlan(topic, tuple(table.exclude), known[topic])
-    if not plans:
+        known = table_columns(spark, qualified) if spark.catalog.tableExists(qualified) else {}
+        work[topic] = (table, TopicPlan(topic, tuple(table.exclude), known))
+    if not work:
         return {}
-    ranges = [r for r in plan.ranges if r.topic in plans]
+    reader = source.open(pipeline.kafka)
     level = cache_level(records)
-    frame = (
-        range_plan(spark, ranges)
-        .mapInArrow(range_task(source.open(pipeline.kafka), plans), RANGE_SCHEMA)
+    done: dict[str, _RangedTopic] = {}
+
+    def resolve(topic: str) -> None:
+        table, topic_plan = work[topic]
+        ranges = [r for r in plan.ranges if r.topic == topic]
+        frame = (
+            range_plan(spark, ranges)
+            .mapInArrow(range_task(reader, {topic: topic_plan}), RANGE_SCHEMA)
+            .persist(level)
+        )
+        try:
+            got = _ranged_topic(spark, frame, table, topic_plan, level)
+            if got is not None:
+                done[topic] = got
+        finally:
+            frame.unpersist()
+
+    try:
+        _each(list(work), resolve, pipeline.parallel_tables)
+    except BaseException:
+        for topic in done.values():
+            topic.rows.unpersist()
+        raise
+    return done
+
+
+def _ranged_topic(spark, frame, table: TableConfig, plan: TopicPlan, level):
+    """A topic's range results (`frame`, persisted) -> its rows, persisted, or None
+    (the log says why) when it must take the general path."""
+    from pyspark.sql import functions as F
+
+    topic = plan.topic
+    metas = frame.where(F.col("meta").isNotNull()).select("meta").collect()
+    try:
+        got = accept([RangeSummary.from_json(r["meta"]) for r in metas], plan)
+    except CdclakeError as exc:
+        got = str(exc)
+    if isinstance(got, AcceptedTopic) and _misfits(table, topic, got.schemas, plan.known):
+        got = "a schema that does not fit the table's columns"
+    if isinstance(got, str):
+        log.info("%s: read again the general way: %s", topic, got)
+        return None
+    rows = (
+        frame.where(F.col("data").isNotNull())
+        .select("data")
+        .mapInArrow(unpack_task(got.columns), got.ddl)
         .persist(level)
     )
-    try:
-        summaries: dict[str, list[RangeSummary]] = {}
-        for r in frame.where(F.col("meta").isNotNull()).select("meta").collect():
-            summary = RangeSummary.from_json(r["meta"])
-            summaries.setdefault(summary.topic, []).append(summary)
-        accepted = {}
-        for table in pipeline.tables:
-            topic = pipeline.topic_for(table)
-            if topic not in plans:
-                continue
-            try:
-                got = accept(summaries.get(topic, []), plans[topic])
-            except CdclakeError as exc:
-                got = str(exc)
-            if isinstance(got, AcceptedTopic) and _misfits(table, topic, got.schemas, known[topic]):
-                got = "a schema that does not fit the table's columns"
-            if isinstance(got, str):
-                log.info("%s: read again the general way: %s", topic, got)
-                continue
-            accepted[topic] = got
-        done = {}
-
-        def unpack(topic: str) -> None:
-            got = accepted[topic]
-            rows = (
-                frame.where((F.col("topic") == topic) & F.col("data").isNotNull())
-                .select("data")
-                .mapInArrow(unpack_task(got.columns), got.ddl)
-                .persist(level)
-            )
-            if got.ranges > 1:
-                keys = [F.col(f"`{k}`") for k in got.key_names]
-                twice = rows.groupBy(*keys).count().where(F.col("count") > 1).limit(1).collect()
-                if twice:
-                    rows.unpersist()
-                    log.warning("%s: a key is in more than one partition; read again the "
-                                "general way", topic)  # fmt: skip
-                    return
-            else:
-                rows.count()  # kept before the ranges' results are dropped
-            done[topic] = _RangedTopic(got, rows, known[topic])
-
-        try:
-            _each(list(accepted), unpack, pipeline.parallel_tables)
-        except BaseException:
-            for topic in done.values():
-                topic.rows.unpersist()
-            raise
-        return done
-    finally:
-        frame.unpersist()
+    # counted (and kept) before the ranges' results are dropped
+    if got.ranges > 1:
+        keys = [F.col(f"`{k}`") for k in got.key_names]
+        per_key = rows.groupBy(*keys).count()
+        total, most = per_key.agg(F.sum("count"), F.max("count")).first()
+    else:
+        total, most = rows.count(), 1
+    resolved = sum(got.counts.values())
+    if (total or 0) != resolved:
+        rows.unpersist()
+        raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but {total or 0} "
+                           "were unpacked; nothing was written")  # fmt: skip
+    if most is not None and most > 1:
+        rows.unpersist()
+        log.warning("%s: a key is in more than one partition; read again the general way",
+                    topic)  # fmt: skip
+        return None
+    return _RangedTopic(got, rows, dict(plan.known))
 
 
 def _each(items: list, fn: Callable, threads: int) -> None:

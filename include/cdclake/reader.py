@@ -244,6 +244,7 @@ def _read_slice(
                     )
                 continue
             idle_since = time.monotonic()
+            got: tuple[list, list, list, list] = ([], [], [], [])
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -258,8 +259,10 @@ def _read_slice(
                     break
                 next_offset = offset + 1
                 key, value = msg.key(), msg.value()
-                rows.add(offset, msg.timestamp()[1], key, value)
+                for column, x in zip(got, (offset, msg.timestamp()[1], key, value), strict=True):
+                    column.append(x)
                 held += len(key or b"") + len(value or b"")
+            rows.add_many(*got)
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield rows.batch()
                 held = 0
@@ -302,12 +305,13 @@ def record_row(
 
 
 class RawRows:
-    """The raw rows of one reader task, gathered column by column into Arrow batches.
+    """The raw rows of one reader task, gathered into Arrow batches.
 
     A record whose key and value each have the schema of the last record that had one
     (nearly every record) is split by comparing the start of its bytes with that
     envelope's `{"schema":S,"payload":`, without building a row; others go through
-    `record_row`. Both give the same rows (a unit test checks them side by side)."""
+    `record_row`. `add_many` splits whole runs of such records with Arrow compute
+    functions. All give the same rows (unit tests check them side by side)."""
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
@@ -315,11 +319,14 @@ class RawRows:
         # per side: the envelope head of its last schema, and that schema's id
         self._head: dict[str, tuple[bytes, int] | None] = {"key": None, "value": None}
         self._cols: dict[str, list] = {name: [] for name in _COLUMNS}
+        self._done: list[pa.RecordBatch] = []  # batches of rows before those in `_cols`
+        self._rows = 0
 
     def __len__(self) -> int:
-        return len(self._cols["offset"])
+        return self._rows
 
     def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None) -> None:
+        self._rows += 1
         key_part = self._split(key, self._head["key"])
         value_part = self._split(value, self._head["value"]) if key_part is not None else None
         if key_part is None or value_part is None:
@@ -344,6 +351,78 @@ class RawRows:
         c["is_tombstone"].append(value is None)
         c["error"].append(None)
 
+    def add_many(self, offsets, timestamps, keys, values) -> None:
+        """`add` of each record, in order, from Arrow arrays (or lists): each run of
+        records that split with the last schemas is split by Arrow compute functions."""
+        import pyarrow as pa
+
+        offsets, timestamps = _array(offsets, pa.int64()), _array(timestamps, pa.int64())
+        keys, values = _array(keys, pa.binary()), _array(values, pa.binary())
+        start, n = 0, len(offsets)
+        while start < n:
+            end = self._run(keys, values, start)
+            if end > start:
+                self._add_run(offsets, timestamps, keys, values, start, end)
+                start = end
+            if start < n:  # a record of another schema (or no envelope): one at a time
+                self.add(offsets[start].as_py(), timestamps[start].as_py(),
+                         keys[start].as_py(), values[start].as_py())  # fmt: skip
+                start += 1
+
+    def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
+        """The end of the run of records from `start` that split with the last schemas."""
+        import pyarrow.compute as pc
+
+        ok = None
+        for side, data in (("key", keys), ("value", values)):
+            data = data.slice(start)
+            head = self._head[side]
+            if head is None:
+                fits = pc.is_null(data)
+            else:
+                fits = pc.and_kleene(pc.starts_with(data, pattern=head[0]),
+                                     pc.ends_with(data, pattern="}"))  # fmt: skip
+                fits = pc.fill_null(fits, True)  # no data: nothing to split
+            ok = fits if ok is None else pc.and_(ok, fits)
+        bad = pc.index(ok, False).as_py()
+        return len(keys) if bad < 0 else start + bad
+
+    def _add_run(self, offsets, timestamps, keys, values, start: int, end: int) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = end - start
+        cols: dict[str, pa.Array] = {
+            "topic": pa.array([self.topic] * n, pa.string()),
+            "partition": pa.array([self.partition] * n, pa.int32()),
+            "offset": offsets.slice(start, n),
+            "timestamp": timestamps.slice(start, n),
+        }
+        for side, data in (("key", keys), ("value", values)):
+            data = data.slice(start, n)
+            head = self._head[side]
+            cols[f"{side}_schema"] = pa.nulls(n, pa.string())
+            if head is None:  # every record of the run has no data on this side
+                cols[f"{side}_schema_id"] = pa.nulls(n, pa.int64())
+                cols[f"{side}_payload"] = pa.nulls(n, pa.string())
+                continue
+            valid = pc.is_valid(data)
+            cols[f"{side}_schema_id"] = pc.if_else(valid, pa.scalar(head[1], pa.int64()),
+                                                   pa.scalar(None, pa.int64()))  # fmt: skip
+            try:
+                payload = pc.binary_slice(data, len(head[0]), -1).cast(pa.string())
+            except pa.ArrowInvalid:  # not UTF-8: the records go one at a time
+                for i in range(start, end):
+                    self.add(offsets[i].as_py(), timestamps[i].as_py(), keys[i].as_py(),
+                             values[i].as_py())  # fmt: skip
+                return
+            cols[f"{side}_payload"] = payload
+        cols["is_tombstone"] = pc.is_null(values.slice(start, n))
+        cols["error"] = pa.nulls(n, pa.string())
+        self._flush()
+        self._done.append(pa.RecordBatch.from_pydict(cols, schema=_arrow_schema()))
+        self._rows += n
+
     @staticmethod
     def _split(data: bytes | None, head: tuple[bytes, int] | None):
         """(schema id, payload text) of a record side with the last schema ((None, None)
@@ -361,10 +440,31 @@ class RawRows:
         for name, values in self._cols.items():
             values.append(row[name])
 
+    def _flush(self) -> None:
+        """The rows in `_cols` into a batch of `_done`."""
+        import pyarrow as pa
+
+        if self._cols["offset"]:
+            self._done.append(pa.RecordBatch.from_pydict(self._cols, schema=_arrow_schema()))
+            self._cols = {name: [] for name in _COLUMNS}
+
     def batch(self) -> pa.RecordBatch:
         """The rows gathered since the last batch, as one Arrow batch."""
         import pyarrow as pa
 
-        out = pa.RecordBatch.from_pydict(self._cols, schema=_arrow_schema())
-        self._cols = {name: [] for name in _COLUMNS}
-        return out
+        self._flush()
+        done, self._done, self._rows = self._done, [], 0
+        if not done:
+            return pa.RecordBatch.from_pydict(self._cols, schema=_arrow_schema())
+        if len(done) == 1:
+            return done[0]
+        return pa.Table.from_batches(done).combine_chunks().to_batches()[0]
+
+
+def _array(values, kind):
+    """`values` as one Arrow array of `kind`."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    return values if isinstance(values, pa.Array) else pa.array(values, kind)

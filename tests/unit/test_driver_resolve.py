@@ -184,6 +184,25 @@ def test_a_history_resolves_to_the_expected_rows(spark):
     assert local.max_source_ms == 1_700_000_000_000
 
 
+def test_a_placeholder_takes_the_first_real_value_of_equal_offsets():
+    """A key in two partitions (which the range path hands to the reference): changes
+    at the same offset of each are taken in partition order, the first kept as `max`
+    by offset keeps it, for the latest change and for a placeholder's real value alike
+    (Spark's `max_by` takes either of such ties)."""
+    v = value_record
+    parts = {
+        0: [(key_record(1), v("c", None, item(1, "a"), lsn=100))],
+        1: [
+            (key_record(1), v("u", None, item(1, "b"), lsn=200)),
+            (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=300)),
+        ],
+    }
+    rows = raw_table(parts)
+    local = resolve_rows(rows, *topic_of(rows))
+    got = local.rows.to_pylist()
+    assert [(r["id"], r["name"], r[f"{TOAST_PREFIX}name"]) for r in got] == [(1, "a", False)]
+
+
 def test_a_truncate_drops_what_came_before(spark):
     v = value_record
     records = [

@@ -75,6 +75,22 @@ def test_ranges_resolve_as_in_spark(spark, seed):
     same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
+def test_a_range_that_starts_with_a_lone_tombstone_keeps_every_row(spark):
+    """The batch before ended between a delete and its tombstone: the range's first key
+    has no change to keep, and the rows of the other keys must all still be returned."""
+    v = value_record
+    records = [(key_record(99), None)]
+    records += [(key_record(i), v("c", None, item(i, f"n{i}"), lsn=100 + i)) for i in range(5)]
+    out, summaries = range_rows({0: records})
+    got = accept(summaries, TopicPlan(TOPIC))
+    assert isinstance(got, AcceptedTopic), got
+    rows = unpacked(out, got)
+    spark_rows, _, _ = both(spark, raw_table({0: records}))
+    assert sorted(rows.column("id").to_pylist()) == list(range(5)) == [r["id"] for r in spark_rows]
+    assert got.counts == {False: 5}
+    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+
+
 def test_a_key_folds_across_batches_and_streams_of_many_rows(spark):
     """More keys than one IPC stream holds, each with changes in several read batches."""
     records = []
@@ -202,3 +218,61 @@ def test_a_range_with_too_many_keys_stops(monkeypatch):
     out, (summary,) = range_rows({0: records}, batch=7)
     assert summary.reason == "more than 10 keys in one partition's range"
     assert summary.records == 14 and len(out) == 1  # stopped after the second read batch
+
+
+def _frame(spark, out):
+    from cdclake.range_resolve import RANGE_SCHEMA
+    from cdclake.spark import cache_level
+
+    return spark.createDataFrame([tuple(b.to_pylist()[0].values()) for b in out],
+                                 RANGE_SCHEMA).persist(cache_level(0))  # fmt: skip
+
+
+def test_the_job_takes_a_topic_only_when_its_rows_add_up(spark):
+    """The job counts a topic's unpacked rows against what its ranges resolved: a stream
+    gone missing stops the batch before anything is written; a key found in two
+    partitions sends the topic the general way."""
+    from cdclake.config import TableConfig
+    from cdclake.exceptions import CdclakeError
+    from cdclake.job import _ranged_topic
+    from cdclake.spark import cache_level
+
+    v, table, plan = value_record, TableConfig("public.items", "items"), TopicPlan(TOPIC)
+    level = cache_level(0)
+    records = [(key_record(k), v("c", None, item(k, "n"), lsn=100 + k)) for k in range(5)]
+    out, _ = range_rows({0: records, 1: records[:2]})
+    got = _ranged_topic(spark, _frame(spark, out), table, plan, level)
+    assert got is None  # keys 0 and 1 are in both partitions
+
+    out, _ = range_rows({0: records[:3], 1: records[3:]})
+    got = _ranged_topic(spark, _frame(spark, out), table, plan, level)
+    assert got is not None and got.rows.count() == 5
+    got.rows.unpersist()
+
+    streams = [b for b in out if b.column(3)[0].is_valid]
+    assert len(streams) == 2
+    with pytest.raises(CdclakeError, match="resolved 5 rows but 3 were unpacked"):
+        _ranged_topic(spark, _frame(spark, [b for b in out if b is not streams[1]]), table,
+                      plan, level)  # fmt: skip
+
+
+def test_the_placeholder_search_finds_what_match_substring_finds():
+    """The whole-buffer search of a batch's payloads against Arrow's `match_substring`:
+    slices, nulls, empty values, and halves of a needle at the end of one JSON value
+    and the start of the next (which must not count)."""
+    import pyarrow.compute as pc
+    from cdclake.range_resolve import holds_any
+    from cdclake.scan import TOAST_TEXTS
+
+    ph, b64 = TOAST_TEXTS
+    values = ['{"a":1}', None, "", f'{{"x":"{ph}"}}', f'{{"y":"{ph[:9]}"}}', f'{{"{ph[9:]}":0}}',
+              f'{{"b":"{b64}"}}', '{"z":2}', None]  # fmt: skip
+    for kind in (pa.string(), pa.large_string()):
+        full = pa.array(values, kind)
+        for lo in range(len(values)):
+            for hi in range(lo, len(values) + 1):
+                part = full.slice(lo, hi - lo)
+                want = any(pc.any(pc.match_substring(part, n)).as_py() for n in TOAST_TEXTS)
+                assert holds_any(part, TOAST_TEXTS) == bool(want), (kind, lo, hi)
+    assert holds_any(pa.array(values[4:6]), TOAST_TEXTS) is False
+    assert holds_any(pa.array([None, None], pa.string()), TOAST_TEXTS) is False

@@ -141,8 +141,10 @@ def _envelope(schema: bytes, payload: bytes) -> bytes:
     return b'{"schema":' + schema + b',"payload":' + payload + b"}"
 
 
-def test_raw_rows_equal_the_rows_of_record_row():
-    """The prefix shortcut must give exactly the general path's rows: schema switches
+@pytest.mark.parametrize("how", ["one by one", "lists", "arrow", "arrow in pieces"])
+def test_raw_rows_equal_the_rows_of_record_row(how):
+    """The prefix shortcut, record by record or over runs of records with Arrow compute
+    functions (`add_many`), must give exactly the general path's rows: schema switches
     and returns, tombstones, records without key, broken envelopes and bad UTF-8."""
     import pyarrow as pa
     from cdclake.reader import RawRows, SchemaIds, _arrow_schema, record_row
@@ -161,10 +163,27 @@ def test_raw_rows_equal_the_rows_of_record_row():
         (_envelope(k, b"7"), _envelope(a, b'{"op":"d"}')),
         (None, None),
         (_envelope(k, b"8"), _envelope(a, b'{"op":"u","note":",\\"payload\\":"}')),
+        (_envelope(k, b"9"), _envelope(a, b'{"op":"u"}')),
+        (_envelope(k, b"9"), None),
+        (None, _envelope(a, b'{"op":"c"}')),
+        (_envelope(k, b"10"), _envelope(a, b'{"op":"c","x":"\xc3\xa9"}')),
     ]
     rows = RawRows("t", 3)
-    for offset, (key, value) in enumerate(records):
-        rows.add(offset, 1000 + offset, key, value)
+    offsets = list(range(len(records)))
+    stamps = [1000 + o for o in offsets]
+    keys, values = [r[0] for r in records], [r[1] for r in records]
+    if how == "one by one":
+        for offset, (key, value) in enumerate(records):
+            rows.add(offset, 1000 + offset, key, value)
+    elif how == "lists":
+        rows.add_many(offsets, stamps, keys, values)
+    else:
+        cuts = [0, len(records)] if how == "arrow" else [0, 1, 2, 5, 9, 10, 14, len(records)]
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            rows.add_many(pa.array(offsets[lo:hi], pa.int64()), pa.array(stamps[lo:hi]),
+                          pa.chunked_array([pa.array(keys[lo:hi], pa.binary())]),
+                          pa.array(values[lo:hi], pa.binary()))  # fmt: skip
+    assert len(rows) == len(records)
     got = rows.batch()
     seen = SchemaIds()
     want = [record_row(seen, "t", 3, o, 1000 + o, key, value)

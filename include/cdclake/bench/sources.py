@@ -53,12 +53,10 @@ def recorded_ranges(directory: Path) -> list[OffsetRange]:
     return [OffsetRange(*r) for r in json.loads((directory / "ranges.json").read_text())]
 
 
-def _raw_batch(cols: dict, rows: RawRows):
-    """Recorded or generated columns -> the reader's raw rows (same code path)."""
-    for offset, ts, key, value in zip(
-        cols["offset"], cols["timestamp"], cols["key"], cols["value"], strict=True
-    ):
-        rows.add(offset, ts, key, value)
+def _raw_batch(cols, rows: RawRows):
+    """Recorded or generated columns (a dict of lists, or an Arrow table) -> the reader's
+    raw rows (same code path)."""
+    rows.add_many(cols["offset"], cols["timestamp"], cols["key"], cols["value"])
     return rows.batch()
 
 
@@ -87,7 +85,7 @@ def _read_file_slice(where: str, r: dict) -> Iterator:
             offsets = t["offset"].to_numpy()
             lo, hi = np.searchsorted(offsets, [r["start"], r["end"]])
             t = t.slice(lo, hi - lo)
-            yield _raw_batch(t.to_pydict(), raw)
+            yield _raw_batch(t, raw)
         first += rows
 
 
