@@ -16,11 +16,16 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 
 
+# below the kernel's ephemeral range (32768-60999 here): a client socket of another test
+# can take a port inside it at any moment
+PG_PORT = 25452
+
+
 def cli(state: Path, *args: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "CDCLAKE_STATE_DIR": str(state),
-        "CDCLAKE_PG_PORT": "55452",
+        "CDCLAKE_PG_PORT": str(PG_PORT),
         "CDCLAKE_KAFKA_PORT": "19112",
     }
     return subprocess.run([sys.executable, "-m", "cdclake", "local", *args], env=env,
@@ -46,9 +51,9 @@ def test_up_is_idempotent_status_lists_endpoints_and_down_leaves_nothing(tmp_pat
         first = cli(state, "up")
         assert first.returncode == 0, first.stderr[-3000:]
         status = json.loads(cli(state, "status", "--json").stdout)
-        assert status["postgres"]["dsn"].endswith("127.0.0.1:55452/postgres")
+        assert status["postgres"]["dsn"].endswith(f"127.0.0.1:{PG_PORT}/postgres")
         assert status["kafka"]["bootstrap"] == "127.0.0.1:19112"
-        assert status["catalog"]["uri"] == "jdbc:postgresql://127.0.0.1:55452/cdclake_catalog"
+        assert status["catalog"]["uri"] == f"jdbc:postgresql://127.0.0.1:{PG_PORT}/cdclake_catalog"
         assert status["catalog"]["warehouse"] == (state / "warehouse").as_uri()
         assert status["airflow"]["home"] == str(state / "airflow")
         assert all(status[p]["running"] for p in ("postgres", "kafka", "capture"))
@@ -73,9 +78,9 @@ def test_port_taken_by_another_process_is_named(tmp_path):
 
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", 55452))
+        squatter.bind(("127.0.0.1", PG_PORT))
         squatter.listen()
         res = cli(tmp_path / "other", "up")
     assert res.returncode == 2
-    assert "port 55452 is already in use" in res.stderr
+    assert f"port {PG_PORT} is already in use" in res.stderr
     assert processes_mentioning(str(tmp_path / "other")) == []
