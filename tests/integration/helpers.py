@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +66,7 @@ def concurrent_writes(dsn: str, table: str, low: int, high: int, seed: int) -> I
                 )
                 if rng.random() < 0.1:
                     conn.execute(f"delete from {table} where id = %s", (rng.randint(low, high),))
+                time.sleep(0.002)  # a steady stream the capture keeps up with, not a flood
 
     writer = threading.Thread(target=write)
     writer.start()

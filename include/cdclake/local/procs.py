@@ -116,7 +116,12 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, logfile: Path
         if check():
             return
         time.sleep(0.5)
-    tail = ""
-    if logfile is not None and logfile.exists():
-        tail = "\n" + "\n".join(logfile.read_text(errors="replace").splitlines()[-30:])
+    tail = log_tail(logfile) if logfile is not None else ""
     raise StackError(f"{what} was not ready after {timeout:.0f}s{tail}")
+
+
+def log_tail(logfile: Path, lines: int = 30) -> str:
+    """The last lines of a log, on lines of their own after a newline ("" if no log)."""
+    if not logfile.exists():
+        return ""
+    return "\n" + "\n".join(logfile.read_text(errors="replace").splitlines()[-lines:])

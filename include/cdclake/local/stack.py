@@ -21,7 +21,7 @@ from cdclake.exceptions import StackError
 from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
 from cdclake.local.broker import LocalBroker
 from cdclake.local.postgres import LocalPostgres
-from cdclake.local.procs import running, start_daemon, stop_daemon, wait_for
+from cdclake.local.procs import log_tail, running, start_daemon, stop_daemon, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -256,13 +256,22 @@ class LocalStack:
 
         Writes a transactional logical-decoding message and waits for it on the
         connector's message topic: everything committed before it was sent before it.
+        A capture working through a backlog may take longer than `timeout`: the wait
+        fails once the connector has read no WAL for `timeout` seconds, or after ten
+        times `timeout` in all.
         """
         from confluent_kafka import Consumer, TopicPartition
 
         marker = uuid.uuid4().hex
         topic = f"{prefix}.message" if prefix else self.s.message_topic
+        slot = f"cdclake_{prefix}" if prefix else self.s.slot_name
+        logfile = self.capture_log
+        if prefix:
+            logfile = self.s.state_dir / f"capture-{prefix}" / "capture.log"
         with psycopg.connect(self.source_dsn, autocommit=True) as conn:
-            conn.execute("select pg_logical_emit_message(true, 'cdclake.sync', %s)", (marker,))
+            (marker_lsn,) = conn.execute(
+                "select pg_logical_emit_message(true, 'cdclake.sync', %s)::text", (marker,)
+            ).fetchone()
         consumer = Consumer(
             {
                 "bootstrap.servers": self.broker.bootstrap,
@@ -270,26 +279,51 @@ class LocalStack:
                 "enable.auto.commit": False,
             }
         )
-        deadline = time.monotonic() + timeout
+        position = self._slot_position(slot)
+        moved = time.monotonic()
+        give_up = moved + 10 * timeout
         try:
-            while time.monotonic() < deadline:
+            while True:
                 md = consumer.list_topics(timeout=5).topics.get(topic)
                 if md is not None and not md.error:
                     break
+                if time.monotonic() - moved > timeout:
+                    raise StackError(f"topic {topic} never appeared")
                 time.sleep(0.5)
-            else:
-                raise StackError(f"topic {topic} never appeared")
-            parts = [TopicPartition(topic, p, 0) for p in md.partitions]
-            consumer.assign(parts)
-            while time.monotonic() < deadline:
+            consumer.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+            checked = time.monotonic()
+            while True:
                 msg = consumer.poll(1.0)
-                if msg is None or msg.error() or msg.value() is None:
+                if msg is not None and not msg.error() and msg.value() is not None:
+                    if any(form in msg.value() for form in _encodings(marker)):
+                        return
                     continue
-                if any(form in msg.value() for form in _encodings(marker)):
-                    return
-            raise StackError(f"capture did not deliver the sync marker within {timeout:.0f}s")
+                now = time.monotonic()
+                if now - checked < 5:
+                    continue
+                checked, seen = now, self._slot_position(slot)
+                if seen != position:
+                    position, moved = seen, now
+                elif now - moved > timeout or now > give_up:
+                    stalled = f"read no WAL for {timeout:.0f}s" if now <= give_up else "is slow"
+                    raise StackError(
+                        f"capture did not deliver the sync marker (WAL {marker_lsn}): slot "
+                        f"{slot} {stalled} (sent up to {position[1]}, confirmed "
+                        f"{position[0]}); see {logfile}{log_tail(logfile)}"
+                    )
         finally:
             consumer.close()
+
+    def _slot_position(self, slot: str) -> tuple[str | None, str | None]:
+        """The slot's confirmed flush LSN and how far its walsender has sent WAL."""
+        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "select s.confirmed_flush_lsn::text, r.sent_lsn::text "
+                "from pg_replication_slots s left join pg_stat_replication r "
+                "on r.pid = s.active_pid where s.slot_name = %s",
+                (slot,),
+            ).fetchone()
+        return (row[0], row[1]) if row else (None, None)
 
 
 def _encodings(text: str) -> tuple[bytes, ...]:
