@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_STATE = Path(os.environ.get("CDCLAKE_TEST_STATE_DIR", ROOT / ".cdclake" / "test"))
-PG_PORT = os.environ.get("CDCLAKE_TEST_PG_PORT", "55442")
+PG_PORT = os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")
 KAFKA_PORT = os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")
 
 # Set before anything imports Airflow (it reads AIRFLOW_HOME once) or loads a pipeline.

@@ -412,10 +412,10 @@ class _Rows:
 
 
 class _Envelopes:
-    """A value schema's envelopes -> (after, before, op, source ts_ms, source lsn), the
-    rows decoded: msgspec parses an envelope straight into typed rows (`_Rows`) and a
-    source of integer `ts_ms` and `lsn`; a payload it refuses (a value of another JSON
-    type, NaN, ...) is parsed as plain JSON and decoded field by field."""
+    """A value schema's envelopes: `typed` (msgspec) parses one straight into typed rows
+    (`_Rows`) and a source of integer `ts_ms` and `lsn`; a payload it refuses (a value of
+    another JSON type, NaN, ...) goes to `generic`, which parses it as plain JSON and
+    decodes it field by field into (after, before, op, source ts_ms, source lsn, None)."""
 
     def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
                  eager: Collection[str] | None = None) -> None:  # fmt: skip
@@ -432,19 +432,9 @@ class _Envelopes:
             ])  # fmt: skip
             self.typed = msgspec.json.Decoder(envelope).decode
 
-    def __call__(self, text: str, where: str):
-        if self.typed is not None:
-            try:
-                e = self.typed(text)
-            except _DECODE_ERRORS:
-                e = None
-            if e is not None:
-                finish, source = self.rows.finish, e.source
-                after, before = finish(e.after), finish(e.before)
-                if source is None:
-                    return after, before, e.op, None, None, self.pending
-                return (after, before, e.op, source.get("ts_ms"), source.get("lsn"),
-                        self.pending)  # fmt: skip
+    def generic(self, text: str, partition: int, offset: int):
+        """An envelope `typed` refused (`decode_records` calls `typed` itself)."""
+        where = _where(partition, offset)
         envelope = _json(text, where)
         if not isinstance(envelope, dict):
             raise Unsupported(f"{where}: value is not an envelope")
@@ -472,13 +462,19 @@ class _Keys:
 
             self.typed = Decoder(self.rows.type | None).decode
 
-    def __call__(self, text: str | None, where: str):
+    def __call__(self, text: str | None, partition: int, offset: int):
         if self.typed is not None and text is not None:
             try:
-                return self.rows.finish(self.typed(text))
+                row = self.typed(text)
             except _DECODE_ERRORS:
                 pass
-        return self.rows.generic(_json(text, where))
+            else:
+                return self.rows.finish(row) if self.rows.later else row
+        return self.rows.generic(_json(text, _where(partition, offset)))
+
+
+def _where(partition: int, offset: int) -> str:
+    return f"partition {partition} offset {offset}"
 
 
 # ---- records ---------------------------------------------------------------------------
@@ -562,52 +558,95 @@ def decode_records(
     decoders: tuple[dict, dict] | None = None,
 ) -> list[_Change]:
     """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
-    `decode_changes` makes them; every record must be one that can be applied.
-    `decoders` (from `row_decoders`) saves building them again for each call."""
+    `decode_changes` makes them; every record must be one that can be applied (a record
+    that `invalid_reason` would name is left to the Spark jobs). `decoders` (from
+    `row_decoders`) saves building them again for each call."""
     keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                         "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
-    key_names = schema.key_names
-    changes = []
-    for i, offset in enumerate(cols["offset"]):
-        partition = cols["partition"][i]
-        where = f"partition {partition} offset {offset}"
-        key_sid, value_sid = cols["key_schema_id"][i], cols["value_schema_id"][i]
+    ident = _identifier(schema.key_names)
+    changes: list[_Change] = []
+    append = changes.append
+    sid = decode = typed = plain = None
+    for partition, offset, tombstone, key_sid, key_text, value_sid, value_text in zip(
+        cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
+        cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
+    ):  # fmt: skip
         key = None
         if key_sid is not None:
-            if key_sid not in keys:
-                raise Unsupported(f"{where}: key schema {key_sid} is not among the batch's")
-            key = keys[key_sid](cols["key_payload"][i], where)
-        change = _Change(partition, offset, bool(cols["is_tombstone"][i]), key,
-                         None, None, None, None, None)  # fmt: skip
-        if value_sid is not None:
-            decode = values.get(value_sid)
-            if decode is None:
-                raise Unsupported(f"{where}: value schema {value_sid} is not among the batch's")
-            (change.after, change.before, change.op, change.source_ts_ms, change.lsn,
-             change.pending) = decode(cols["value_payload"][i], where)  # fmt: skip
-        change.ident = tuple([_key_value(change, k) for k in key_names])
-        _check(change, where)
-        changes.append(change)
+            decode_key = keys.get(key_sid)
+            if decode_key is None:
+                raise Unsupported(f"{_where(partition, offset)}: key schema {key_sid} is "
+                                  "not among the batch's")  # fmt: skip
+            key = decode_key(key_text, partition, offset)
+        if value_sid is None:
+            change = _Change(partition, offset, bool(tombstone), key,
+                             None, None, None, None, None, ident(key, None, None))  # fmt: skip
+        else:
+            if value_sid != sid:  # the envelopes' fast path, inlined (`_Envelopes`)
+                decode = values.get(value_sid)
+                if decode is None:
+                    raise Unsupported(f"{_where(partition, offset)}: value schema "
+                                      f"{value_sid} is not among the batch's")  # fmt: skip
+                sid, typed, plain = value_sid, decode.typed, not decode.rows.later
+            e = None
+            if typed is not None:
+                try:
+                    e = typed(value_text)
+                except _DECODE_ERRORS:
+                    pass
+            if e is not None:
+                after, before, op, source = e.after, e.before, e.op, e.source
+                if not plain:
+                    after, before = decode.rows.finish(after), decode.rows.finish(before)
+                ts = lsn = None
+                if source is not None:
+                    ts, lsn = source.get("ts_ms"), source.get("lsn")
+                pending = decode.pending
+            else:
+                after, before, op, ts, lsn, pending = decode.generic(value_text, partition, offset)
+            change = _Change(partition, offset, bool(tombstone), key, after, before, op,
+                             ts, lsn, ident(key, after, before), pending)  # fmt: skip
+        if not tombstone:
+            op = change.op
+            if op.__class__ is not str or op not in _OPS:
+                raise Unsupported(f"{_where(partition, offset)}: operation {op!r}")
+            values_of_key = change.ident
+            if (op != TRUNCATE and values_of_key
+                    and values_of_key.count(None) == len(values_of_key)):  # fmt: skip
+                raise Unsupported(f"{_where(partition, offset)}: record has no key")
+        append(change)
     return changes
 
 
 _OPS = frozenset((*ROW_OPS, TRUNCATE))
 
 
-def _check(change: _Change, where: str) -> None:
-    """A record that `invalid_reason` would name is left to the Spark jobs."""
-    if change.is_tombstone:
-        return
-    if not isinstance(change.op, str) or change.op not in _OPS:
-        raise Unsupported(f"{where}: operation {change.op!r}")
-    ident = change.ident
-    if change.op != TRUNCATE and ident and ident.count(None) == len(ident):
-        raise Unsupported(f"{where}: record has no key")
+def _identifier(names: Sequence[str]) -> Callable[[dict | None, dict | None, dict | None], tuple]:
+    """A function of a change's key, row after and row before to its key's values: each
+    from the key, else from the row after, else from the row before."""
+    if not names:
+        return lambda key, after, before: ()
+    from operator import itemgetter
+
+    get = itemgetter(*names)
+    one = len(names) == 1
+
+    def ident(key, after, before) -> tuple:
+        if key is not None:
+            try:
+                found = (get(key),) if one else get(key)
+            except KeyError:  # a key field missing from the payload
+                found = None
+            if found is not None and None not in found:
+                return found
+        return tuple([_first_value(name, key, after, before) for name in names])
+
+    return ident
 
 
-def _key_value(change: _Change, name: str):
-    for side in (change.key, change.after, change.before):
+def _first_value(name: str, *sides: dict | None):
+    for side in sides:
         if side is not None and side.get(name) is not None:
             return side[name]
     return None
@@ -625,7 +664,7 @@ class ToastColumns:
     """The `toastable` columns as `KeyFold.add` reads them: (name, placeholder) pairs,
     and a getter of all their values of a row at once."""
 
-    __slots__ = ("pairs", "values", "marks")
+    __slots__ = ("pairs", "values", "all_real")
 
     def __init__(self, columns: Sequence[Column]) -> None:
         from operator import itemgetter
@@ -634,7 +673,14 @@ class ToastColumns:
         names = [n for n, _ in self.pairs]
         get = itemgetter(*names) if names else None
         self.values = (lambda row: (get(row),)) if len(names) == 1 else get
-        self.marks = tuple({repr(p): p for _, p in self.pairs}.values())
+        marks = tuple({repr(p): p for _, p in self.pairs}.values())
+        if len(marks) == 1:  # one type of TOAST column (most tables)
+            mark = marks[0]
+            self.all_real = lambda values: None not in values and mark not in values
+        else:
+            self.all_real = lambda values: (
+                None not in values and not any(m in values for m in marks)
+            )
 
     def __bool__(self) -> bool:
         return bool(self.pairs)
@@ -705,7 +751,8 @@ def resolve_changes(
         raise Unsupported("a TOAST placeholder the raw scan did not see")
     toast = found if flags is None else flags
     toast_cols = toasty if toast else []
-    out, toast_of, shape = [], ToastColumns(toast_cols), RowShape(schema, toast_cols)
+    toast_of = ToastColumns(toast_cols)
+    out, shape = [], RowShape(schema, toast_of)
     for key, group in groups.items():
         fold = KeyFold()
         for c in group:
@@ -764,8 +811,7 @@ class KeyFold:
                 values = toast.values(after)
             except KeyError:  # a column the row does not have
                 values = None
-            if (values is not None and None not in values
-                    and not any(mark in values for mark in toast.marks)):  # fmt: skip
+            if values is not None and toast.all_real(values):
                 # every column's value is real, of the highest offset yet: it is each
                 # column's last real value
                 self.base = c
@@ -835,11 +881,10 @@ class RowShape:
 
     __slots__ = ("names", "key_names", "toast")
 
-    def __init__(self, schema: TopicSchema, toast_cols: Sequence[Column] = ()) -> None:
+    def __init__(self, schema: TopicSchema, toast: ToastColumns = NO_TOAST) -> None:
         self.names = tuple(c.name for c in schema.columns)
         self.key_names = schema.key_names
-        self.toast = tuple((c.name, _PLACEHOLDERS[c.type], f"{TOAST_PREFIX}{c.name}")
-                           for c in toast_cols)  # fmt: skip
+        self.toast = tuple((name, mark, f"{TOAST_PREFIX}{name}") for name, mark in toast.pairs)
 
 
 def changelog_rows(changes: Sequence[_Change], schema: TopicSchema) -> list[dict]:
@@ -966,11 +1011,20 @@ def resolve_rows(
     columns = result_columns(schema, keyed, toast)
     table = rows_table(out, columns)
     counts: dict[bool, int] = {}
-    for r in out:
-        counts[r[DELETED]] = counts.get(r[DELETED], 0) + 1
-    stamps = [r[SOURCE_TS] for r in out if r[SOURCE_TS] is not None]
-    return DriverResolved(table, columns_ddl(columns), truncate, counts,
-                          max(stamps) // 1000 if stamps else None, toast)  # fmt: skip
+    latest_ms = tally(out, counts, None)
+    return DriverResolved(table, columns_ddl(columns), truncate, counts, latest_ms, toast)
+
+
+def tally(rows: Sequence[dict], counts: dict[bool, int], latest_ms: int | None) -> int | None:
+    """Counts the resolved rows by their deleted flag into `counts`; returns the latest
+    source time (ms) among them and `latest_ms`."""
+    for r in rows:
+        deleted = r[DELETED]
+        counts[deleted] = counts.get(deleted, 0) + 1
+        ts = r[SOURCE_TS]
+        if ts is not None and (latest_ms is None or ts // 1000 > latest_ms):
+            latest_ms = ts // 1000
+    return latest_ms
 
 
 # ---- the same in Spark tasks, for batches the driver did not read -------------------------

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cdclake.changes import DELETED, SOURCE_TS, TopicSchema, topic_schema
+from cdclake.changes import DELETED, TopicSchema, topic_schema
 from cdclake.driver_resolve import (
     NO_TOAST,
     KeyFold,
@@ -39,6 +39,7 @@ from cdclake.driver_resolve import (
     result_columns,
     row_decoders,
     rows_table,
+    tally,
 )
 from cdclake.exceptions import CdclakeError
 from cdclake.reader import RangeReader
@@ -206,7 +207,7 @@ class RangeFold:
         if summary.reason is None:
             summary.key_schemas = list(self._texts["key"].items())
             summary.value_schemas = list(self._texts["value"].items())
-            shape = RowShape(self.schema, self._toast_cols if summary.toast else [])
+            shape = RowShape(self.schema, self._toast_of if summary.toast else NO_TOAST)
             columns = result_columns(self.schema, True, summary.toast)
             rows: list[dict] = []
             try:
@@ -217,13 +218,9 @@ class RangeFold:
                         if not summary.toast and not row[DELETED]:
                             _no_placeholder(row, self._toast_cols)
                         rows.append(row)
-                        deleted = row[DELETED]
-                        summary.counts[deleted] = summary.counts.get(deleted, 0) + 1
-                        ts = row[SOURCE_TS]
-                        if ts is not None and (summary.max_source_ms is None
-                                               or ts // 1000 > summary.max_source_ms):  # fmt: skip
-                            summary.max_source_ms = ts // 1000
                     if rows and (len(rows) == BLOB_ROWS or not self.states):
+                        summary.max_source_ms = tally(rows, summary.counts,
+                                                      summary.max_source_ms)  # fmt: skip
                         yield self._out(_ipc(rows_table(rows, columns)))
                         rows = []
             except Unsupported as why:

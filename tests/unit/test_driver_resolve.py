@@ -335,6 +335,25 @@ def test_what_spark_must_decide_is_left_to_it(value, why):
         resolve_rows(rows, schema, keys, values)
 
 
+def test_a_key_value_comes_from_the_key_then_the_row_after_then_before():
+    from cdclake.driver_resolve import _identifier
+
+    ident = _identifier(("a", "b"))
+    assert ident({"a": 1, "b": 2}, {"a": 7, "b": 8}, None) == (1, 2)
+    assert ident({"a": 1}, {"b": 3}, {"b": 4}) == (1, 3)  # a field missing from the key
+    assert ident({"a": 1, "b": None}, None, {"b": 4}) == (1, 4)
+    assert ident(None, None, None) == (None, None)
+    assert _identifier(("a",))({"a": 5}, None, None) == (5,)
+    assert _identifier(())(None, {"a": 1}, None) == ()
+
+
+def test_a_record_whose_key_holds_no_value_is_left_to_spark():
+    rows = raw_table({0: [(key_record(None), value_record("u", None, None, lsn=5))]})
+    schema, keys, values = topic_of(rows)
+    with pytest.raises(Unsupported, match="partition 0 offset 0: record has no key"):
+        resolve_rows(rows, schema, keys, values)
+
+
 def test_arrow_types_of_the_lake_types():
     assert arrow_type("decimal(10,2)") == pa.decimal128(10, 2)
     assert arrow_type("timestamp") == pa.timestamp("us", tz="UTC")
