@@ -34,6 +34,7 @@ from cdclake.driver_resolve import (
     arrow_type,
     check_key_types,
     columns_ddl,
+    cycles_uncollected,
     decode_records,
     is_placeholder,
     result_columns,
@@ -285,23 +286,16 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
     plans = dict(plans)
 
     def task(batches):
-        import gc
-
         for batch in batches:
             for r in batch.to_pylist():
                 fold = RangeFold(plans[r["topic"]], r["partition"])
                 records = reader(r)
-                # the keys' states are many long-lived objects without cycles: the cyclic
-                # collector would walk them all again and again (~15% of the time)
-                collecting = gc.isenabled()
-                gc.disable()
                 try:
-                    for raw in records:
-                        if not fold.add(raw):
-                            break
+                    with cycles_uncollected():  # the keys' states pile up as it reads
+                        for raw in records:
+                            if not fold.add(raw):
+                                break
                 finally:
-                    if collecting:
-                        gc.enable()
                     close = getattr(records, "close", None)
                     if close is not None:
                         close()
