@@ -191,10 +191,12 @@ def _decoded_row(parsed, fields: Sequence[ConnectField], columns: Sequence[Colum
     return F.when(parsed.isNull(), F.lit(None)).otherwise(F.struct(*parts))
 
 
-def _unfit_columns(parsed, decoded, fields: Sequence[ConnectField], columns: Sequence[Column]):
-    """Names of columns whose value was present (`parsed`) but did not survive decoding
-    (`decoded`: overflow, malformed text): such a record must fail or go to the dead
-    letters, never load NULL."""
+def _unfit_columns(present, decoded, fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """Names of columns whose value was in the payload (`present`: the row parsed with
+    every field as text, which any JSON value but null gives) but did not survive
+    parsing or decoding (`decoded`: a value of another JSON type, which `from_json`
+    turns into NULL, an overflow, malformed text): such a record must fail or go to the
+    dead letters, never load NULL."""
     from pyspark.sql import functions as F
 
     by_name = {f.name: f for f in fields}
@@ -203,7 +205,7 @@ def _unfit_columns(parsed, decoded, fields: Sequence[ConnectField], columns: Seq
         f = by_name.get(c.name)
         if f is None:
             continue
-        checks.append(F.when(parsed[f.name].isNotNull() & decoded[c.name].isNull(), F.lit(c.name)))
+        checks.append(F.when(present[f.name].isNotNull() & decoded[c.name].isNull(), F.lit(c.name)))
     if not checks:
         return F.array().cast("array<string>")
     return F.filter(F.array(*checks), lambda x: x.isNotNull())
@@ -233,6 +235,10 @@ def decode_changes(
         )
         cond = F.col("value_schema_id") == F.lit(sid)
         parsed_cols.append(F.when(cond, F.from_json(F.col("value_payload"), ddl)).alias(f"_v{i}"))
+        # the row after with every field as text: which values the payload holds
+        texts = ",".join(f"`{f.name}`:string" for f in fields)
+        present = F.from_json(F.col("value_payload"), f"struct<after:struct<{texts}>>")
+        parsed_cols.append(F.when(cond, present["after"]).alias(f"_a{i}"))
     for i, (sid, text) in enumerate(key_schemas.items()):
         fields = parse_connect_schema(text).fields
         cond = F.col("key_schema_id") == F.lit(sid)
@@ -277,7 +283,7 @@ def decode_changes(
     if key_cases is None:  # no Kafka key (table without primary key): a typed NULL
         key_type = ",".join(f"`{k.name}`:{k.type}" for k in key_cols)
         key_cases = F.lit(None).cast(f"struct<{key_type}>")
-    parsed_names = [f"_v{i}" for i in range(len(value_schemas))]
+    parsed_names = [f"_{side}{i}" for i in range(len(value_schemas)) for side in "va"]
     df = raw.select(
         "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
         "value_schema_id", *parsed_names,
@@ -289,8 +295,7 @@ def decode_changes(
     unfit = None
     for i, (sid, text) in enumerate(value_schemas.items()):
         fields = value_row_fields(parse_connect_schema(text), "value")
-        check = _unfit_columns(F.col(f"_v{i}")["after"], F.col("value.after"), fields,
-                               schema.columns)  # fmt: skip
+        check = _unfit_columns(F.col(f"_a{i}"), F.col("value.after"), fields, schema.columns)
         cond = F.col("value_schema_id") == F.lit(sid)
         unfit = F.when(cond, check) if unfit is None else unfit.when(cond, check)
     if unfit is None:

@@ -221,6 +221,16 @@ def test_value_that_does_not_fit_its_column_is_refused(spark):
         find_invalid(changes, schema, TOPIC)
 
 
+@pytest.mark.parametrize("field, value", [("day", "a day"), ("at", {"t": 1}), ("id", [1])])
+def test_value_of_another_json_type_is_refused_not_loaded_as_null(spark, field, value):
+    """`from_json` turns a field it cannot read as its type into NULL, keeping the rest.
+    (A field it reads as text takes any JSON scalar as its text: not checked here.)"""
+    wrong = {**item(1, "a"), field: value}
+    schema, changes = decode(spark, [(key_record(1), value_record("u", None, wrong))])
+    with pytest.raises(DecodeError, match=f"offset 0: value does not fit column.s. {field}$"):
+        find_invalid(changes, schema, TOPIC)
+
+
 def test_payload_not_matching_its_schema_is_refused(spark):
     good = value_record("c", None, item(1, "a"))
     broken = good.replace(b'"payload":{', b'"payload":[{', 1)[:-1] + b"]}"
