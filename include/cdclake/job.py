@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from cdclake.changes import (
@@ -196,7 +196,7 @@ class _RangedTopic:
 
     accepted: AcceptedTopic
     rows: object
-    known: dict[str, str]
+    known: Mapping[str, str]
 
 
 def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
@@ -288,7 +288,7 @@ def _ranged_topic(spark, frame, table: TableConfig, plan: TopicPlan, level):
         log.warning("%s: a key is in more than one partition; read again the general way",
                     topic)  # fmt: skip
         return None
-    return _RangedTopic(got, rows, dict(plan.known))
+    return _RangedTopic(got, rows, plan.known)
 
 
 def _each(items: list, fn: Callable, threads: int) -> None:

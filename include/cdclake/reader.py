@@ -244,7 +244,10 @@ def _read_slice(
                     )
                 continue
             idle_since = time.monotonic()
-            got: tuple[list, list, list, list] = ([], [], [], [])
+            offsets: list[int] = []
+            stamps: list[int] = []
+            keys: list[bytes | None] = []
+            values: list[bytes | None] = []
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -259,10 +262,12 @@ def _read_slice(
                     break
                 next_offset = offset + 1
                 key, value = msg.key(), msg.value()
-                for column, x in zip(got, (offset, msg.timestamp()[1], key, value), strict=True):
-                    column.append(x)
+                offsets.append(offset)
+                stamps.append(msg.timestamp()[1])
+                keys.append(key)
+                values.append(value)
                 held += len(key or b"") + len(value or b"")
-            rows.add_many(*got)
+            rows.add_many(offsets, stamps, keys, values)
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield rows.batch()
                 held = 0
