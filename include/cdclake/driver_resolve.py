@@ -411,6 +411,40 @@ class _Rows:
                     row[name] = fn(value)
         return row
 
+    def settle(self, change: _Change) -> None:
+        self.finish(change.after, deferred=True)
+        self.finish(change.before, deferred=True)
+
+
+class _Unparsed:
+    """A value schema's rows kept as raw JSON (`msgspec.Raw`) by `decode_records`'
+    headers-only decode, parsed and decoded whole (as `_Envelopes` would) when the
+    change is settled."""
+
+    __slots__ = ("rows", "typed")
+
+    def __init__(self, rows: _Rows) -> None:
+        from msgspec.json import Decoder
+
+        self.rows = rows
+        self.typed = Decoder(rows.type).decode
+
+    def settle(self, change: _Change) -> None:
+        change.after = self._row(change.after, change)
+        change.before = self._row(change.before, change)
+
+    def _row(self, raw, change: _Change) -> dict | None:
+        if raw is None:
+            return None
+        rows = self.rows
+        try:
+            row = self.typed(raw)
+        except _DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
+            return rows.generic(_json(bytes(raw).decode(), _where(change.partition,
+                                                                  change.offset)))  # fmt: skip
+        rows.finish(row)
+        return rows.finish(row, deferred=True)
+
 
 class _Envelopes:
     """A value schema's envelopes: `typed` (msgspec) parses one straight into typed rows
@@ -422,7 +456,7 @@ class _Envelopes:
                  eager: Collection[str] | None = None) -> None:  # fmt: skip
         self.rows = _Rows(fields, columns, eager)
         self.pending = self.rows if self.rows.deferred else None
-        self.typed = None
+        self.typed = self.header = self.unparsed = None
         if _DECODE is not None:
             import msgspec
 
@@ -432,6 +466,14 @@ class _Envelopes:
                 ("op", Any, None), ("source", _Source | None, None),
             ])  # fmt: skip
             self.typed = msgspec.json.Decoder(envelope).decode
+            # the operation and source only: the rows are kept as raw JSON (a JSON null
+            # as `NULL_ROW`) and decoded by `unparsed` when the change is settled
+            header = msgspec.defstruct("Header", [
+                ("before", msgspec.Raw, None), ("after", msgspec.Raw, None),
+                ("op", Any, None), ("source", _Source | None, None),
+            ])  # fmt: skip
+            self.header = msgspec.json.Decoder(header).decode
+            self.unparsed = _Unparsed(self.rows)
 
     def generic(self, text: str, partition: int, offset: int):
         """An envelope `typed` refused (`decode_records` calls `typed` itself)."""
@@ -493,7 +535,9 @@ class _Change:
     source_ts_ms: int | None
     lsn: int | None
     ident: tuple = ()  # the key's values: from its key, else its row after, else before
-    pending: Any = None  # the `_Rows` whose deferred columns are still to decode (`settle`)
+    # what decodes the rest of its rows when it is settled: a `_Rows` (deferred columns)
+    # or an `_Unparsed` (rows still raw JSON)
+    pending: Any = None
 
 
 def settle(change: _Change) -> _Change:
@@ -501,8 +545,7 @@ def settle(change: _Change) -> _Change:
     rows = change.pending
     if rows is not None:
         change.pending = None
-        rows.finish(change.after, deferred=True)
-        rows.finish(change.before, deferred=True)
+        rows.settle(change)
     return change
 
 
@@ -518,6 +561,8 @@ def _fast_json():
 
 
 _DECODE, _DECODE_ERRORS = _fast_json()
+# a row written as JSON null, as `_Envelopes.header` keeps it
+NULL_ROW = None if _DECODE is None else __import__("msgspec").Raw(b"null")
 
 
 def _json(text: str | None, where: str):
@@ -557,18 +602,27 @@ def decode_records(
     key_schemas: Mapping[int, str],
     value_schemas: Mapping[int, str],
     decoders: tuple[dict, dict] | None = None,
+    headers_only: bool = False,
 ) -> list[_Change]:
     """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
     `decode_changes` makes them; every record must be one that can be applied (a record
     that `invalid_reason` would name is left to the Spark jobs). `decoders` (from
-    `row_decoders`) saves building them again for each call."""
+    `row_decoders`) saves building them again for each call.
+
+    `headers_only`: each record's key, operation and source are decoded and checked,
+    but its rows are only parsed as far as to find their end and are decoded when the
+    change is settled (`settle`): a change that a later one replaces never is, so a
+    value that does not fit its column in such a change is never seen (as for the
+    deferred columns). A fold that never reads a change's rows (no TOAST columns to
+    follow) saves most of the decode this way."""
     keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                         "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
     ident = _identifier(schema.key_names)
     changes: list[_Change] = []
     append = changes.append
-    sid = decode = typed = plain = None
+    sid = decode = typed = plain = rest = None
+    unparsed = False  # the rows are kept raw (`headers_only`)
     for partition, offset, tombstone, key_sid, key_text, value_sid, value_text in zip(
         cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
         cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
@@ -589,7 +643,12 @@ def decode_records(
                 if decode is None:
                     raise Unsupported(f"{_where(partition, offset)}: value schema "
                                       f"{value_sid} is not among the batch's")  # fmt: skip
-                sid, typed, plain = value_sid, decode.typed, not decode.rows.later
+                sid = value_sid
+                unparsed = headers_only and decode.header is not None
+                if unparsed:
+                    typed, plain, rest = decode.header, True, decode.unparsed
+                else:
+                    typed, plain, rest = decode.typed, not decode.rows.later, decode.pending
             e = None
             if typed is not None:
                 try:
@@ -603,11 +662,20 @@ def decode_records(
                 ts = lsn = None
                 if source is not None:
                     ts, lsn = source.get("ts_ms"), source.get("lsn")
-                pending = decode.pending
+                if unparsed:
+                    after = None if after == NULL_ROW else after
+                    before = None if before == NULL_ROW else before
+                    change = _Change(partition, offset, bool(tombstone), key, after, before,
+                                     op, ts, lsn, ident(key, None, None), rest)  # fmt: skip
+                    if None in change.ident:  # the key lacks a value: look in the rows
+                        change.ident = ident(key, settle(change).after, change.before)
+                else:
+                    change = _Change(partition, offset, bool(tombstone), key, after, before,
+                                     op, ts, lsn, ident(key, after, before), rest)  # fmt: skip
             else:
                 after, before, op, ts, lsn, pending = decode.generic(value_text, partition, offset)
-            change = _Change(partition, offset, bool(tombstone), key, after, before, op,
-                             ts, lsn, ident(key, after, before), pending)  # fmt: skip
+                change = _Change(partition, offset, bool(tombstone), key, after, before, op,
+                                 ts, lsn, ident(key, after, before), pending)  # fmt: skip
         if not tombstone:
             op = change.op
             if op.__class__ is not str or op not in _OPS:

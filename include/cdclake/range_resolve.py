@@ -101,8 +101,14 @@ class RangeSummary:
 class RangeFold:
     """The records of one offset range, folded batch by batch into each key's state."""
 
-    def __init__(self, plan: TopicPlan, partition: int) -> None:
+    def __init__(self, plan: TopicPlan, partition: int, follow_toast: bool = False) -> None:
         self.plan = plan
+        # Until a TOAST placeholder's text is seen in the range, no key's fold needs its
+        # changes' rows: they are decoded only for the changes written (`headers_only`).
+        # A range that then meets one must be folded again from its start with every
+        # row decoded (`restart`), which `range_task` does.
+        self.follow_toast = follow_toast
+        self.restart = False
         self.summary = RangeSummary(plan.topic, partition)
         self.schema: TopicSchema | None = None
         self._texts: dict[str, dict[int, str]] = {"key": {}, "value": {}}
@@ -118,11 +124,11 @@ class RangeFold:
 
     def add(self, raw: pa.RecordBatch) -> bool:
         """Fold the raw rows in; False once the range must take the general path."""
-        if self.reason is not None:
+        if self.reason is not None or self.restart:
             return False
         self.summary.records += raw.num_rows
         self._guarded(self._add, raw)
-        return self.reason is None
+        return self.reason is None and not self.restart
 
     def _guarded(self, step, *args) -> None:
         try:
@@ -155,6 +161,9 @@ class RangeFold:
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
+            if not self.follow_toast:
+                self.restart = True
+                return
         if self.schema is None:
             self._pending.append(raw)
             if self._texts["value"]:
@@ -182,8 +191,11 @@ class RangeFold:
 
     def _fold(self, raw: pa.RecordBatch) -> None:
         schema, states, toast = self.schema, self.states, self._toast_of
+        lean = not self.follow_toast
         changes = decode_records(raw, schema, self._texts["key"], self._texts["value"],
-                                 self._decoders)  # fmt: skip
+                                 self._decoders, headers_only=lean)  # fmt: skip
+        if lean:
+            toast = NO_TOAST
         for c in changes:
             if c.op == TRUNCATE:
                 raise Unsupported(f"a truncate at offset {c.offset}")
@@ -200,6 +212,7 @@ class RangeFold:
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (IPC streams of up to `BLOB_ROWS` rows), then the summary."""
         summary = self.summary
+        assert not self.restart, "a range that met a TOAST placeholder is folded again"
         if summary.reason is None and self.schema is None:
             if not self._pending:
                 summary.reason = "no records"
@@ -288,20 +301,27 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
     def task(batches):
         for batch in batches:
             for r in batch.to_pylist():
-                fold = RangeFold(plans[r["topic"]], r["partition"])
-                records = reader(r)
-                try:
-                    with cycles_uncollected():  # the keys' states pile up as it reads
-                        for raw in records:
-                            if not fold.add(raw):
-                                break
-                finally:
-                    close = getattr(records, "close", None)
-                    if close is not None:
-                        close()
+                fold = _read_range(reader, r, RangeFold(plans[r["topic"]], r["partition"]))
+                if fold.restart:  # a TOAST placeholder: read again, following TOAST
+                    fold = RangeFold(plans[r["topic"]], r["partition"], follow_toast=True)
+                    fold = _read_range(reader, r, fold)
                 yield from fold.finish()
 
     return task
+
+
+def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
+    records = reader(r)
+    try:
+        with cycles_uncollected():  # the keys' states pile up as it reads
+            for raw in records:
+                if not fold.add(raw):
+                    break
+    finally:
+        close = getattr(records, "close", None)
+        if close is not None:
+            close()
+    return fold
 
 
 @dataclass(frozen=True)

@@ -109,10 +109,10 @@ def item(i, name, price="1.00", blob=b"\x01"):
     }  # fmt: skip
 
 
-def history(seed: int, partitions: int = 1) -> dict[int, list]:
+def history(seed: int, partitions: int = 1, toast: bool = True) -> dict[int, list]:
     """A random stream of changes to a few keys: creates, updates (some with TOAST
-    placeholders), deletes with and without tombstones, lone tombstones, re-sent records,
-    snapshot reads without LSN, and truncates."""
+    placeholders, unless `toast` is False), deletes with and without tombstones, lone
+    tombstones, re-sent records, snapshot reads without LSN, and truncates."""
     rnd = random.Random(seed)
     parts: dict[int, list] = {p: [] for p in range(partitions)}
     sent: list[tuple[int, tuple]] = []
@@ -122,8 +122,8 @@ def history(seed: int, partitions: int = 1) -> dict[int, list]:
         k = rnd.randint(1, 6)
         p = k % partitions
         roll = rnd.random()
-        name = rnd.choice(["a", "b", "ü", TOAST_PLACEHOLDER, None])
-        blob = rnd.choice([b"\x00\xff", TOAST_B64, None])
+        name = rnd.choice(["a", "b", "ü", TOAST_PLACEHOLDER if toast else "c", None])
+        blob = rnd.choice([b"\x00\xff", TOAST_B64 if toast else b"\x01", None])
         price = rnd.choice(["1.00", "-2.50", "99999999.99", None])
         if roll < 0.35:
             rec = (key_record(k), value_record("c", None, item(k, "new", price), lsn=lsn))

@@ -29,9 +29,8 @@ from tests.unit.test_driver_resolve import (
 )
 
 
-def range_rows(parts: dict[int, list], batch: int = 7):
-    """Run `range_task` over each partition of `parts` (records read `batch` at a time):
-    the task's output batches and the summaries."""
+def reader_of(parts: dict[int, list], batch: int):
+    """A range reader of the records of `parts`, `batch` at a time."""
 
     def reader(r: dict):
         rows = RawRows(r["topic"], r["partition"])
@@ -42,7 +41,13 @@ def range_rows(parts: dict[int, list], batch: int = 7):
         if len(rows):
             yield rows.batch()
 
-    task = range_task(reader, {TOPIC: TopicPlan(TOPIC)})
+    return reader
+
+
+def range_rows(parts: dict[int, list], batch: int = 7, reader=None):
+    """Run `range_task` over each partition of `parts` (records read `batch` at a time):
+    the task's output batches and the summaries."""
+    task = range_task(reader or reader_of(parts, batch), {TOPIC: TopicPlan(TOPIC)})
     plan = pa.RecordBatch.from_pylist(
         [{"topic": TOPIC, "partition": p, "start": 0, "end": len(recs)}
          for p, recs in parts.items()]
@@ -58,11 +63,15 @@ def unpacked(out, accepted: AcceptedTopic) -> pa.Table:
     return pa.Table.from_batches(list(unpack_task(accepted.columns)(iter([data]))))
 
 
+@pytest.mark.parametrize("toast", [True, False], ids=["placeholders", "none"])
 @pytest.mark.parametrize("seed", range(12))
-def test_ranges_resolve_as_in_spark(spark, seed):
-    parts = history(seed, partitions=1 + seed % 2)
+def test_ranges_resolve_as_in_spark(spark, seed, toast):
+    """Without placeholders a range is folded from its changes' headers alone; with
+    them, mostly again from its start once the first is met."""
+    parts = history(seed, partitions=1 + seed % 2, toast=toast)
     out, summaries = range_rows(parts)
     assert len(summaries) == len(parts)
+    assert toast or not any(s.toast for s in summaries)
     got = accept(summaries, TopicPlan(TOPIC))
     spark_rows, _, local = both(spark, raw_table(parts))
     if local.truncate is not None:
@@ -123,6 +132,40 @@ def test_a_placeholder_in_one_range_gives_every_range_the_flags():
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[1]["name"] == "one" and rows[1][f"{TOAST_PREFIX}name"] is False
     assert rows[2][f"{TOAST_PREFIX}name"] is False  # filled in for the range without
+
+
+def test_a_placeholder_met_late_folds_the_range_again_from_its_start(spark):
+    """The rows of a range are decoded only for the changes written, until a
+    placeholder's text is met: then the range is read again from its start, following
+    the TOAST columns, and the placeholder takes the value of a change read before it."""
+    v = value_record
+    records = [(key_record(k), v("c", None, item(k, f"first{k}"), lsn=10 + k)) for k in range(8)]
+    records += [(key_record(3), v("u", None, item(3, TOAST_PLACEHOLDER), lsn=50))]
+    reads = []
+
+    def counted(r: dict):
+        reads.append(r["partition"])
+        return reader_of({0: records}, 4)(r)
+
+    out, (summary,) = range_rows({0: records}, batch=4, reader=counted)
+    assert reads == [0, 0] and summary.toast and summary.records == len(records)
+    got = accept([summary], TopicPlan(TOPIC))
+    rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
+    assert rows[3]["name"] == "first3" and rows[3][f"{TOAST_PREFIX}name"] is False
+    spark_rows, _, _ = both(spark, raw_table({0: records}))
+    same(spark_rows, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
+
+
+def test_a_value_that_does_not_fit_is_seen_only_in_a_change_that_is_written():
+    """Rows are decoded for the changes written: a later change of the key replaces a
+    bad one; a bad one that is written stops the range."""
+    v = value_record
+    bad = v("u", None, {**item(1, "a"), "day": "many"}, lsn=2)
+    replaced = [(key_record(1), bad), (key_record(1), v("u", None, item(1, "b"), lsn=3))]
+    out, (summary,) = range_rows({0: replaced})
+    assert summary.reason is None and summary.counts == {False: 1}
+    out, (summary,) = range_rows({0: replaced[:1]})
+    assert summary.reason is not None and "day" in summary.reason, summary.reason
 
 
 @pytest.mark.parametrize(
