@@ -758,6 +758,11 @@ class ToastColumns:
 NO_TOAST = ToastColumns(())
 
 
+def placeholder_of(column: Column):
+    """A TOAST placeholder as a value of the column's type (None: it holds none)."""
+    return _PLACEHOLDERS.get(column.type)
+
+
 def is_placeholder(value, column: Column) -> bool:
     """`toast_test`, with NULL as False (columns of other types hold no placeholder)."""
     return value is not None and value == _PLACEHOLDERS.get(column.type)
@@ -905,33 +910,39 @@ class KeyFold:
             return base.offset, base.after[name]
         return held
 
+    def values(self) -> dict | None:
+        """The row the key's resolved values come from (decoded whole): the kept change's
+        row after, or for a deleted key the last kept row after (None: no such row)."""
+        r = self.r
+        assert r is not None, "no change of the key was kept"
+        if r.is_tombstone or r.op == "d":
+            return None if self.after is None else settle(self.after).after
+        return settle(r).after
+
+    def meta(self) -> tuple:
+        """The resolved row's `META` columns."""
+        r = self.r
+        if r.is_tombstone:
+            # a re-sent delete must not remove a newer row: a tombstone is checked with
+            # the LSN of its delete
+            stale = None if self.change is None else self.change.lsn
+        else:
+            stale = r.lsn
+        return (r.is_tombstone or r.op == "d", "d" if r.is_tombstone else r.op,
+                None if r.source_ts_ms is None else r.source_ts_ms * 1000,
+                r.lsn if r.lsn is not None else self.lsn, stale, r.partition, r.offset)  # fmt: skip
+
     def row(self, key: tuple, shape: RowShape) -> dict:
         """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
         the shape's columns (those `add` was given)."""
-        r = self.r
-        assert r is not None, "no change of the key was kept"
-        deleted = r.is_tombstone or r.op == "d"
-        if deleted:
-            after = None if self.after is None else settle(self.after).after
-        else:
-            after = settle(r).after
+        after = self.values()
         if after is None:
             row = dict.fromkeys(shape.names)
         else:
             row = {name: after.get(name) for name in shape.names}
         row.update(zip(shape.key_names, key, strict=True))
-        row[DELETED] = deleted
-        row[OP] = "d" if r.is_tombstone else r.op
-        row[SOURCE_TS] = None if r.source_ts_ms is None else r.source_ts_ms * 1000
-        row[LSN] = r.lsn if r.lsn is not None else self.lsn
-        # a re-sent delete must not remove a newer row: a tombstone is checked with the
-        # LSN of its delete
-        if r.is_tombstone:
-            row[STALE_CHECK_LSN] = None if self.change is None else self.change.lsn
-        else:
-            row[STALE_CHECK_LSN] = r.lsn
-        row[PARTITION] = r.partition
-        row[OFFSET] = r.offset
+        row.update(zip(META, self.meta(), strict=True))
+        deleted = row[DELETED]
         for name, mark, flag in shape.toast:  # `toastable` columns: never a key column
             placeholder = not deleted and row[name] is not None and row[name] == mark
             held = self._real(name) if placeholder else None
@@ -942,6 +953,27 @@ class KeyFold:
                 row[name] = held[1]
             row[flag] = unresolved
         return row
+
+
+# the columns of a resolved row after the table's, as `KeyFold.meta` gives them
+META = (DELETED, OP, SOURCE_TS, LSN, STALE_CHECK_LSN, PARTITION, OFFSET)
+
+
+def folds_table(folds: Sequence[tuple[tuple, KeyFold]], shape: RowShape,
+                columns: Sequence[tuple[str, str]]) -> pa.Table:  # fmt: skip
+    """The resolved rows of (key, fold) pairs as `rows_table` makes them of their
+    `KeyFold.row`s, built column by column; for a shape without TOAST flags."""
+    assert not shape.toast, "the TOAST flags take `KeyFold.row`"
+    values = [fold.values() for _, fold in folds]
+    data: dict[str, list] = {}
+    for name in shape.names:
+        data[name] = [None if v is None else v.get(name) for v in values]
+    for i, name in enumerate(shape.key_names):
+        data[name] = [key[i] for key, _ in folds]
+    metas = [fold.meta() for _, fold in folds]
+    for i, name in enumerate(META):
+        data[name] = [m[i] for m in metas]
+    return columns_table(data, columns)
 
 
 class RowShape:
@@ -1049,13 +1081,18 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
 
 def rows_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> pa.Table:
     """Rows (dicts) as an Arrow table of (name, Spark type) columns."""
+    return columns_table({name: [r[name] for r in rows] for name, _ in columns}, columns)
+
+
+def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) -> pa.Table:
+    """Columns' values (lists by name) as an Arrow table of (name, Spark type) columns."""
     import pyarrow as pa
 
     arrays, fields = [], []
     for name, type_ in columns:
         kind = arrow_type(type_)
         try:
-            arrays.append(pa.array([r[name] for r in rows], type=kind))
+            arrays.append(pa.array(data[name], type=kind))
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
         fields.append(pa.field(name, kind))
@@ -1081,7 +1118,7 @@ def resolve_rows(
     columns = result_columns(schema, keyed, toast)
     table = rows_table(out, columns)
     counts: dict[bool, int] = {}
-    latest_ms = tally(out, counts, None)
+    latest_ms = tally(table, counts, None)
     return DriverResolved(table, columns_ddl(columns), truncate, counts, latest_ms, toast)
 
 
@@ -1101,15 +1138,19 @@ def cycles_uncollected() -> Iterator[None]:
             gc.enable()
 
 
-def tally(rows: Sequence[dict], counts: dict[bool, int], latest_ms: int | None) -> int | None:
+def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> int | None:
     """Counts the resolved rows by their deleted flag into `counts`; returns the latest
     source time (ms) among them and `latest_ms`."""
-    for r in rows:
-        deleted = r[DELETED]
-        counts[deleted] = counts.get(deleted, 0) + 1
-        ts = r[SOURCE_TS]
-        if ts is not None and (latest_ms is None or ts // 1000 > latest_ms):
-            latest_ms = ts // 1000
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    deleted = pc.sum(table.column(DELETED)).as_py() or 0
+    for flag, n in ((False, table.num_rows - deleted), (True, deleted)):
+        if n:
+            counts[flag] = counts.get(flag, 0) + n
+    ts = pc.max(table.column(SOURCE_TS).cast(pa.int64())).as_py()
+    if ts is not None and (latest_ms is None or ts // 1000 > latest_ms):
+        latest_ms = ts // 1000
     return latest_ms
 
 

@@ -36,7 +36,9 @@ from cdclake.driver_resolve import (
     columns_ddl,
     cycles_uncollected,
     decode_records,
+    folds_table,
     is_placeholder,
+    placeholder_of,
     result_columns,
     row_decoders,
     rows_table,
@@ -223,20 +225,22 @@ class RangeFold:
             summary.value_schemas = list(self._texts["value"].items())
             shape = RowShape(self.schema, self._toast_of if summary.toast else NO_TOAST)
             columns = result_columns(self.schema, True, summary.toast)
-            rows: list[dict] = []
+            folds: list[tuple[tuple, KeyFold]] = []
             try:
                 while self.states:
                     key, fold = self.states.popitem()
                     if fold.r is not None:  # None: every change of the key was dropped
-                        row = fold.row(key, shape)
-                        if not summary.toast and not row[DELETED]:
-                            _no_placeholder(row, self._toast_cols)
-                        rows.append(row)
-                    if rows and (len(rows) == BLOB_ROWS or not self.states):
-                        summary.max_source_ms = tally(rows, summary.counts,
+                        folds.append((key, fold))
+                    if folds and (len(folds) == BLOB_ROWS or not self.states):
+                        if summary.toast:
+                            table = rows_table([f.row(k, shape) for k, f in folds], columns)
+                        else:
+                            table = folds_table(folds, shape, columns)
+                            _no_placeholder(table, self._toast_cols)
+                        summary.max_source_ms = tally(table, summary.counts,
                                                       summary.max_source_ms)  # fmt: skip
-                        yield self._out(_ipc(rows_table(rows, columns)))
-                        rows = []
+                        yield self._out(_ipc(table))
+                        folds = []
             except Unsupported as why:
                 summary.reason = str(why)
         yield self._out(None, summary.to_json())
@@ -274,11 +278,21 @@ def holds_any(texts: pa.Array, needles: Sequence[str]) -> bool:
     return any(n.encode() in whole for n in needles)
 
 
-def _no_placeholder(row: dict, toast_cols) -> None:
-    """A row resolved without the TOAST flags (the text search saw no placeholder in the
-    range) must not carry one: it would be written as the value."""
+def _no_placeholder(table: pa.Table, toast_cols) -> None:
+    """Rows resolved without the TOAST flags (the text search saw no placeholder in the
+    range) must not carry one in a live row: it would be written as the value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    live = pc.invert(table.column(DELETED))
     for col in toast_cols:
-        if is_placeholder(row[col.name], col):
+        values, mark = table.column(col.name), placeholder_of(col)
+        if pa.types.is_string(values.type) or pa.types.is_binary(values.type):
+            found = pc.any(pc.and_(pc.equal(values, mark), live)).as_py()
+        else:
+            found = any(alive and is_placeholder(v, col) for v, alive in
+                        zip(values.to_pylist(), live.to_pylist(), strict=True))  # fmt: skip
+        if found:
             raise Unsupported(f"a TOAST placeholder in column {col.name!r} that the text "
                               "search did not see")  # fmt: skip
 

@@ -19,6 +19,7 @@ from cdclake.resolve import TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import ITEM_COLUMNS, key_record, value_record
 from tests.unit.test_driver_resolve import (
+    TOAST_B64,
     TOPIC,
     both,
     history,
@@ -235,16 +236,25 @@ def test_a_fold_reports_its_records():
     assert (summary.partition, summary.counts, summary.reason) == (3, {False: 1}, None)
 
 
-def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch):
+@pytest.mark.parametrize("column", ["name", "blob"])
+def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch, column):
     import cdclake.range_resolve
 
     monkeypatch.setattr(cdclake.range_resolve, "TOAST_TEXTS", ("(never in a payload)",))
+    mark = {"name": TOAST_PLACEHOLDER, "blob": TOAST_B64}[column]
+    deleted = {**item(2, "two"), column: mark}  # a deleted key's row is not written
     records = [
-        (key_record(1), value_record("c", None, item(1, "one"), lsn=1)),
-        (key_record(1), value_record("u", None, item(1, TOAST_PLACEHOLDER), lsn=2)),
+        (key_record(2), value_record("c", None, deleted, lsn=1)),
+        (key_record(2), value_record("d", deleted, None, lsn=2)),
+        (key_record(1), value_record("c", None, item(1, "one"), lsn=3)),
     ]
     out, (summary,) = range_rows({0: records})
+    assert summary.reason is None, summary.reason
+    records.append((key_record(1), value_record("u", None, {**item(1, "one"), column: mark},
+                                                lsn=4)))  # fmt: skip
+    out, (summary,) = range_rows({0: records})
     assert summary.reason is not None and "did not see" in summary.reason, summary.reason
+    assert repr(column) in summary.reason
     monkeypatch.undo()
     out, (summary,) = range_rows({0: records})
     assert summary.reason is None and summary.toast
