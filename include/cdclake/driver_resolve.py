@@ -424,10 +424,8 @@ class _Unparsed:
     __slots__ = ("rows", "typed")
 
     def __init__(self, rows: _Rows) -> None:
-        from msgspec.json import Decoder
-
         self.rows = rows
-        self.typed = Decoder(rows.type).decode
+        self.typed = None  # built when first needed
 
     def settle(self, change: _Change) -> None:
         change.after = self._row(change.after, change)
@@ -437,6 +435,10 @@ class _Unparsed:
         if raw is None:
             return None
         rows = self.rows
+        if self.typed is None:
+            from msgspec.json import Decoder
+
+            self.typed = Decoder(rows.type).decode
         try:
             row = self.typed(raw)
         except _DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
@@ -466,13 +468,9 @@ class _Envelopes:
                 ("op", Any, None), ("source", _Source | None, None),
             ])  # fmt: skip
             self.typed = msgspec.json.Decoder(envelope).decode
-            # the operation and source only: the rows are kept as raw JSON (a JSON null
-            # as `NULL_ROW`) and decoded by `unparsed` when the change is settled
-            header = msgspec.defstruct("Header", [
-                ("before", msgspec.Raw, None), ("after", msgspec.Raw, None),
-                ("op", Any, None), ("source", _Source | None, None),
-            ])  # fmt: skip
-            self.header = msgspec.json.Decoder(header).decode
+            # the operation and source only: the rows are kept as raw JSON, decoded by
+            # `unparsed` when the change is settled
+            self.header = _HEADER
             self.unparsed = _Unparsed(self.rows)
 
     def generic(self, text: str, partition: int, offset: int):
@@ -561,8 +559,23 @@ def _fast_json():
 
 
 _DECODE, _DECODE_ERRORS = _fast_json()
-# a row written as JSON null, as `_Envelopes.header` keeps it
-NULL_ROW = None if _DECODE is None else __import__("msgspec").Raw(b"null")
+
+
+def _header_decoder():
+    """A decoder of an envelope's operation and source, its rows kept as raw JSON (a
+    JSON null as `NULL_ROW`)."""
+    if _DECODE is None:
+        return None, None
+    import msgspec
+
+    header = msgspec.defstruct("Header", [
+        ("before", msgspec.Raw, None), ("after", msgspec.Raw, None),
+        ("op", Any, None), ("source", _Source | None, None),
+    ])  # fmt: skip
+    return msgspec.json.Decoder(header).decode, msgspec.Raw(b"null")
+
+
+_HEADER, NULL_ROW = _header_decoder()
 
 
 def _json(text: str | None, where: str):
