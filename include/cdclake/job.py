@@ -235,10 +235,16 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
         )
         try:
             got = _ranged_topic(spark, frame, table, topic_plan, level)
-            if got is not None:
-                done[topic] = got
+        except CdclakeError:  # the rows do not add up: nothing of the batch is written
+            raise
+        except Exception as exc:  # a task failed (a read, a bug): the table on its own
+            log.warning("%s: its ranges failed; read again the general way: %s", topic,
+                        _brief(exc))  # fmt: skip
+            got = None
         finally:
             frame.unpersist()
+        if got is not None:
+            done[topic] = got
 
     try:
         _each(list(work), resolve, pipeline.parallel_tables)
@@ -289,6 +295,15 @@ def _ranged_topic(spark, frame, table: TableConfig, plan: TopicPlan, level):
                     topic)  # fmt: skip
         return None
     return _RangedTopic(got, rows, plan.known)
+
+
+def _brief(exc: BaseException, limit: int = 500) -> str:
+    """An error's text for one log line: its last line that is not a stack frame (a
+    Spark job's error ends with the task's own), cut to `limit` characters."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("at ", "..."))]
+    text = lines[-1] if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _each(items: list, fn: Callable, threads: int) -> None:

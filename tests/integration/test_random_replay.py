@@ -246,6 +246,35 @@ def test_a_key_in_two_partitions_is_read_again_and_resolved_by_key(stack, spark,
     assert lake_names(spark, pipeline) == {1: "second", 2: "two", 3: "three"}
 
 
+def test_a_topic_whose_ranges_fail_is_read_again_on_its_own(stack, spark, tmp_path, caplog):
+    """A task of the range-by-range read that fails (here the source's first read of the
+    partition) costs the batch nothing: the topic is read again the general way and the
+    table loads, with the failure in the log."""
+    import logging
+
+    v = value_record
+    records = [(key_record(k), v("c", None, item(k, f"n{k}"), lsn=100 + k)) for k in range(4)]
+    marker = tmp_path / "failed-once"
+    read = records_source(records).open(None)
+
+    def reader(r: dict):
+        if not marker.exists():
+            marker.touch()
+            raise RuntimeError("the broker went away")
+        yield from read(r)
+
+    name = f"it_rangefail_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    topic = pipeline.topic_for(pipeline.tables[0])
+    plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
+    with caplog.at_level(logging.WARNING, logger="cdclake.job"):
+        (result,) = run_batch(spark, pipeline, plan, read=RawSource(lambda kafka: reader))
+    assert marker.exists() and result.resolved_by != "ranges" and result.upserts == 4
+    assert lake_names(spark, pipeline) == {k: f"n{k}" for k in range(4)}
+    warned = [r.getMessage() for r in caplog.records if "its ranges failed" in r.getMessage()]
+    assert len(warned) == 1 and "RuntimeError: the broker went away" in warned[0], warned
+
+
 @pytest.mark.parametrize("gone", ["delete", "truncate"])
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
