@@ -40,7 +40,9 @@ from cdclake.kafka import discover
 from cdclake.merge import (
     DEAD_LETTERS,
     TableState,
+    append_to_empty,
     build_append_sql,
+    build_first_load_sql,
     build_merge_sql,
     commit_empty,
     commit_properties,
@@ -126,6 +128,10 @@ class TableResult:
     # "tasks" (the same Python code in Spark tasks, records grouped by key) or "spark"
     # (Spark SQL jobs); empty when the table had nothing to load
     resolved_by: str = ""
+    # how the rows were written: "merge", or "append" (a table without a key, or a keyed
+    # table that held no row, as on a first load: the MERGE's inserts alone, without its
+    # join); empty when nothing was
+    written_by: str = ""
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
     # its tables), then this table's `state` (table state and schema check), `resolve`
@@ -618,7 +624,13 @@ def _load_table(
             below = state.truncated_below
             if truncate is not None and truncate.lsn is not None:
                 below = mark_truncated(spark, qualified, truncate.lsn, below)
-            if schema.key_names:
+            # a keyed table that holds no row takes only the MERGE's inserts: an append
+            empty = schema.key_names and FIRST_LOAD_APPEND and state.empty and not dropped
+            query = merge_sql = None
+            if empty:
+                query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
+                                             truncated_below=below)  # fmt: skip
+            elif schema.key_names:
                 keys = _key_filter(state, schema, resolved, truncate, counts)
                 merge_sql = build_merge_sql(
                     qualified, view, schema, toast_columns,
@@ -628,9 +640,13 @@ def _load_table(
                 )  # fmt: skip
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
+            result.written_by = "merge" if schema.key_names and not empty else "append"
             try:
                 with commit_properties(spark, props):
-                    spark.sql(merge_sql)
+                    if query is not None:
+                        append_to_empty(spark, qualified, query, before_id)
+                    else:
+                        spark.sql(merge_sql)
             finally:
                 spark.catalog.dropTempView(view)
             after_id, summary = current_snapshot(spark, qualified)
@@ -654,6 +670,11 @@ def _load_table(
         qualified, records, result.upserts, result.deletes, after_id,
     )  # fmt: skip
     return result
+
+
+# A keyed table that holds no row is written by an append that checks no other commit
+# added rows (`append_to_empty`), instead of a MERGE.
+FIRST_LOAD_APPEND = True
 
 
 # A MERGE into a table of at least this many rows, of at most KEY_FILTER_KEYS changes on

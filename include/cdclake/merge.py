@@ -113,6 +113,7 @@ def build_merge_sql(
     with inserts is an outer join that cannot broadcast the source). Rows outside it
     matched nothing before either, so the outcome is the same."""
     names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
     if key_values is not None:
         if len(schema.key_names) != 1 or truncate:
@@ -120,11 +121,7 @@ def build_merge_sql(
         values = ", ".join(str(int(v)) for v in key_values)
         on += f" AND t.{quote(schema.key_names[0])} IN ({values})"
     fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
-    after_truncate = ""
-    if truncated_below is not None:
-        after_truncate = (
-            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{STALE_CHECK_LSN} > {int(truncated_below)})"
-        )
+    if after_truncate:
         fresh = f"({fresh}{after_truncate})"
 
     def assign(n: str) -> str:
@@ -148,12 +145,6 @@ def build_merge_sql(
         insert_vals += ", false"
     else:
         on_delete = "DELETE"
-    insert_when = f"NOT s.{DELETED}{after_truncate}"
-    if deleted_lsn:
-        insert_when += (
-            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{DELETED_AT} IS NULL "
-            f"OR s.{STALE_CHECK_LSN} > s.{DELETED_AT})"
-        )
     sql = (
         f"MERGE INTO {table} t USING {source_view} s ON {on} "
         f"WHEN MATCHED AND s.{DELETED} AND {fresh} THEN {on_delete} "
@@ -173,6 +164,63 @@ def build_merge_sql(
             below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
             sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
     return sql
+
+
+def _insert_conditions(truncated_below: int | None, deleted_lsn: bool) -> tuple[str, str]:
+    """What a change must pass to write a row: newer than an already loaded truncate
+    (`AND …`, or empty), and the whole condition for a key the table does not hold (not a
+    delete, and newer than an earlier hard delete of the key)."""
+    after_truncate = ""
+    if truncated_below is not None:
+        after_truncate = (
+            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{STALE_CHECK_LSN} > {int(truncated_below)})"
+        )
+    insert_when = f"NOT s.{DELETED}{after_truncate}"
+    if deleted_lsn:
+        insert_when += (
+            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{DELETED_AT} IS NULL "
+            f"OR s.{STALE_CHECK_LSN} > s.{DELETED_AT})"
+        )
+    return after_truncate, insert_when
+
+
+def build_first_load_sql(
+    source_view: str,
+    schema: TopicSchema,
+    soft_delete: bool = False,
+    deleted_lsn: bool = False,
+    truncated_below: int | None = None,
+) -> str:
+    """The rows `build_merge_sql`'s MERGE writes into a table that holds no row: every
+    change is then not matched, so only its inserts apply (a truncate's `NOT MATCHED BY
+    SOURCE` has nothing to delete). A query of the table's columns, for
+    `append_to_empty`."""
+    names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    _, insert_when = _insert_conditions(truncated_below, deleted_lsn)
+    cols = ", ".join(f"s.{quote(n)}" for n in names)
+    if soft_delete:  # deleted keys are written too, flagged
+        return (
+            f"SELECT {cols}, s.{DELETED} AS {DELETED} FROM {source_view} s "
+            f"WHERE ({insert_when}) OR s.{DELETED}"
+        )
+    return f"SELECT {cols} FROM {source_view} s WHERE {insert_when}"
+
+
+def append_to_empty(spark, table: str, query: str, snapshot_id: int | None) -> None:
+    """Write `query`'s rows into `table`, which held no row at `snapshot_id` (None: no
+    snapshot yet), in one commit that fails if any other commit has added rows since.
+
+    The same outcome as the MERGE into the empty table, without its join: an overwrite
+    that deletes nothing (`false`) with serializable isolation. Iceberg then checks every
+    data file committed after `snapshot_id` (or ever, without one) against an always-true
+    filter, so a concurrent writer makes the commit fail (ValidationException) instead of
+    both rows standing."""
+    from pyspark.sql import functions as F
+
+    writer = spark.sql(query).writeTo(table).option("isolation-level", "serializable")
+    if snapshot_id is not None:
+        writer = writer.option("validate-from-snapshot-id", str(snapshot_id))
+    writer.overwrite(F.lit(False))
 
 
 def table_columns(spark, table: str) -> dict[str, str]:
@@ -424,13 +472,16 @@ class TableState:
     snapshot_id: int | None
     truncated_below: int | None = None  # the LSN of the last truncate loaded (a property)
     rows: int = 0  # records in its data files (deleted ones too): how big a MERGE target it is
+    # no data file at all: no snapshot, or one whose summary says 0 records (a summary
+    # without the count is not taken for empty)
+    empty: bool = False
 
 
 def table_state(spark, table: str) -> TableState:
     """Whether the table exists, its committed offsets and current snapshot: one catalog
     lookup and one metadata read instead of one each."""
     if not spark.catalog.tableExists(table):
-        return TableState(False, {}, None)
+        return TableState(False, {}, None, empty=True)
     ice = load_iceberg_table(spark, table)
     ice.refresh()
     snap = ice.currentSnapshot()
@@ -443,6 +494,7 @@ def table_state(spark, table: str) -> TableState:
         int(snap.snapshotId()) if snap is not None else None,
         int(below) if below is not None else None,
         int(rows) if rows is not None else 0,
+        empty=snap is None or rows == "0",
     )
 
 

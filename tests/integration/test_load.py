@@ -188,3 +188,93 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path, monkey
     results = load_all(stack, spark, pipeline, name)
     assert {r.status for r in results} == {"committed"}
     assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
+def first_load_table(stack, tmp_path, name: str):
+    """A new source table with a few live rows, a deleted one and an update, captured."""
+    import uuid
+
+    import psycopg
+
+    from tests.integration.helpers import make_pipeline
+
+    n = uuid.uuid4().hex[:6]
+    table = f"inventory.{name}_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {table} (id int primary key, v text)")
+        conn.execute(f"insert into {table} select i, 'v' || i from generate_series(1, 6) i")
+        conn.execute(f"delete from {table} where id = 2")
+        conn.execute(f"update {table} set v = 'w' where id = 3")
+    stack.wait_for_capture()
+    return make_pipeline(tmp_path, f"it_{name}_{n}", [table])
+
+
+def test_a_first_load_appends_then_batches_merge(stack, spark, tmp_path):
+    import psycopg
+
+    from tests.integration.helpers import assert_lake_equals_source
+
+    pipeline = first_load_table(stack, tmp_path, "first")
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-first-1"))
+    assert [(r.status, r.written_by) for r in results] == [("committed", "append")]
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    source = pipeline.tables[0].source
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"update {source} set v = 'x' where id in (1, 4)")
+        conn.execute(f"delete from {source} where id = 5")
+    stack.wait_for_capture()
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-first-2"))
+    assert [(r.status, r.written_by) for r in results] == [("committed", "merge")]
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
+def test_a_commit_between_the_read_and_a_first_load_fails_the_load(
+    stack, spark, tmp_path, monkeypatch
+):
+    """Another run's rows committed after this batch found the table empty: appending
+    would put a key in twice, so the commit is refused and nothing of the batch lands."""
+    import cdclake.job
+
+    pipeline = first_load_table(stack, tmp_path, "raced")
+    target = pipeline.qualified_target(pipeline.tables[0])
+    ensure_table = cdclake.job.ensure_table
+
+    def and_another_writer(spark, table, *args, **kwargs):
+        columns = ensure_table(spark, table, *args, **kwargs)
+        if table == target:
+            given = {"id": "1", "v": "'other run'"}
+            values = [given.get(f.name, f"CAST(NULL AS {f.dataType.simpleString()})")
+                      for f in spark.table(table).schema.fields]  # fmt: skip
+            spark.sql(f"INSERT INTO {table} SELECT {', '.join(values)}")
+        return columns
+
+    monkeypatch.setattr(cdclake.job, "ensure_table", and_another_writer)
+    with pytest.raises(CommitConflictError, match="another run wrote to this table"):
+        run_batch(spark, pipeline, plan_pipeline(pipeline, "it-raced-1"))
+    rows = spark.sql(f"SELECT id, v FROM {target}").collect()
+    assert [(r.id, r.v) for r in rows] == [(1, "other run")]
+
+
+def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stack, spark):
+    """`append_to_empty` given the snapshot at which the table held no row: it commits
+    while nothing came after, and refuses once another commit added rows."""
+    import uuid
+
+    from cdclake.merge import (
+        append_to_empty,
+        commit_empty,
+        conflicts_reported,
+        current_snapshot,
+        ensure_namespace,
+    )
+
+    namespace = f"lake.it_append_{uuid.uuid4().hex[:6]}"
+    ensure_namespace(spark, namespace)
+    table = f"{namespace}.t"
+    spark.sql(f"CREATE TABLE {table} (id int, v string) USING iceberg")
+    commit_empty(spark, table, {"marker": "empty"})
+    empty_id, _ = current_snapshot(spark, table)
+    append_to_empty(spark, table, "SELECT 1 AS id, 'a' AS v", empty_id)
+    with pytest.raises(CommitConflictError, match="refused"), conflicts_reported("refused"):
+        append_to_empty(spark, table, "SELECT 2 AS id, 'b' AS v", empty_id)
+    assert [(r.id, r.v) for r in spark.table(table).collect()] == [(1, "a")]
