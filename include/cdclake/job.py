@@ -135,7 +135,8 @@ class TableResult:
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
     # its tables), then this table's `state` (table state and schema check), `resolve`
-    # (decode, check, resolve) and `write` (table DDL, deleted-keys ledger, MERGE, commit)
+    # (decode, check, resolve) and `write` (table DDL, deleted-keys ledger, MERGE or append,
+    # commit)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
