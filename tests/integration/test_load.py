@@ -278,3 +278,34 @@ def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stac
     with pytest.raises(CommitConflictError, match="refused"), conflicts_reported("refused"):
         append_to_empty(spark, table, "SELECT 2 AS id, 'b' AS v", empty_id)
     assert [(r.id, r.v) for r in spark.table(table).collect()] == [(1, "a")]
+
+
+@pytest.mark.parametrize("delete_mode", ["hard", "soft"])
+def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, monkeypatch,
+                                                       delete_mode):  # fmt: skip
+    """The same first batch, appended and MERGEd into a new table: the same rows, every
+    column (deleted keys kept with their flag in soft mode), and the same ledger."""
+    import cdclake.job
+
+    from tests.integration.helpers import make_pipeline
+
+    pipeline = first_load_table(stack, tmp_path, f"same_{delete_mode}")
+    source = pipeline.tables[0].source
+    tables = {}
+    for append in (True, False):
+        monkeypatch.setattr(cdclake.job, "FIRST_LOAD_APPEND", append)
+        name = f"{pipeline.name}_{'append' if append else 'merge'}"
+        each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
+        results = run_batch(spark, each, plan_pipeline(each, f"it-same-{append}"))
+        assert [r.written_by for r in results] == ["append" if append else "merge"]
+        target = each.qualified_target(each.tables[0])
+        ledger = target.rpartition(".")[0] + "._cdclake_deleted_keys__" + each.tables[0].target
+        tables[append] = (
+            sorted(tuple(r) for r in spark.table(target).collect()),
+            sorted(tuple(r) for r in spark.table(ledger).collect())
+            if spark.catalog.tableExists(ledger) else None,
+        )  # fmt: skip
+    assert tables[True] == tables[False]
+    rows, ledger = tables[True]
+    assert len(rows) == (6 if delete_mode == "soft" else 5)
+    assert (ledger is not None) == (delete_mode == "hard")
