@@ -626,12 +626,13 @@ def _load_table(
             if truncate is not None and truncate.lsn is not None:
                 below = mark_truncated(spark, qualified, truncate.lsn, below)
             # a keyed table that holds no row takes only the MERGE's inserts: an append
-            empty = schema.key_names and FIRST_LOAD_APPEND and state.empty and not dropped
+            keyed = bool(schema.key_names)
+            first_load = keyed and FIRST_LOAD_APPEND and state.empty and not dropped
             query = merge_sql = None
-            if empty:
+            if first_load:
                 query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
                                              truncated_below=below)  # fmt: skip
-            elif schema.key_names:
+            elif keyed:
                 keys = _key_filter(state, schema, resolved, truncate, counts)
                 merge_sql = build_merge_sql(
                     qualified, view, schema, toast_columns,
@@ -641,7 +642,7 @@ def _load_table(
                 )  # fmt: skip
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
-            result.written_by = "merge" if schema.key_names and not empty else "append"
+            result.written_by = "merge" if keyed and not first_load else "append"
             try:
                 with commit_properties(spark, props):
                     if query is not None:

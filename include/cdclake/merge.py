@@ -76,11 +76,16 @@ def conflicts_reported(message: str, names: Sequence[str] = ICEBERG_CONFLICTS) -
         raise
 
 
+def written_columns(schema: TopicSchema) -> list[str]:
+    """The columns a batch writes into its table: the source's, then the metadata ones."""
+    return [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+
+
 def build_append_sql(
     table: str, source_view: str, schema: TopicSchema, soft_delete: bool = False
 ) -> str:
     """Append every change (tables without a key: an append-only changelog)."""
-    names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    names = written_columns(schema)
     if soft_delete:
         names.append(DELETED)
     cols = ", ".join(quote(n) for n in names)
@@ -112,7 +117,7 @@ def build_merge_sql(
     scan, so only rows with those keys reach the join instead of the whole table (a MERGE
     with inserts is an outer join that cannot broadcast the source). Rows outside it
     matched nothing before either, so the outcome is the same."""
-    names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    names = written_columns(schema)
     after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
     if key_values is not None:
@@ -195,7 +200,7 @@ def build_first_load_sql(
     change is then not matched, so only its inserts apply (a truncate's `NOT MATCHED BY
     SOURCE` has nothing to delete). A query of the table's columns, for
     `append_to_empty`."""
-    names = [c.name for c in schema.columns] + list(METADATA_COLUMNS)
+    names = written_columns(schema)
     _, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     cols = ", ".join(f"s.{quote(n)}" for n in names)
     if soft_delete:  # deleted keys are written too, flagged

@@ -286,6 +286,7 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     """The same first batch, appended and MERGEd into a new table: the same rows, every
     column (deleted keys kept with their flag in soft mode), and the same ledger."""
     import cdclake.job
+    from cdclake.merge import deleted_keys_table
 
     from tests.integration.helpers import make_pipeline
 
@@ -299,7 +300,7 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
         results = run_batch(spark, each, plan_pipeline(each, f"it-same-{append}"))
         assert [r.written_by for r in results] == ["append" if append else "merge"]
         target = each.qualified_target(each.tables[0])
-        ledger = target.rpartition(".")[0] + "._cdclake_deleted_keys__" + each.tables[0].target
+        ledger = deleted_keys_table(target)
         tables[append] = (
             sorted(tuple(r) for r in spark.table(target).collect()),
             sorted(tuple(r) for r in spark.table(ledger).collect())
