@@ -72,13 +72,14 @@ from cdclake.offsets import (
     encode_offsets,
 )
 from cdclake.range_resolve import (
-    RANGE_SCHEMA,
+    KEYS_COLUMN,
+    META_COLUMN,
     AcceptedTopic,
     RangeSummary,
     TopicPlan,
     accept,
+    head_schemas,
     range_task,
-    unpack_task,
 )
 from cdclake.reader import (
     DRIVER_READ_BYTES,
@@ -187,7 +188,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
         if raw is not None:
             raw.unpersist()
         for topic in ranged.values():
-            topic.rows.unpersist()
+            topic.release()
 
 
 # Batches the driver does not read, from a `RawSource` (Kafka, or a benchmark's), are
@@ -199,19 +200,23 @@ RANGE_RESOLVE = True
 @dataclass
 class _RangedTopic:
     """A topic of the batch read and resolved range by range: what its ranges added up
-    to, its resolved rows (persisted), and the lake columns they were resolved for."""
+    to, its resolved rows (of `frame`, the range job's output, persisted), and the lake
+    columns they were resolved for."""
 
     accepted: AcceptedTopic
     rows: object
     known: Mapping[str, str]
+    frame: object
+
+    def release(self) -> None:
+        self.frame.unpersist()
 
 
 def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
     """The topics read and resolved range by range ({} when none is): for each eligible
-    topic (as many at a time as tables are loaded), one Spark job reads its ranges, a
-    task each, and resolves them; a topic that resolved whole is then unpacked into typed
-    rows (and, with more than one range, checked for a key in two of them) before its
-    raw results are dropped."""
+    topic (as many at a time as tables are loaded), the driver reads the head of its
+    ranges for its schemas, then one Spark job reads its ranges, a task each, and
+    resolves them into typed rows, kept when they add up (`_ranged_topic`)."""
     source = KAFKA if read is None else read
     records = plan.total
     if (not RANGE_RESOLVE or not isinstance(source, RawSource)
@@ -225,7 +230,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             continue
         qualified = pipeline.qualified_target(table)
         known = table_columns(spark, qualified) if spark.catalog.tableExists(qualified) else {}
-        work[topic] = (table, TopicPlan(topic, tuple(table.exclude), known))
+        work[topic] = (table, known)
     if not work:
         return {}
     reader = source.open(pipeline.kafka)
@@ -233,75 +238,96 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
     done: dict[str, _RangedTopic] = {}
 
     def resolve(topic: str) -> None:
-        table, topic_plan = work[topic]
+        table, known = work[topic]
         ranges = [r for r in plan.ranges if r.topic == topic]
-        frame = (
-            range_plan(spark, ranges)
-            .mapInArrow(range_task(reader, {topic: topic_plan}), RANGE_SCHEMA)
-            .persist(level)
-        )
+        frame = None
         try:
-            got = _ranged_topic(spark, frame, table, topic_plan, level)
+            planned = _topic_plan(reader, table, topic, ranges, known)
+            if planned is None:
+                return
+            topic_plan, ddl = planned
+            frame = (
+                range_plan(spark, ranges)
+                .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
+                .persist(level)
+            )
+            got = _ranged_topic(spark, frame, table, topic_plan)
         except CdclakeError:  # the rows do not add up: nothing of the batch is written
+            if frame is not None:
+                frame.unpersist()
             raise
         except Exception as exc:  # a task failed (a read, a bug): the table on its own
             log.warning("%s: its ranges failed; read again the general way: %s", topic,
                         _brief(exc))  # fmt: skip
             got = None
-        finally:
-            frame.unpersist()
         if got is not None:
             done[topic] = got
+        elif frame is not None:
+            frame.unpersist()
 
     try:
         _each(list(work), resolve, pipeline.parallel_tables)
     except BaseException:
         for topic in done.values():
-            topic.rows.unpersist()
+            topic.release()
         raise
     return done
 
 
-def _ranged_topic(spark, frame, table: TableConfig, plan: TopicPlan, level):
-    """A topic's range results (`frame`, persisted) -> its rows, persisted, or None
-    (the log says why) when it must take the general path."""
+def _topic_plan(reader, table: TableConfig, topic: str, ranges: list[OffsetRange],
+                known: dict[str, str]) -> tuple[TopicPlan, str] | None:  # fmt: skip
+    """The plan of a topic's range tasks, with the schemas at the head of its ranges,
+    and the schema of their rows; None (the log says why) when the topic must take the
+    general path."""
+    heads = [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+             for r in ranges]  # fmt: skip
+    try:
+        found = head_schemas(reader, heads)
+    except Exception as exc:  # a read that failed: the table on its own, as for a task's
+        log.warning("%s: the head of its ranges could not be read; read again the general "
+                    "way: %s: %s", topic, type(exc).__name__, _brief(exc))  # fmt: skip
+        return None
+    why = None
+    if found is None:
+        why = "no key schema at the head of its ranges"
+    else:
+        schemas = {"key": [found[0]], "value": [found[1]] if found[1] else []}
+        if _misfits(table, topic, schemas, known):
+            why = "a schema that does not fit the table's columns"
+        else:
+            topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known)
+            try:
+                return topic_plan, topic_plan.ddl
+            except CdclakeError as exc:  # a schema the lake cannot take
+                why = str(exc)
+    log.info("%s: read again the general way: %s", topic, why)
+    return None
+
+
+def _ranged_topic(spark, frame, table: TableConfig, plan: TopicPlan):
+    """A topic's range results (`frame`, persisted) -> its rows, or None (the log says
+    why) when it must take the general path."""
+    import numpy as np
     from pyspark.sql import functions as F
 
     topic = plan.topic
-    metas = frame.where(F.col("meta").isNotNull()).select("meta").collect()
+    meta = F.col(f"`{META_COLUMN}`")
+    ends = frame.where(meta.isNotNull()).select(meta, F.col(f"`{KEYS_COLUMN}`")).collect()
+    summaries = [RangeSummary.from_json(r[0]) for r in ends]
+    hashes = [np.frombuffer(r[1] or b"", dtype=np.uint64) for r in ends]
     try:
-        got = accept([RangeSummary.from_json(r["meta"]) for r in metas], plan)
+        got = accept(summaries, plan, hashes)
     except CdclakeError as exc:
         got = str(exc)
-    if isinstance(got, AcceptedTopic) and _misfits(table, topic, got.schemas, plan.known):
-        got = "a schema that does not fit the table's columns"
     if isinstance(got, str):
         log.info("%s: read again the general way: %s", topic, got)
         return None
-    rows = (
-        frame.where(F.col("data").isNotNull())
-        .select("data")
-        .mapInArrow(unpack_task(got.columns), got.ddl)
-        .persist(level)
-    )
-    # counted (and kept) before the ranges' results are dropped
-    if got.ranges > 1:
-        keys = [F.col(f"`{k}`") for k in got.key_names]
-        per_key = rows.groupBy(*keys).count()
-        total, most = per_key.agg(F.sum("count"), F.max("count")).first()
-    else:
-        total, most = rows.count(), 1
-    resolved = sum(got.counts.values())
-    if (total or 0) != resolved:
-        rows.unpersist()
-        raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but {total or 0} "
-                           "were unpacked; nothing was written")  # fmt: skip
-    if most is not None and most > 1:
-        rows.unpersist()
-        log.warning("%s: a key is in more than one partition; read again the general way",
-                    topic)  # fmt: skip
-        return None
-    return _RangedTopic(got, rows, plan.known)
+    rows = frame.where(meta.isNull()).select(*(F.col(f"`{n}`") for n, _ in got.columns))
+    total, resolved = rows.count(), sum(got.counts.values())
+    if total != resolved:
+        raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but returned "
+                           f"{total}; nothing was written")  # fmt: skip
+    return _RangedTopic(got, rows, plan.known, frame)
 
 
 def _brief(exc: BaseException, limit: int = 500) -> str:

@@ -7,14 +7,15 @@ fold each key's changes (`KeyFold`) as they come, holding each key's latest stat
 its memory grows with the range's keys, not its records. Nothing of the raw records is
 cached, scanned or shuffled; only the resolved rows leave the task.
 
-The lake schema of a topic is learnt from its records, so a task returns its rows as
-Arrow IPC streams (`RANGE_SCHEMA`), with a summary of what it met. The driver reads the
-summaries (`accept`): a topic whose every range resolved, with one key schema and one
-value schema among them all, is unpacked into typed rows (`unpack`) and, when it has
-more than one range, checked for a key found in two of them (a repartitioned topic, or
-a producer routing records by something else than the key). Any other topic takes the
-general path: its raw records are read again, cached and scanned, and resolved in tasks
-grouped by key or by the Spark SQL jobs.
+The driver first reads the head of the topic's ranges for its key and value schemas
+(`head_schemas`): they give the lake columns, so the tasks return typed rows
+(`TopicPlan.ddl`), then one summary row per range of what it met, with a hash of each of
+its keys. A range that meets any other schema stops. The driver reads the summaries
+(`accept`): a topic whose every range resolved, and with more than one range no key
+found in two of them (a repartitioned topic, or a producer routing records by something
+else than the key), keeps its rows. Any other topic takes the general path: its raw
+records are read again, cached and scanned, and resolved in tasks grouped by key or by
+the Spark SQL jobs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from cdclake.changes import DELETED, TopicSchema, topic_schema
@@ -52,24 +54,76 @@ from cdclake.scan import TOAST_TEXTS
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# what a range task returns: rows of resolved rows (`data`, an Arrow IPC stream), then
-# one summary row (`meta`, JSON) per range
-RANGE_SCHEMA = "topic string, partition int, meta string, data binary"
-BLOB_ROWS = 2_000  # resolved rows per IPC stream
+# the columns a range task returns after the resolved rows' (`TopicPlan.ddl`): on the
+# summary row of each range, its summary (JSON) and its keys' hashes (`key_hashes`)
+META_COLUMN = "_cdclake_range_meta"
+KEYS_COLUMN = "_cdclake_range_keys"
+BATCH_ROWS = 2_000  # resolved rows per Arrow batch a task returns
 # A range whose fold holds more keys than this (an initial snapshot: every record a new
 # key) stops and its topic takes the general path, whose tasks hold ~50,000 records
 # each: a task's memory stays bounded (a key's state is its latest row, ~5 KB of Python
 # objects for the connector's rows of ~1 KB of values).
 RANGE_KEYS = 100_000
+HEAD_RECORDS = 100  # records of a range's head read for the topic's schemas
+Schema = tuple[int, str]  # a Connect schema's id and text
 
 
 @dataclass(frozen=True)
 class TopicPlan:
-    """What a range task needs to know of its topic's table."""
+    """What a range task needs to know of its topic and its table: the key and value
+    schemas (id, text) every record must carry, from the head of the topic's ranges
+    (`head_schemas`; no value schema: tombstones only, of the lake table's columns), and
+    the lake table's columns."""
 
     topic: str
+    key_schema: Schema
+    value_schema: Schema | None
     exclude: tuple[str, ...] = ()
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
+
+    @cached_property
+    def schema(self) -> TopicSchema:
+        values = [] if self.value_schema is None else [self.value_schema[1]]
+        return topic_schema([self.key_schema[1]], values, (), self.topic, self.exclude,
+                            self.known)  # fmt: skip
+
+    def columns(self, toast: bool = True) -> list[tuple[str, str]]:
+        """(name, Spark type) of the resolved rows; `toast`: with the TOAST flags."""
+        return result_columns(self.schema, True, toast)
+
+    @property
+    def ddl(self) -> str:
+        """The schema of what a range task returns."""
+        return f"{columns_ddl(self.columns())}, `{META_COLUMN}` string, `{KEYS_COLUMN}` binary"
+
+
+def head_schemas(reader: RangeReader, ranges: Sequence[dict],
+                 records: int = HEAD_RECORDS) -> tuple[Schema, Schema | None] | None:  # fmt: skip
+    """The key and value schemas (id, text) of the first records that carry them, read
+    from the head (`records`) of each range in turn: no value schema (None) when the
+    heads hold tombstones only; None when they hold no key schema."""
+    import pyarrow.compute as pc
+
+    found: dict[str, Schema] = {}
+    for r in ranges:
+        head = {**r, "end": min(r["end"], r["start"] + records)}
+        batches = reader(head)
+        try:
+            for raw in batches:
+                for side in ("key", "value"):
+                    texts = raw.column(raw.schema.get_field_index(f"{side}_schema"))
+                    if side in found or texts.null_count == len(texts):
+                        continue
+                    at = pc.index(pc.is_valid(texts), True).as_py()
+                    sid = raw.column(raw.schema.get_field_index(f"{side}_schema_id"))[at]
+                    found[side] = (sid.as_py(), texts[at].as_py())
+                if len(found) == 2:
+                    return found["key"], found["value"]
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+    return None if "key" not in found else (found["key"], found.get("value"))
 
 
 @dataclass
@@ -113,12 +167,15 @@ class RangeFold:
         self.restart = False
         self.summary = RangeSummary(plan.topic, partition)
         self.schema: TopicSchema | None = None
-        self._texts: dict[str, dict[int, str]] = {"key": {}, "value": {}}
-        self._pending: list[pa.RecordBatch] = []  # read before a value schema was seen
+        self._planned = {"key": plan.key_schema, "value": plan.value_schema}
+        self._texts = {side: dict([s] if s else []) for side, s in self._planned.items()}
+        self._seen = {"key": False, "value": False}
         self._decoders = None
         self._toast_cols: list = []
         self._toast_of = NO_TOAST
         self.states: dict[tuple, KeyFold] = {}
+        self._hashes: list = []  # each returned batch's key hashes
+        self._guarded(self._start)
 
     @property
     def reason(self) -> str | None:
@@ -147,45 +204,26 @@ class RangeFold:
             raise Unsupported("a record that is not a JSON-with-schema envelope")
         for side in ("key", "value"):
             ids = raw.column(raw.schema.get_field_index(f"{side}_schema_id"))
-            texts = raw.column(raw.schema.get_field_index(f"{side}_schema"))
-            if texts.null_count != len(texts):  # the reader sends a schema's text once
-                sent = pc.is_valid(texts)
-                for sid, text in zip(pc.filter(ids, sent).to_pylist(),
-                                     pc.filter(texts, sent).to_pylist(), strict=True):  # fmt: skip
-                    self._texts[side].setdefault(sid, text)
-            seen = self._texts[side]
-            if len(seen) > 1:
-                raise Unsupported(f"{len(seen)} {side} schemas in one partition")
-            if ids.null_count != len(ids) and (
-                not seen or pc.any(pc.not_equal(ids, next(iter(seen)))).as_py()
-            ):
-                raise Unsupported(f"a {side} schema whose text the reader did not send")
+            if ids.null_count == len(ids):
+                continue
+            planned = self._planned[side]
+            if planned is None or pc.any(pc.not_equal(ids, planned[0])).as_py():
+                raise Unsupported(f"a {side} schema other than the one read at the head of "
+                                  "the topic's ranges")  # fmt: skip
+            self._seen[side] = True
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
             if not self.follow_toast:
                 self.restart = True
                 return
-        if self.schema is None:
-            self._pending.append(raw)
-            if self._texts["value"]:
-                self._fold_pending()
-            return
         self._fold(raw)
-
-    def _fold_pending(self) -> None:
-        """Start with the schemas seen and fold the batches held until then."""
-        self._start()
-        pending, self._pending = self._pending, []
-        for batch in pending:
-            self._fold(batch)
 
     def _start(self) -> None:
         keys, values = self._texts["key"], self._texts["value"]
-        if not keys:
+        self.schema = self.plan.schema
+        if not self.schema.key_names:
             raise Unsupported("the table has no key")
-        self.schema = topic_schema(list(keys.values()), list(values.values()), (),
-                                   self.plan.topic, self.plan.exclude, self.plan.known)  # fmt: skip
         check_key_types(self.schema)
         self._decoders = row_decoders(self.schema, keys, values)
         self._toast_cols = toastable(self.schema)
@@ -212,17 +250,16 @@ class RangeFold:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        """The resolved rows (IPC streams of up to `BLOB_ROWS` rows), then the summary."""
+        """The resolved rows (batches of up to `BATCH_ROWS` rows, of `TopicPlan.ddl`),
+        then the summary row."""
         summary = self.summary
         assert not self.restart, "a range that met a TOAST placeholder is folded again"
-        if summary.reason is None and self.schema is None:
-            if not self._pending:
-                summary.reason = "no records"
-            else:  # only tombstones: they delete rows of the columns the lake has
-                self._guarded(self._fold_pending)
+        if summary.reason is None and not summary.records:
+            summary.reason = "no records"
         if summary.reason is None:
-            summary.key_schemas = list(self._texts["key"].items())
-            summary.value_schemas = list(self._texts["value"].items())
+            for side in ("key", "value"):
+                if self._seen[side]:
+                    setattr(summary, f"{side}_schemas", list(self._texts[side].items()))
             shape = RowShape(self.schema, self._toast_of if summary.toast else NO_TOAST)
             columns = result_columns(self.schema, True, summary.toast)
             folds: list[tuple[tuple, KeyFold]] = []
@@ -231,7 +268,7 @@ class RangeFold:
                     key, fold = self.states.popitem()
                     if fold.r is not None:  # None: every change of the key was dropped
                         folds.append((key, fold))
-                    if folds and (len(folds) == BLOB_ROWS or not self.states):
+                    if folds and (len(folds) == BATCH_ROWS or not self.states):
                         if summary.toast:
                             table = rows_table([f.row(k, shape) for k, f in folds], columns)
                         else:
@@ -239,21 +276,60 @@ class RangeFold:
                             _no_placeholder(table, self._toast_cols)
                         summary.max_source_ms = tally(table, summary.counts,
                                                       summary.max_source_ms)  # fmt: skip
-                        yield self._out(_ipc(table))
+                        self._hashes.append(key_hashes(table, self.schema.key_names))
+                        yield from self._out(table)
                         folds = []
             except Unsupported as why:
                 summary.reason = str(why)
-        yield self._out(None, summary.to_json())
+        yield from self._out(None, summary)
 
-    def _out(self, data: bytes | None, meta: str | None = None) -> pa.RecordBatch:
+    def _out(self, table: pa.Table | None,
+             summary: RangeSummary | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+        """Resolved rows (`table`, with the TOAST flags it lacks, False) or the summary
+        row (every column of a row null) as batches of the plan's `ddl`."""
+        import numpy as np
         import pyarrow as pa
 
-        return pa.RecordBatch.from_pydict(
-            {"topic": [self.plan.topic], "partition": [self.summary.partition],
-             "meta": [meta], "data": [data]},
-            schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()),
-                              ("meta", pa.string()), ("data", pa.binary())]),
-        )  # fmt: skip
+        columns = self.plan.columns()
+        rows = 1 if table is None else table.num_rows
+        arrays = []
+        for name, type_ in columns:
+            if table is not None and name in table.column_names:
+                arrays.append(table.column(name))
+            elif table is not None and name.startswith(TOAST_PREFIX):
+                arrays.append(pa.array(np.zeros(rows, dtype=bool)))
+            else:
+                arrays.append(pa.nulls(rows, arrow_type(type_)))
+        if summary is None:
+            arrays += [pa.nulls(rows, pa.string()), pa.nulls(rows, pa.binary())]
+        else:
+            hashes = np.concatenate(self._hashes) if self._hashes else np.zeros(0, np.uint64)
+            arrays += [pa.array([summary.to_json()]), pa.array([hashes.tobytes()])]
+        names = [n for n, _ in columns] + [META_COLUMN, KEYS_COLUMN]
+        yield from pa.Table.from_arrays(arrays, names=names).to_batches()
+
+
+def key_hashes(table: pa.Table, key_names: Sequence[str]):
+    """A 64-bit number for each row's key (numpy uint64): equal keys give equal numbers,
+    as Spark groups them. One integer key column is its own number; other keys are
+    hashed (two keys of one number make their topic take the general path, never a
+    wrong row)."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+
+    columns = [table.column(n) for n in key_names]
+    if (len(columns) == 1 and pa.types.is_integer(columns[0].type)
+            and columns[0].null_count == 0):  # fmt: skip
+        return columns[0].cast(pa.int64()).to_numpy().view(np.uint64)
+    blake = hashlib.blake2b
+    values = zip(*(c.to_pylist() for c in columns), strict=True)
+    return np.fromiter(
+        (int.from_bytes(blake(repr(k).encode(), digest_size=8).digest(), "little")
+         for k in values),
+        dtype=np.uint64, count=table.num_rows,
+    )  # fmt: skip
 
 
 def holds_any(texts: pa.Array, needles: Sequence[str]) -> bool:
@@ -297,18 +373,9 @@ def _no_placeholder(table: pa.Table, toast_cols) -> None:
                               "search did not see")  # fmt: skip
 
 
-def _ipc(table: pa.Table) -> bytes:
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
     """A `mapInArrow` function over range rows (`reader.range_plan`): each range read
-    whole by `reader` and resolved (`RANGE_SCHEMA`). A range that must take the general
+    whole by `reader` and resolved (`TopicPlan.ddl`). A range that must take the general
     path stops reading at once and returns its summary only."""
     plans = dict(plans)
 
@@ -356,17 +423,22 @@ class AcceptedTopic:
         return columns_ddl(self.columns)
 
 
-def accept(summaries: Sequence[RangeSummary], plan: TopicPlan) -> AcceptedTopic | str:
-    """The topic's ranges taken together, or why the topic takes the general path."""
+def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
+           hashes: Sequence | None = None) -> AcceptedTopic | str:  # fmt: skip
+    """The topic's ranges taken together, or why the topic takes the general path.
+    `hashes`: each range's key hashes (`key_hashes`), which must not share a number."""
+    import numpy as np
+
     for s in summaries:
         if s.reason is not None:
             return f"partition {s.partition}: {s.reason}"
+    # every range met the plan's schemas only (`RangeFold`): these are they, as met
     keys = {sid: text for s in summaries for sid, text in s.key_schemas}
     values = {sid: text for s in summaries for sid, text in s.value_schemas}
-    if len(keys) != 1 or len(values) > 1:
-        return f"{len(keys)} key and {len(values)} value schemas among the partitions"
-    schema = topic_schema(list(keys.values()), list(values.values()), (), plan.topic,
-                          plan.exclude, plan.known)  # fmt: skip
+    if hashes is not None and len(hashes) > 1:
+        every = np.concatenate(hashes)
+        if len(np.unique(every)) != len(every):
+            return "a key is in more than one partition"
     toast = any(s.toast for s in summaries)
     counts: dict[bool, int] = {}
     for s in summaries:
@@ -375,34 +447,6 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan) -> AcceptedTopic 
     stamps = [s.max_source_ms for s in summaries if s.max_source_ms is not None]
     return AcceptedTopic(
         {"key": list(keys.items()), "value": list(values.items())},
-        result_columns(schema, True, toast), schema.key_names, toast, counts,
+        plan.columns(toast), plan.schema.key_names, toast, counts,
         max(stamps) if stamps else None, len(summaries),
     )  # fmt: skip
-
-
-def unpack_task(columns: Sequence[tuple[str, str]]):
-    """A `mapInArrow` function: the IPC streams of `data` -> the rows, of these (name,
-    Spark type) columns (TOAST flags a range did not carry, since it saw no placeholder,
-    are False)."""
-    columns = list(columns)
-
-    def task(batches):
-        import pyarrow as pa
-
-        schema = pa.schema([pa.field(n, arrow_type(t)) for n, t in columns])
-        for batch in batches:
-            for data in batch.column(0).to_pylist():
-                if data is None:
-                    continue
-                table = pa.ipc.open_stream(data).read_all()
-                arrays = []
-                for f in schema:
-                    if f.name in table.column_names:
-                        arrays.append(table[f.name])
-                    elif f.name.startswith(TOAST_PREFIX):
-                        arrays.append(pa.array([False] * table.num_rows, pa.bool_()))
-                    else:  # a range of tombstones only: its rows are deletes, no values
-                        arrays.append(pa.nulls(table.num_rows, f.type))
-                yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
-
-    return task

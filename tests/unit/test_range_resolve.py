@@ -2,17 +2,24 @@
 the same rows once the ranges' results are put together, or the reason the topic must
 take the general path."""
 
+from decimal import Decimal
+
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from cdclake.range_resolve import (
-    BLOB_ROWS,
+    BATCH_ROWS,
+    KEYS_COLUMN,
+    META_COLUMN,
     AcceptedTopic,
     RangeFold,
     RangeSummary,
     TopicPlan,
     accept,
+    head_schemas,
+    key_hashes,
     range_task,
-    unpack_task,
 )
 from cdclake.reader import RawRows, arrow_frame
 from cdclake.resolve import TOAST_PLACEHOLDER, TOAST_PREFIX
@@ -36,6 +43,8 @@ def reader_of(parts: dict[int, list], batch: int):
     def reader(r: dict):
         rows = RawRows(r["topic"], r["partition"])
         for offset, (key, value) in enumerate(parts[r["partition"]]):
+            if not r["start"] <= offset < r["end"]:
+                continue
             rows.add(offset, 1000 + offset, key, value)
             if len(rows) == batch:
                 yield rows.batch()
@@ -45,23 +54,57 @@ def reader_of(parts: dict[int, list], batch: int):
     return reader
 
 
-def range_rows(parts: dict[int, list], batch: int = 7, reader=None):
+def items_records(n: int) -> list:
+    return [(key_record(k), value_record("c", None, item(k, "a"), lsn=k)) for k in range(n)]
+
+
+def items_plan() -> TopicPlan:
+    """The plan of a topic of the items table."""
+    return plan_of({0: items_records(1)})
+
+
+def heads(parts: dict[int, list]) -> list[dict]:
+    return [{"topic": TOPIC, "partition": p, "start": 0, "end": len(recs)}
+            for p, recs in parts.items()]  # fmt: skip
+
+
+def plan_of(parts: dict[int, list], reader=None) -> TopicPlan:
+    """The plan the job makes of these partitions: the schemas at their head."""
+    found = head_schemas(reader or reader_of(parts, 7), heads(parts))
+    assert found is not None, "no key and value schemas at the head"
+    return TopicPlan(TOPIC, *found)
+
+
+def range_rows(parts: dict[int, list], batch: int = 7, reader=None, plan=None):
     """Run `range_task` over each partition of `parts` (records read `batch` at a time):
     the task's output batches and the summaries."""
-    task = range_task(reader or reader_of(parts, batch), {TOPIC: TopicPlan(TOPIC)})
-    plan = pa.RecordBatch.from_pylist(
-        [{"topic": TOPIC, "partition": p, "start": 0, "end": len(recs)}
-         for p, recs in parts.items()]
-    )  # fmt: skip
-    out = list(task(iter([plan])))
-    summaries = [RangeSummary.from_json(b.column(2)[0].as_py()) for b in out
-                 if b.column(2)[0].is_valid]  # fmt: skip
-    return out, summaries
+    reader = reader or reader_of(parts, batch)
+    task = range_task(reader, {TOPIC: plan or plan_of(parts, reader)})
+    out = list(task(iter([pa.RecordBatch.from_pylist(heads(parts))])))
+    return out, ends(out)[0]
 
 
-def unpacked(out, accepted: AcceptedTopic) -> pa.Table:
-    data = pa.RecordBatch.from_pydict({"data": [b.column(3)[0].as_py() for b in out]})
-    return pa.Table.from_batches(list(unpack_task(accepted.columns)(iter([data]))))
+def ends(out) -> tuple[list[RangeSummary], list]:
+    """The summaries in a task's output, and each range's key hashes."""
+    summaries, hashes = [], []
+    for b in out:
+        for meta, keys in zip(b.column(META_COLUMN).to_pylist(),
+                              b.column(KEYS_COLUMN).to_pylist(), strict=True):  # fmt: skip
+            if meta is not None:
+                summaries.append(RangeSummary.from_json(meta))
+                hashes.append(np.frombuffer(keys, dtype=np.uint64))
+    return summaries, hashes
+
+
+def accepted(out, parts, plan=None) -> AcceptedTopic | str:
+    summaries, hashes = ends(out)
+    return accept(summaries, plan or plan_of(parts), hashes)
+
+
+def unpacked(out, got: AcceptedTopic) -> pa.Table:
+    """The resolved rows in a task's output, in the accepted columns."""
+    table = pa.Table.from_batches(out)
+    return table.filter(pc.is_null(table[META_COLUMN])).select([n for n, _ in got.columns])
 
 
 @pytest.mark.parametrize("toast", [True, False], ids=["placeholders", "none"])
@@ -73,7 +116,7 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast):
     out, summaries = range_rows(parts)
     assert len(summaries) == len(parts)
     assert toast or not any(s.toast for s in summaries)
-    got = accept(summaries, TopicPlan(TOPIC))
+    got = accepted(out, parts)
     spark_rows, _, local = both(spark, raw_table(parts))
     if local.truncate is not None:
         assert isinstance(got, str) and "truncate" in got, got
@@ -92,7 +135,7 @@ def test_a_range_that_starts_with_a_lone_tombstone_keeps_every_row(spark):
     records = [(key_record(99), None)]
     records += [(key_record(i), v("c", None, item(i, f"n{i}"), lsn=100 + i)) for i in range(5)]
     out, summaries = range_rows({0: records})
-    got = accept(summaries, TopicPlan(TOPIC))
+    got = accepted(out, {0: records})
     assert isinstance(got, AcceptedTopic), got
     rows = unpacked(out, got)
     spark_rows, _, _ = both(spark, raw_table({0: records}))
@@ -102,20 +145,21 @@ def test_a_range_that_starts_with_a_lone_tombstone_keeps_every_row(spark):
 
 
 def test_a_key_folds_across_batches_and_streams_of_many_rows(spark):
-    """More keys than one IPC stream holds, each with changes in several read batches."""
+    """More keys than one returned batch holds, each with changes in several read
+    batches."""
     records = []
     for round_ in range(3):
         op = "u" if round_ else "c"
-        for k in range(1, BLOB_ROWS + 50):
+        for k in range(1, BATCH_ROWS + 50):
             value = value_record(op, None, item(k, f"r{round_}"), lsn=k + round_ * 10**6)
             records.append((key_record(k), value))
     records.append((key_record(7), value_record("d", item(7, "r2"), None, lsn=10**7)))
     records.append((key_record(7), None))
     out, (summary,) = range_rows({0: records}, batch=999)
-    got = accept([summary], TopicPlan(TOPIC))
+    got = accepted(out, {0: records})
     rows = unpacked(out, got).to_pylist()
-    assert len(out) == 3  # two IPC streams, then the summary
-    assert len(rows) == BLOB_ROWS + 49 and got.counts == {False: BLOB_ROWS + 48, True: 1}
+    assert len(out) == 3  # two batches of rows, then the summary
+    assert len(rows) == BATCH_ROWS + 49 and got.counts == {False: BATCH_ROWS + 48, True: 1}
     names = {r["id"]: (r["name"], r["_cdc_deleted"]) for r in rows}
     assert names[1] == ("r2", False) and names[7] == ("r2", True)
 
@@ -129,7 +173,7 @@ def test_a_placeholder_in_one_range_gives_every_range_the_flags():
     }  # fmt: skip
     out, summaries = range_rows(parts)
     assert [s.toast for s in sorted(summaries, key=lambda s: s.partition)] == [False, True]
-    got = accept(summaries, TopicPlan(TOPIC))
+    got = accepted(out, parts)
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[1]["name"] == "one" and rows[1][f"{TOAST_PREFIX}name"] is False
     assert rows[2][f"{TOAST_PREFIX}name"] is False  # filled in for the range without
@@ -149,8 +193,9 @@ def test_a_placeholder_met_late_folds_the_range_again_from_its_start(spark):
         return reader_of({0: records}, 4)(r)
 
     out, (summary,) = range_rows({0: records}, batch=4, reader=counted)
-    assert reads == [0, 0] and summary.toast and summary.records == len(records)
-    got = accept([summary], TopicPlan(TOPIC))
+    assert reads == [0, 0, 0]  # the head, the range, the range again
+    assert summary.toast and summary.records == len(records)
+    got = accepted(out, {0: records})
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[3]["name"] == "first3" and rows[3][f"{TOAST_PREFIX}name"] is False
     spark_rows, _, _ = both(spark, raw_table({0: records}))
@@ -173,7 +218,7 @@ def test_a_value_that_does_not_fit_is_seen_only_in_a_change_that_is_written():
     "records, why",
     [
         ([(key_record(1), b"not an envelope")], "not a JSON-with-schema envelope"),
-        ([(None, value_record("c", None, item(1, "a"), lsn=1))], "no key"),
+        ([(None, value_record("c", None, {**item(1, "a"), "id": None}, lsn=1))], "no key"),
         ([(key_record(1), value_record("c", None, item(1, "a"), lsn=1)),
           (None, value_record("t", None, None, lsn=2))], "truncate"),
         ([(key_record(1), value_record("c", None, {**item(1, "a"), "id": "one"}, lsn=1))],
@@ -181,30 +226,37 @@ def test_a_value_that_does_not_fit_is_seen_only_in_a_change_that_is_written():
     ],
 )  # fmt: skip
 def test_a_range_the_fold_cannot_take_stops_and_says_why(records, why):
-    out, (summary,) = range_rows({0: records})
+    out, (summary,) = range_rows({0: records}, plan=items_plan())
     assert summary.reason is not None and why in summary.reason, summary.reason
     assert len(out) == 1  # the summary only
-    got = accept([summary], TopicPlan(TOPIC))
+    got = accepted(out, {0: records}, plan=items_plan())
     assert isinstance(got, str) and why in got
 
 
-def test_two_value_schemas_take_the_general_path():
+def test_a_schema_other_than_the_heads_takes_the_general_path():
     extra = [*ITEM_COLUMNS, {"type": "int32", "optional": True, "field": "extra"}]
     wider = value_record("c", None, {**item(2, "b"), "extra": 1}, lsn=2, columns=extra)
     parts = {0: [(key_record(1), value_record("c", None, item(1, "a"), lsn=1))],
              1: [(key_record(2), wider)]}  # fmt: skip
-    _, summaries = range_rows(parts)
-    assert all(s.reason is None for s in summaries)
-    got = accept(summaries, TopicPlan(TOPIC))
-    assert isinstance(got, str) and "2 value schemas" in got
-    _, (summary,) = range_rows({0: [parts[0][0], (key_record(2), wider)]})
-    assert "2 value schemas in one partition" in summary.reason
+    out, summaries = range_rows(parts)
+    assert [s.reason is None for s in summaries] == [True, False]
+    got = accepted(out, parts)
+    assert isinstance(got, str) and got.startswith("partition 1: a value schema other than")
+    out, (summary,) = range_rows({0: [parts[0][0], (key_record(2), wider)]})
+    assert "a value schema other than the one read at the head" in summary.reason
+    assert len(out) == 1  # the summary only
 
 
 def test_a_range_of_tombstones_only_resolves_to_nothing():
-    out, (summary,) = range_rows({0: [(key_record(1), None), (key_record(2), None)]})
+    parts = {0: [(key_record(1), None), (key_record(2), None)]}
+    plan = plan_of(parts)
+    assert plan.key_schema == items_plan().key_schema and plan.value_schema is None
+    out, (summary,) = range_rows(parts, plan=plan)
     assert summary.reason is None and summary.value_schemas == [] and summary.counts == {}
-    assert isinstance(accept([summary], TopicPlan(TOPIC)), AcceptedTopic)
+    assert isinstance(accepted(out, parts, plan), AcceptedTopic)
+    # a value schema where the head had none stops the range
+    out, (summary,) = range_rows({0: [*parts[0], items_records(1)[0]]}, plan=plan)
+    assert "a value schema other than the one read at the head" in summary.reason
 
 
 def test_the_reader_is_closed_when_the_range_stops_early():
@@ -219,20 +271,20 @@ def test_the_reader_is_closed_when_the_range_stops_early():
         finally:
             closed.append(offset)
 
-    task = range_task(reader, {TOPIC: TopicPlan(TOPIC)})
+    task = range_task(reader, {TOPIC: items_plan()})
     plan = pa.RecordBatch.from_pylist([{"topic": TOPIC, "partition": 0, "start": 0, "end": 100}])
-    (out,) = list(task(iter([plan])))
-    assert "envelope" in RangeSummary.from_json(out.column(2)[0].as_py()).reason
+    out = list(task(iter([plan])))
+    (summary,) = ends(out)[0]
+    assert len(out) == 1 and "envelope" in summary.reason
     assert closed == [0]  # stopped after the first batch
 
 
 def test_a_fold_reports_its_records():
-    fold = RangeFold(TopicPlan(TOPIC), 3)
+    fold = RangeFold(items_plan(), 3)
     rows = RawRows(TOPIC, 3)
     rows.add(0, 0, key_record(1), value_record("c", None, item(1, "a"), lsn=1))
     assert fold.add(rows.batch()) and fold.summary.records == 1
-    (last,) = list(fold.finish())[-1:]
-    summary = RangeSummary.from_json(last.column(2)[0].as_py())
+    (summary,) = ends(list(fold.finish()))[0]
     assert (summary.partition, summary.counts, summary.reason) == (3, {False: 1}, None)
 
 
@@ -273,40 +325,85 @@ def test_a_range_with_too_many_keys_stops(monkeypatch):
     assert summary.records == 14 and len(out) == 1  # stopped after the second read batch
 
 
-def _frame(spark, out):
-    from cdclake.range_resolve import RANGE_SCHEMA
+def _frame(spark, out, plan: TopicPlan):
     from cdclake.spark import cache_level
 
-    return spark.createDataFrame([tuple(b.to_pylist()[0].values()) for b in out],
-                                 RANGE_SCHEMA).persist(cache_level(0))  # fmt: skip
+    return arrow_frame(spark, pa.Table.from_batches(out), plan.ddl).persist(cache_level(0))
 
 
 def test_the_job_takes_a_topic_only_when_its_rows_add_up(spark):
-    """The job counts a topic's unpacked rows against what its ranges resolved: a stream
+    """The job counts a topic's rows against what its ranges resolved: a batch of rows
     gone missing stops the batch before anything is written; a key found in two
     partitions sends the topic the general way."""
     from cdclake.config import TableConfig
     from cdclake.exceptions import CdclakeError
     from cdclake.job import _ranged_topic
-    from cdclake.spark import cache_level
 
-    v, table, plan = value_record, TableConfig("public.items", "items"), TopicPlan(TOPIC)
-    level = cache_level(0)
+    v, table, plan = value_record, TableConfig("public.items", "items"), items_plan()
     records = [(key_record(k), v("c", None, item(k, "n"), lsn=100 + k)) for k in range(5)]
     out, _ = range_rows({0: records, 1: records[:2]})
-    got = _ranged_topic(spark, _frame(spark, out), table, plan, level)
+    got = _ranged_topic(spark, _frame(spark, out, plan), table, plan)
     assert got is None  # keys 0 and 1 are in both partitions
 
     out, _ = range_rows({0: records[:3], 1: records[3:]})
-    got = _ranged_topic(spark, _frame(spark, out), table, plan, level)
+    got = _ranged_topic(spark, _frame(spark, out, plan), table, plan)
     assert got is not None and got.rows.count() == 5
-    got.rows.unpersist()
+    assert sorted(r["id"] for r in got.rows.collect()) == list(range(5))
+    assert got.rows.columns == [n for n, _ in plan.columns(toast=False)]
+    got.release()
 
-    streams = [b for b in out if b.column(3)[0].is_valid]
-    assert len(streams) == 2
-    with pytest.raises(CdclakeError, match="resolved 5 rows but 3 were unpacked"):
-        _ranged_topic(spark, _frame(spark, [b for b in out if b is not streams[1]]), table,
-                      plan, level)  # fmt: skip
+    rows = [b for b in out if b.column(META_COLUMN).null_count == b.num_rows]
+    assert len(rows) == 2
+    with pytest.raises(CdclakeError, match="resolved 5 rows but returned 3"):
+        _ranged_topic(spark, _frame(spark, [b for b in out if b is not rows[1]], plan), table,
+                      plan)  # fmt: skip
+
+
+def test_the_head_gives_the_schemas_of_its_first_records_that_carry_them():
+    """Tombstones carry no value schema: the head read goes on to the next range."""
+    v = value_record
+    value = (key_record(1), v("c", None, item(1, "a"), lsn=1))
+    parts = {0: [(key_record(9), None)] * 3, 1: [(key_record(9), None), value]}
+    asked = []
+
+    def reader(r: dict):
+        asked.append((r["partition"], r["start"], r["end"]))
+        return reader_of(parts, 2)(r)
+
+    ranges = heads(parts)
+    assert head_schemas(reader, ranges, records=50) == (items_plan().key_schema,
+                                                        items_plan().value_schema)  # fmt: skip
+    assert asked == [(0, 0, 3), (1, 0, 2)]
+    asked.clear()
+    assert head_schemas(reader, ranges, records=1) == (items_plan().key_schema, None)
+    assert asked == [(0, 0, 1), (1, 0, 1)]
+    assert head_schemas(reader, [{**ranges[0], "end": 0}], records=1) is None
+
+
+@pytest.mark.parametrize(
+    "columns, rows",
+    [
+        ([("id", pa.int32())], [(1,), (2,), (-3,)]),
+        ([("id", pa.int64())], [(1,), (None,), (2,)]),
+        ([("code", pa.string())], [("a",), ("b",), ("",)]),
+        ([("code", pa.string()), ("n", pa.int64())], [("a", 1), ("a", 2), ("b", 1)]),
+        ([("d", pa.decimal128(10, 2))], [(Decimal("1.50"),), (Decimal("1.05"),)]),
+    ],
+)  # fmt: skip
+def test_key_hashes_are_equal_for_equal_keys_only(columns, rows):
+    def table(rs):
+        return pa.table({n: pa.array([r[i] for r in rs], t) for i, (n, t) in enumerate(columns)})
+
+    names = [n for n, _ in columns]
+    first = key_hashes(table(rows), names)
+    again = key_hashes(table(list(reversed(rows))), names)
+    assert first.dtype == np.uint64 and len(set(first.tolist())) == len(rows)
+    assert first.tolist() == list(reversed(again.tolist()))
+    whole = accept([RangeSummary(TOPIC, 0), RangeSummary(TOPIC, 1)], items_plan(),
+                   [first[:1], again[-1:]])  # fmt: skip
+    assert whole == "a key is in more than one partition"
+    assert isinstance(accept([RangeSummary(TOPIC, 0), RangeSummary(TOPIC, 1)], items_plan(),
+                             [first[:1], first[1:]]), AcceptedTopic)  # fmt: skip
 
 
 def test_the_placeholder_search_finds_what_match_substring_finds():
