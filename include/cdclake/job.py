@@ -251,7 +251,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
                 .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
                 .persist(level)
             )
-            got = _ranged_topic(spark, frame, table, topic_plan)
+            got = _ranged_topic(frame, topic_plan)
         except CdclakeError:  # the rows do not add up: nothing of the batch is written
             if frame is not None:
                 frame.unpersist()
@@ -304,7 +304,7 @@ def _topic_plan(reader, table: TableConfig, topic: str, ranges: list[OffsetRange
     return None
 
 
-def _ranged_topic(spark, frame, table: TableConfig, plan: TopicPlan):
+def _ranged_topic(frame, plan: TopicPlan):
     """A topic's range results (`frame`, persisted) -> its rows, or None (the log says
     why) when it must take the general path."""
     import numpy as np

@@ -335,18 +335,17 @@ def test_the_job_takes_a_topic_only_when_its_rows_add_up(spark):
     """The job counts a topic's rows against what its ranges resolved: a batch of rows
     gone missing stops the batch before anything is written; a key found in two
     partitions sends the topic the general way."""
-    from cdclake.config import TableConfig
     from cdclake.exceptions import CdclakeError
     from cdclake.job import _ranged_topic
 
-    v, table, plan = value_record, TableConfig("public.items", "items"), items_plan()
+    v, plan = value_record, items_plan()
     records = [(key_record(k), v("c", None, item(k, "n"), lsn=100 + k)) for k in range(5)]
     out, _ = range_rows({0: records, 1: records[:2]})
-    got = _ranged_topic(spark, _frame(spark, out, plan), table, plan)
+    got = _ranged_topic(_frame(spark, out, plan), plan)
     assert got is None  # keys 0 and 1 are in both partitions
 
     out, _ = range_rows({0: records[:3], 1: records[3:]})
-    got = _ranged_topic(spark, _frame(spark, out, plan), table, plan)
+    got = _ranged_topic(_frame(spark, out, plan), plan)
     assert got is not None and got.rows.count() == 5
     assert sorted(r["id"] for r in got.rows.collect()) == list(range(5))
     assert got.rows.columns == [n for n, _ in plan.columns(toast=False)]
@@ -355,8 +354,7 @@ def test_the_job_takes_a_topic_only_when_its_rows_add_up(spark):
     rows = [b for b in out if b.column(META_COLUMN).null_count == b.num_rows]
     assert len(rows) == 2
     with pytest.raises(CdclakeError, match="resolved 5 rows but returned 3"):
-        _ranged_topic(spark, _frame(spark, [b for b in out if b is not rows[1]], plan), table,
-                      plan)  # fmt: skip
+        _ranged_topic(_frame(spark, [b for b in out if b is not rows[1]], plan), plan)
 
 
 def test_the_head_gives_the_schemas_of_its_first_records_that_carry_them():
