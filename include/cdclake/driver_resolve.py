@@ -428,10 +428,12 @@ class _Unparsed:
         self.typed = None  # built when first needed
 
     def settle(self, change: _Change) -> None:
-        change.after = self._row(change.after, change)
-        change.before = self._row(change.before, change)
+        change.after = self.row(change.after, change.partition, change.offset)
+        change.before = self.row(change.before, change.partition, change.offset)
 
-    def _row(self, raw, change: _Change) -> dict | None:
+    def row(self, raw, partition: int, offset: int) -> dict | None:
+        """One row (raw JSON, or None) of the record at `partition` and `offset`, decoded
+        whole."""
         if raw is None:
             return None
         rows = self.rows
@@ -442,8 +444,7 @@ class _Unparsed:
         try:
             row = self.typed(raw)
         except _DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
-            return rows.generic(_json(bytes(raw).decode(), _where(change.partition,
-                                                                  change.offset)))  # fmt: skip
+            return rows.generic(_json(bytes(raw).decode(), _where(partition, offset)))
         rows.finish(row)
         return rows.finish(row, deferred=True)
 

@@ -28,7 +28,11 @@ from typing import TYPE_CHECKING
 
 from cdclake.changes import DELETED, TopicSchema, topic_schema
 from cdclake.driver_resolve import (
+    _DECODE_ERRORS,
+    _HEADER,
+    META,
     NO_TOAST,
+    NULL_ROW,
     KeyFold,
     RowShape,
     ToastColumns,
@@ -36,6 +40,7 @@ from cdclake.driver_resolve import (
     arrow_type,
     check_key_types,
     columns_ddl,
+    columns_table,
     cycles_uncollected,
     decode_records,
     folds_table,
@@ -157,7 +162,8 @@ class RangeSummary:
 class RangeFold:
     """The records of one offset range, folded batch by batch into each key's state."""
 
-    def __init__(self, plan: TopicPlan, partition: int, follow_toast: bool = False) -> None:
+    def __init__(self, plan: TopicPlan, partition: int, follow_toast: bool = False,
+                 columnar: bool = True) -> None:  # fmt: skip
         self.plan = plan
         # Until a TOAST placeholder's text is seen in the range, no key's fold needs its
         # changes' rows: they are decoded only for the changes written (`headers_only`).
@@ -165,6 +171,11 @@ class RangeFold:
         # row decoded (`restart`), which `range_task` does.
         self.follow_toast = follow_toast
         self.restart = False
+        self.closed = False  # read whole (`close`)
+        # Such a range is folded as columns (`ColumnarFold`) where it can be; one that
+        # meets what that fold does not take is folded again change by change.
+        self.columnar: ColumnarFold | None = None
+        self._want_columnar = columnar and not follow_toast and _HEADER is not None
         self.summary = RangeSummary(plan.topic, partition)
         self.schema: TopicSchema | None = None
         self._planned = {"key": plan.key_schema, "value": plan.value_schema}
@@ -228,8 +239,23 @@ class RangeFold:
         self._decoders = row_decoders(self.schema, keys, values)
         self._toast_cols = toastable(self.schema)
         self._toast_of = ToastColumns(self._toast_cols)
+        if self._want_columnar:
+            key_decoders, value_decoders = self._decoders
+            key = key_decoders[self.plan.key_schema[0]]
+            if key.typed is not None and not key.rows.later:  # keys msgspec types whole
+                value = self.plan.value_schema
+                self.columnar = ColumnarFold(
+                    self.schema, key, None if value is None else value_decoders[value[0]],
+                    self.summary.partition,
+                )  # fmt: skip
 
     def _fold(self, raw: pa.RecordBatch) -> None:
+        if self.columnar is not None:
+            try:
+                self.columnar.add(raw)
+            except Irregular:
+                self.restart = True
+            return
         schema, states, toast = self.schema, self.states, self._toast_of
         lean = not self.follow_toast
         changes = decode_records(raw, schema, self._texts["key"], self._texts["value"],
@@ -249,39 +275,60 @@ class RangeFold:
         if len(states) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
 
+    def close(self) -> None:
+        """The range is read whole: a columnar fold resolves its keys (or asks for the
+        range to be folded again change by change, `restart`)."""
+        self.closed = True
+        if self.columnar is None or self.reason is not None or self.restart:
+            return
+        try:
+            self._guarded(self.columnar.resolve)
+        except Irregular:
+            self.restart = True
+
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (batches of up to `BATCH_ROWS` rows, of `TopicPlan.ddl`),
         then the summary row."""
         summary = self.summary
-        assert not self.restart, "a range that met a TOAST placeholder is folded again"
+        if not self.closed:
+            self.close()
+        assert not self.restart, "a range to fold again is folded again"
         if summary.reason is None and not summary.records:
             summary.reason = "no records"
         if summary.reason is None:
             for side in ("key", "value"):
                 if self._seen[side]:
                     setattr(summary, f"{side}_schemas", list(self._texts[side].items()))
-            shape = RowShape(self.schema, self._toast_of if summary.toast else NO_TOAST)
             columns = result_columns(self.schema, True, summary.toast)
-            folds: list[tuple[tuple, KeyFold]] = []
             try:
-                while self.states:
-                    key, fold = self.states.popitem()
-                    if fold.r is not None:  # None: every change of the key was dropped
-                        folds.append((key, fold))
-                    if folds and (len(folds) == BATCH_ROWS or not self.states):
-                        if summary.toast:
-                            table = rows_table([f.row(k, shape) for k, f in folds], columns)
-                        else:
-                            table = folds_table(folds, shape, columns)
-                            _no_placeholder(table, self._toast_cols)
-                        summary.max_source_ms = tally(table, summary.counts,
-                                                      summary.max_source_ms)  # fmt: skip
-                        self._hashes.append(key_hashes(table, self.schema.key_names))
-                        yield from self._out(table)
-                        folds = []
+                for table in self._tables(columns):
+                    if not summary.toast:
+                        _no_placeholder(table, self._toast_cols)
+                    summary.max_source_ms = tally(table, summary.counts,
+                                                  summary.max_source_ms)  # fmt: skip
+                    self._hashes.append(key_hashes(table, self.schema.key_names))
+                    yield from self._out(table)
             except Unsupported as why:
                 summary.reason = str(why)
         yield from self._out(None, summary)
+
+    def _tables(self, columns: list[tuple[str, str]]) -> Iterator[pa.Table]:
+        """The resolved rows, `BATCH_ROWS` at a time."""
+        if self.columnar is not None:
+            yield from self.columnar.tables(columns)
+            return
+        shape = RowShape(self.schema, self._toast_of if self.summary.toast else NO_TOAST)
+        folds: list[tuple[tuple, KeyFold]] = []
+        while self.states:
+            key, fold = self.states.popitem()
+            if fold.r is not None:  # None: every change of the key was dropped
+                folds.append((key, fold))
+            if folds and (len(folds) == BATCH_ROWS or not self.states):
+                if self.summary.toast:
+                    yield rows_table([f.row(k, shape) for k, f in folds], columns)
+                else:
+                    yield folds_table(folds, shape, columns)
+                folds = []
 
     def _out(self, table: pa.Table | None,
              summary: RangeSummary | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
@@ -307,6 +354,208 @@ class RangeFold:
             arrays += [pa.array([summary.to_json()]), pa.array([hashes.tobytes()])]
         names = [n for n, _ in columns] + [META_COLUMN, KEYS_COLUMN]
         yield from pa.Table.from_arrays(arrays, names=names).to_batches()
+
+
+class Irregular(Exception):
+    """What `ColumnarFold` does not take: its range is folded again change by change
+    (`KeyFold`), which decides as always."""
+
+
+_OP_CODES = {"c": 0, "u": 1, "d": 2, "r": 3}
+_OP_NAMES = ("c", "u", "d", "r")
+_TOMBSTONE = 4  # the operation code of a tombstone
+_NO_LSN = -1  # a record without an LSN (PostgreSQL's are never negative)
+
+
+class ColumnarFold:
+    """A range's records folded as columns. Each read batch's keys and envelope headers
+    (operation, source LSN and time, whether a row after is there) are decoded into
+    arrays, and the row after (raw JSON) is kept for the last change of each key that
+    has one; `resolve` then finds each key's resolved change with numpy, and `tables`
+    decodes only the rows written.
+
+    It takes what a connector that did not restart writes: every record keyed, every
+    envelope one msgspec decodes, and each key's LSNs rising in Kafka order. Then no
+    change is a re-send, and of `KeyFold`'s `drop_stale` only the rule that a key's
+    first record, when it is a tombstone, follows nothing and is dropped is left. On
+    anything else (a re-send above all, after a connector restart) it raises
+    `Irregular`."""
+
+    def __init__(self, schema: TopicSchema, keys, values, partition: int) -> None:
+        self.schema = schema
+        names = schema.key_names
+        self.one_integer = len(names) == 1 and schema.key[0].type in ("int", "bigint")
+        self.key_decode = keys.typed
+        self.values = values  # the value schema's `_Envelopes` (None: tombstones only)
+        self.partition = partition
+        self.ids: dict[tuple, int] = {}  # a key (not one integer column) -> its number
+        self.parts: list[tuple] = []  # each read batch's arrays (`_arrays`)
+        self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
+        self.resolved = None
+
+    def add(self, raw: pa.RecordBatch) -> None:
+        import numpy as np
+
+        cols = raw.select(["offset", "is_tombstone", "key_payload",
+                           "value_payload"]).to_pydict()  # fmt: skip
+        offsets, tombs = cols["offset"], cols["is_tombstone"]
+        try:
+            codes = self._codes(cols["key_payload"])
+            header = _HEADER
+            heads = [None if t is None else header(t) for t in cols["value_payload"]]
+        except (*_DECODE_ERRORS, KeyError, TypeError, ValueError, OverflowError):
+            raise Irregular("a key or an envelope msgspec does not take") from None
+        if any((h is None) != t for h, t in zip(heads, tombs, strict=True)):
+            raise Irregular("a record without a value that is no tombstone")
+        try:
+            ops = [_TOMBSTONE if h is None else _OP_CODES[h.op] for h in heads]
+        except (KeyError, TypeError):  # a truncate, or what the change fold names
+            raise Irregular("an operation other than c, u, d and r") from None
+        sources = [None if h is None else h.source for h in heads]
+        lsns = [None if s is None else s.get("lsn") for s in sources]
+        stamps = [None if s is None else s.get("ts_ms") for s in sources]
+        afters = self.afters
+        for i, h in enumerate(heads):  # the last row after of each key, so far
+            if h is not None and h.after is not None and h.after != NULL_ROW:
+                afters[codes[i]] = (offsets[i], h.after)
+        if len(afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
+            raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
+        try:
+            self.parts.append((
+                np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64),
+                np.array(ops, dtype=np.int8),
+                np.array([_NO_LSN if x is None else x for x in lsns], dtype=np.int64),
+                np.array([0 if x is None else x for x in stamps], dtype=np.int64),
+                np.array([x is not None for x in stamps], dtype=bool),
+                np.array([h is not None and h.after is not None and h.after != NULL_ROW
+                          for h in heads], dtype=bool),
+            ))  # fmt: skip
+        except OverflowError:
+            raise Irregular("an LSN or time beyond 64 bits") from None
+
+    def _codes(self, texts: list) -> list[int]:
+        """Each key's number: one integer column's value, else the key's order of
+        appearance."""
+        from operator import itemgetter
+
+        decode = self.key_decode
+        keys = [decode(t) for t in texts]
+        names = self.schema.key_names
+        if self.one_integer:
+            name = names[0]
+            codes = [k[name] for k in keys]
+            if None in codes:
+                raise TypeError("a key without a value")
+            return codes
+        get = itemgetter(*names)
+        found = [(get(k),) for k in keys] if len(names) == 1 else [get(k) for k in keys]
+        if any(None in k for k in found):
+            raise TypeError("a key without a value")
+        ids = self.ids
+        return [ids.setdefault(k, len(ids)) for k in found]
+
+    def resolve(self) -> None:
+        """Each key's resolved change, from the arrays of the whole range."""
+        import numpy as np
+
+        if not self.parts:
+            self.resolved = None
+            return
+        codes, offsets, ops, lsns, stamps, stamped, has_after = (
+            np.concatenate(a) for a in zip(*self.parts, strict=True))  # fmt: skip
+        self.parts = []
+        n = len(codes)
+        order = np.argsort(codes, kind="stable")  # by key, then Kafka order
+        by_key = codes[order]
+        starts = np.flatnonzero(np.r_[True, by_key[1:] != by_key[:-1]])
+        if len(starts) > RANGE_KEYS:
+            raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
+        lasts = np.r_[starts[1:], n] - 1
+        # a re-send: an LSN not above the one before it of its key
+        with_lsn = order[lsns[order] != _NO_LSN]
+        same_key = codes[with_lsn][1:] == codes[with_lsn][:-1]
+        if np.any(same_key & (lsns[with_lsn][1:] <= lsns[with_lsn][:-1])):
+            raise Irregular("a re-sent change")
+        tomb = ops[order] == _TOMBSTONE
+        # a key's only record, a tombstone, is dropped: the key has nothing to write
+        kept = ~((starts == lasts) & tomb[starts])
+        where = np.arange(n)
+        last_lsn = np.maximum.reduceat(np.where(lsns[order] != _NO_LSN, where, -1), starts)
+        last_change = np.maximum.reduceat(np.where(~tomb, where, -1), starts)
+        r = order[lasts[kept]]
+        if np.any((ops[r] != _TOMBSTONE) & (ops[r] != _OP_CODES["d"]) & ~has_after[r]):
+            raise Irregular("a change that is no delete without a row after")
+        self.resolved = {
+            "code": codes[r], "r": r, "offsets": offsets, "ops": ops, "lsns": lsns,
+            "stamps": stamps, "stamped": stamped, "has_after": has_after,
+            "last_lsn": np.where(last_lsn[kept] >= 0, order[np.maximum(last_lsn[kept], 0)], -1),
+            "last_change": np.where(last_change[kept] >= 0,
+                                    order[np.maximum(last_change[kept], 0)], -1),
+        }  # fmt: skip
+
+    def tables(self, columns: list[tuple[str, str]]) -> Iterator[pa.Table]:
+        """The resolved rows (of `columns`), `BATCH_ROWS` at a time."""
+        if self.resolved is None:
+            return
+        res = self.resolved
+        for lo in range(0, len(res["r"]), BATCH_ROWS):
+            yield self._table(slice(lo, lo + BATCH_ROWS), columns)
+
+    def _table(self, part: slice, columns: list[tuple[str, str]]) -> pa.Table:
+        import numpy as np
+
+        res = self.resolved
+        r, codes = res["r"][part], res["code"][part]
+        ops, lsns = res["ops"][r], res["lsns"][r]
+        tomb = ops == _TOMBSTONE
+        deleted = tomb | (ops == _OP_CODES["d"])
+        # the row: the resolved change's row after (its key's last, `resolve`), or for a
+        # deleted key the last row after it had (None: no such row)
+        offsets = res["offsets"][r].tolist()
+        afters, partition, row = self.afters, self.partition, None
+        if self.values is not None:
+            row = self.values.unparsed.row
+        rows = []
+        for code in codes.tolist():
+            held = afters.get(code)
+            rows.append(None if held is None else row(held[1], partition, held[0]))
+        data: dict[str, list] = {}
+        for c in self.schema.columns:
+            name = c.name
+            data[name] = [None if v is None else v.get(name) for v in rows]
+        keys = codes.tolist() if self.one_integer else [self._keys()[c] for c in codes.tolist()]
+        for i, name in enumerate(self.schema.key_names):
+            data[name] = keys if self.one_integer else [k[i] for k in keys]
+        last_lsn = res["last_lsn"][part]
+        fold_lsn = np.where(last_lsn >= 0, res["lsns"][np.maximum(last_lsn, 0)], _NO_LSN)
+        change = res["last_change"][part]
+        change_lsn = np.where(change >= 0, res["lsns"][np.maximum(change, 0)], _NO_LSN)
+        own = lsns != _NO_LSN
+        lsn = np.where(own, lsns, fold_lsn)
+        stale = np.where(tomb, change_lsn, lsns)
+        stamped = res["stamped"][r]
+        meta = (
+            deleted.tolist(),
+            ["d" if t else _OP_NAMES[o] for t, o in zip(tomb.tolist(), ops.tolist(), strict=True)],
+            _nullable(res["stamps"][r] * 1000, stamped),
+            _nullable(lsn, lsn != _NO_LSN),
+            _nullable(stale, stale != _NO_LSN),
+            [partition] * len(offsets),
+            offsets,
+        )  # fmt: skip
+        for name, values in zip(META, meta, strict=True):
+            data[name] = values
+        return columns_table(data, columns)
+
+    def _keys(self) -> list[tuple]:
+        keys = getattr(self, "_key_list", None)
+        if keys is None or len(keys) != len(self.ids):
+            keys = self._key_list = list(self.ids)
+        return keys
+
+
+def _nullable(values, valid) -> list:
+    return [v if ok else None for v, ok in zip(values.tolist(), valid.tolist(), strict=True)]
 
 
 def key_hashes(table: pa.Table, key_names: Sequence[str]):
@@ -382,9 +631,13 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
     def task(batches):
         for batch in batches:
             for r in batch.to_pylist():
-                fold = _read_range(reader, r, RangeFold(plans[r["topic"]], r["partition"]))
-                if fold.restart:  # a TOAST placeholder: read again, following TOAST
-                    fold = RangeFold(plans[r["topic"]], r["partition"], follow_toast=True)
+                plan, partition = plans[r["topic"]], r["partition"]
+                fold = _read_range(reader, r, RangeFold(plan, partition))
+                while fold.restart:
+                    # read again: following TOAST once a placeholder was met, else
+                    # change by change (what the columnar fold did not take)
+                    fold = RangeFold(plan, partition, follow_toast=fold.summary.toast,
+                                     columnar=False)  # fmt: skip
                     fold = _read_range(reader, r, fold)
                 yield from fold.finish()
 
@@ -398,6 +651,8 @@ def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
             for raw in records:
                 if not fold.add(raw):
                     break
+            else:
+                fold.close()
     finally:
         close = getattr(records, "close", None)
         if close is not None:

@@ -109,10 +109,12 @@ def item(i, name, price="1.00", blob=b"\x01"):
     }  # fmt: skip
 
 
-def history(seed: int, partitions: int = 1, toast: bool = True) -> dict[int, list]:
+def history(seed: int, partitions: int = 1, toast: bool = True, resends: bool = True,
+            truncates: bool = True) -> dict[int, list]:  # fmt: skip
     """A random stream of changes to a few keys: creates, updates (some with TOAST
     placeholders, unless `toast` is False), deletes with and without tombstones, lone
-    tombstones, re-sent records, snapshot reads without LSN, and truncates."""
+    tombstones, re-sent records (unless `resends` is False), snapshot reads without LSN,
+    and truncates (unless `truncates` is False)."""
     rnd = random.Random(seed)
     parts: dict[int, list] = {p: [] for p in range(partitions)}
     sent: list[tuple[int, tuple]] = []
@@ -135,13 +137,15 @@ def history(seed: int, partitions: int = 1, toast: bool = True) -> dict[int, lis
             sent.append((p, rec))
             if rnd.random() < 0.7:
                 rec = (key_record(k), None)
+            elif not resends:
+                continue  # else the delete is sent twice
         elif roll < 0.8:
             rec = (key_record(k), None)  # lone tombstone
-        elif roll < 0.88 and sent:
+        elif roll < 0.88 and sent and resends:
             p, rec = rnd.choice(sent)  # re-sent after a connector restart
         elif roll < 0.94:
             rec = (key_record(k), value_record("r", None, item(k, "snap"), lsn=None))
-        elif rnd.random() < 0.3:
+        elif rnd.random() < 0.3 and truncates:
             rec = (None, value_record("t", None, None, lsn=lsn))  # truncate
             p = rnd.randrange(partitions)
         else:

@@ -2,12 +2,15 @@
 the same rows once the ranges' results are put together, or the reason the topic must
 take the general path."""
 
+import json
+import random
 from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from cdclake.changes import DELETED
 from cdclake.range_resolve import (
     BATCH_ROWS,
     KEYS_COLUMN,
@@ -16,6 +19,7 @@ from cdclake.range_resolve import (
     RangeFold,
     RangeSummary,
     TopicPlan,
+    _read_range,
     accept,
     head_schemas,
     key_hashes,
@@ -107,12 +111,17 @@ def unpacked(out, got: AcceptedTopic) -> pa.Table:
     return table.filter(pc.is_null(table[META_COLUMN])).select([n for n, _ in got.columns])
 
 
-@pytest.mark.parametrize("toast", [True, False], ids=["placeholders", "none"])
+@pytest.mark.parametrize(
+    "toast, resends",
+    [(True, True), (False, True), (False, False)],
+    ids=["placeholders", "none", "no-resends"],
+)
 @pytest.mark.parametrize("seed", range(12))
-def test_ranges_resolve_as_in_spark(spark, seed, toast):
-    """Without placeholders a range is folded from its changes' headers alone; with
-    them, mostly again from its start once the first is met."""
-    parts = history(seed, partitions=1 + seed % 2, toast=toast)
+def test_ranges_resolve_as_in_spark(spark, seed, toast, resends):
+    """Without placeholders a range is folded from its changes' headers alone (as
+    columns when no change is a re-send); with them, mostly again from its start once
+    the first is met."""
+    parts = history(seed, partitions=1 + seed % 2, toast=toast, resends=resends)
     out, summaries = range_rows(parts)
     assert len(summaries) == len(parts)
     assert toast or not any(s.toast for s in summaries)
@@ -126,6 +135,103 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast):
     assert sum(got.counts.values()) == rows.num_rows == len(spark_rows)
     assert got.counts == local.counts and got.max_source_ms == local.max_source_ms
     same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+
+
+def folded(parts: dict[int, list], partition: int, columnar: bool, batch: int = 7):
+    """One range of `parts` read and folded as columns or change by change: the fold,
+    and unless it must be folded again, its rows (sorted by key) and summary."""
+    plan = plan_of(parts)
+    r = next(h for h in heads(parts) if h["partition"] == partition)
+    fold = _read_range(reader_of(parts, batch), r, RangeFold(plan, partition,
+                                                             columnar=columnar))  # fmt: skip
+    if fold.restart:
+        return fold, None, None
+    out = list(fold.finish())
+    (summary,), (hashes,) = ends(out)
+    table = pa.Table.from_batches(out)
+    rows = table.filter(pc.is_null(table[META_COLUMN])).drop([META_COLUMN, KEYS_COLUMN])
+    names = plan.schema.key_names
+    return fold, rows.sort_by([(n, "ascending") for n in names]), (summary, sorted(hashes))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_columnar_fold_gives_the_rows_of_the_change_fold(seed):
+    """Histories without re-sends or truncates are folded as columns, to the rows and
+    summary of the change-by-change fold: deletes, tombstones (lone, and first of their
+    key), snapshot reads without LSN, several read batches."""
+    parts = history(seed, toast=False, resends=False, truncates=False)
+    fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=3 + seed % 5)
+    assert fold.columnar is not None and summary.reason is None
+    by_change, rows_2, (summary_2, hashes_2) = folded(parts, 0, columnar=False)
+    assert by_change.columnar is None
+    assert rows.equals(rows_2), (rows.to_pylist(), rows_2.to_pylist())
+    assert summary == summary_2 and hashes == hashes_2
+
+
+def test_a_re_sent_change_folds_the_range_again_change_by_change():
+    """A connector that restarts sends changes again; a re-sent change (its LSN not
+    above its key's last) is dropped, which only the change-by-change fold does."""
+    v = value_record
+    first = (key_record(1), v("c", None, item(1, "a"), lsn=10))
+    records = [first, (key_record(1), v("u", None, item(1, "b"), lsn=11)), first,
+               (key_record(2), v("c", None, item(2, "c"), lsn=12))]  # fmt: skip
+    fold, _, _ = folded({0: records}, 0, columnar=True)
+    assert fold.columnar is not None and fold.restart
+    out, (summary,) = range_rows({0: records})
+    rows = {r["id"]: r["name"] for r in unpacked(out, accepted(out, {0: records})).to_pylist()}
+    assert rows == {1: "b", 2: "c"} and summary.reason is None
+
+
+def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
+    v = value_record
+    keyless = (None, v("c", None, item(1, "a"), lsn=10))
+    truncate = (None, v("t", None, None, lsn=11))
+    for record in (keyless, truncate):
+        records = [(key_record(2), v("c", None, item(2, "c"), lsn=9)), record]
+        fold, _, _ = folded({0: records}, 0, columnar=True)
+        assert fold.columnar is not None and fold.restart, record
+
+
+PAIR_COLUMNS = [{"type": "string", "optional": False, "field": "region"},
+                {"type": "int64", "optional": False, "field": "n"},
+                {"type": "string", "optional": True, "field": "note"}]  # fmt: skip
+
+
+def pair_key(row: dict, names: list[str]) -> bytes:
+    fields = [c for c in PAIR_COLUMNS if c["field"] in names]
+    schema = {"type": "struct", "optional": False, "name": "pg.public.pairs.Key",
+              "fields": fields}  # fmt: skip
+    payload = {n: row[n] for n in names}
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("names", [["region"], ["region", "n"]], ids=["text", "two columns"])
+def test_keys_of_text_or_of_two_columns_fold_as_columns(names):
+    v = value_record
+    rnd = random.Random(5)
+    records, lsn = [], 0
+    for _ in range(300):
+        lsn += 1
+        row = {"region": rnd.choice(["eu", "us", "ü", "ap", "sa"]), "n": rnd.randint(1, 4),
+               "note": f"x{lsn}"}  # fmt: skip
+        k = pair_key(row, names)
+        roll = rnd.random()
+        if roll < 0.15:
+            records += [(k, v("d", row, None, lsn=lsn, columns=PAIR_COLUMNS)), (k, None)]
+        else:
+            records.append((k, v("u" if roll < 0.8 else "c", None, row, lsn=lsn,
+                                 columns=PAIR_COLUMNS)))  # fmt: skip
+    gone = {"region": "eu", "n": 1, "note": "last"}  # one key surely ends deleted
+    k = pair_key(gone, names)
+    records += [(k, v("d", gone, None, lsn=lsn + 1, columns=PAIR_COLUMNS)), (k, None)]
+    parts = {0: records}
+    fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=40)
+    assert fold.columnar is not None and summary.reason is None
+    assert fold.schema.key_names == tuple(names)
+    _, rows_2, (summary_2, hashes_2) = folded(parts, 0, columnar=False)
+    assert rows.equals(rows_2) and summary == summary_2 and hashes == hashes_2
+    assert rows.num_rows == len({tuple(r[n] for n in names) for r in rows.to_pylist()}) > 4
+    assert 0 < pc.sum(rows[DELETED]).as_py() < rows.num_rows
 
 
 def test_a_range_that_starts_with_a_lone_tombstone_keeps_every_row(spark):
