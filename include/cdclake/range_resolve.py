@@ -5,7 +5,9 @@ record of a key to one partition: all of a key's changes in a batch are then in 
 its offset ranges. So a task can read a whole range, split and decode its records and
 fold each key's changes (`KeyFold`) as they come, holding each key's latest state only:
 its memory grows with the range's keys, not its records. Nothing of the raw records is
-cached, scanned or shuffled; only the resolved rows leave the task.
+cached, scanned or shuffled; only the resolved rows leave the task. A range without TOAST
+placeholders is folded as columns (`ColumnarFold`), and folded again change by change
+when it holds what that fold does not take (a re-sent change above all).
 
 The driver first reads the head of the topic's ranges for its key and value schemas
 (`head_schemas`): they give the lake columns, so the tasks return typed rows
@@ -414,11 +416,13 @@ class ColumnarFold:
         sources = [None if h is None else h.source for h in heads]
         lsns = [None if s is None else s.get("lsn") for s in sources]
         stamps = [None if s is None else s.get("ts_ms") for s in sources]
-        afters = self.afters
-        for i, h in enumerate(heads):  # the last row after of each key, so far
-            if h is not None and h.after is not None and h.after != NULL_ROW:
-                afters[codes[i]] = (offsets[i], h.after)
-        if len(afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
+        has_after = [h is not None and h.after is not None and h.after != NULL_ROW
+                     for h in heads]  # fmt: skip
+        # the last row after of each key, so far (a later one of a key replaces it)
+        rowed = np.flatnonzero(has_after).tolist()
+        self.afters.update(zip([codes[i] for i in rowed],
+                               [(offsets[i], heads[i].after) for i in rowed]))  # fmt: skip
+        if len(self.afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
         try:
             self.parts.append((
@@ -427,8 +431,7 @@ class ColumnarFold:
                 np.array([_NO_LSN if x is None else x for x in lsns], dtype=np.int64),
                 np.array([0 if x is None else x for x in stamps], dtype=np.int64),
                 np.array([x is not None for x in stamps], dtype=bool),
-                np.array([h is not None and h.after is not None and h.after != NULL_ROW
-                          for h in heads], dtype=bool),
+                np.array(has_after, dtype=bool),
             ))  # fmt: skip
         except OverflowError:
             raise Irregular("an LSN or time beyond 64 bits") from None
