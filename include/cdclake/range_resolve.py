@@ -367,6 +367,7 @@ _OP_CODES = {"c": 0, "u": 1, "d": 2, "r": 3}
 _OP_NAMES = ("c", "u", "d", "r")
 _TOMBSTONE = 4  # the operation code of a tombstone
 _NO_LSN = -1  # a record without an LSN (PostgreSQL's are never negative)
+_MAX_MS = (2**63 - 1) // 1000  # a source time (ms) that still fits in microseconds
 
 
 class ColumnarFold:
@@ -391,7 +392,7 @@ class ColumnarFold:
         self.values = values  # the value schema's `_Envelopes` (None: tombstones only)
         self.partition = partition
         self.ids: dict[tuple, int] = {}  # a key (not one integer column) -> its number
-        self.parts: list[tuple] = []  # each read batch's arrays (`_arrays`)
+        self.parts: list[tuple] = []  # each read batch's arrays
         self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
         self.resolved = None
 
@@ -420,21 +421,24 @@ class ColumnarFold:
                      for h in heads]  # fmt: skip
         # the last row after of each key, so far (a later one of a key replaces it)
         rowed = np.flatnonzero(has_after).tolist()
-        self.afters.update(zip([codes[i] for i in rowed],
-                               [(offsets[i], heads[i].after) for i in rowed]))  # fmt: skip
+        self.afters.update({codes[i]: (offsets[i], heads[i].after) for i in rowed})
         if len(self.afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
         try:
-            self.parts.append((
-                np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64),
-                np.array(ops, dtype=np.int8),
-                np.array([_NO_LSN if x is None else x for x in lsns], dtype=np.int64),
-                np.array([0 if x is None else x for x in stamps], dtype=np.int64),
-                np.array([x is not None for x in stamps], dtype=bool),
-                np.array(has_after, dtype=bool),
-            ))  # fmt: skip
+            lsn = np.array([_NO_LSN if x is None else x for x in lsns], dtype=np.int64)
+            stamp = np.array([0 if x is None else x for x in stamps], dtype=np.int64)
         except OverflowError:
             raise Irregular("an LSN or time beyond 64 bits") from None
+        if np.count_nonzero(lsn < 0) != lsns.count(None):
+            raise Irregular("a negative LSN")
+        if np.any(np.abs(stamp) > _MAX_MS):
+            raise Irregular("a source time beyond 64 bits in microseconds")
+        self.parts.append((
+            np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64),
+            np.array(ops, dtype=np.int8), lsn, stamp,
+            np.array([x is not None for x in stamps], dtype=bool),
+            np.array(has_after, dtype=bool),
+        ))  # fmt: skip
 
     def _codes(self, texts: list) -> list[int]:
         """Each key's number: one integer column's value, else the key's order of

@@ -186,10 +186,13 @@ def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
     v = value_record
     keyless = (None, v("c", None, item(1, "a"), lsn=10))
     truncate = (None, v("t", None, None, lsn=11))
-    for record in (keyless, truncate):
+    negative = (key_record(3), v("c", None, item(3, "a"), lsn=-4))
+    for record in (keyless, truncate, negative):
         records = [(key_record(2), v("c", None, item(2, "c"), lsn=9)), record]
         fold, _, _ = folded({0: records}, 0, columnar=True)
         assert fold.columnar is not None and fold.restart, record
+    fold, rows, _ = folded({0: [records[0], negative]}, 0, columnar=False)
+    assert rows.column("_cdc_lsn").to_pylist() == [9, -4]
 
 
 PAIR_COLUMNS = [{"type": "string", "optional": False, "field": "region"},
