@@ -246,3 +246,40 @@ def load_catalog_for(stack):
             properties={"jdbc.user": "postgres", "jdbc.password": ""},
         )
     )
+
+
+def test_a_run_builds_the_jvm_archive_once_and_says_so(tmp_path, monkeypatch):
+    """The archive a deployed load's driver maps is built before the steps (untimed)
+    when missing; the report says whether it was there, built, or could not be."""
+    import cdclake.bench.runner as runner
+    from cdclake.exceptions import CdclakeError
+
+    archive = tmp_path / "driver.jsa"
+    built = []
+
+    def build(path):
+        built.append(path)
+        path.write_bytes(b"archive")
+        return path
+
+    monkeypatch.setattr(runner, "archive_path", lambda: archive)
+    monkeypatch.setattr(runner, "build_archive", build)
+    bench = runner.Bench(0, tmp_path, None, Sizes.smoke())
+    bench.jvm_archive()
+    bench.jvm_archive()  # once a run
+    assert built == [archive] and archive.is_file()
+    found = bench.details["jvm_archive"]
+    assert found["present"] is False and found["built_s"] >= 0 and "error" not in found
+
+    bench = runner.Bench(0, tmp_path, None, Sizes.smoke())
+    bench.jvm_archive()  # there now: not built again
+    assert built == [archive] and bench.details["jvm_archive"]["present"] is True
+
+    def broken(path):
+        raise CdclakeError("no spark-submit")
+
+    archive.unlink()
+    monkeypatch.setattr(runner, "build_archive", broken)
+    bench = runner.Bench(0, tmp_path, None, Sizes.smoke())
+    bench.jvm_archive()
+    assert bench.details["jvm_archive"]["error"] == "no spark-submit"

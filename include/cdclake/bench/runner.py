@@ -187,6 +187,30 @@ class Bench:
         }  # fmt: skip
         self.say(f"throughput from tansu: {events / wall:,.0f} events/s ({wall:.1f}s)")
 
+    # ---- the JVM archive ---------------------------------------------------------------
+    def jvm_archive(self) -> None:
+        """Build the driver JVM's class-data-sharing archive when this environment has
+        none, untimed, as `cdclake jvm-archive` does once per environment: the steps after
+        it start their JVMs the way a deployed load does. The report says whether it was
+        there, built, or could not be."""
+        if "jvm_archive" in self.details:
+            return
+        archive = archive_path()
+        found = {"path": None if archive is None else str(archive),
+                 "present": archive is not None and archive.is_file()}  # fmt: skip
+        self.details["jvm_archive"] = found
+        if archive is None or found["present"]:
+            return
+        started = time.perf_counter()
+        try:
+            build_archive(archive)
+        except (CdclakeError, OSError) as exc:
+            found["error"] = str(exc)
+            self.say(f"measured without a JVM archive, which could not be built: {exc}")
+            return
+        found["built_s"] = round(time.perf_counter() - started, 1)
+        self.say(f"built the JVM archive {archive} in {found['built_s']:.0f}s")
+
     # ---- fixed overhead: spark-submit of jobs/load.py ----------------------------------
     def fixed_overhead(self) -> None:
         z = self.sizes
@@ -196,14 +220,7 @@ class Bench:
         ranges = produce_workload(self.stack.broker.bootstrap, workload)
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "fixed")
         plan = BatchPlan(pipeline.name, "bench-fixed", tuple(ranges))
-        if (archive := archive_path()) is not None and not archive.is_file():
-            started = time.perf_counter()
-            try:
-                build_archive(archive)  # what `cdclake jvm-archive` does once per environment
-                self.say(f"built the JVM archive {archive} in "
-                         f"{time.perf_counter() - started:.0f}s")  # fmt: skip
-            except (CdclakeError, OSError) as exc:
-                self.say(f"measured without a JVM archive, which could not be built: {exc}")
+        self.jvm_archive()
         self.say(f"spark-submit jobs/load.py: {z.fixed_events} events over {z.fixed_tables} tables")
         wall, cpu, out = self._submit_load(pipeline, "fixed", plan, z.fixed_events)
         committed = committed_tables(out)
@@ -581,6 +598,10 @@ def run_bench(
     stack = LocalStack(StackSettings.from_env())
     stack.up()
     bench = Bench(scale, work, stack, sizes)
+    if not only or "fixed_overhead" in only:
+        # a run that measures a spark-submit builds the archive first, so that every
+        # step's JVM (the in-process session's too) starts as a deployed load's does
+        bench.jvm_archive()
     for step in STEPS:
         if only and step not in only:
             continue
