@@ -213,41 +213,48 @@ class _RangedTopic:
 
 
 def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
-    """The topics read and resolved range by range ({} when none is): for each eligible
-    topic (as many at a time as tables are loaded), the driver reads the head of its
-    ranges for its schemas, then one Spark job reads its ranges, a task each, and
-    resolves them into typed rows, kept when they add up (`_ranged_topic`)."""
+    """The topics read and resolved range by range ({} when none is): the driver reads
+    the head of each eligible topic's ranges for its schemas (all at once, while it
+    looks the lake tables up), then for each topic (as many at a time as tables are
+    loaded) one Spark job reads its ranges, a task each, and resolves them into typed
+    rows, kept when they add up (`_ranged_topic`)."""
     source = KAFKA if read is None else read
     records = plan.total
     if (not RANGE_RESOLVE or not isinstance(source, RawSource)
             or (read is None and records <= DRIVER_READ_RECORDS)):  # fmt: skip
         return {}
     topics = {r.topic for r in plan.ranges}
-    work = {}
-    for table in pipeline.tables:
-        topic = pipeline.topic_for(table)
-        if topic not in topics or table.key:  # a configured key: grouped by Spark
-            continue
-        qualified = pipeline.qualified_target(table)
-        known = table_columns(spark, qualified) if spark.catalog.tableExists(qualified) else {}
-        work[topic] = (table, known)
-    if not work:
+    tables = {pipeline.topic_for(t): t for t in pipeline.tables}
+    # a configured key: grouped by Spark
+    eligible = [topic for topic, t in tables.items() if topic in topics and not t.key]
+    if not eligible:
         return {}
     reader = source.open(pipeline.kafka)
+    ranges_of = {topic: [r for r in plan.ranges if r.topic == topic] for topic in eligible}
+    # the heads of the ranges are read while the lake tables are looked up (a cold
+    # catalog's first lookups take a second or two)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(eligible)) as pool:
+        heads = {topic: pool.submit(_head_read, reader, ranges_of[topic]) for topic in eligible}
+        work = {}
+        for topic in eligible:
+            qualified = pipeline.qualified_target(tables[topic])
+            exists = spark.catalog.tableExists(qualified)
+            work[topic] = (tables[topic], table_columns(spark, qualified) if exists else {})
     level = cache_level(records)
     done: dict[str, _RangedTopic] = {}
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
-        ranges = [r for r in plan.ranges if r.topic == topic]
         frame = None
         try:
-            planned = _topic_plan(reader, table, topic, ranges, known)
+            planned = _topic_plan(heads[topic], table, topic, known)
             if planned is None:
                 return
             topic_plan, ddl = planned
             frame = (
-                range_plan(spark, ranges)
+                range_plan(spark, ranges_of[topic])
                 .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
                 .persist(level)
             )
@@ -274,15 +281,20 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
     return done
 
 
-def _topic_plan(reader, table: TableConfig, topic: str, ranges: list[OffsetRange],
-                known: dict[str, str]) -> tuple[TopicPlan, str] | None:  # fmt: skip
-    """The plan of a topic's range tasks, with the schemas at the head of its ranges,
-    and the schema of their rows; None (the log says why) when the topic must take the
-    general path."""
+def _head_read(reader, ranges: list[OffsetRange]):
+    """`head_schemas` of the ranges."""
     heads = [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
              for r in ranges]  # fmt: skip
+    return head_schemas(reader, heads)
+
+
+def _topic_plan(head, table: TableConfig, topic: str,
+                known: dict[str, str]) -> tuple[TopicPlan, str] | None:  # fmt: skip
+    """The plan of a topic's range tasks, with the schemas at the head of its ranges
+    (`head`, the future of its `_head_read`), and the schema of their rows; None (the
+    log says why) when the topic must take the general path."""
     try:
-        found = head_schemas(reader, heads)
+        found = head.result()
     except Exception as exc:  # a read that failed: the table on its own, as for a task's
         log.warning("%s: the head of its ranges could not be read; read again the general "
                     "way: %s: %s", topic, type(exc).__name__, _brief(exc))  # fmt: skip
