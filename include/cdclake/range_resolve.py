@@ -394,6 +394,7 @@ class ColumnarFold:
         self.ids: dict[tuple, int] = {}  # a key (not one integer column) -> its number
         self.parts: list[tuple] = []  # each read batch's arrays
         self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
+        self.keys: list[tuple] = []  # the keys by number (`ids`), once resolved
         self.resolved = None
 
     def add(self, raw: pa.RecordBatch) -> None:
@@ -492,9 +493,10 @@ class ColumnarFold:
         r = order[lasts[kept]]
         if np.any((ops[r] != _TOMBSTONE) & (ops[r] != _OP_CODES["d"]) & ~has_after[r]):
             raise Irregular("a change that is no delete without a row after")
+        self.keys = list(self.ids)
         self.resolved = {
             "code": codes[r], "r": r, "offsets": offsets, "ops": ops, "lsns": lsns,
-            "stamps": stamps, "stamped": stamped, "has_after": has_after,
+            "stamps": stamps, "stamped": stamped,
             "last_lsn": np.where(last_lsn[kept] >= 0, order[np.maximum(last_lsn[kept], 0)], -1),
             "last_change": np.where(last_change[kept] >= 0,
                                     order[np.maximum(last_change[kept], 0)], -1),
@@ -530,9 +532,12 @@ class ColumnarFold:
         for c in self.schema.columns:
             name = c.name
             data[name] = [None if v is None else v.get(name) for v in rows]
-        keys = codes.tolist() if self.one_integer else [self._keys()[c] for c in codes.tolist()]
-        for i, name in enumerate(self.schema.key_names):
-            data[name] = keys if self.one_integer else [k[i] for k in keys]
+        if self.one_integer:
+            data[self.schema.key_names[0]] = codes.tolist()
+        else:
+            keys = [self.keys[c] for c in codes.tolist()]
+            for i, name in enumerate(self.schema.key_names):
+                data[name] = [k[i] for k in keys]
         last_lsn = res["last_lsn"][part]
         fold_lsn = np.where(last_lsn >= 0, res["lsns"][np.maximum(last_lsn, 0)], _NO_LSN)
         change = res["last_change"][part]
@@ -553,12 +558,6 @@ class ColumnarFold:
         for name, values in zip(META, meta, strict=True):
             data[name] = values
         return columns_table(data, columns)
-
-    def _keys(self) -> list[tuple]:
-        keys = getattr(self, "_key_list", None)
-        if keys is None or len(keys) != len(self.ids):
-            keys = self._key_list = list(self.ids)
-        return keys
 
 
 def _nullable(values, valid) -> list:
