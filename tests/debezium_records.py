@@ -77,3 +77,17 @@ def value_record(
                    "schema": "public", "table": "items", "txId": 1, "lsn": lsn},
     }  # fmt: skip
     return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+# a table keyed by text, or by a text and an integer column
+PAIR_COLUMNS = [{"type": "string", "optional": False, "field": "region"},
+                {"type": "int64", "optional": False, "field": "n"},
+                {"type": "string", "optional": True, "field": "note"}]  # fmt: skip
+
+
+def pair_key(row: dict, names: list[str]) -> bytes:
+    fields = [c for c in PAIR_COLUMNS if c["field"] in names]
+    schema = {"type": "struct", "optional": False, "name": "pg.public.pairs.Key",
+              "fields": fields}  # fmt: skip
+    payload = {n: row[n] for n in names}
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()

@@ -39,6 +39,7 @@ from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, D
 from cdclake.kafka import discover
 from cdclake.merge import (
     DEAD_LETTERS,
+    KEY_FILTER_TYPES,
     TableState,
     append_to_empty,
     build_append_sql,
@@ -51,6 +52,7 @@ from cdclake.merge import (
     deleted_keys_table,
     ensure_namespace,
     ensure_table,
+    key_filter_sql,
     mark_truncated,
     record_deleted_keys,
     table_columns,
@@ -764,26 +766,40 @@ def _load_table(
 FIRST_LOAD_APPEND = True
 
 
-# A MERGE into a table of at least this many rows, of at most KEY_FILTER_KEYS changes on
-# one integer key, names its keys in the join condition (`build_merge_sql`): 10,000
-# changes into a 10M-row table took 9.2 s without it. A smaller table is cheaper to
-# join whole than the extra job that collects the keys.
+# A MERGE into a table of at least this many rows, of at most KEY_FILTER_KEYS changes,
+# names the values of its key columns in the join condition (`build_merge_sql`), when
+# they are integers or text: 10,000 changes into a 10M-row table took 9.2 s without it.
+# A smaller table is cheaper to join whole than the extra job that collects the keys.
+# Text keys whose literals would pass KEY_FILTER_CHARS characters go without.
 KEY_FILTER_ROWS = 1_000_000
 KEY_FILTER_KEYS = 20_000
-_INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
+KEY_FILTER_CHARS = 1_000_000
 
 
 def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, counts):
-    """The resolved rows' keys, sorted, when the MERGE is worth filtering by them."""
+    """The values of each key column among the resolved rows, sorted, when the MERGE is
+    worth filtering by them (None: not)."""
     keys = schema.key
     changes = sum(counts.values())
-    if (truncate is not None or len(keys) != 1 or keys[0].type not in _INTEGER_TYPES
+    if (truncate is not None or not keys or any(k.type not in KEY_FILTER_TYPES for k in keys)
             or state.rows < KEY_FILTER_ROWS or not 0 < changes <= KEY_FILTER_KEYS):  # fmt: skip
         return None
     from pyspark.sql import functions as F
 
-    rows = resolved.select(F.col(f"`{keys[0].name}`")).collect()
-    return sorted(r[0] for r in rows if r[0] is not None)  # a NULL key matches nothing
+    rows = resolved.select(*(F.col(f"`{k.name}`") for k in keys)).collect()
+    values = {}
+    for i, k in enumerate(keys):
+        # a NULL key matches nothing
+        values[k.name] = sorted({r[i] for r in rows if r[i] is not None})
+        if not values[k.name]:
+            return None
+    if sum(len(v) for vs in values.values() for v in vs if isinstance(v, str)) > KEY_FILTER_CHARS:
+        return None
+    try:
+        key_filter_sql(schema, values)
+    except ValueError:  # a text no SQL literal holds
+        return None
+    return values
 
 
 class _Clock:

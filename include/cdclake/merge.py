@@ -103,7 +103,7 @@ def build_merge_sql(
     soft_delete: bool = False,
     deleted_lsn: bool = False,
     truncated_below: int | None = None,
-    key_values: Sequence[int] | None = None,
+    key_values: Mapping[str, Sequence] | None = None,
 ) -> str:
     """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
     when both have one); TOAST placeholders keep the table's value; a truncate deletes
@@ -112,19 +112,17 @@ def build_merge_sql(
     newer than that delete (a re-sent one) does not insert the row again; likewise no
     change older than an already loaded truncate (`truncated_below`) writes a row.
 
-    `key_values`, the source's keys (one integer key column, no truncate), also go into
-    the join condition as a filter on the table alone: Spark pushes it into the table's
-    scan, so only rows with those keys reach the join instead of the whole table (a MERGE
-    with inserts is an outer join that cannot broadcast the source). Rows outside it
-    matched nothing before either, so the outcome is the same."""
+    `key_values`, the values of each key column in the source (integer or text columns,
+    no truncate), also go into the join condition as a filter on the table alone, one
+    `IN` list per column: Spark pushes it into the table's scan, so only rows with those
+    values reach the join instead of the whole table (a MERGE with inserts is an outer
+    join that cannot broadcast the source). A row outside it matches no source row, as
+    its value of some key column is in no source key, so the outcome is the same."""
     names = written_columns(schema)
     after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
     if key_values is not None:
-        if len(schema.key_names) != 1 or truncate:
-            raise ValueError("a key filter needs one key column and no truncate")
-        values = ", ".join(str(int(v)) for v in key_values)
-        on += f" AND t.{quote(schema.key_names[0])} IN ({values})"
+        on += key_filter_sql(schema, key_values, truncate)
     fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
     if after_truncate:
         fresh = f"({fresh}{after_truncate})"
@@ -169,6 +167,44 @@ def build_merge_sql(
             below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
             sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
     return sql
+
+
+KEY_FILTER_TYPES = ("tinyint", "smallint", "int", "bigint", "string")
+
+
+def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence],
+                   truncate: bool = False) -> str:  # fmt: skip
+    """` AND t.<column> IN (...)` for each key column of `key_values` (every key column,
+    with at least one value each; NULLs match nothing and are left out)."""
+    if truncate:  # WHEN NOT MATCHED BY SOURCE must see every row
+        raise ValueError("a key filter cannot go with a truncate")
+    types = {k.name: k.type for k in schema.key}
+    if set(key_values) != set(types):
+        raise ValueError(f"a key filter needs every key column {sorted(types)}, "
+                         f"not {sorted(key_values)}")  # fmt: skip
+    parts = []
+    for name, values in key_values.items():
+        kind = types[name]
+        if kind not in KEY_FILTER_TYPES:
+            raise ValueError(f"no key filter on {name!r} of type {kind}")
+        if kind == "string":
+            items = [_string_literal(v) for v in values if v is not None]
+        else:
+            items = [str(int(v)) for v in values if v is not None]
+        if not items:
+            raise ValueError(f"a key filter needs a value of {name!r}")
+        parts.append(f" AND t.{quote(name)} IN ({', '.join(items)})")
+    return "".join(parts)
+
+
+def _string_literal(value: str) -> str:
+    """A SQL literal of `value`: quoted, or where a backslash or quote is in it (whose
+    reading depends on `spark.sql.parser.escapedStringLiterals`) its UTF-8 bytes in hex,
+    cast to a string."""
+    data = value.encode("utf-8")  # a lone surrogate: ValueError, no filter
+    if "\\" in value or "'" in value:
+        return f"CAST(X'{data.hex()}' AS STRING)"
+    return f"'{value}'"
 
 
 def _insert_conditions(truncated_below: int | None, deleted_lsn: bool) -> tuple[str, str]:

@@ -2,27 +2,54 @@
 
 import pytest
 from cdclake.changes import Column, TopicSchema
-from cdclake.merge import build_merge_sql
+from cdclake.merge import build_merge_sql, key_filter_sql
 
 ID = Column("id", "bigint", False)
 ONE_KEY = TopicSchema(key=(ID,), columns=(ID, Column("name", "string")))
 
 
 def test_the_keys_go_into_the_join_condition_on_the_table_alone():
-    sql = build_merge_sql("lake.ns.t", "src", ONE_KEY, key_values=[3, 10, 42])
+    sql = build_merge_sql("lake.ns.t", "src", ONE_KEY, key_values={"id": [3, 10, 42]})
     on = sql.split(" WHEN ", 1)[0]
     assert on.endswith("ON t.`id` = s.`id` AND t.`id` IN (3, 10, 42)")
     assert "IN (" not in build_merge_sql("lake.ns.t", "src", ONE_KEY)
 
 
+TEXT = Column("code", "string", False)
+TWO_KEYS = TopicSchema(key=(ID, TEXT), columns=(ID, TEXT, Column("name", "string")))
+
+
+def test_text_and_composite_keys_filter_each_key_column():
+    sql = build_merge_sql("lake.ns.t", "src", TWO_KEYS,
+                          key_values={"id": [1, 2], "code": ["a b", "é"]})  # fmt: skip
+    on = sql.split(" WHEN ", 1)[0]
+    assert on.endswith(
+        "ON t.`id` = s.`id` AND t.`code` = s.`code` AND t.`id` IN (1, 2) "
+        "AND t.`code` IN ('a b', 'é')"
+    )
+
+
+def test_a_text_key_with_a_quote_or_backslash_is_written_as_utf8_bytes():
+    text = TopicSchema(key=(TEXT,), columns=(TEXT,))
+    quoted, slashed = "it's", "a\\b"
+    on = key_filter_sql(text, {"code": [quoted, slashed, "plain"]})
+    assert on == (
+        f" AND t.`code` IN (CAST(X'{quoted.encode().hex()}' AS STRING), "
+        f"CAST(X'{slashed.encode().hex()}' AS STRING), 'plain')"
+    )
+
+
 @pytest.mark.parametrize(
-    "schema, truncate",
+    "schema, values, truncate, why",
     [
-        (ONE_KEY, True),  # WHEN NOT MATCHED BY SOURCE must see every row
-        (TopicSchema(key=(Column("a", "int", False), Column("b", "int", False)),
-                     columns=(Column("a", "int", False), Column("b", "int", False))), False),
+        (ONE_KEY, {"id": [1]}, True, "cannot go with a truncate"),  # NOT MATCHED BY SOURCE
+        (TWO_KEYS, {"id": [1]}, False, "needs every key column"),
+        (TopicSchema(key=(Column("d", "date", False),), columns=(Column("d", "date", False),)),
+         {"d": ["2024-01-01"]}, False, "no key filter on 'd' of type date"),
+        (ONE_KEY, {"id": [None]}, False, "needs a value of 'id'"),
+        (TopicSchema(key=(TEXT,), columns=(TEXT,)), {"code": ["\ud800"]}, False, "surrogate"),
     ],
 )  # fmt: skip
-def test_a_key_filter_is_refused_where_it_would_change_the_outcome(schema, truncate):
-    with pytest.raises(ValueError, match="one key column and no truncate"):
-        build_merge_sql("lake.ns.t", "src", schema, truncate=truncate, key_values=[1])
+def test_a_key_filter_is_refused_where_it_would_change_the_outcome(schema, values, truncate, why):
+    with pytest.raises(ValueError, match=why):
+        build_merge_sql("lake.ns.t", "src", schema, truncate=truncate, key_values=values)

@@ -2,7 +2,6 @@
 the same rows once the ranges' results are put together, or the reason the topic must
 take the general path."""
 
-import json
 import random
 from decimal import Decimal
 
@@ -28,7 +27,7 @@ from cdclake.range_resolve import (
 from cdclake.reader import RawRows, arrow_frame
 from cdclake.resolve import TOAST_PLACEHOLDER, TOAST_PREFIX
 
-from tests.debezium_records import ITEM_COLUMNS, key_record, value_record
+from tests.debezium_records import ITEM_COLUMNS, PAIR_COLUMNS, key_record, pair_key, value_record
 from tests.unit.test_driver_resolve import (
     TOAST_B64,
     TOPIC,
@@ -193,19 +192,6 @@ def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
         assert fold.columnar is not None and fold.restart, record
     fold, rows, _ = folded({0: [records[0], negative]}, 0, columnar=False)
     assert rows.column("_cdc_lsn").to_pylist() == [9, -4]
-
-
-PAIR_COLUMNS = [{"type": "string", "optional": False, "field": "region"},
-                {"type": "int64", "optional": False, "field": "n"},
-                {"type": "string", "optional": True, "field": "note"}]  # fmt: skip
-
-
-def pair_key(row: dict, names: list[str]) -> bytes:
-    fields = [c for c in PAIR_COLUMNS if c["field"] in names]
-    schema = {"type": "struct", "optional": False, "name": "pg.public.pairs.Key",
-              "fields": fields}  # fmt: skip
-    payload = {n: row[n] for n in names}
-    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
 
 
 @pytest.mark.parametrize("names", [["region"], ["region", "n"]], ids=["text", "two columns"])
