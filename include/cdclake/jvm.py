@@ -12,7 +12,13 @@ events over 10 tables (2 cores):
 - The client compiler alone (`-XX:TieredStopAtLevel=1`) for batches of at most
   `QUICK_JIT_RECORDS` records: 19.8 and 19.7 s with both compilers, 14.2 and 13.8 s with
   C1 only (36.8 vs 23.6 CPU s). C2's code is faster once compiled, which pays for big
-  batches: 1M events took 65.7 and 65.0 s with both, 77.3 and 75.7 s with C1 only.
+  batches that the Spark SQL jobs resolve: 1M events took 65.6 s with both, 81.2 s with
+  C1 only. Batches of 100,000 events, in a fresh session, cold: range by range 11.6,
+  10.7, 9.9 s with both, 8.4, 7.6, 7.9 s with C1 only; resolved in tasks by key 13.8,
+  14.1 against 10.2, 10.5 s; by the Spark SQL jobs 25.3, 24.6 against 19.5, 19.0 s. At
+  1M events, range by range C1 alone was still faster (16.2, 15.2 against 19.1, 18.4 s)
+  and in tasks by key even, but the Spark SQL jobs' path, which any topic may fall back
+  to, 24% slower: its break-even, between the two sizes, is near 300,000 records.
 
 `cdclake jvm-archive` builds the archive for this environment's Spark and Java (a warm-up
 load of generated events into a scratch Hadoop-catalog warehouse, in a spark-submit of its
@@ -45,8 +51,9 @@ from cdclake.exceptions import CdclakeError
 
 ARCHIVE_ENV = "CDCLAKE_JVM_ARCHIVE"
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
-# A batch of at most this many records runs its driver with the client compiler only.
-QUICK_JIT_RECORDS = 10_000
+# A batch of at most this many records runs its driver with the client compiler only:
+# below it every way of resolving a batch was faster so (above).
+QUICK_JIT_RECORDS = 250_000
 # the job writes its results to stdout: the JVM's own warnings (an archive that does not
 # match) must go to stderr
 _LOG_TO_STDERR = "-Xlog:disable -Xlog:all=warning:stderr"
