@@ -112,12 +112,13 @@ def build_merge_sql(
     newer than that delete (a re-sent one) does not insert the row again; likewise no
     change older than an already loaded truncate (`truncated_below`) writes a row.
 
-    `key_values`, the values of each key column in the source (integer or text columns,
-    no truncate), also go into the join condition as a filter on the table alone, one
-    `IN` list per column: Spark pushes it into the table's scan, so only rows with those
-    values reach the join instead of the whole table (a MERGE with inserts is an outer
-    join that cannot broadcast the source). A row outside it matches no source row, as
-    its value of some key column is in no source key, so the outcome is the same."""
+    `key_values`, the values of key columns in the source (integer or text columns, no
+    truncate), also go into the join condition as a filter on the table alone, one `IN`
+    list per column, or for an integer column the range of its values (`KeyRange`):
+    Spark pushes it into the table's scan, so only rows with those values reach the join
+    instead of the whole table (a MERGE with inserts is an outer join that cannot
+    broadcast the source). A row outside it matches no source row, as its value of some
+    key column is in no source key, so the outcome is the same."""
     names = written_columns(schema)
     after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
@@ -169,24 +170,40 @@ def build_merge_sql(
     return sql
 
 
-KEY_FILTER_TYPES = ("tinyint", "smallint", "int", "bigint", "string")
+INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
+KEY_FILTER_TYPES = (*INTEGER_TYPES, "string")
 
 
-def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence],
+@dataclass(frozen=True)
+class KeyRange:
+    """The lowest and highest value of an integer key column among a batch's rows."""
+
+    low: int
+    high: int
+
+
+def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyRange],
                    truncate: bool = False) -> str:  # fmt: skip
-    """` AND t.<column> IN (...)` for each key column of `key_values` (every key column,
-    with at least one value each; NULLs match nothing and are left out)."""
+    """` AND t.<column> IN (...)` for each key column of `key_values` with its values
+    (NULLs match nothing and are left out), or ` AND t.<column> BETWEEN <low> AND
+    <high>` for an integer one with a `KeyRange`. Any of the key columns will do: a row
+    whose value of one of them is outside the batch's matches no change."""
     if truncate:  # WHEN NOT MATCHED BY SOURCE must see every row
         raise ValueError("a key filter cannot go with a truncate")
     types = {k.name: k.type for k in schema.key}
-    if set(key_values) != set(types):
-        raise ValueError(f"a key filter needs every key column {sorted(types)}, "
+    if not key_values or not set(key_values) <= set(types):
+        raise ValueError(f"a key filter takes some of the key columns {sorted(types)}, "
                          f"not {sorted(key_values)}")  # fmt: skip
     parts = []
     for name, values in key_values.items():
         kind = types[name]
         if kind not in KEY_FILTER_TYPES:
             raise ValueError(f"no key filter on {name!r} of type {kind}")
+        if isinstance(values, KeyRange):
+            if kind not in INTEGER_TYPES:
+                raise ValueError(f"no key range on {name!r} of type {kind}")
+            parts.append(f" AND t.{quote(name)} BETWEEN {int(values.low)} AND {int(values.high)}")
+            continue
         if kind == "string":
             items = [_string_literal(v) for v in values if v is not None]
         else:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cdclake.job import run_batch
+from cdclake.merge import KeyRange
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row
 
@@ -116,13 +117,15 @@ def generate(rng: random.Random, steps: int, keys: int):
     "seed, key_filter, resolve",
     [(0, False, "tasks"), (1, False, "tasks"), (2, False, "tasks"), (3, False, "tasks"),
      (4, True, "tasks"), (5, True, "tasks"), (6, False, "spark"), (7, True, "spark"),
-     (8, False, "ranges"), (9, False, "ranges"), (10, False, "ranges"), (11, True, "ranges")],
+     (8, False, "ranges"), (9, False, "ranges"), (10, False, "ranges"), (11, True, "ranges"),
+     (12, "range", "ranges"), (13, "range", "tasks")],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
     stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
-    into a big table does. The batches (read by Spark, as big ones are) are resolved by
+    into a big table does (`"range"`: the range of the key's values, as a MERGE of more
+    changes does). The batches (read by Spark, as big ones are) are resolved by
     the Python code in tasks grouped by key, and a batch with a truncate by the Spark SQL
     jobs; with `resolve="ranges"` they are read and resolved range by range, as a Kafka
     source's are; with `resolve="spark"` every batch goes through the Spark SQL jobs."""
@@ -133,6 +136,8 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     filtered = []
     if key_filter:
         monkeypatch.setattr(cdclake.job, "KEY_FILTER_ROWS", 0)
+        if key_filter == "range":
+            monkeypatch.setattr(cdclake.job, "KEY_FILTER_KEYS", 0)
         build = cdclake.job.build_merge_sql
 
         def spy(*args, **kwargs):
@@ -161,6 +166,8 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         start = end
     if key_filter:  # the filter was there (batches with a truncate go without)
         assert any(f for f in filtered), filtered
+        ranged = {isinstance(v, KeyRange) for f in filtered if f for v in f.values()}
+        assert ranged == {key_filter == "range"}, filtered
     assert resolve in used and used <= {resolve, "spark"}, used
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 from cdclake.changes import Column, TopicSchema
-from cdclake.merge import build_merge_sql, key_filter_sql
+from cdclake.merge import KeyRange, build_merge_sql, key_filter_sql
 
 ID = Column("id", "bigint", False)
 ONE_KEY = TopicSchema(key=(ID,), columns=(ID, Column("name", "string")))
@@ -29,6 +29,12 @@ def test_text_and_composite_keys_filter_each_key_column():
     )
 
 
+def test_a_range_filters_an_integer_key_column_and_any_key_column_will_do():
+    sql = build_merge_sql("lake.ns.t", "src", TWO_KEYS, key_values={"id": KeyRange(-5, 90)})
+    on = sql.split(" WHEN ", 1)[0]
+    assert on.endswith("AND t.`code` = s.`code` AND t.`id` BETWEEN -5 AND 90")
+
+
 def test_a_text_key_with_a_quote_or_backslash_is_written_as_utf8_bytes():
     text = TopicSchema(key=(TEXT,), columns=(TEXT,))
     quoted, slashed = "it's", "a\\b"
@@ -43,7 +49,9 @@ def test_a_text_key_with_a_quote_or_backslash_is_written_as_utf8_bytes():
     "schema, values, truncate, why",
     [
         (ONE_KEY, {"id": [1]}, True, "cannot go with a truncate"),  # NOT MATCHED BY SOURCE
-        (TWO_KEYS, {"id": [1]}, False, "needs every key column"),
+        (TWO_KEYS, {"name": ["x"]}, False, "takes some of the key columns"),
+        (TWO_KEYS, {}, False, "takes some of the key columns"),
+        (TWO_KEYS, {"code": KeyRange(1, 2)}, False, "no key range on 'code' of type string"),
         (TopicSchema(key=(Column("d", "date", False),), columns=(Column("d", "date", False),)),
          {"d": ["2024-01-01"]}, False, "no key filter on 'd' of type date"),
         (ONE_KEY, {"id": [None]}, False, "needs a value of 'id'"),
