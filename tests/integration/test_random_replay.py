@@ -55,6 +55,22 @@ def load_one(spark, pipeline, name: str, raw, start: int, end: int):
     return run_batch(spark, pipeline, plan, read=read)
 
 
+def merge_key_filters(monkeypatch) -> list:
+    """Every MERGE filtered by key as one into a big table is (`KEY_FILTER_ROWS` 0): the
+    list the `key_values` of each MERGE built go into, in order."""
+    import cdclake.job
+
+    monkeypatch.setattr(cdclake.job, "KEY_FILTER_ROWS", 0)
+    build, filtered = cdclake.job.build_merge_sql, []
+
+    def spy(*args, **kwargs):
+        filtered.append(kwargs.get("key_values"))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(cdclake.job, "build_merge_sql", spy)
+    return filtered
+
+
 def lake_names(spark, pipeline) -> dict[int, str]:
     """id -> name of the rows in the pipeline's one table."""
     target = pipeline.qualified_target(pipeline.tables[0])
@@ -135,16 +151,9 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     used = set()
     filtered = []
     if key_filter:
-        monkeypatch.setattr(cdclake.job, "KEY_FILTER_ROWS", 0)
+        filtered = merge_key_filters(monkeypatch)
         if key_filter == "range":
             monkeypatch.setattr(cdclake.job, "KEY_FILTER_KEYS", 0)
-        build = cdclake.job.build_merge_sql
-
-        def spy(*args, **kwargs):
-            filtered.append(kwargs.get("key_values"))
-            return build(*args, **kwargs)
-
-        monkeypatch.setattr(cdclake.job, "build_merge_sql", spy)
     rng = random.Random(seed)
     records, states = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
@@ -432,16 +441,7 @@ def test_text_and_two_column_keys_filter_the_merge_and_match_the_model(
     the lake holds the model's rows, keys outside the batch untouched."""
     import json
 
-    import cdclake.job
-
-    monkeypatch.setattr(cdclake.job, "KEY_FILTER_ROWS", 0)
-    build, filtered = cdclake.job.build_merge_sql, []
-
-    def spy(*args, **kwargs):
-        filtered.append(kwargs.get("key_values"))
-        return build(*args, **kwargs)
-
-    monkeypatch.setattr(cdclake.job, "build_merge_sql", spy)
+    filtered = merge_key_filters(monkeypatch)
     v, rnd = value_record, random.Random(11)
     regions = ["eu", "it's", "a\\b", "ü", "x'\\y"]
     model: dict[tuple, str] = {}
