@@ -5,8 +5,8 @@ record of a key to one partition: all of a key's changes in a batch are then in 
 its offset ranges. So a task can read a whole range, split and decode its records and
 fold each key's changes (`KeyFold`) as they come, holding each key's latest state only:
 its memory grows with the range's keys, not its records. Nothing of the raw records is
-cached, scanned or shuffled; only the resolved rows leave the task. A range without TOAST
-placeholders is folded as columns (`ColumnarFold`), and folded again change by change
+cached, scanned or shuffled; only the resolved rows leave the task. A range is folded as
+columns (`ColumnarFold`), TOAST placeholders included, and folded again change by change
 when it holds what that fold does not take (a re-sent change above all).
 
 The driver first reads the head of the topic's ranges for its key and value schemas
@@ -167,15 +167,16 @@ class RangeFold:
     def __init__(self, plan: TopicPlan, partition: int, follow_toast: bool = False,
                  columnar: bool = True) -> None:  # fmt: skip
         self.plan = plan
-        # Until a TOAST placeholder's text is seen in the range, no key's fold needs its
-        # changes' rows: they are decoded only for the changes written (`headers_only`).
-        # A range that then meets one must be folded again from its start with every
-        # row decoded (`restart`), which `range_task` does.
+        # A range is folded as columns (`ColumnarFold`) where it can be; one that meets
+        # what that fold does not take is folded again change by change. The columnar
+        # fold follows the TOAST columns once a placeholder's text is seen. Folded change
+        # by change, until then no key's fold needs its changes' rows: they are decoded
+        # only for the changes written (`headers_only`), and a range that then meets one
+        # must be folded again from its start with every row decoded (`restart`), which
+        # `range_task` does.
         self.follow_toast = follow_toast
         self.restart = False
         self.closed = False  # read whole (`close`)
-        # Such a range is folded as columns (`ColumnarFold`) where it can be; one that
-        # meets what that fold does not take is folded again change by change.
         self.columnar: ColumnarFold | None = None
         self._want_columnar = columnar and not follow_toast and _HEADER is not None
         self.summary = RangeSummary(plan.topic, partition)
@@ -227,7 +228,9 @@ class RangeFold:
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
-            if not self.follow_toast:
+            if self.columnar is not None:  # it follows the TOAST columns from here on
+                self.columnar.follow_toast(self._toast_of)
+            elif not self.follow_toast:
                 self.restart = True
                 return
         self._fold(raw)
@@ -375,7 +378,9 @@ class ColumnarFold:
     (operation, source LSN and time, whether a row after is there) are decoded into
     arrays, and the row after (raw JSON) is kept for the last change of each key that
     has one; `resolve` then finds each key's resolved change with numpy, and `tables`
-    decodes only the rows written.
+    decodes only the rows written. Once a TOAST placeholder's text is met, a row after
+    that holds one is decoded with the key's row after before it, for the placeholders'
+    values (`follow_toast`).
 
     It takes what a connector that did not restart writes: every record keyed, every
     envelope one msgspec decodes, and each key's LSNs rising in Kafka order. Then no
@@ -394,6 +399,11 @@ class ColumnarFold:
         self.ids: dict[tuple, int] = {}  # a key (not one integer column) -> its number
         self.parts: list[tuple] = []  # each read batch's arrays
         self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
+        # once a placeholder's text is met (`follow_toast`): the TOAST columns, and for a
+        # key whose row after holds placeholders, the last real value of each of them
+        # read before it in the range (key number -> {column: value})
+        self.toast: ToastColumns | None = None
+        self.fills: dict[int, dict] = {}
         self.keys: list[tuple] = []  # the keys by number (`ids`), once resolved
         self.resolved = None
 
@@ -422,7 +432,10 @@ class ColumnarFold:
                      for h in heads]  # fmt: skip
         # the last row after of each key, so far (a later one of a key replaces it)
         rowed = np.flatnonzero(has_after).tolist()
-        self.afters.update({codes[i]: (offsets[i], heads[i].after) for i in rowed})
+        if self.toast is None:
+            self.afters.update({codes[i]: (offsets[i], heads[i].after) for i in rowed})
+        else:
+            self._follow(rowed, codes, offsets, heads, cols["value_payload"])
         if len(self.afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
         try:
@@ -440,6 +453,63 @@ class ColumnarFold:
             np.array([x is not None for x in stamps], dtype=bool),
             np.array(has_after, dtype=bool),
         ))  # fmt: skip
+
+    def follow_toast(self, toast: ToastColumns) -> None:
+        """From the next read batch on, fill each TOAST placeholder of a row after with
+        its column's value in the key's row after before it (`_follow`). The batches
+        before held no placeholder's text, so no row kept so far needs a fill."""
+        self.toast = toast
+
+    def _follow(self, rowed: list[int], codes: list[int], offsets: list[int], heads: list,
+                payloads: list) -> None:  # fmt: skip
+        """Keep each key's last row after, in Kafka order, with the fill of its
+        placeholders (`_fill`) when its payload holds a placeholder's text."""
+        afters, fills, texts = self.afters, self.fills, TOAST_TEXTS
+        for i in rowed:
+            code, after = codes[i], heads[i].after
+            payload = payloads[i]
+            fill = None
+            if any(t in payload for t in texts):
+                fill = self._fill(code, offsets[i], after)
+            if fill:
+                fills[code] = fill
+            elif code in fills:
+                del fills[code]
+            afters[code] = (offsets[i], after)
+
+    def _fill(self, code: int, offset: int, after) -> dict:
+        """For each TOAST column whose value in `after` is a placeholder, its last real
+        value: the one in the key's row after before it (`afters`, not replaced yet), or
+        that row's own fill when it held a placeholder too. A column with neither is not
+        filled: its flag tells the MERGE to keep the table's value, as `KeyFold.row`
+        does. A placeholder that follows a NULL (which PostgreSQL never sends: it stands
+        for a value stored out of line) is `Irregular`: `KeyFold` looks further back."""
+        decode = self.values.unparsed.row
+        partition = self.partition
+        try:
+            row = decode(after, partition, offset)
+        except (Unsupported, CdclakeError):
+            raise Irregular("a row after that does not decode") from None
+        held = self.afters.get(code)
+        before = None
+        fill = {}
+        for name, mark in self.toast.pairs:
+            value = row.get(name)
+            if value is None or value != mark or held is None:
+                continue
+            if before is None:
+                try:
+                    before = decode(held[1], partition, held[0])
+                except (Unsupported, CdclakeError):
+                    raise Irregular("a row after that does not decode") from None
+            last = before.get(name)
+            if last is None:
+                raise Irregular("a TOAST placeholder after a NULL")
+            if last != mark:
+                fill[name] = last
+            elif name in self.fills.get(code, ()):
+                fill[name] = self.fills[code][name]
+        return fill
 
     def _codes(self, texts: list) -> list[int]:
         """Each key's number: one integer column's value, else the key's order of
@@ -532,6 +602,8 @@ class ColumnarFold:
         for c in self.schema.columns:
             name = c.name
             data[name] = [None if v is None else v.get(name) for v in rows]
+        if self.toast is not None:
+            self._filled(data, codes.tolist(), deleted.tolist())
         if self.one_integer:
             data[self.schema.key_names[0]] = codes.tolist()
         else:
@@ -558,6 +630,25 @@ class ColumnarFold:
         for name, values in zip(META, meta, strict=True):
             data[name] = values
         return columns_table(data, columns)
+
+
+    def _filled(self, data: dict[str, list], codes: list[int], deleted: list[bool]) -> None:
+        """The TOAST columns' placeholders of live rows replaced by their fills (`_fill`)
+        and their flags, as `KeyFold.row` writes them: a placeholder without a fill is
+        NULL, flagged."""
+        fills = self.fills
+        for name, mark in self.toast.pairs:
+            values = data[name]
+            flags = [False] * len(values)
+            for j, value in enumerate(values):
+                if value is None or deleted[j] or value != mark:
+                    continue
+                fill = fills.get(codes[j])
+                if fill is not None and name in fill:
+                    values[j] = fill[name]
+                else:
+                    values[j], flags[j] = None, True
+            data[TOAST_PREFIX + name] = flags
 
 
 def _nullable(values, valid) -> list:

@@ -136,13 +136,15 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast, resends):
     same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
-def folded(parts: dict[int, list], partition: int, columnar: bool, batch: int = 7):
-    """One range of `parts` read and folded as columns or change by change: the fold,
-    and unless it must be folded again, its rows (sorted by key) and summary."""
+def folded(parts: dict[int, list], partition: int, columnar: bool, batch: int = 7,
+           follow_toast: bool = False):  # fmt: skip
+    """One range of `parts` read and folded as columns or change by change (following
+    the TOAST columns from its start with `follow_toast`): the fold, and unless it must
+    be folded again, its rows (sorted by key) and summary."""
     plan = plan_of(parts)
     r = next(h for h in heads(parts) if h["partition"] == partition)
-    fold = _read_range(reader_of(parts, batch), r, RangeFold(plan, partition,
-                                                             columnar=columnar))  # fmt: skip
+    fold = RangeFold(plan, partition, follow_toast=follow_toast, columnar=columnar)
+    fold = _read_range(reader_of(parts, batch), r, fold)
     if fold.restart:
         return fold, None, None
     out = list(fold.finish())
@@ -165,6 +167,94 @@ def test_the_columnar_fold_gives_the_rows_of_the_change_fold(seed):
     assert by_change.columnar is None
     assert rows.equals(rows_2), (rows.to_pylist(), rows_2.to_pylist())
     assert summary == summary_2 and hashes == hashes_2
+
+
+def toast_history(seed: int) -> tuple[list, dict[int, dict]]:
+    """Changes as PostgreSQL sends them for a table with TOASTed columns: an update that
+    leaves a stored value (not NULL) alone carries a placeholder for it, whether or not
+    the key's earlier changes are in the range (some keys were inserted before it).
+    Returns the records and each key's values at the end (None: deleted), where a value
+    set before the range is `UNKNOWN`."""
+    rnd = random.Random(seed)
+    state: dict[int, dict | None] = {}
+    for k in range(1, 9):  # inserted before the range: values the fold cannot know
+        state[k] = {"name": UNKNOWN, "blob": UNKNOWN} if rnd.random() < 0.6 else None
+    records, lsn = [], 100
+    names = ["a", "b", "ü", None]
+    blobs = [b"\x00\xff", b"\x02", None]
+    for _ in range(rnd.randint(30, 90)):
+        lsn += rnd.randint(1, 3)
+        k = rnd.randint(1, 8)
+        now, roll = state[k], rnd.random()
+        if now is None:
+            if roll < 0.15:
+                records.append((key_record(k), None))  # a lone tombstone
+                continue
+            now = state[k] = {"name": rnd.choice(names[:3]), "blob": rnd.choice(blobs[:2])}
+            op = "c" if roll < 0.9 else "r"
+            records.append((key_record(k), value_record(op, None, item(k, now["name"],
+                                                        blob=now["blob"]), lsn=lsn)))  # fmt: skip
+        elif roll < 0.2:
+            records.append((key_record(k), value_record("d", item(k, "old"), None, lsn=lsn)))
+            if rnd.random() < 0.8:
+                records.append((key_record(k), None))
+            state[k] = None
+        else:
+            sent = {}
+            for col, choices in (("name", names), ("blob", blobs)):
+                if now[col] is not None and rnd.random() < 0.6:  # left alone: stored TOASTed
+                    sent[col] = TOAST_PLACEHOLDER if col == "name" else TOAST_B64
+                else:
+                    now[col] = sent[col] = rnd.choice(choices)
+            records.append((key_record(k), value_record("u", None, item(k, sent["name"],
+                                                        blob=sent["blob"]), lsn=lsn)))  # fmt: skip
+    return records, state
+
+
+UNKNOWN = object()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_placeholders_fold_as_columns_to_the_values_they_stand_for(seed):
+    """A range with TOAST placeholders is folded as columns, without a second read: a
+    placeholder takes its column's value from the key's earlier change in the range,
+    and is NULL and flagged (the MERGE keeps the table's value) when none is there. The
+    rows equal those of the change-by-change fold that follows the TOAST columns."""
+    records, state = toast_history(seed)
+    parts = {0: records}
+    fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=2 + seed % 6)
+    assert fold.columnar is not None and fold.columnar.toast is not None
+    assert summary.toast and summary.reason is None
+    _, rows_2, (summary_2, hashes_2) = folded(parts, 0, columnar=False, follow_toast=True)
+    assert rows.equals(rows_2), (rows.to_pylist(), rows_2.to_pylist())
+    assert summary == summary_2 and hashes == hashes_2
+    written = {r["id"]: r for r in rows.to_pylist()}
+    for k, now in state.items():
+        if now is None:
+            assert k not in written or written[k][DELETED]
+            continue
+        row = written.get(k)
+        if row is None:  # no change of the key in the range
+            continue
+        for col in ("name", "blob"):
+            flag = row[f"{TOAST_PREFIX}{col}"]
+            if now[col] is UNKNOWN:
+                assert flag and row[col] is None, (k, col, row)
+            else:
+                assert not flag and row[col] == now[col], (k, col, row, now)
+
+
+def test_a_placeholder_after_a_null_folds_the_range_change_by_change():
+    """PostgreSQL never sends one (a placeholder stands for a value stored out of line),
+    so the columnar fold leaves it to the change-by-change fold."""
+    v = value_record
+    records = [(key_record(1), v("c", None, item(1, "a"), lsn=10)),
+               (key_record(1), v("u", None, item(1, None), lsn=11)),
+               (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=12))]  # fmt: skip
+    fold, _, _ = folded({0: records}, 0, columnar=True)
+    assert fold.columnar is not None and fold.restart
+    _, rows, _ = folded({0: records}, 0, columnar=False, follow_toast=True)
+    assert rows.column("name").to_pylist() == ["a"]
 
 
 def test_a_re_sent_change_folds_the_range_again_change_by_change():
@@ -274,10 +364,11 @@ def test_a_placeholder_in_one_range_gives_every_range_the_flags():
     assert rows[2][f"{TOAST_PREFIX}name"] is False  # filled in for the range without
 
 
-def test_a_placeholder_met_late_folds_the_range_again_from_its_start(spark):
+def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark):
     """The rows of a range are decoded only for the changes written, until a
-    placeholder's text is met: then the range is read again from its start, following
-    the TOAST columns, and the placeholder takes the value of a change read before it."""
+    placeholder's text is met: the columnar fold then follows the TOAST columns without
+    reading the range again, and the placeholder takes the value of a change read
+    before it. Folded change by change, the range must be read again from its start."""
     v = value_record
     records = [(key_record(k), v("c", None, item(k, f"first{k}"), lsn=10 + k)) for k in range(8)]
     records += [(key_record(3), v("u", None, item(3, TOAST_PLACEHOLDER), lsn=50))]
@@ -288,8 +379,10 @@ def test_a_placeholder_met_late_folds_the_range_again_from_its_start(spark):
         return reader_of({0: records}, 4)(r)
 
     out, (summary,) = range_rows({0: records}, batch=4, reader=counted)
-    assert reads == [0, 0, 0]  # the head, the range, the range again
+    assert reads == [0, 0]  # the head, the range
     assert summary.toast and summary.records == len(records)
+    by_change, _, _ = folded({0: records}, 0, columnar=False, batch=4)
+    assert by_change.restart and by_change.summary.toast
     got = accepted(out, {0: records})
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[3]["name"] == "first3" and rows[3][f"{TOAST_PREFIX}name"] is False
