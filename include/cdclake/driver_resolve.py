@@ -449,6 +449,13 @@ class _Unparsed:
         return rows.finish(row, deferred=True)
 
 
+def columns_decoder(value_schema: str, columns: Sequence[Column]):
+    """A decoder of the rows (raw JSON, as `_Unparsed.row` takes them) of a value schema
+    into its `columns` only: the other fields are parsed past, not decoded."""
+    fields = value_row_fields(parse_connect_schema(value_schema), "value")
+    return _Unparsed(_Rows(fields, columns)).row
+
+
 class _Envelopes:
     """A value schema's envelopes: `typed` (msgspec) parses one straight into typed rows
     (`_Rows`) and a source of integer `ts_ms` and `lsn`; a payload it refuses (a value of

@@ -41,6 +41,7 @@ from cdclake.driver_resolve import (
     Unsupported,
     arrow_type,
     check_key_types,
+    columns_decoder,
     columns_ddl,
     columns_table,
     cycles_uncollected,
@@ -229,7 +230,8 @@ class RangeFold:
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
             if self.columnar is not None:  # it follows the TOAST columns from here on
-                self.columnar.follow_toast(self._toast_of)
+                decode = columns_decoder(self.plan.value_schema[1], self._toast_cols)
+                self.columnar.follow_toast(self._toast_of, decode)
             elif not self.follow_toast:
                 self.restart = True
                 return
@@ -371,6 +373,7 @@ _OP_NAMES = ("c", "u", "d", "r")
 _TOMBSTONE = 4  # the operation code of a tombstone
 _NO_LSN = -1  # a record without an LSN (PostgreSQL's are never negative)
 _MAX_MS = (2**63 - 1) // 1000  # a source time (ms) that still fits in microseconds
+_UNKNOWN = object()  # a TOAST column's value not known in the range
 
 
 class ColumnarFold:
@@ -400,10 +403,12 @@ class ColumnarFold:
         self.parts: list[tuple] = []  # each read batch's arrays
         self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
         # once a placeholder's text is met (`follow_toast`): the TOAST columns, and for a
-        # key whose row after holds placeholders, the last real value of each of them
-        # read before it in the range (key number -> {column: value})
+        # key whose row after holds a placeholder's text, its TOAST columns' values, each
+        # placeholder replaced by the last real value read before it in the range (key
+        # number -> {column: value}; a column whose value is not known is left out)
         self.toast: ToastColumns | None = None
-        self.fills: dict[int, dict] = {}
+        self.reals: dict[int, dict] = {}
+        self._toast_decode = None
         self.keys: list[tuple] = []  # the keys by number (`ids`), once resolved
         self.resolved = None
 
@@ -454,62 +459,60 @@ class ColumnarFold:
             np.array(has_after, dtype=bool),
         ))  # fmt: skip
 
-    def follow_toast(self, toast: ToastColumns) -> None:
-        """From the next read batch on, fill each TOAST placeholder of a row after with
+    def follow_toast(self, toast: ToastColumns, decode) -> None:
+        """From the next read batch on, replace each TOAST placeholder of a row after by
         its column's value in the key's row after before it (`_follow`). The batches
-        before held no placeholder's text, so no row kept so far needs a fill."""
-        self.toast = toast
+        before held no placeholder's text, so no row kept so far holds one. `decode`
+        decodes a raw row into its TOAST columns only (`columns_decoder`)."""
+        self.toast, self._toast_decode = toast, decode
 
     def _follow(self, rowed: list[int], codes: list[int], offsets: list[int], heads: list,
                 payloads: list) -> None:  # fmt: skip
-        """Keep each key's last row after, in Kafka order, with the fill of its
-        placeholders (`_fill`) when its payload holds a placeholder's text."""
-        afters, fills, texts = self.afters, self.fills, TOAST_TEXTS
+        """Keep each key's last row after, in Kafka order, with the values of its TOAST
+        columns (`_reals`) when its payload holds a placeholder's text."""
+        afters, reals, texts = self.afters, self.reals, TOAST_TEXTS
         for i in rowed:
             code, after = codes[i], heads[i].after
             payload = payloads[i]
-            fill = None
             if any(t in payload for t in texts):
-                fill = self._fill(code, offsets[i], after)
-            if fill:
-                fills[code] = fill
-            elif code in fills:
-                del fills[code]
+                reals[code] = self._reals(code, offsets[i], after)
+            elif code in reals:
+                del reals[code]
             afters[code] = (offsets[i], after)
 
-    def _fill(self, code: int, offset: int, after) -> dict:
-        """For each TOAST column whose value in `after` is a placeholder, its last real
-        value: the one in the key's row after before it (`afters`, not replaced yet), or
-        that row's own fill when it held a placeholder too. A column with neither is not
-        filled: its flag tells the MERGE to keep the table's value, as `KeyFold.row`
-        does. A placeholder that follows a NULL (which PostgreSQL never sends: it stands
-        for a value stored out of line) is `Irregular`: `KeyFold` looks further back."""
-        decode = self.values.unparsed.row
-        partition = self.partition
+    def _reals(self, code: int, offset: int, after) -> dict:
+        """The TOAST columns' values of `after` with each placeholder replaced by its
+        column's last real value: the one in the key's row after before it (`afters`,
+        not replaced yet; its own `reals` when it held a placeholder's text too). A
+        column with neither is left out: its flag tells the MERGE to keep the table's
+        value, as `KeyFold.row` does. A placeholder that follows a NULL (which
+        PostgreSQL never sends: it stands for a value stored out of line) is
+        `Irregular`: `KeyFold` looks further back."""
+        decode = self._toast_decode
         try:
-            row = decode(after, partition, offset)
+            row = decode(after, self.partition, offset)
         except (Unsupported, CdclakeError):
             raise Irregular("a row after that does not decode") from None
-        held = self.afters.get(code)
-        before = None
-        fill = {}
+        held, before = self.afters.get(code), self.reals.get(code)
+        real = {}
         for name, mark in self.toast.pairs:
             value = row.get(name)
-            if value is None or value != mark or held is None:
+            if value is None or value != mark:
+                real[name] = value
                 continue
-            if before is None:
+            if held is None:  # the key's first row after in the range
+                continue
+            if before is None:  # a row without placeholders, decoded once
                 try:
-                    before = decode(held[1], partition, held[0])
+                    before = decode(held[1], self.partition, held[0])
                 except (Unsupported, CdclakeError):
                     raise Irregular("a row after that does not decode") from None
-            last = before.get(name)
+            last = before.get(name, _UNKNOWN)
             if last is None:
                 raise Irregular("a TOAST placeholder after a NULL")
-            if last != mark:
-                fill[name] = last
-            elif name in self.fills.get(code, ()):
-                fill[name] = self.fills[code][name]
-        return fill
+            if last is not _UNKNOWN:
+                real[name] = last
+        return real
 
     def _codes(self, texts: list) -> list[int]:
         """Each key's number: one integer column's value, else the key's order of
@@ -633,19 +636,19 @@ class ColumnarFold:
 
 
     def _filled(self, data: dict[str, list], codes: list[int], deleted: list[bool]) -> None:
-        """The TOAST columns' placeholders of live rows replaced by their fills (`_fill`)
-        and their flags, as `KeyFold.row` writes them: a placeholder without a fill is
-        NULL, flagged."""
-        fills = self.fills
+        """The TOAST columns' placeholders of live rows replaced by their last real values
+        (`_reals`) and their flags, as `KeyFold.row` writes them: a placeholder whose
+        value is not known is NULL, flagged."""
+        reals = self.reals
         for name, mark in self.toast.pairs:
             values = data[name]
             flags = [False] * len(values)
             for j, value in enumerate(values):
                 if value is None or deleted[j] or value != mark:
                     continue
-                fill = fills.get(codes[j])
-                if fill is not None and name in fill:
-                    values[j] = fill[name]
+                real = reals.get(codes[j], {}).get(name)
+                if real is not None:
+                    values[j] = real
                 else:
                     values[j], flags[j] = None, True
             data[TOAST_PREFIX + name] = flags
