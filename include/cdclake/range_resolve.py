@@ -41,8 +41,8 @@ from cdclake.driver_resolve import (
     Unsupported,
     arrow_type,
     check_key_types,
-    columns_decoder,
     columns_ddl,
+    columns_decoder,
     columns_table,
     cycles_uncollected,
     decode_records,
@@ -633,7 +633,6 @@ class ColumnarFold:
         for name, values in zip(META, meta, strict=True):
             data[name] = values
         return columns_table(data, columns)
-
 
     def _filled(self, data: dict[str, list], codes: list[int], deleted: list[bool]) -> None:
         """The TOAST columns' placeholders of live rows replaced by their last real values
