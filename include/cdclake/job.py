@@ -251,7 +251,8 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
     # catalog's first lookups take a second or two)
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(len(eligible)) as pool:
+    with ThreadPoolExecutor(len(eligible) + 1) as pool:
+        pool.submit(start_python_workers, spark)
         heads = {topic: pool.submit(_head_read, reader, ranges_of[topic]) for topic in eligible}
         work = {}
         for topic in eligible:
@@ -330,6 +331,40 @@ def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
         ensure_table(spark, qualified, schema, table.properties, table.partition_by,
                      table.delete_mode is DeleteMode.SOFT, existing={})  # fmt: skip
     return table_columns(spark, qualified)
+
+
+WORKERS_JOB_GROUP = "cdclake-python-workers"
+
+
+def start_python_workers(spark) -> None:
+    """Start the Python workers of the executors' cores and import the range tasks'
+    modules in them, while the driver looks the lake tables up and reads the heads (a
+    job of one task per core; Spark keeps the workers for the tasks after it). A cold
+    worker's start and imports otherwise fall on the first range tasks. Best effort: a
+    failure is logged and the range tasks start their workers themselves."""
+    sc = spark.sparkContext
+    names = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    try:
+        cores = max(1, sc.defaultParallelism)
+        kept = {name: sc.getLocalProperty(name) for name in names}
+        sc.setJobGroup(WORKERS_JOB_GROUP, "start the Python workers for the range tasks")
+        try:
+            sc.parallelize(range(cores), cores).mapPartitions(_import_range_modules).count()
+        finally:  # this thread's later jobs are not of the group
+            for name, value in kept.items():
+                sc.setLocalProperty(name, value)
+    except Exception as exc:
+        log.info("the Python workers were not started ahead of the range tasks: %s",
+                 _brief(exc))  # fmt: skip
+
+
+def _import_range_modules(rows):
+    import numpy  # noqa: F401
+    import pyarrow.compute  # noqa: F401
+
+    import cdclake.range_resolve  # noqa: F401
+
+    return iter(())
 
 
 def _head_read(reader, ranges: list[OffsetRange]):

@@ -612,3 +612,41 @@ def test_the_placeholder_search_finds_what_match_substring_finds():
                 assert holds_any(part, TOAST_TEXTS) == bool(want), (kind, lo, hi)
     assert holds_any(pa.array(values[4:6]), TOAST_TEXTS) is False
     assert holds_any(pa.array([None, None], pa.string()), TOAST_TEXTS) is False
+
+
+def test_the_python_workers_start_ahead_of_the_range_tasks(spark):
+    """A job of one task per core, in a group of its own, imports the range tasks'
+    modules; the thread's later jobs are not of the group."""
+    from cdclake.job import WORKERS_JOB_GROUP, start_python_workers
+
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    before = set(tracker.getJobIdsForGroup(WORKERS_JOB_GROUP))
+    start_python_workers(spark)
+    new = [j for j in tracker.getJobIdsForGroup(WORKERS_JOB_GROUP) if j not in before]
+    assert len(new) == 1
+    info = tracker.getJobInfo(new[0])
+    assert info.status == "SUCCEEDED"
+    tasks = sum(tracker.getStageInfo(s).numCompletedTasks for s in info.stageIds)
+    assert tasks == sc.defaultParallelism
+    assert sc.getLocalProperty("spark.jobGroup.id") is None
+
+
+def test_workers_that_cannot_start_ahead_are_logged_not_raised(caplog):
+    class Context:
+        defaultParallelism = 2
+
+        def getLocalProperty(self, name):
+            return None
+
+        def setJobGroup(self, group, description):
+            raise RuntimeError("the context was stopped\n  at org.apache.spark.Thing")
+
+    class Session:
+        sparkContext = Context()
+
+    from cdclake.job import start_python_workers
+
+    with caplog.at_level("INFO", logger="cdclake.job"):
+        start_python_workers(Session())
+    assert "not started ahead of the range tasks: the context was stopped" in caplog.text
