@@ -965,14 +965,16 @@ class KeyFold:
         row.update(zip(META, self.meta(), strict=True))
         deleted = row[DELETED]
         for name, mark, flag in shape.toast:  # `toastable` columns: never a key column
-            placeholder = not deleted and row[name] is not None and row[name] == mark
+            # a deleted key's row (written with soft deletes) takes the value too; only
+            # a live row's flag tells the MERGE to keep the table's value
+            placeholder = row[name] is not None and row[name] == mark
             held = self._real(name) if placeholder else None
             unresolved = placeholder and held is None
             if unresolved:
                 row[name] = None
             elif placeholder:
                 row[name] = held[1]
-            row[flag] = unresolved
+            row[flag] = unresolved and not deleted
         return row
 
 

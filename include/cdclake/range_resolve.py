@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from cdclake.changes import DELETED, TopicSchema, topic_schema
+from cdclake.changes import TopicSchema, topic_schema
 from cdclake.driver_resolve import (
     _DECODE_ERRORS,
     _HEADER,
@@ -635,21 +635,21 @@ class ColumnarFold:
         return columns_table(data, columns)
 
     def _filled(self, data: dict[str, list], codes: list[int], deleted: list[bool]) -> None:
-        """The TOAST columns' placeholders of live rows replaced by their last real values
-        (`_reals`) and their flags, as `KeyFold.row` writes them: a placeholder whose
-        value is not known is NULL, flagged."""
+        """The TOAST columns' placeholders replaced by their last real values (`_reals`)
+        and their flags, as `KeyFold.row` writes them: a placeholder whose value is not
+        known is NULL, flagged in a live row."""
         reals = self.reals
         for name, mark in self.toast.pairs:
             values = data[name]
             flags = [False] * len(values)
             for j, value in enumerate(values):
-                if value is None or deleted[j] or value != mark:
+                if value is None or value != mark:
                     continue
                 real = reals.get(codes[j], {}).get(name)
                 if real is not None:
                     values[j] = real
                 else:
-                    values[j], flags[j] = None, True
+                    values[j], flags[j] = None, not deleted[j]
             data[TOAST_PREFIX + name] = flags
 
 
@@ -704,18 +704,17 @@ def holds_any(texts: pa.Array, needles: Sequence[str]) -> bool:
 
 def _no_placeholder(table: pa.Table, toast_cols) -> None:
     """Rows resolved without the TOAST flags (the text search saw no placeholder in the
-    range) must not carry one in a live row: it would be written as the value."""
+    range) must not carry one: it would be written as the value (a deleted key's row
+    too, with soft deletes)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    live = pc.invert(table.column(DELETED))
     for col in toast_cols:
         values, mark = table.column(col.name), placeholder_of(col)
         if pa.types.is_string(values.type) or pa.types.is_binary(values.type):
-            found = pc.any(pc.and_(pc.equal(values, mark), live)).as_py()
+            found = pc.any(pc.equal(values, mark)).as_py()
         else:
-            found = any(alive and is_placeholder(v, col) for v, alive in
-                        zip(values.to_pylist(), live.to_pylist(), strict=True))  # fmt: skip
+            found = any(is_placeholder(v, col) for v in values.to_pylist())
         if found:
             raise Unsupported(f"a TOAST placeholder in column {col.name!r} that the text "
                               "search did not see")  # fmt: skip

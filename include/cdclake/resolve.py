@@ -287,7 +287,9 @@ def resolve_latest(
         if c.name not in toast_names:
             cols.append(value.alias(c.name))
             continue
-        placeholder = F.coalesce(toast_test(value, c), F.lit(False)) & ~deleted
+        # a deleted key's row (written with soft deletes) takes the value too; only a
+        # live row's flag tells the MERGE to keep the table's value
+        placeholder = F.coalesce(toast_test(value, c), F.lit(False))
         from_batch = F.col(f"o_{c.name}").isNotNull()
         unresolved = placeholder & ~from_batch
         cols.append(
@@ -296,7 +298,7 @@ def resolve_latest(
             .otherwise(value)
             .alias(c.name)
         )
-        flags.append(unresolved.alias(f"{TOAST_PREFIX}{c.name}"))
+        flags.append((unresolved & ~deleted).alias(f"{TOAST_PREFIX}{c.name}"))
     return latest.select(
         *cols,
         deleted.alias(DELETED),

@@ -164,6 +164,28 @@ def test_random_histories_resolve_as_in_spark(spark, seed):
     assert local.counts.get(True, 0) == sum(r[DELETED] for r in mine)
 
 
+def test_a_deleted_keys_row_holds_no_placeholder(spark):
+    """With soft deletes a deleted key's row is written with its last values: a
+    placeholder in them takes the value from the batch, else NULL, and is not flagged
+    (only a live row's flag keeps the table's value)."""
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, item(1, "a", blob=b"\x07"), lsn=100)),
+        (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER, blob=TOAST_B64), lsn=101)),
+        (key_record(1), v("d", item(1, "old"), None, lsn=102)),
+        (key_record(1), None),
+        (key_record(2), v("u", None, item(2, TOAST_PLACEHOLDER, blob=b"\x08"), lsn=103)),
+        (key_record(2), v("d", item(2, "old"), None, lsn=104)),
+    ]  # fmt: skip
+    spark_rows, mine, local = both(spark, raw_table({0: records}))
+    same(spark_rows, mine, local.toast)
+    rows = {r["id"]: r for r in mine}
+    assert rows[1][DELETED] and rows[2][DELETED]
+    assert (rows[1]["name"], rows[1]["blob"]) == ("a", b"\x07")
+    assert (rows[2]["name"], rows[2]["blob"]) == (None, b"\x08")
+    assert not any(r[f"{TOAST_PREFIX}{c}"] for r in mine for c in ("name", "blob"))
+
+
 def test_a_history_resolves_to_the_expected_rows(spark):
     """Not only equal to Spark: right."""
     v = value_record

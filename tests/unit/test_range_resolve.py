@@ -229,9 +229,14 @@ def test_placeholders_fold_as_columns_to_the_values_they_stand_for(seed):
     assert rows.equals(rows_2), (rows.to_pylist(), rows_2.to_pylist())
     assert summary == summary_2 and hashes == hashes_2
     written = {r["id"]: r for r in rows.to_pylist()}
+    mark = TOAST_PLACEHOLDER.encode()
+    for row in written.values():  # deleted keys' rows too (written with soft deletes)
+        assert row["name"] != TOAST_PLACEHOLDER and row["blob"] != mark, row
     for k, now in state.items():
         if now is None:
             assert k not in written or written[k][DELETED]
+            if k in written:
+                assert not any(written[k][f"{TOAST_PREFIX}{c}"] for c in ("name", "blob"))
             continue
         row = written.get(k)
         if row is None:  # no change of the key in the range
@@ -482,19 +487,20 @@ def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch, colum
 
     monkeypatch.setattr(cdclake.range_resolve, "TOAST_TEXTS", ("(never in a payload)",))
     mark = {"name": TOAST_PLACEHOLDER, "blob": TOAST_B64}[column]
-    deleted = {**item(2, "two"), column: mark}  # a deleted key's row is not written
-    records = [
-        (key_record(2), value_record("c", None, deleted, lsn=1)),
-        (key_record(2), value_record("d", deleted, None, lsn=2)),
-        (key_record(1), value_record("c", None, item(1, "one"), lsn=3)),
-    ]
-    out, (summary,) = range_rows({0: records})
-    assert summary.reason is None, summary.reason
-    records.append((key_record(1), value_record("u", None, {**item(1, "one"), column: mark},
-                                                lsn=4)))  # fmt: skip
-    out, (summary,) = range_rows({0: records})
-    assert summary.reason is not None and "did not see" in summary.reason, summary.reason
-    assert repr(column) in summary.reason
+    deleted = {**item(2, "two"), column: mark}  # written too, with soft deletes
+    live = {**item(1, "one"), column: mark}
+    v = value_record
+    histories = [
+        [(key_record(2), v("c", None, deleted, lsn=1)),
+         (key_record(2), v("d", deleted, None, lsn=2))],
+        [(key_record(1), v("c", None, item(1, "one"), lsn=3)),
+         (key_record(1), v("u", None, live, lsn=4))],
+    ]  # fmt: skip
+    for records in histories:
+        out, (summary,) = range_rows({0: records})
+        assert summary.reason is not None and "did not see" in summary.reason, summary.reason
+        assert repr(column) in summary.reason
+    records = histories[0] + histories[1]
     monkeypatch.undo()
     out, (summary,) = range_rows({0: records})
     assert summary.reason is None and summary.toast
