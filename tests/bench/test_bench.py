@@ -31,6 +31,7 @@ from cdclake.bench.runner import (
 from cdclake.bench.sources import _file_name, recorded_ranges
 from cdclake.catalog import load_catalog
 from cdclake.reader import split_envelope
+from cdclake.resolve import TOAST_PLACEHOLDER
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,23 @@ def final_state(records: Iterable[tuple[int, bytes, bytes | None]]) -> dict[int,
         else:
             state[k] = offset
     return {k: o for k, o in state.items() if o is not None}
+
+
+def final_values(records: Iterable[tuple[int, bytes, bytes | None]], column: str) -> dict:
+    """key -> the column's value in the source after all the records, for keys that
+    exist then: a TOAST placeholder stands for the value before it."""
+    state: dict[int, object] = {}
+    gone = object()
+    for _, key, value in records:
+        k = json.loads(split_envelope(key)[1])["id"]
+        payload = None if value is None else json.loads(split_envelope(value)[1])
+        if payload is None or payload["op"] == "d":
+            state[k] = gone
+        elif payload["after"][column] != TOAST_PLACEHOLDER:
+            state[k] = payload["after"][column]
+        else:
+            assert state.get(k, gone) is not gone, (k, "a placeholder for no value")
+    return {k: v for k, v in state.items() if v is not gone}
 
 
 def recorded(recording, topic: str):
@@ -215,6 +233,21 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
         # the peers did the same work
         for ns in (details["peers"]["pyiceberg_namespace"], details["peers"]["naive_namespace"]):
             assert lake_rows(catalog, ns, topic, column=None) == set(expected)
+
+    toast = details["throughput_toast"]
+    assert len(toast["wall_s"]["plain"]) == len(toast["wall_s"]["toast"]) == 2
+    toasted = tmp_path / "work" / "recording-toast"
+    placeholders = 0
+    for topic in topics:
+        column = toast["columns"][topic]
+        records = list(recorded(toasted, topic))
+        placeholders += sum(v is not None and TOAST_PLACEHOLDER.encode() in v
+                            for _, _, v in records)  # fmt: skip
+        expected = final_values(records, column)
+        for ns in toast["namespaces"]:
+            assert lake_rows(catalog, ns, topic) == final_state(records)
+            assert lake_rows(catalog, ns, topic, column=column) == expected
+    assert placeholders > 0
 
     kafka = details["throughput_kafka"]
     workload = Workload.standard(sizes.kafka_events, sizes.kafka_keys,

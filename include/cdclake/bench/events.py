@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 from cdclake.bench.templates import SCHEMA, TABLES, Template, load_templates
+from cdclake.resolve import TOAST_PLACEHOLDER
 
 _SENTINEL = re.compile(r'"@@(\w+)@@"')
 _ALPHABET = string.ascii_letters + string.digits + "      "
@@ -44,6 +45,9 @@ class Workload:
     partitions: int = 2
     delete_share: float = 0.1  # of changes to a live key
     seed: int = 7
+    # of updates, the share that leaves the longest text column alone: the connector
+    # then sends a TOAST placeholder for it (a value PostgreSQL stores out of line)
+    toast_share: float = 0.0
 
     @classmethod
     def standard(cls, events: int, keys: int, prefix: str = "bench", tables: int = 3,
@@ -135,6 +139,17 @@ def _pool(length: int, seed: int) -> tuple[str, ...]:
     return tuple("".join(rng.choices(_ALPHABET, k=length)) for _ in range(POOL))
 
 
+def toast_column(workload: Workload, topic: str, templates_file: str | None = None) -> str | None:
+    """The column whose updates carry a TOAST placeholder (`toast_share`) in a topic:
+    the longest text column of its update template."""
+    from cdclake.bench.templates import TEMPLATES_FILE
+
+    shape = _shapes(str(templates_file or TEMPLATES_FILE))[workload.table_of(topic)].get("u")
+    if shape is None or not shape.texts:
+        return None
+    return max(shape.texts, key=shape.texts.get).removeprefix("T_")
+
+
 def _fill(parts: list[str], values: dict[str, str]) -> str:
     out = list(parts)
     for i in range(1, len(out), 2):
@@ -185,6 +200,9 @@ def generate_slice(
             values[hole] = (
                 '"' + _pool(length, zlib.crc32(hole.encode()) & 0xFF)[rng.randrange(POOL)] + '"'
             )
+        if workload.toast_share and op == "u" and shape.texts:
+            if rng.random() < workload.toast_share:
+                values[max(shape.texts, key=shape.texts.get)] = f'"{TOAST_PLACEHOLDER}"'
         cols["offset"].append(offset)
         cols["timestamp"].append(ts)
         cols["key"].append(_fill(shape.key_parts, values).encode())

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cdclake.bench.events import Workload, generate_slice
+from cdclake.bench.events import Workload, generate_slice, toast_column
 from cdclake.bench.pipeline import bench_pipeline
 from cdclake.bench.sources import file_reader, record_workload, recorded_ranges
 from cdclake.exceptions import CdclakeError
@@ -34,6 +34,7 @@ LOAD_JOB = Path(__file__).resolve().parents[3] / "jobs" / "load.py"
 STEP_FIGURES = {
     "throughput": ("throughput_eps",),
     "peers": ("peer_ratio", "naive_ratio"),
+    "throughput_toast": ("toast_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
@@ -55,7 +56,9 @@ TARGETS = {
 
 
 # Figures without a target, shown for context.
-EXTRA_FIGURES = ("throughput_kafka_eps", "naive_ratio")
+EXTRA_FIGURES = ("throughput_kafka_eps", "naive_ratio", "toast_ratio")
+# of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
+TOAST_SHARE = 0.7
 FIGURES = (*TARGETS, *EXTRA_FIGURES)
 
 
@@ -166,6 +169,39 @@ class Bench:
         self.details["file_pipeline"] = pipeline
         self.details["file_workload"] = workload
         self.say(f"throughput from file: {events / wall:,.0f} events/s ({wall:.1f}s)")
+
+    # ---- TOAST placeholders, side by side --------------------------------------------
+    def throughput_toast(self) -> None:
+        """The throughput step's events, and the same with a TOAST placeholder for the
+        longest text column in `TOAST_SHARE` of the updates, each loaded twice into new
+        tables, alternating, in the bench's session: what the placeholders cost."""
+        workload = self.details["file_workload"]
+        toasted = dataclasses.replace(workload, toast_share=TOAST_SHARE)
+        recordings = {"plain": self.work / "recording", "toast": self.work / "recording-toast"}
+        shutil.rmtree(recordings["toast"], ignore_errors=True)
+        self.say(f"recording the same events with TOAST placeholders in {TOAST_SHARE:.0%} "
+                 "of the updates")  # fmt: skip
+        record_workload(toasted, recordings["toast"], log_every=0)
+        walls: dict[str, list[float]] = {"plain": [], "toast": []}
+        namespaces = []
+        for _ in range(2):
+            for label, rec in recordings.items():
+                pipeline = bench_pipeline(self.work, self.stack.s, workload, label)
+                plan = BatchPlan(pipeline.name, f"bench-{label}", tuple(recorded_ranges(rec)))
+                started = time.perf_counter()
+                run_batch(self.session(pipeline), pipeline, plan, read=file_reader(rec))
+                walls[label].append(time.perf_counter() - started)
+                if label == "toast":
+                    namespaces.append(pipeline.namespace)
+        ratio = sum(walls["plain"]) / sum(walls["toast"])
+        self.figures["toast_ratio"] = ratio
+        self.details["throughput_toast"] = {
+            "toast_share": TOAST_SHARE, "wall_s": walls, "namespaces": namespaces,
+            "columns": {s.topic: toast_column(workload, s.topic) for s in workload.streams},
+        }  # fmt: skip
+        self.say(f"with placeholders {workload.events / min(walls['toast']):,.0f} events/s, "
+                 f"without {workload.events / min(walls['plain']):,.0f} (best of two each); "
+                 f"ratio {ratio:.2f}")  # fmt: skip
 
     # ---- the same, from Kafka (tansu) --------------------------------------------------
     def throughput_kafka(self) -> None:
