@@ -261,12 +261,13 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             work[topic] = (tables[topic], table_columns(spark, qualified) if exists else {})
         if not all(known for _, known in work.values()):  # created while ranges resolve
             ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-    level = ranged_cache_level()
+    keyed_level = ranged_cache_level()
     done: dict[str, _RangedTopic] = {}
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
         frame = creating = created = None
+        level = keyed_level
         try:
             planned = _topic_plan(heads[topic], table, topic, known)
             if planned is None:
@@ -276,6 +277,8 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
                 creating = ThreadPoolExecutor(1)
                 created = creating.submit(_create_table, spark, pipeline, table,
                                           topic_plan.schema)  # fmt: skip
+            if not topic_plan.schema.key_names:  # a changelog: a row per record
+                level = cache_level(sum(r.size for r in ranges_of[topic]))
             frame = (
                 range_plan(spark, ranges_of[topic])
                 .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
@@ -386,10 +389,10 @@ def _topic_plan(head, table: TableConfig, topic: str,
                     "way: %s: %s", topic, type(exc).__name__, _brief(exc))  # fmt: skip
         return None
     why = None
-    if found is None:
-        why = "no key schema at the head of its ranges"
+    if found is None or found[1] is None and found[0] is None:
+        why = "no schema at the head of its ranges"
     else:
-        schemas = {"key": [found[0]], "value": [found[1]] if found[1] else []}
+        schemas = {"key": [found[0]] if found[0] else [], "value": [found[1]] if found[1] else []}
         if _misfits(table, topic, schemas, known):
             why = "a schema that does not fit the table's columns"
         else:

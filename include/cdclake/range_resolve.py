@@ -40,6 +40,7 @@ from cdclake.driver_resolve import (
     ToastColumns,
     Unsupported,
     arrow_type,
+    changelog_rows,
     check_key_types,
     columns_ddl,
     columns_decoder,
@@ -84,20 +85,21 @@ class TopicPlan:
     the lake table's columns."""
 
     topic: str
-    key_schema: Schema
+    key_schema: Schema | None  # None: the table has no key (its changes are a changelog)
     value_schema: Schema | None
     exclude: tuple[str, ...] = ()
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
 
     @cached_property
     def schema(self) -> TopicSchema:
+        keys = [] if self.key_schema is None else [self.key_schema[1]]
         values = [] if self.value_schema is None else [self.value_schema[1]]
-        return topic_schema([self.key_schema[1]], values, (), self.topic, self.exclude,
-                            self.known)  # fmt: skip
+        return topic_schema(keys, values, (), self.topic, self.exclude, self.known)
 
     def columns(self, toast: bool = True) -> list[tuple[str, str]]:
-        """(name, Spark type) of the resolved rows; `toast`: with the TOAST flags."""
-        return result_columns(self.schema, True, toast)
+        """(name, Spark type) of the resolved rows; `toast`: with the TOAST flags (a
+        keyed table's)."""
+        return result_columns(self.schema, bool(self.schema.key_names), toast)
 
     @property
     def ddl(self) -> str:
@@ -109,7 +111,8 @@ def head_schemas(reader: RangeReader, ranges: Sequence[dict],
                  records: int = HEAD_RECORDS) -> tuple[Schema, Schema | None] | None:  # fmt: skip
     """The key and value schemas (id, text) of the first records that carry them, read
     from the head (`records`) of each range in turn: no value schema (None) when the
-    heads hold tombstones only; None when they hold no key schema."""
+    heads hold tombstones only; no key schema (None) when their records have no key (a
+    table without one); None when they hold no schema at all."""
     import pyarrow.compute as pc
 
     found: dict[str, Schema] = {}
@@ -131,7 +134,7 @@ def head_schemas(reader: RangeReader, ranges: Sequence[dict],
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
-    return None if "key" not in found else (found["key"], found.get("value"))
+    return (found.get("key"), found.get("value")) if found else None
 
 
 @dataclass
@@ -190,6 +193,10 @@ class RangeFold:
         self._toast_of = NO_TOAST
         self.states: dict[tuple, KeyFold] = {}
         self._hashes: list = []  # each returned batch's key hashes
+        # a table without a key: every change is a row (`changelog_rows`), returned as
+        # each read batch is decoded (`drain`), nothing held
+        self.changelog = False
+        self._pending: list = []
         self._guarded(self._start)
 
     @property
@@ -226,6 +233,9 @@ class RangeFold:
                 raise Unsupported(f"a {side} schema other than the one read at the head of "
                                   "the topic's ranges")  # fmt: skip
             self._seen[side] = True
+        if self.changelog:
+            self._log(raw)
+            return
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
@@ -241,7 +251,9 @@ class RangeFold:
         keys, values = self._texts["key"], self._texts["value"]
         self.schema = self.plan.schema
         if not self.schema.key_names:
-            raise Unsupported("the table has no key")
+            self.changelog = True
+            self._decoders = row_decoders(self.schema, keys, values)
+            return
         check_key_types(self.schema)
         self._decoders = row_decoders(self.schema, keys, values)
         self._toast_cols = toastable(self.schema)
@@ -282,6 +294,24 @@ class RangeFold:
         if len(states) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
 
+    def _log(self, raw: pa.RecordBatch) -> None:
+        """A table without a key: the read batch's changes as rows (`changelog_rows`,
+        which also replaces TOAST placeholders), for `drain`."""
+        changes = decode_records(raw, self.schema, self._texts["key"], self._texts["value"],
+                                 self._decoders)  # fmt: skip
+        rows = changelog_rows(changes, self.schema)
+        if rows:
+            self._pending.append(rows_table(rows, self.plan.columns()))
+
+    def drain(self) -> Iterator[pa.RecordBatch]:
+        """The rows of a table without a key decoded so far (batches of `TopicPlan.ddl`),
+        counted into the summary."""
+        summary = self.summary
+        while self._pending:
+            table = self._pending.pop(0)
+            summary.max_source_ms = tally(table, summary.counts, summary.max_source_ms)
+            yield from self._out(table)
+
     def close(self) -> None:
         """The range is read whole: a columnar fold resolves its keys (or asks for the
         range to be folded again change by change, `restart`)."""
@@ -302,10 +332,13 @@ class RangeFold:
         assert not self.restart, "a range to fold again is folded again"
         if summary.reason is None and not summary.records:
             summary.reason = "no records"
+        if summary.reason is None and self.changelog:
+            yield from self.drain()
         if summary.reason is None:
             for side in ("key", "value"):
                 if self._seen[side]:
                     setattr(summary, f"{side}_schemas", list(self._texts[side].items()))
+        if summary.reason is None and not self.changelog:
             columns = result_columns(self.schema, True, summary.toast)
             try:
                 for table in self._tables(columns):
@@ -730,6 +763,9 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
         for batch in batches:
             for r in batch.to_pylist():
                 plan, partition = plans[r["topic"]], r["partition"]
+                if not plan.schema.key_names:  # returned as it is read
+                    yield from _stream_range(reader, r, RangeFold(plan, partition))
+                    continue
                 fold = _read_range(reader, r, RangeFold(plan, partition))
                 while fold.restart:
                     # read again: following TOAST once a placeholder was met, else
@@ -740,6 +776,25 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
                 yield from fold.finish()
 
     return task
+
+
+def _stream_range(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
+    """A range of a table without a key, its rows returned after each read batch (a
+    range's memory is one read batch's, whatever its size), then its summary."""
+    records = reader(r)
+    try:
+        for raw in records:
+            going = fold.add(raw)
+            yield from fold.drain()
+            if not going:
+                break
+        else:
+            fold.close()
+    finally:
+        close = getattr(records, "close", None)
+        if close is not None:
+            close()
+    yield from fold.finish()
 
 
 def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:

@@ -656,3 +656,63 @@ def test_workers_that_cannot_start_ahead_are_logged_not_raised(caplog):
     with caplog.at_level("INFO", logger="cdclake.job"):
         start_python_workers(Session())
     assert "not started ahead of the range tasks: the context was stopped" in caplog.text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_table_without_key_is_returned_range_by_range_as_its_changelog(spark, seed):
+    """Every change a row, as the Spark jobs' changelog gives them: inserts, updates
+    (with placeholders), deletes, truncates and snapshot reads, over two partitions,
+    several read batches each."""
+    v = value_record
+    rnd = random.Random(seed)
+    parts: dict[int, list] = {0: [], 1: []}
+    lsn = 100
+    for i in range(rnd.randint(20, 50)):
+        lsn += 1
+        row = item(i % 7, rnd.choice(["a", "ü", None]))
+        roll = rnd.random()
+        if roll < 0.5:
+            value = v("c", None, row, lsn=lsn)
+        elif roll < 0.7:
+            after = {**row, "name": TOAST_PLACEHOLDER} if rnd.random() < 0.4 else row
+            value = v("u", item(i % 7, "old"), after, lsn=lsn)
+        elif roll < 0.85:
+            value = v("d", row, None, lsn=lsn)
+        elif roll < 0.92:
+            value = v("t", None, None, lsn=lsn)
+        else:
+            value = v("r", None, row, lsn=None)
+        parts[rnd.randrange(2)].append((None, value))
+    out, summaries = range_rows(parts, batch=3 + seed % 4)
+    assert all(s.reason is None for s in summaries), summaries
+    got = accepted(out, parts)
+    assert isinstance(got, AcceptedTopic), got
+    assert got.key_names == () and not got.toast
+    rows = unpacked(out, got)
+    spark_rows, mine, local = both(spark, raw_table(parts))
+    assert rows.num_rows == len(spark_rows) == sum(got.counts.values())
+    assert got.counts == local.counts and got.max_source_ms == local.max_source_ms
+    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), False)
+    assert TOAST_PLACEHOLDER not in str(rows.to_pylist())
+
+
+def test_a_range_without_key_returns_its_rows_as_it_reads():
+    """A range of a table without a key holds one read batch of rows at a time."""
+    v = value_record
+    records = [(None, v("c", None, item(i, f"n{i}"), lsn=100 + i)) for i in range(12)]
+    reads = []
+
+    def counted(r: dict):
+        for raw in reader_of({0: records}, 4)(r):
+            reads.append(raw.num_rows)
+            yield raw
+
+    plan = plan_of({0: records})
+    r = next(h for h in heads({0: records}))
+    reads.clear()
+    task = range_task(counted, {plan.topic: plan})
+    returned = []
+    for batch in task([pa.RecordBatch.from_pylist([r])]):
+        returned.append((len(reads), batch.num_rows))
+    assert [n for _, n in returned] == [4, 4, 4, 1]  # three batches of rows, the summary
+    assert [seen for seen, _ in returned[:3]] == [1, 2, 3]
