@@ -7,7 +7,9 @@ fold each key's changes (`KeyFold`) as they come, holding each key's latest stat
 its memory grows with the range's keys, not its records. Nothing of the raw records is
 cached, scanned or shuffled; only the resolved rows leave the task. A range is folded as
 columns (`ColumnarFold`), TOAST placeholders included, and folded again change by change
-when it holds what that fold does not take (a re-sent change above all).
+when it holds what that fold does not take (a re-sent change above all). A table
+without a key is a changelog, a row per change: its ranges return each read batch's rows
+as they are decoded (`RangeFold.drain`), holding nothing.
 
 The driver first reads the head of the topic's ranges for its key and value schemas
 (`head_schemas`): they give the lake columns, so the tasks return typed rows
