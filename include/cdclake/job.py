@@ -261,13 +261,11 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             work[topic] = (tables[topic], table_columns(spark, qualified) if exists else {})
         if not all(known for _, known in work.values()):  # created while ranges resolve
             ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-    keyed_level = ranged_cache_level()
     done: dict[str, _RangedTopic] = {}
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
         frame = creating = created = None
-        level = keyed_level
         try:
             planned = _topic_plan(heads[topic], table, topic, known)
             if planned is None:
@@ -277,8 +275,9 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
                 creating = ThreadPoolExecutor(1)
                 created = creating.submit(_create_table, spark, pipeline, table,
                                           topic_plan.schema)  # fmt: skip
-            if not topic_plan.schema.key_names:  # a changelog: a row per record
-                level = cache_level(sum(r.size for r in ranges_of[topic]))
+            level = (ranged_cache_level() if topic_plan.schema.key_names
+                     # a changelog: a row per record, not per key
+                     else cache_level(sum(r.size for r in ranges_of[topic])))  # fmt: skip
             frame = (
                 range_plan(spark, ranges_of[topic])
                 .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
@@ -389,7 +388,7 @@ def _topic_plan(head, table: TableConfig, topic: str,
                     "way: %s: %s", topic, type(exc).__name__, _brief(exc))  # fmt: skip
         return None
     why = None
-    if found is None or found[1] is None and found[0] is None:
+    if found is None:
         why = "no schema at the head of its ranges"
     else:
         schemas = {"key": [found[0]] if found[0] else [], "value": [found[1]] if found[1] else []}

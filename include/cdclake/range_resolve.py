@@ -783,6 +783,21 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
 def _stream_range(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
     """A range of a table without a key, its rows returned after each read batch (a
     range's memory is one read batch's, whatever its size), then its summary."""
+    yield from _folding(reader, r, fold)
+    yield from fold.finish()
+
+
+def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
+    with cycles_uncollected():  # the keys' states pile up as it reads
+        for _ in _folding(reader, r, fold):  # a keyed fold returns its rows at `finish`
+            raise AssertionError("a range without a key is read by `_stream_range`")
+    return fold
+
+
+def _folding(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
+    """Read the range into `fold` until it is read whole (then `close`d) or the fold
+    stops, returning what it has to return as it reads (`drain`); the reader is closed
+    either way."""
     records = reader(r)
     try:
         for raw in records:
@@ -796,23 +811,6 @@ def _stream_range(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.
         close = getattr(records, "close", None)
         if close is not None:
             close()
-    yield from fold.finish()
-
-
-def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
-    records = reader(r)
-    try:
-        with cycles_uncollected():  # the keys' states pile up as it reads
-            for raw in records:
-                if not fold.add(raw):
-                    break
-            else:
-                fold.close()
-    finally:
-        close = getattr(records, "close", None)
-        if close is not None:
-            close()
-    return fold
 
 
 @dataclass(frozen=True)
