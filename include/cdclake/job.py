@@ -705,7 +705,7 @@ def _load_table(
         truncate, counts, toast = local.truncate, local.counts, local.toast
         max_ts = local.max_source_ms
     elif in_tasks is not None:
-        truncate = None
+        truncate = ranged.accepted.truncate if ranged is not None else None
         resolved, counts, max_ts, toast = in_tasks
     else:
         changes = decode_changes(raw, schema, key_schemas, value_schemas)

@@ -7,7 +7,9 @@ fold each key's changes (`KeyFold`) as they come, holding each key's latest stat
 its memory grows with the range's keys, not its records. Nothing of the raw records is
 cached, scanned or shuffled; only the resolved rows leave the task. A range is folded as
 columns (`ColumnarFold`), TOAST placeholders included, and folded again change by change
-when it holds what that fold does not take (a re-sent change above all). A table
+when it holds what that fold does not take (a re-sent change above all). A truncate
+starts the range's fold again: what came before it in its partition is dropped, as the
+Spark jobs drop it (`RangeFold._after_truncate`). A table
 without a key is a changelog, a row per change: its ranges return each read batch's rows
 as they are decoded (`RangeFold.drain`), holding nothing.
 
@@ -17,9 +19,10 @@ The driver first reads the head of the topic's ranges for its key and value sche
 its keys. A range that meets any other schema stops. The driver reads the summaries
 (`accept`): a topic whose every range resolved, and with more than one range no key
 found in two of them (a repartitioned topic, or a producer routing records by something
-else than the key), keeps its rows. Any other topic takes the general path: its raw
-records are read again, cached and scanned, and resolved in tasks grouped by key or by
-the Spark SQL jobs.
+else than the key), keeps its rows. With a truncate, the other partitions' ranges must
+hold no change at or below its LSN, which the Spark jobs would drop. Any other topic
+takes the general path: its raw records are read again, cached and scanned, and
+resolved in tasks grouped by key or by the Spark SQL jobs.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from cdclake.driver_resolve import (
 )
 from cdclake.exceptions import CdclakeError
 from cdclake.reader import RangeReader
-from cdclake.resolve import TOAST_PREFIX, TRUNCATE, toastable
+from cdclake.resolve import TOAST_PREFIX, TRUNCATE, Truncate, toastable
 from cdclake.scan import TOAST_TEXTS
 
 if TYPE_CHECKING:
@@ -153,6 +156,8 @@ class RangeSummary:
     counts: dict[bool, int] = field(default_factory=dict)  # resolved rows per deleted flag
     max_source_ms: int | None = None
     toast: bool = False  # a TOAST placeholder may be among the values (its text was seen)
+    truncate: list | None = None  # the range's last truncate: [offset, LSN or None]
+    first_lsn: int | None = None  # the lowest LSN of the changes folded
 
     def to_json(self) -> str:
         out = self.__dict__ | {"counts": [[k, v] for k, v in self.counts.items()]}
@@ -238,6 +243,9 @@ class RangeFold:
         if self.changelog:
             self._log(raw)
             return
+        raw = self._after_truncate(raw)
+        if not raw.num_rows:
+            return
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
@@ -260,22 +268,67 @@ class RangeFold:
         self._decoders = row_decoders(self.schema, keys, values)
         self._toast_cols = toastable(self.schema)
         self._toast_of = ToastColumns(self._toast_cols)
-        if self._want_columnar:
-            key_decoders, value_decoders = self._decoders
-            key = key_decoders[self.plan.key_schema[0]]
-            if key.typed is not None and not key.rows.later:  # keys msgspec types whole
-                value = self.plan.value_schema
-                self.columnar = ColumnarFold(
-                    self.schema, key, None if value is None else value_decoders[value[0]],
-                    self.summary.partition,
-                )  # fmt: skip
+        self.columnar = self._columnar_fold()
+
+    def _columnar_fold(self) -> ColumnarFold | None:
+        """A new columnar fold of the range, following the TOAST columns when a
+        placeholder's text was seen; None where the range is folded change by change."""
+        if not self._want_columnar:
+            return None
+        key_decoders, value_decoders = self._decoders
+        key = key_decoders[self.plan.key_schema[0]]
+        if key.typed is None or key.rows.later:  # keys msgspec does not type whole
+            return None
+        value = self.plan.value_schema
+        fold = ColumnarFold(self.schema, key, None if value is None else value_decoders[value[0]],
+                            self.summary.partition)  # fmt: skip
+        if self.summary.toast:
+            fold.follow_toast(self._toast_of, columns_decoder(value[1], self._toast_cols))
+        return fold
+
+    def _after_truncate(self, raw: pa.RecordBatch) -> pa.RecordBatch:
+        """The read batch's records after its last truncate, the fold started again
+        there (a truncate removes every row before it: the changes before it in its
+        partition are dropped, as `after_truncate` drops them); the batch as it is
+        without one. A record without a key that is no truncate is left to the fold."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        keyless = pc.and_(
+            pc.is_null(raw.column(raw.schema.get_field_index("key_payload"))),
+            pc.invert(raw.column(raw.schema.get_field_index("is_tombstone"))),
+        )
+        if not pc.any(keyless).as_py():
+            return raw
+        at = np.flatnonzero(keyless.to_numpy(zero_copy_only=False))
+        changes = decode_records(
+            raw.take(at),
+            self.schema,
+            self._texts["key"],
+            self._texts["value"],
+            self._decoders,
+            headers_only=True,
+        )
+        cuts = [(i, c) for i, c in zip(at.tolist(), changes, strict=True) if c.op == TRUNCATE]
+        if not cuts:
+            return raw
+        i, last = cuts[-1]
+        self.summary.truncate = [last.offset, last.lsn]
+        self.summary.first_lsn = None
+        self.states = {}
+        self.columnar = self._columnar_fold()
+        return raw.slice(i + 1)
 
     def _fold(self, raw: pa.RecordBatch) -> None:
         if self.columnar is not None:
             try:
-                self.columnar.add(raw)
+                lowest = self.columnar.add(raw)
             except Irregular:
                 self.restart = True
+                return
+            first = self.summary.first_lsn
+            if lowest is not None and (first is None or lowest < first):
+                self.summary.first_lsn = lowest
             return
         schema, states, toast = self.schema, self.states, self._toast_of
         lean = not self.follow_toast
@@ -283,9 +336,12 @@ class RangeFold:
                                  self._decoders, headers_only=lean)  # fmt: skip
         if lean:
             toast = NO_TOAST
+        first = self.summary.first_lsn
         for c in changes:
-            if c.op == TRUNCATE:
+            if c.op == TRUNCATE:  # `_after_truncate` took those without a key
                 raise Unsupported(f"a truncate at offset {c.offset}")
+            if c.lsn is not None and (first is None or c.lsn < first):
+                first = c.lsn
             key = c.ident
             if c.is_tombstone and all(v is None for v in key):
                 continue  # a tombstone without key carries nothing
@@ -293,6 +349,7 @@ class RangeFold:
             if fold is None:
                 fold = states[key] = KeyFold()
             fold.add(c, toast)
+        self.summary.first_lsn = first
         if len(states) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
 
@@ -447,7 +504,8 @@ class ColumnarFold:
         self.keys: list[tuple] = []  # the keys by number (`ids`), once resolved
         self.resolved = None
 
-    def add(self, raw: pa.RecordBatch) -> None:
+    def add(self, raw: pa.RecordBatch) -> int | None:
+        """Fold a read batch in; the lowest LSN among its records (None: none has one)."""
         import numpy as np
 
         cols = raw.select(["offset", "is_tombstone", "key_payload",
@@ -493,6 +551,8 @@ class ColumnarFold:
             np.array([x is not None for x in stamps], dtype=bool),
             np.array(has_after, dtype=bool),
         ))  # fmt: skip
+        held = lsn[lsn != _NO_LSN]
+        return int(held.min()) if len(held) else None
 
     def follow_toast(self, toast: ToastColumns, decode) -> None:
         """From the next read batch on, replace each TOAST placeholder of a row after by
@@ -825,6 +885,7 @@ class AcceptedTopic:
     counts: dict[bool, int]
     max_source_ms: int | None
     ranges: int
+    truncate: Truncate | None = None  # the batch's last truncate, as the Spark jobs find it
 
     @property
     def ddl(self) -> str:
@@ -847,6 +908,9 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
         every = np.concatenate(hashes)
         if len(np.unique(every)) != len(every):
             return "a key is in more than one partition"
+    truncate = _truncate(summaries)
+    if isinstance(truncate, str):
+        return truncate
     toast = any(s.toast for s in summaries)
     counts: dict[bool, int] = {}
     for s in summaries:
@@ -856,5 +920,27 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
     return AcceptedTopic(
         {"key": list(keys.items()), "value": list(values.items())},
         plan.columns(toast), plan.schema.key_names, toast, counts,
-        max(stamps) if stamps else None, len(summaries),
+        max(stamps) if stamps else None, len(summaries), truncate,
     )  # fmt: skip
+
+
+def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
+    """The topic's last truncate, or why its ranges cannot take it. Each range started
+    its fold again after its own last truncate. The Spark jobs drop, in the other
+    partitions, the changes at or below the truncate's LSN: resolved whole, those ranges
+    can be kept only when they hold no such change. Truncates in two partitions each
+    drop their own partition's changes before them, which the Spark jobs do for the
+    last one only."""
+    cut = [s for s in summaries if s.truncate is not None]
+    if not cut:
+        return None
+    if len({s.partition for s in cut}) > 1:
+        return "truncates in more than one partition"
+    last = max(cut, key=lambda s: s.truncate[0])
+    offset, lsn = last.truncate
+    for s in summaries:
+        if (s.partition != last.partition and lsn is not None and s.first_lsn is not None
+                and s.first_lsn <= lsn):  # fmt: skip
+            return (f"a truncate in partition {last.partition} after changes of partition "
+                    f"{s.partition}")  # fmt: skip
+    return Truncate(last.partition, offset, lsn)

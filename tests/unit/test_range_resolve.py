@@ -126,10 +126,11 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast, resends):
     assert toast or not any(s.toast for s in summaries)
     got = accepted(out, parts)
     spark_rows, _, local = both(spark, raw_table(parts))
-    if local.truncate is not None:
-        assert isinstance(got, str) and "truncate" in got, got
+    if isinstance(got, str):  # only where the other partitions hold changes before it
+        assert local.truncate is not None and len(parts) > 1 and "truncate" in got, got
         return
     assert isinstance(got, AcceptedTopic), got
+    assert got.truncate == local.truncate
     rows = unpacked(out, got)
     assert sum(got.counts.values()) == rows.num_rows == len(spark_rows)
     assert got.counts == local.counts and got.max_source_ms == local.max_source_ms
@@ -279,14 +280,89 @@ def test_a_re_sent_change_folds_the_range_again_change_by_change():
 def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
     v = value_record
     keyless = (None, v("c", None, item(1, "a"), lsn=10))
-    truncate = (None, v("t", None, None, lsn=11))
     negative = (key_record(3), v("c", None, item(3, "a"), lsn=-4))
-    for record in (keyless, truncate, negative):
+    for record in (keyless, negative):
         records = [(key_record(2), v("c", None, item(2, "c"), lsn=9)), record]
         fold, _, _ = folded({0: records}, 0, columnar=True)
         assert fold.columnar is not None and fold.restart, record
     fold, rows, _ = folded({0: [records[0], negative]}, 0, columnar=False)
     assert rows.column("_cdc_lsn").to_pylist() == [9, -4]
+
+
+@pytest.mark.parametrize("columnar", [True, False], ids=["columns", "change by change"])
+@pytest.mark.parametrize("batch", [2, 3, 50])
+def test_a_truncate_starts_the_range_again(spark, columnar, batch):
+    """The changes before a range's last truncate are dropped, as the Spark jobs drop
+    them, in whichever read batch it falls; the topic keeps the truncate for the MERGE."""
+    v = value_record
+    records = [
+        (key_record(1), v("c", None, item(1, "a"), lsn=10)),
+        (key_record(2), v("c", None, item(2, "b"), lsn=11)),
+        (None, v("t", None, None, lsn=12)),
+        (key_record(3), v("c", None, item(3, "c"), lsn=13)),
+        (key_record(1), v("c", None, item(1, "again"), lsn=14)),
+        (None, v("t", None, None, lsn=15)),
+        (key_record(2), v("c", None, item(2, "late"), lsn=16)),
+        (key_record(2), v("u", None, item(2, "later"), lsn=17)),
+        (key_record(4), v("d", item(4, "old"), None, lsn=18)),
+        (key_record(4), None),
+    ]  # fmt: skip
+    parts = {0: records}
+    fold, rows, (summary, _) = folded(parts, 0, columnar=columnar, batch=batch)
+    assert (fold.columnar is not None) == columnar and not fold.restart
+    assert summary.truncate == [5, 15] and summary.reason is None
+    assert rows.column("id").to_pylist() == [2, 4]
+    out, _ = range_rows(parts, batch=batch)
+    got = accepted(out, parts)
+    assert isinstance(got, AcceptedTopic), got
+    spark_rows, _, local = both(spark, raw_table(parts))
+    assert got.truncate == local.truncate and got.truncate.offset == 5
+    same(spark_rows, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_histories_with_truncates_resolve_as_in_spark(spark, seed):
+    """One partition, one to three truncates anywhere in a random history, read batches
+    of 1 to 9 records: the rows and the truncate of the Spark jobs."""
+    rnd = random.Random(seed)
+    records = history(200 + seed, toast=seed % 2 == 0, resends=seed % 3 != 0,
+                      truncates=False)[0]  # fmt: skip
+    for _ in range(rnd.randint(1, 3)):
+        at = rnd.randrange(len(records) + 1)
+        records.insert(at, (None, value_record("t", None, None, lsn=rnd.randint(900, 1200))))
+    parts = {0: records}
+    out, (summary,) = range_rows(parts, batch=rnd.randint(1, 9))
+    got = accepted(out, parts)
+    assert isinstance(got, AcceptedTopic), got
+    spark_rows, _, local = both(spark, raw_table(parts))
+    assert got.truncate == local.truncate is not None
+    rows = unpacked(out, got)
+    assert got.counts == local.counts and rows.num_rows == len(spark_rows)
+    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+
+
+def test_a_truncate_with_other_partitions_is_taken_when_they_hold_nothing_before_it():
+    """The Spark jobs drop the other partitions' changes at or below a truncate's LSN: a
+    topic whose other ranges hold such a change, or truncates in two partitions, takes
+    the general path."""
+    v = value_record
+
+    def got(other_lsns, truncates=(0,)):
+        parts = {0: [(key_record(2), v("c", None, item(2, "b"), lsn=50))],
+                 1: [(key_record(1 + 2 * i), v("c", None, item(1 + 2 * i, "a"), lsn=lsn))
+                     for i, lsn in enumerate(other_lsns)]}  # fmt: skip
+        for p in truncates:
+            parts[p].append((None, v("t", None, None, lsn=60 + p)))
+        parts[0].append((key_record(4), v("c", None, item(4, "after"), lsn=70)))
+        out, summaries = range_rows(parts)
+        assert all(s.reason is None for s in summaries)
+        return accepted(out, parts)
+
+    taken = got([None, 61, 80])  # a snapshot read without an LSN, changes after it
+    assert isinstance(taken, AcceptedTopic) and taken.truncate.partition == 0, taken
+    assert taken.counts == {False: 4}
+    assert got([61, 60]) == "a truncate in partition 0 after changes of partition 1"
+    assert got([80], truncates=(0, 1)) == "truncates in more than one partition"
 
 
 @pytest.mark.parametrize("names", [["region"], ["region", "n"]], ids=["text", "two columns"])
@@ -412,8 +488,6 @@ def test_a_value_that_does_not_fit_is_seen_only_in_a_change_that_is_written():
     [
         ([(key_record(1), b"not an envelope")], "not a JSON-with-schema envelope"),
         ([(None, value_record("c", None, {**item(1, "a"), "id": None}, lsn=1))], "no key"),
-        ([(key_record(1), value_record("c", None, item(1, "a"), lsn=1)),
-          (None, value_record("t", None, None, lsn=2))], "truncate"),
         ([(key_record(1), value_record("c", None, {**item(1, "a"), "id": "one"}, lsn=1))],
          "'id'"),
     ],
