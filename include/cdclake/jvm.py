@@ -54,6 +54,11 @@ DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 # A batch of at most this many records runs its driver with the client compiler only:
 # below it every way of resolving a batch was faster so (above).
 QUICK_JIT_RECORDS = 250_000
+# ... and of at most this many when no table of the pipeline has a configured `key`:
+# such a batch is resolved range by range (or, in a big initial snapshot, in tasks by
+# key), where C1 alone was faster or even at every size measured; only a topic that
+# falls back to the Spark SQL jobs is slower so.
+RANGED_QUICK_JIT_RECORDS = 2_000_000
 # the job writes its results to stdout: the JVM's own warnings (an archive that does not
 # match) must go to stderr
 _LOG_TO_STDERR = "-Xlog:disable -Xlog:all=warning:stderr"
@@ -64,28 +69,38 @@ WARM_UP_EVENTS = 400
 log = logging.getLogger(__name__)
 
 
-def driver_java_options(records: int | None = None) -> str:
+def driver_java_options(records: int | None = None, ranged: bool = False) -> str:
     """The driver's Java options for a batch of `records` records (None: unknown, e.g.
     a backfill of many batches): the archive when it exists, and the client compiler
-    alone for a small batch. Empty when neither applies."""
+    alone for a small batch, or a bigger one that is `ranged` (no table of its pipeline
+    has a configured key, `resolves_by_range`). Empty when neither applies."""
     parts = []
     archive = archive_path()
     if archive is not None and archive.is_file():
         parts.append(f"-XX:SharedArchiveFile={archive} -Xshare:auto")
-    if records is not None and records <= QUICK_JIT_RECORDS:
+    limit = max(QUICK_JIT_RECORDS, RANGED_QUICK_JIT_RECORDS if ranged else 0)
+    if records is not None and records <= limit:
         parts.append("-XX:TieredStopAtLevel=1")
     if parts:
         parts.append(_LOG_TO_STDERR)
     return " ".join(parts)
 
 
-def driver_conf(user_conf: Mapping[str, str], records: int | None = None) -> dict[str, str]:
+def driver_conf(user_conf: Mapping[str, str], records: int | None = None,
+                ranged: bool = False) -> dict[str, str]:  # fmt: skip
     """`spark.driver.extraJavaOptions` of `driver_java_options`, unless the pipeline's
     own Spark settings (`user_conf`) set it."""
     if DRIVER_OPTIONS in user_conf:
         return {}
-    options = driver_java_options(records)
+    options = driver_java_options(records, ranged)
     return {DRIVER_OPTIONS: options} if options else {}
+
+
+def resolves_by_range(pipeline) -> bool:
+    """A big batch of the pipeline's is resolved range by range, unless a topic's ranges
+    hold what they cannot take: no table has a configured `key` (such a table's keys
+    are grouped by the Spark SQL jobs)."""
+    return not any(t.key for t in pipeline.tables)
 
 
 def archive_path() -> Path | None:

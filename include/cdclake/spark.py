@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from cdclake.config import CatalogConfig, PipelineConfig
 from cdclake.exceptions import ConfigError
-from cdclake.jvm import driver_conf
+from cdclake.jvm import driver_conf, resolves_by_range
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -108,7 +108,7 @@ def spark_conf(
         if pipeline.catalog.type == "jdbc":
             jars.append(postgres_jdbc_jar())
         conf["spark.jars"] = ",".join(str(j) for j in jars)
-    conf.update(driver_conf(pipeline.spark.conf, records))
+    conf.update(driver_conf(pipeline.spark.conf, records, resolves_by_range(pipeline)))
     conf.update(pipeline.spark.conf)
     if not secrets:
         conf = {k: v for k, v in conf.items() if not is_secret(k)}

@@ -15,7 +15,7 @@ DRIVER_OPTIONS_XCOM = "driver_java_options"
 def plan(pipeline_path: str, **context) -> str:
     """Next batch plan as JSON; the batch id names the DAG run so commits can be traced."""
     from cdclake.config import load_pipeline
-    from cdclake.jvm import driver_java_options
+    from cdclake.jvm import driver_java_options, resolves_by_range
     from cdclake.planner import plan_pipeline
 
     pipeline = load_pipeline(pipeline_path)
@@ -25,7 +25,8 @@ def plan(pipeline_path: str, **context) -> str:
         log.info("plan %s[%d]: offsets %d..%d (%d records)", r.topic, r.partition, r.start,
                  r.end - 1, r.size)  # fmt: skip
     # the load's driver JVM: the archive when there is one, the JIT for the batch's size
-    context["ti"].xcom_push(key=DRIVER_OPTIONS_XCOM, value=driver_java_options(batch.total))
+    options = driver_java_options(batch.total, resolves_by_range(pipeline))
+    context["ti"].xcom_push(key=DRIVER_OPTIONS_XCOM, value=options)
     return batch.to_json()
 
 

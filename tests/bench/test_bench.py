@@ -4,7 +4,9 @@ the report has every figure (correctness only; no assertion on time).
 The steps that start their own Spark application (`fixed_overhead`, `memory`) pay a JVM
 start and a cold first batch each, about a minute together on the shared 2-core machine,
 so the smoke run leaves them out; their own parts (the load job's output, the process
-tree's peak memory) are tested here without Spark, and `make bench` runs them.
+tree's peak memory) are tested here without Spark, and `make bench` runs them. The
+throughput step's batch also runs in a process of its own (`cdclake.bench.batch`, its
+driver JVM as a load of its size starts it), and is part of the smoke run.
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
 """The driver JVM's options: the class-data-sharing archive and the JIT per batch size."""
 
 import pytest
+from cdclake.config import TableConfig
 from cdclake.jvm import (
     ARCHIVE_ENV,
     DRIVER_OPTIONS,
     QUICK_JIT_RECORDS,
+    RANGED_QUICK_JIT_RECORDS,
     archive_path,
     driver_conf,
     driver_java_options,
+    resolves_by_range,
 )
 
 
@@ -35,6 +38,27 @@ def test_small_batches_run_the_client_compiler_only(archive, records, quick):
     options = driver_java_options(records)
     assert ("-XX:TieredStopAtLevel=1" in options) is quick
     assert (options == "") is (not quick)  # no archive: nothing else to say
+
+
+@pytest.mark.parametrize(
+    "records, quick",
+    [(QUICK_JIT_RECORDS + 1, True), (RANGED_QUICK_JIT_RECORDS, True),
+     (RANGED_QUICK_JIT_RECORDS + 1, False), (None, False)],
+)  # fmt: skip
+def test_bigger_batches_resolved_range_by_range_run_the_client_compiler_only(
+    archive, records, quick
+):
+    assert ("-XX:TieredStopAtLevel=1" in driver_java_options(records, ranged=True)) is quick
+    assert "TieredStopAtLevel" not in driver_java_options(QUICK_JIT_RECORDS + 1, ranged=False)
+
+
+def test_a_configured_key_keeps_a_batch_off_the_range_path():
+    class Pipeline:
+        tables = (TableConfig("inventory.a", "a"), TableConfig("inventory.b", "b"))
+
+    assert resolves_by_range(Pipeline())
+    Pipeline.tables += (TableConfig("inventory.c", "c", key=("id",)),)
+    assert not resolves_by_range(Pipeline())
 
 
 def test_the_pipeline_own_driver_options_win(archive):

@@ -1,8 +1,11 @@
-"""One generated batch in a process of its own (`python -m cdclake.bench.batch`), so the
-parent can sample the peak memory of its JVM and Python workers from the outside.
+"""One batch in a process of its own (`python -m cdclake.bench.batch`): its driver JVM
+starts with the Java options a load of that many records gets (`jvm.driver_conf`), and
+the parent can sample the peak memory of its JVM and Python workers from the outside.
 
-The events are generated inside the executors (a 10M-event batch is ~40 GB of records,
-too big to record): the same generator and the same decode path as the recorded file.
+The events are either a recording (`--recording`) or generated inside the executors (a
+10M-event batch is ~40 GB of records, too big to record): the same generator and the
+same decode path as the recorded file. It prints one JSON line: the wall of the load
+(decode, resolve, MERGE, commit; not the JVM's start) and each table's result.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from cdclake.bench.events import Workload
-from cdclake.bench.sources import generated_reader
+from cdclake.bench.sources import file_reader, generated_reader, recorded_ranges
 from cdclake.config import load_pipeline
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
@@ -23,20 +27,31 @@ from cdclake.spark import build_session
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cdclake.bench.batch")
     p.add_argument("--pipeline", required=True)
-    p.add_argument("--events", type=int, required=True)
-    p.add_argument("--keys", type=int, required=True)
+    p.add_argument("--recording", type=Path, help="a recorded file's directory")
+    p.add_argument("--events", type=int, help="events to generate")
+    p.add_argument("--keys", type=int)
     p.add_argument("--tables", type=int, default=3)
+    p.add_argument("--batch-id", default="bench-batch")
     args = p.parse_args(argv)
     pipeline = load_pipeline(args.pipeline)
-    prefix = pipeline.topic_prefix
-    workload = Workload.standard(args.events, args.keys, prefix, tables=args.tables)
-    ranges = tuple(OffsetRange(t, part, 0, n) for t, part, n in workload.slices())
-    spark = build_session(pipeline, "local[2]")
+    if args.recording is not None:
+        ranges = tuple(recorded_ranges(args.recording))
+        read = file_reader(args.recording)
+    elif args.events is not None and args.keys is not None:
+        prefix = pipeline.topic_prefix
+        workload = Workload.standard(args.events, args.keys, prefix, tables=args.tables)
+        ranges = tuple(OffsetRange(t, part, 0, n) for t, part, n in workload.slices())
+        read = generated_reader(workload)
+    else:
+        p.error("give --recording, or --events and --keys")
+    records = sum(r.size for r in ranges)
+    spark = build_session(pipeline, "local[2]", records=records)
     started = time.perf_counter()
-    results = run_batch(spark, pipeline, BatchPlan(pipeline.name, "bench-mem", ranges),
-                        read=generated_reader(workload))  # fmt: skip
+    results = run_batch(spark, pipeline, BatchPlan(pipeline.name, args.batch_id, ranges),
+                        read=read)  # fmt: skip
     wall = time.perf_counter() - started
-    print(json.dumps({"wall_s": wall, "tables": len(results)}))
+    print(json.dumps({"wall_s": wall, "tables": len(results),
+                      "results": [r.to_dict() for r in results]}))  # fmt: skip
     spark.stop()
     return 0
 
