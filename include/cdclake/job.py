@@ -241,8 +241,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
         return {}
     topics = {r.topic for r in plan.ranges}
     tables = {pipeline.topic_for(t): t for t in pipeline.tables}
-    # a configured key: grouped by Spark
-    eligible = [topic for topic, t in tables.items() if topic in topics and not t.key]
+    eligible = [topic for topic in tables if topic in topics]
     if not eligible:
         return {}
     reader = source.open(pipeline.kafka)
@@ -395,7 +394,8 @@ def _topic_plan(head, table: TableConfig, topic: str,
         if _misfits(table, topic, schemas, known):
             why = "a schema that does not fit the table's columns"
         else:
-            topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known)
+            topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known,
+                                   tuple(table.key))  # fmt: skip
             try:
                 return topic_plan, topic_plan.ddl
             except CdclakeError as exc:  # a schema the lake cannot take

@@ -54,10 +54,10 @@ DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 # A batch of at most this many records runs its driver with the client compiler only:
 # below it every way of resolving a batch was faster so (above).
 QUICK_JIT_RECORDS = 250_000
-# ... and of at most this many when no table of the pipeline has a configured `key`:
-# such a batch is resolved range by range (or, in a big initial snapshot, in tasks by
-# key), where C1 alone was faster or even at every size measured; only a topic that
-# falls back to the Spark SQL jobs is slower so.
+# ... and of at most this many when the batch resolves range by range
+# (`resolves_by_range`; or, in a big initial snapshot, in tasks by key), where C1 alone
+# was faster or even at every size measured; only a topic that falls back to the Spark
+# SQL jobs is slower so.
 RANGED_QUICK_JIT_RECORDS = 2_000_000
 # the job writes its results to stdout: the JVM's own warnings (an archive that does not
 # match) must go to stderr
@@ -96,11 +96,22 @@ def driver_conf(user_conf: Mapping[str, str], records: int | None = None,
     return {DRIVER_OPTIONS: options} if options else {}
 
 
-def resolves_by_range(pipeline) -> bool:
+def resolves_by_range(pipeline, ranges=None) -> bool:
     """A big batch of the pipeline's is resolved range by range, unless a topic's ranges
-    hold what they cannot take: no table has a configured `key` (such a table's keys
-    are grouped by the Spark SQL jobs)."""
-    return not any(t.key for t in pipeline.tables)
+    hold what they cannot take: no table with a configured `key` has its topic in more
+    than one partition of the batch's `ranges` (a table without a primary key sends no
+    Kafka key, so its keys spread over the partitions and the Spark SQL jobs group
+    them). Without `ranges`, no table may have a configured key."""
+    keyed = {pipeline.topic_for(t) for t in pipeline.tables if t.key}
+    if not keyed:
+        return True
+    if ranges is None:
+        return False
+    partitions: dict[str, set[int]] = {}
+    for r in ranges:
+        if r.topic in keyed:
+            partitions.setdefault(r.topic, set()).add(r.partition)
+    return all(len(p) <= 1 for p in partitions.values())
 
 
 def archive_path() -> Path | None:

@@ -90,16 +90,17 @@ class TopicPlan:
     the lake table's columns."""
 
     topic: str
-    key_schema: Schema | None  # None: the table has no key (its changes are a changelog)
+    key_schema: Schema | None  # None: no Kafka key (without `key`, a changelog)
     value_schema: Schema | None
     exclude: tuple[str, ...] = ()
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
+    key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
 
     @cached_property
     def schema(self) -> TopicSchema:
         keys = [] if self.key_schema is None else [self.key_schema[1]]
         values = [] if self.value_schema is None else [self.value_schema[1]]
-        return topic_schema(keys, values, (), self.topic, self.exclude, self.known)
+        return topic_schema(keys, values, self.key, self.topic, self.exclude, self.known)
 
     def columns(self, toast: bool = True) -> list[tuple[str, str]]:
         """(name, Spark type) of the resolved rows; `toast`: with the TOAST flags (a
@@ -189,7 +190,9 @@ class RangeFold:
         self.restart = False
         self.closed = False  # read whole (`close`)
         self.columnar: ColumnarFold | None = None
-        self._want_columnar = columnar and not follow_toast and _HEADER is not None
+        # a configured key is read from the rows: folded change by change
+        self._want_columnar = (columnar and not follow_toast and _HEADER is not None
+                               and not plan.key)  # fmt: skip
         self.summary = RangeSummary(plan.topic, partition)
         self.schema: TopicSchema | None = None
         self._planned = {"key": plan.key_schema, "value": plan.value_schema}
@@ -243,9 +246,10 @@ class RangeFold:
         if self.changelog:
             self._log(raw)
             return
-        raw = self._after_truncate(raw)
-        if not raw.num_rows:
-            return
+        if self.columnar is not None:  # change by change, `_fold` meets the truncates
+            raw = self._after_truncate(raw)
+            if not raw.num_rows:
+                return
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
@@ -338,8 +342,10 @@ class RangeFold:
             toast = NO_TOAST
         first = self.summary.first_lsn
         for c in changes:
-            if c.op == TRUNCATE:  # `_after_truncate` took those without a key
-                raise Unsupported(f"a truncate at offset {c.offset}")
+            if c.op == TRUNCATE:  # the fold starts again (`_after_truncate`)
+                states.clear()
+                self.summary.truncate, first = [c.offset, c.lsn], None
+                continue
             if c.lsn is not None and (first is None or c.lsn < first):
                 first = c.lsn
             key = c.ident

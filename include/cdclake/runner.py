@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
+from cdclake.jvm import resolves_by_range
 from cdclake.planner import plan_pipeline
 from cdclake.spark import build_session
 
@@ -12,7 +13,8 @@ def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict:
     plan = plan_pipeline(pipeline, batch_id)
     if not plan.ranges:
         return {"pipeline": pipeline.name, "batch_id": plan.batch_id, "tables": []}
-    spark = build_session(pipeline, pipeline.spark.master, records=plan.total)
+    ranged = resolves_by_range(pipeline, plan.ranges)
+    spark = build_session(pipeline, pipeline.spark.master, records=plan.total, ranged=ranged)
     results = run_batch(spark, pipeline, plan)
     return {
         "pipeline": pipeline.name,

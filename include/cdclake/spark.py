@@ -77,10 +77,15 @@ def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
 
 
 def spark_conf(
-    pipeline: PipelineConfig, secrets: bool = True, records: int | None = None
+    pipeline: PipelineConfig,
+    secrets: bool = True,
+    records: int | None = None,
+    ranged: bool | None = None,
 ) -> dict[str, str]:
     """Every Spark setting a load needs; the pipeline's own `spark.conf` wins. The
-    driver's Java options depend on the batch's size (`records`; None when unknown).
+    driver's Java options depend on the batch's size (`records`; None when unknown) and
+    whether it resolves range by range (`ranged`; None: as `resolves_by_range` says of
+    the pipeline alone).
 
     With `secrets=False` (what goes on spark-submit's command line, which Airflow logs and
     `ps` shows) settings such as the catalog password are left out: the driver reads the
@@ -108,7 +113,9 @@ def spark_conf(
         if pipeline.catalog.type == "jdbc":
             jars.append(postgres_jdbc_jar())
         conf["spark.jars"] = ",".join(str(j) for j in jars)
-    conf.update(driver_conf(pipeline.spark.conf, records, resolves_by_range(pipeline)))
+    if ranged is None:
+        ranged = resolves_by_range(pipeline)
+    conf.update(driver_conf(pipeline.spark.conf, records, ranged))
     conf.update(pipeline.spark.conf)
     if not secrets:
         conf = {k: v for k, v in conf.items() if not is_secret(k)}
@@ -116,10 +123,13 @@ def spark_conf(
 
 
 def build_session(
-    pipeline: PipelineConfig, master: str | None = None, records: int | None = None
+    pipeline: PipelineConfig,
+    master: str | None = None,
+    records: int | None = None,
+    ranged: bool | None = None,
 ) -> SparkSession:
     """A SparkSession for a load (spark-submit passes its own master and conf); a new
-    driver JVM gets the Java options for a batch of `records` records."""
+    driver JVM gets the Java options for a batch of `records` records (`spark_conf`)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -127,7 +137,7 @@ def build_session(
     builder = SparkSession.builder.appName(f"cdclake-{pipeline.name}")
     if master:
         builder = builder.master(master)
-    for key, value in spark_conf(pipeline, records=records).items():
+    for key, value in spark_conf(pipeline, records=records, ranged=ranged).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

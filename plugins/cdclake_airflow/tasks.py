@@ -25,7 +25,7 @@ def plan(pipeline_path: str, **context) -> str:
         log.info("plan %s[%d]: offsets %d..%d (%d records)", r.topic, r.partition, r.start,
                  r.end - 1, r.size)  # fmt: skip
     # the load's driver JVM: the archive when there is one, the JIT for the batch's size
-    options = driver_java_options(batch.total, resolves_by_range(pipeline))
+    options = driver_java_options(batch.total, resolves_by_range(pipeline, batch.ranges))
     context["ti"].xcom_push(key=DRIVER_OPTIONS_XCOM, value=options)
     return batch.to_json()
 

@@ -54,17 +54,17 @@ def raw_table(parts: dict[int, list]) -> pa.Table:
     return pa.Table.from_batches(batches)
 
 
-def topic_of(rows: pa.Table) -> tuple:
+def topic_of(rows: pa.Table, key: tuple[str, ...] = ()) -> tuple:
     """(TopicSchema, key schemas, value schemas) of the topic's raw rows, as the job
-    makes them from the raw scan."""
+    makes them from the raw scan (`key`: the table's configured key)."""
     schemas = scan_rows(rows).schemas[TOPIC]
     keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    return topic_schema(list(keys.values()), list(values.values()), (), TOPIC), keys, values
+    return topic_schema(list(keys.values()), list(values.values()), key, TOPIC), keys, values
 
 
-def both(spark, rows: pa.Table):
+def both(spark, rows: pa.Table, key: tuple[str, ...] = ()):
     """(Spark's rows, the driver's rows, the driver's result), rows as sorted dicts."""
-    schema, keys, values = topic_of(rows)
+    schema, keys, values = topic_of(rows, key)
     changes = spark_decode(arrow_frame(spark, rows), schema, keys, values)
     check = check_changes(changes, schema)
     check.raise_invalid(TOPIC)

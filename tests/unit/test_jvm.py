@@ -12,6 +12,7 @@ from cdclake.jvm import (
     driver_java_options,
     resolves_by_range,
 )
+from cdclake.offsets import OffsetRange
 
 
 @pytest.fixture
@@ -52,13 +53,21 @@ def test_bigger_batches_resolved_range_by_range_run_the_client_compiler_only(
     assert "TieredStopAtLevel" not in driver_java_options(QUICK_JIT_RECORDS + 1, ranged=False)
 
 
-def test_a_configured_key_keeps_a_batch_off_the_range_path():
+def test_a_configured_key_over_several_partitions_keeps_a_batch_off_the_range_path():
     class Pipeline:
         tables = (TableConfig("inventory.a", "a"), TableConfig("inventory.b", "b"))
 
+        def topic_for(self, table):
+            return f"pg.{table.source}"
+
+    def ranges(*where):
+        return [OffsetRange(f"pg.inventory.{t}", p, 0, 10) for t, p in where]
+
     assert resolves_by_range(Pipeline())
     Pipeline.tables += (TableConfig("inventory.c", "c", key=("id",)),)
-    assert not resolves_by_range(Pipeline())
+    assert not resolves_by_range(Pipeline())  # the batch's partitions unknown
+    assert resolves_by_range(Pipeline(), ranges(("a", 0), ("a", 1), ("c", 0)))
+    assert not resolves_by_range(Pipeline(), ranges(("a", 0), ("c", 0), ("c", 1)))
 
 
 def test_the_pipeline_own_driver_options_win(archive):

@@ -71,11 +71,12 @@ def heads(parts: dict[int, list]) -> list[dict]:
             for p, recs in parts.items()]  # fmt: skip
 
 
-def plan_of(parts: dict[int, list], reader=None) -> TopicPlan:
-    """The plan the job makes of these partitions: the schemas at their head."""
+def plan_of(parts: dict[int, list], reader=None, key: tuple[str, ...] = ()) -> TopicPlan:
+    """The plan the job makes of these partitions: the schemas at their head (`key`: the
+    table's configured key)."""
     found = head_schemas(reader or reader_of(parts, 7), heads(parts))
     assert found is not None, "no key and value schemas at the head"
-    return TopicPlan(TOPIC, *found)
+    return TopicPlan(TOPIC, *found, key=key)
 
 
 def range_rows(parts: dict[int, list], batch: int = 7, reader=None, plan=None):
@@ -336,6 +337,31 @@ def test_random_histories_with_truncates_resolve_as_in_spark(spark, seed):
     assert isinstance(got, AcceptedTopic), got
     spark_rows, _, local = both(spark, raw_table(parts))
     assert got.truncate == local.truncate is not None
+    rows = unpacked(out, got)
+    assert got.counts == local.counts and rows.num_rows == len(spark_rows)
+    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+
+
+@pytest.mark.parametrize("kafka_key", [False, True], ids=["no Kafka key", "Kafka key"])
+@pytest.mark.parametrize("seed", range(8))
+def test_a_configured_key_resolves_range_by_range_as_in_spark(spark, seed, kafka_key):
+    """A table keyed by a configured `key` (here `id`; a table without a primary key
+    sends no Kafka key) is folded change by change, the key read from the rows: the
+    Spark jobs' rows and truncate. Over two partitions, a key in both sends the topic
+    the general way."""
+    parts = history(300 + seed, partitions=1 + seed % 2, toast=seed % 3 == 0)
+    if not kafka_key:  # what a table without a primary key sends: no key, no tombstone
+        parts = {p: [(None, value) for _, value in recs if value is not None]
+                 for p, recs in parts.items()}  # fmt: skip
+    plan = plan_of(parts, key=("id",))
+    out, summaries = range_rows(parts, batch=1 + seed % 5, plan=plan)
+    assert all(s.reason is None for s in summaries), summaries
+    got = accepted(out, parts, plan=plan)
+    spark_rows, _, local = both(spark, raw_table(parts), key=("id",))
+    if isinstance(got, str):
+        assert len(parts) > 1, got
+        return
+    assert got.key_names == ("id",) and got.truncate == local.truncate
     rows = unpacked(out, got)
     assert got.counts == local.counts and rows.num_rows == len(spark_rows)
     same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
