@@ -18,7 +18,10 @@ events over 10 tables (2 cores):
   14.1 against 10.2, 10.5 s; by the Spark SQL jobs 25.3, 24.6 against 19.5, 19.0 s. At
   1M events, range by range C1 alone was still faster (16.2, 15.2 against 19.1, 18.4 s)
   and in tasks by key even, but the Spark SQL jobs' path, which any topic may fall back
-  to, 24% slower: its break-even, between the two sizes, is near 300,000 records.
+  to, 24% slower: its break-even, between the two sizes, is near 300,000 records. A
+  batch that resolves range by range (`resolves_by_range`) keeps C1 alone up to 2M
+  records: 1M recorded events took 17.2-19.0 s cold with it, 20.1-22.9 s with both; 2M
+  generated events 28.9 and 29.0 s against 29.3 and 31.2 s.
 
 `cdclake jvm-archive` builds the archive for this environment's Spark and Java (a warm-up
 load of generated events into a scratch Hadoop-catalog warehouse, in a spark-submit of its
@@ -72,8 +75,8 @@ log = logging.getLogger(__name__)
 def driver_java_options(records: int | None = None, ranged: bool = False) -> str:
     """The driver's Java options for a batch of `records` records (None: unknown, e.g.
     a backfill of many batches): the archive when it exists, and the client compiler
-    alone for a small batch, or a bigger one that is `ranged` (no table of its pipeline
-    has a configured key, `resolves_by_range`). Empty when neither applies."""
+    alone for a small batch, or for one of up to `RANGED_QUICK_JIT_RECORDS` that is
+    `ranged` (`resolves_by_range`). Empty when neither applies."""
     parts = []
     archive = archive_path()
     if archive is not None and archive.is_file():
