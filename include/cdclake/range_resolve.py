@@ -317,11 +317,16 @@ class RangeFold:
         if not cuts:
             return raw
         i, last = cuts[-1]
-        self.summary.truncate = [last.offset, last.lsn]
-        self.summary.first_lsn = None
-        self.states = {}
-        self.columnar = self._columnar_fold()
+        self._start_again(last)
         return raw.slice(i + 1)
+
+    def _start_again(self, truncate) -> None:
+        """Drop what the fold holds, at a truncate (a change): the summary keeps its
+        position, and the lowest LSN is counted again from after it."""
+        self.summary.truncate = [truncate.offset, truncate.lsn]
+        self.summary.first_lsn = None
+        self.states.clear()
+        self.columnar = self._columnar_fold()
 
     def _fold(self, raw: pa.RecordBatch) -> None:
         if self.columnar is not None:
@@ -342,9 +347,9 @@ class RangeFold:
             toast = NO_TOAST
         first = self.summary.first_lsn
         for c in changes:
-            if c.op == TRUNCATE:  # the fold starts again (`_after_truncate`)
-                states.clear()
-                self.summary.truncate, first = [c.offset, c.lsn], None
+            if c.op == TRUNCATE:
+                self._start_again(c)
+                first = None
                 continue
             if c.lsn is not None and (first is None or c.lsn < first):
                 first = c.lsn
