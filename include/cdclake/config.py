@@ -84,6 +84,9 @@ class SparkConfig:
     conn_id: str = "spark_default"
     master: str = "local[2]"  # used by the CLI; Airflow takes the master from conn_id
     conf: Mapping[str, str] = field(default_factory=dict)
+    # a long-lived load driver (`cdclake serve`) the load tasks send their plans to,
+    # instead of starting spark-submit for each batch: http://host:port
+    served: str | None = None
 
 
 HANDLING_MODES = {
@@ -277,6 +280,8 @@ class _Reader:
 
 
 _SOURCE_FIELDS = {"conn_id", "dsn", "signal_table", "signal_topic", "notification_topic"}
+_SPARK_FIELDS = {"conn_id", "master", "conf", "served"}
+_SERVED_URL = re.compile(r"https?://[^/\s:]+(:\d+)?/?")
 _TOP_LEVEL = {
     "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
     "max_records_per_batch", "parallel_tables", "schedule", "on_error", "spark", "source",
@@ -328,10 +333,19 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         choices = [e.value for e in OnError]
         raise r.fail("on_error", f"{on_error_raw!r} is not one of {choices}") from None
     spark_raw = r.mapping(raw, "", "spark", required=False)
+    unknown = sorted(set(spark_raw) - _SPARK_FIELDS)
+    if unknown:
+        raise r.fail(
+            f"spark.{unknown[0]}", f"unknown field (expected one of {sorted(_SPARK_FIELDS)})"
+        )
+    served = r.get(spark_raw, "spark", "served", str, None)
+    if served is not None and not _SERVED_URL.fullmatch(served):
+        raise r.fail("spark.served", f"{served!r} is not an http://host:port address")
     spark = SparkConfig(
         conn_id=r.get(spark_raw, "spark", "conn_id", str, "spark_default"),
         master=r.get(spark_raw, "spark", "master", str, "local[2]"),
         conf=r.string_map(spark_raw, "spark", "conf"),
+        served=served.rstrip("/") if served else None,
     )
     source_raw = r.mapping(raw, "", "source", required=False)
     unknown = sorted(set(source_raw) - _SOURCE_FIELDS)

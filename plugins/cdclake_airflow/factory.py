@@ -71,6 +71,38 @@ def spark_submit(
     )
 
 
+def load_task(
+    pipeline: PipelineConfig,
+    *,
+    task_id: str,
+    plans: str,
+    name: str,
+    timeout: dt.timedelta,
+    driver_options: str | None = None,
+    **kwargs,
+):
+    """The task that loads `plans` (a template of a plan's JSON, or of a list of them):
+    spark-submit of jobs/load.py, or, when the pipeline names a served driver
+    (`spark.served`), a Python task that sends the plans there and logs what it does."""
+    path = str(pipeline.path)
+    if pipeline.spark.served:
+        from cdclake_airflow import tasks
+
+        return task(task_id=task_id, execution_timeout=timeout, **kwargs)(tasks.served_load)(
+            pipeline.spark.served, path, plans
+        )
+    return spark_submit(
+        pipeline,
+        driver_options=driver_options,
+        task_id=task_id,
+        application=LOAD_APPLICATION,
+        application_args=["--pipeline", path, "--plan", plans],
+        name=name,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
 def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     from cdclake_airflow import tasks
 
@@ -97,14 +129,13 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         has_work = task.short_circuit(task_id="has_work", ignore_downstream_trigger_rules=False)(
             tasks.has_work
         )(plan)
-        load = spark_submit(
+        load = load_task(
             pipeline,
             driver_options=(
                 f"{{{{ ti.xcom_pull(task_ids='plan', key='{tasks.DRIVER_OPTIONS_XCOM}') or '' }}}}"
             ),
             task_id="load",
-            application=LOAD_APPLICATION,
-            application_args=["--pipeline", path, "--plan", "{{ ti.xcom_pull(task_ids='plan') }}"],
+            plans="{{ ti.xcom_pull(task_ids='plan') }}",
             name=f"cdclake-{pipeline.name}",
             timeout=dt.timedelta(hours=2),
         )

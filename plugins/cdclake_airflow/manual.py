@@ -14,7 +14,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, Param, TriggerRule, task
 from cdclake.config import PipelineConfig
 
-from cdclake_airflow.factory import LOAD_APPLICATION, load_pipelines, spark_submit
+from cdclake_airflow.factory import load_pipelines, load_task
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
@@ -92,16 +92,10 @@ def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
             tasks.backfill_report
         )(plan)
         for name, pipeline in sorted(pipelines.items()):
-            load = spark_submit(
+            load = load_task(
                 pipeline,
                 task_id=f"load__{name}",
-                application=LOAD_APPLICATION,
-                application_args=[
-                    "--pipeline",
-                    str(pipeline.path),
-                    "--plan",
-                    "{{ ti.xcom_pull(task_ids='plan')['plans_json'] }}",
-                ],  # fmt: skip
+                plans="{{ ti.xcom_pull(task_ids='plan')['plans_json'] }}",
                 name=f"cdclake-backfill-{name}",
                 timeout=dt.timedelta(hours=12),
                 retries=1,

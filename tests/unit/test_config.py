@@ -193,3 +193,26 @@ def test_bad_maintenance_section_names_file_and_field(tmp_path, section, field):
         load_pipeline(path)
     assert str(path) in str(err.value)
     assert f": {field}:" in str(err.value)
+
+
+def test_served_driver_address(tmp_path):
+    p = load_pipeline(write(tmp_path, VALID + "spark: {served: 'http://driver:8765/'}\n"))
+    assert p.spark.served == "http://driver:8765"
+    assert load_pipeline(write(tmp_path, VALID)).spark.served is None
+
+
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ("{served: 'driver:8765'}", "spark.served"),  # no scheme
+        ("{served: 'http://driver:port'}", "spark.served"),
+        ("{served: 'ftp://driver:8765'}", "spark.served"),
+        ("{serve: 'http://driver:8765'}", "spark.serve"),  # unknown field
+    ],
+)
+def test_bad_spark_section_names_file_and_field(tmp_path, section, field):
+    path = write(tmp_path, VALID + f"spark: {section}\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert str(path) in str(err.value)
+    assert f": {field}:" in str(err.value)

@@ -1,0 +1,326 @@
+"""A long-lived load driver: one Spark application that runs the load job's batches for
+many load tasks, so a batch pays no JVM start, no Python worker start and no cold JIT.
+
+`cdclake serve` starts it. A pipeline with `spark.served: http://host:port` has its load
+tasks (scheduled and backfill) send their plans there (`submit`) instead of starting
+spark-submit for each batch. The batch runs the same `run_batch` and commits the same way,
+so exactly-once does not depend on the driver: a batch cut short (the driver stopped, the
+task killed) is planned again from the offsets its tables committed.
+
+The protocol is HTTP on one port:
+
+- `POST /load` with a JSON body `{"pipeline": <YAML path on the driver's machine>,
+  "plans": [<batch plan>, ...]}` answers with JSON lines: `{"log": text}` as the job logs,
+  `{"batch": {"batch_id", "tables"}}` when a plan's tables are committed, and last either
+  `{"done": true}` or `{"error": text, "type": name}`. Batches run one at a time, in the
+  order they came; a task waits for the batch before it. When a task goes away (timeout,
+  kill) its connection closes, and the driver cancels the batch's Spark jobs.
+- `GET /health`: whether the driver is up, busy, and how many batches it ran.
+
+Secrets come from the driver's own environment, as a spark-submit driver's do: the
+pipeline file names them, the request never carries them, and neither do the log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from cdclake.exceptions import CdclakeError, ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+# how often a running batch checks that its task is still connected
+WATCH_S = 0.5
+
+
+class LoadServer:
+    """Runs batches of load plans on one Spark application, one batch at a time.
+
+    The first pipeline served starts the application with its settings (`build_session`,
+    without a batch size: both JIT compilers, since the driver lives long). Each pipeline
+    then has a session of its own (`newSession`: its own SQL settings and catalogs, the
+    shared cache and executors), kept for its next batches. A pipeline whose settings
+    need another application (jars, memory, another master) is refused, naming them."""
+
+    def __init__(self, master: str | None = None, read: Callable | None = None) -> None:
+        self.master = master
+        self.read = read  # a `RawSource` instead of Kafka (the benchmark's recording)
+        self._lock = threading.Lock()
+        self._spark = None
+        self._conf: dict[str, str] = {}
+        self._sessions: dict[str, object] = {}
+        self.batches = 0
+        self.started = time.time()
+        self.busy = False
+
+    def health(self) -> dict:
+        return {"status": "ok", "pid": os.getpid(), "busy": self.busy,
+                "batches": self.batches, "spark": self._spark is not None,
+                "uptime_s": round(time.time() - self.started, 1)}  # fmt: skip
+
+    def session(self, pipeline):
+        from cdclake.jvm import DRIVER_OPTIONS
+        from cdclake.spark import build_session, spark_conf
+
+        conf = spark_conf(pipeline)
+        conf.pop(DRIVER_OPTIONS, None)  # chosen per batch by spark-submit, fixed here
+        if self._spark is None:
+            self._spark = build_session(pipeline, self.master or pipeline.spark.master)
+            self._conf = conf
+            self._sessions[pipeline.name] = self._spark
+            return self._spark
+        known = self._sessions.get(pipeline.name)
+        key = json.dumps(sorted(conf.items()))
+        if known is not None and getattr(known, "_cdclake_conf", key) == key:
+            return known
+        spark = self._spark.newSession()
+        fixed = []
+        for k, v in conf.items():
+            if self._conf.get(k) == v:
+                continue
+            try:
+                spark.conf.set(k, v)
+            except Exception:  # a setting of the application, not of a session
+                fixed.append(k)
+        fixed += [k for k in self._conf if k not in conf and not _session_setting(k)]
+        if fixed:
+            raise ConfigError(
+                f"{pipeline.path}: spark.conf: this served driver was started with other "
+                f"values of {sorted(set(fixed))}, which a session cannot change; serve "
+                "this pipeline from a driver of its own"
+            )
+        spark._cdclake_conf = key
+        self._sessions[pipeline.name] = spark
+        return spark
+
+    def load(self, pipeline_path: str, plans: Sequence, out: _Lines, gone: Callable[[], bool]):
+        """Run `plans` (BatchPlans) of the pipeline at `pipeline_path`, writing the log
+        and results to `out`; `gone()` says the task has gone away."""
+        from cdclake.config import load_pipeline
+        from cdclake.job import run_batch
+
+        with self._lock:
+            self.busy = True
+            handler = _LineHandler(out)
+            logging.getLogger("cdclake").addHandler(handler)
+            done = threading.Event()
+            cancelled = threading.Event()
+            spark = None
+            try:
+                pipeline = load_pipeline(pipeline_path)
+                spark = self.session(pipeline)
+                watch = threading.Thread(target=_watch, name="cdclake-served-watch",
+                                         args=(spark, gone, out, done, cancelled),
+                                         daemon=True)  # fmt: skip
+                watch.start()
+                for plan in plans:
+                    if cancelled.is_set():
+                        break
+                    log.info("batch %s: %d records of %d ranges", plan.batch_id, plan.total,
+                             len(plan.ranges))  # fmt: skip
+                    results = run_batch(spark, pipeline, plan, read=self.read)
+                    self.batches += 1
+                    out.write({"batch": {"batch_id": plan.batch_id,
+                                         "tables": [r.to_dict() for r in results]}})  # fmt: skip
+                if cancelled.is_set():
+                    raise CdclakeError("cancelled")
+                out.write({"done": True})
+            except Exception as exc:
+                error = exc
+                if cancelled.is_set():  # the cancelled jobs' errors say less than this
+                    error = CdclakeError("the load task went away; its Spark jobs were cancelled")
+                log.warning("batch failed: %s: %s", type(error).__name__, error)
+                out.write({"error": str(error), "type": type(error).__name__})
+            finally:
+                done.set()
+                logging.getLogger("cdclake").removeHandler(handler)
+                self.busy = False
+
+
+def _session_setting(key: str) -> bool:
+    return key.startswith("spark.sql.") and not key.startswith("spark.sql.extensions")
+
+
+def _watch(spark, gone: Callable[[], bool], out: _Lines, done: threading.Event,
+           cancelled: threading.Event) -> None:  # fmt: skip
+    """Cancel the batch's Spark jobs once its task has gone away (and any it starts
+    after), until the batch ends."""
+    while not done.wait(WATCH_S):
+        if cancelled.is_set() or out.broken or gone():
+            if not cancelled.is_set():
+                log.warning("the load task went away; cancelling the batch's Spark jobs")
+                cancelled.set()
+            spark.sparkContext.cancelAllJobs()
+
+
+class _Lines:
+    """JSON lines to a response, from any thread; a write to a closed connection marks it
+    broken instead of raising."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self.broken = False
+
+    def write(self, message: dict) -> None:
+        data = (json.dumps(message, default=str) + "\n").encode()
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                self._stream.write(data)
+                self._stream.flush()
+            except OSError:
+                self.broken = True
+
+
+class _LineHandler(logging.Handler):
+    def __init__(self, out: _Lines) -> None:
+        super().__init__(logging.INFO)
+        self.out = out
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.out.write({"log": self.format(record)})
+        except Exception:  # pragma: no cover - logging must not fail the batch
+            self.handleError(record)
+
+
+def _closed(conn: socket.socket) -> bool:
+    """The peer closed `conn` (the request body was read whole, so anything readable is
+    its end)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.rstrip("/") == "/health":
+            self._json(200, self.server.load_server.health())
+        else:
+            self._json(404, {"error": f"no such path {self.path!r}; try /health or /load"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        from cdclake.offsets import BatchPlan
+
+        if self.path.rstrip("/") != "/load":
+            self._json(404, {"error": f"no such path {self.path!r}; POST /load"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"null")
+            if not isinstance(body, dict) or not isinstance(body.get("pipeline"), str):
+                raise ValueError('the body must be {"pipeline": <path>, "plans": [...]}')
+            plans = [BatchPlan.from_dict(p) for p in body.get("plans") or []]
+        except (ValueError, KeyError, TypeError) as exc:
+            self._json(400, {"error": f"bad load request: {exc}", "type": "ValueError"})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.end_headers()
+        out = _Lines(self.wfile)
+        self.server.load_server.load(body["pipeline"], plans, out,
+                                     lambda: _closed(self.connection))  # fmt: skip
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002
+        log.info("%s %s", self.address_string(), format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    load_server: LoadServer
+
+
+def make_server(load_server: LoadServer, host: str = DEFAULT_HOST,
+                port: int = DEFAULT_PORT) -> _Server:  # fmt: skip
+    server = _Server((host, port), _Handler)
+    server.load_server = load_server
+    return server
+
+
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None) -> None:
+    """Serve load requests until interrupted (`cdclake serve`)."""
+    server = make_server(LoadServer(master), host, port)
+    log.info("serving loads on http://%s:%d (POST /load, GET /health)", host,
+             server.server_address[1])  # fmt: skip
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        spark = server.load_server._spark
+        if spark is not None:
+            spark.stop()
+
+
+def submit(url: str, pipeline_path: str, plans: Sequence[dict],
+           on_log: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """Send `plans` (batch plans as dicts) of the pipeline to the served driver at `url`
+    and wait for them; the driver's log lines go to `on_log` (this module's log by
+    default). Returns each batch's `{"batch_id", "tables"}`; raises CdclakeError when the
+    driver cannot be reached, a batch fails, or the driver stops before the end."""
+    on_log = on_log or (lambda line: log.info("%s", line))
+    body = json.dumps({"pipeline": pipeline_path, "plans": list(plans)}).encode()
+    request = urllib.request.Request(f"{url.rstrip('/')}/load", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        response = urllib.request.urlopen(request)  # no timeout: a batch logs rarely
+    except urllib.error.HTTPError as exc:
+        raise CdclakeError(f"served driver {url}: {exc.code}: {_error_text(exc)}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CdclakeError(f"served driver {url} cannot be reached ({reason}); start it with "
+                           "`cdclake serve`, or remove spark.served from the pipeline to "
+                           "load with spark-submit") from None  # fmt: skip
+    batches: list[dict] = []
+    with response:
+        for line in response:
+            message = json.loads(line)
+            if "log" in message:
+                on_log(message["log"])
+            elif "batch" in message:
+                batches.append(message["batch"])
+            elif "error" in message:
+                raise CdclakeError(f"served driver {url}: {message.get('type')}: "
+                                   f"{message['error']}")  # fmt: skip
+            elif message.get("done"):
+                return batches
+    raise CdclakeError(
+        f"served driver {url} stopped before the batch ended ({len(batches)} of {len(plans)} "
+        "batches committed); the next run loads the rest"
+    )
+
+
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(exc.read()).get("error", "")
+    except (ValueError, OSError):
+        return exc.reason

@@ -1,0 +1,177 @@
+"""The served load driver (`cdclake serve`) in a process of its own, on the local stack:
+batches sent to it load the lake as spark-submit's do, one application serves them all,
+and bad requests, failed batches and tasks that go away are handled."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import psycopg
+import pytest
+from cdclake.exceptions import CdclakeError
+from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.planner import plan_pipeline
+from cdclake.runner import run_once
+from cdclake.served import submit
+
+from tests.conftest import ROOT
+from tests.integration.helpers import assert_lake_equals_source, make_pipeline
+
+pytestmark = pytest.mark.integration
+
+N = uuid.uuid4().hex[:6]
+TABLE = f"inventory.served_{N}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def start_driver(log_path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(log_path, "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdclake", "serve", "--port", str(port), "--master", "local[1]"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT / 'include'}:{ROOT / 'plugins'}"},
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            health(url)
+            return proc, url
+        except OSError:
+            assert proc.poll() is None, log_path.read_text()
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("the served driver did not answer /health in 60 s")
+
+
+@pytest.fixture(scope="module")
+def driver(stack, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("served") / "driver.log"
+    proc, url = start_driver(log_path)
+    yield url, log_path
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def sql(dsn: str, *statements):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)
+
+
+def test_batches_sent_to_the_served_driver_load_the_lake(stack, driver, tmp_path):
+    url, log_path = driver
+    pipeline = make_pipeline(tmp_path, f"served_{N}", [TABLE], spark={"served": url})
+    sql(stack.source_dsn,
+        f"create table {TABLE} (id int primary key, v int, note text)",
+        f"insert into {TABLE} select i, i, 'first' from generate_series(1, 300) i",
+        f"update {TABLE} set v = v + 1000, note = 'second' where id % 3 = 0",
+        f"delete from {TABLE} where id % 7 = 0")  # fmt: skip
+    stack.wait_for_capture()
+    before = health(url)
+    first = run_once(pipeline, f"served-{N}-1")
+    assert [t["status"] for t in first["tables"]] == ["committed"]
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+    sql(stack.source_dsn,
+        f"update {TABLE} set note = 'third' where id % 5 = 0",
+        f"delete from {TABLE} where id between 10 and 40",
+        f"update {TABLE} set id = id + 10000 where id = 50")  # fmt: skip
+    stack.wait_for_capture()
+    lines: list[str] = []
+    plan = plan_pipeline(pipeline, f"served-{N}-2")
+    (second,) = submit(url, str(pipeline.path), [plan.to_dict()], on_log=lines.append)
+    assert [t["status"] for t in second["tables"]] == ["committed"]
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    # the driver's log came back with the batch, and one application served both
+    assert any("committed" in line for line in lines), lines
+    after = health(url)
+    assert after["pid"] == before["pid"] and after["batches"] == before["batches"] + 2
+    assert not after["busy"]
+
+    # an Airflow retry of the committed plan changes nothing
+    (again,) = submit(url, str(pipeline.path), [plan.to_dict()])
+    assert {t["status"] for t in again["tables"]} == {"already_committed"}
+
+
+def test_a_failed_batch_comes_back_as_an_error_and_the_driver_goes_on(stack, driver, tmp_path):
+    url, _ = driver
+    pipeline = make_pipeline(tmp_path, f"served_bad_{N}", ["inventory.customers"],
+                             spark={"served": url})  # fmt: skip
+    done = run_once(pipeline, f"served-bad-{N}")
+    assert [t["status"] for t in done["tables"]] == ["committed"]
+    r = plan_pipeline(pipeline, "next").ranges or ()
+    topic = pipeline.topic_for(pipeline.tables[0])
+    stale = BatchPlan(pipeline.name, "stale", (OffsetRange(topic, 0, 0, 1),))
+    with pytest.raises(
+        CdclakeError, match=f"served driver {url}: CommitConflictError: .*another run"
+    ):
+        submit(url, str(pipeline.path), [stale.to_dict()])
+    assert plan_pipeline(pipeline, "next").ranges == r  # nothing was written
+    with pytest.raises(CdclakeError, match="nowhere.yaml"):
+        submit(url, str(tmp_path / "nowhere.yaml"), [])
+    with pytest.raises(CdclakeError, match="bad load request"):
+        submit(url, str(pipeline.path), [{"batch": "not a plan"}])
+    assert not health(url)["busy"]
+
+
+def test_a_pipeline_that_needs_another_application_is_refused(stack, driver, tmp_path):
+    url, _ = driver
+    usual = make_pipeline(tmp_path, f"served_usual_{N}", ["inventory.customers"],
+                          spark={"served": url})  # fmt: skip
+    assert submit(url, str(usual.path), []) == []  # the application runs with its settings
+    conf = {"spark.driver.memory": "7g", "spark.sql.shuffle.partitions": "3"}
+    bigger = make_pipeline(tmp_path, f"served_big_{N}", ["inventory.customers"],
+                           spark={"served": url, "conf": conf})  # fmt: skip
+    with pytest.raises(CdclakeError, match=r"\['spark\.driver\.memory'\]"):
+        run_once(bigger, "refused")
+    assert not health(url)["busy"]
+
+
+def test_a_task_that_goes_away_has_its_jobs_cancelled(stack, driver, tmp_path):
+    url, log_path = driver
+    table = f"inventory.served_gone_{N}"
+    pipeline = make_pipeline(tmp_path, f"served_gone_{N}", [table], spark={"served": url})
+    sql(stack.source_dsn,
+        f"create table {table} (id int primary key, v int, note text)",
+        f"insert into {table} select i, i, repeat('x', 200) from generate_series(1, 5000) i",
+    )  # fmt: skip
+    stack.wait_for_capture()
+    plan = plan_pipeline(pipeline, f"served-gone-{N}")
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"pipeline": str(pipeline.path), "plans": [plan.to_dict()]}).encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /load HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        conn.recv(1)  # the batch has started
+    deadline = time.monotonic() + 60
+    while health(url)["busy"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not health(url)["busy"]
+    assert "the load task went away" in log_path.read_text()
+    # whatever the cut batch committed, the next runs load the table to the source's state
+    for i in range(3):
+        if not run_once(pipeline, f"served-gone-{N}-{i}")["tables"]:
+            break
+    assert_lake_equals_source(pipeline, stack.source_dsn)
