@@ -54,9 +54,11 @@ class LoadServer:
     shared cache and executors), kept for its next batches. A pipeline whose settings
     need another application (jars, memory, another master) is refused, naming them."""
 
-    def __init__(self, master: str | None = None, read: Callable | None = None) -> None:
+    def __init__(self, master: str | None = None, source: Callable | None = None) -> None:
         self.master = master
-        self.read = read  # a `RawSource` instead of Kafka (the benchmark's recording)
+        # plan -> the `RawSource` to read it from, or None for Kafka (the benchmark's
+        # recording)
+        self.source = source
         self._lock = threading.Lock()
         self._spark = None
         self._conf: dict[str, str] = {}
@@ -130,7 +132,8 @@ class LoadServer:
                         break
                     log.info("batch %s: %d records of %d ranges", plan.batch_id, plan.total,
                              len(plan.ranges))  # fmt: skip
-                    results = run_batch(spark, pipeline, plan, read=self.read)
+                    read = self.source(plan) if self.source else None
+                    results = run_batch(spark, pipeline, plan, read=read)
                     self.batches += 1
                     out.write({"batch": {"batch_id": plan.batch_id,
                                          "tables": [r.to_dict() for r in results]}})  # fmt: skip
@@ -267,7 +270,12 @@ def make_server(load_server: LoadServer, host: str = DEFAULT_HOST,
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None) -> None:
     """Serve load requests until interrupted (`cdclake serve`)."""
+    import signal
+
     server = make_server(LoadServer(master), host, port)
+    # stop serving on SIGTERM as on ^C; a batch still running fails with the application,
+    # and its task's retry plans it again from what its tables committed
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log.info("serving loads on http://%s:%d (POST /load, GET /health)", host,
              server.server_address[1])  # fmt: skip
     try:

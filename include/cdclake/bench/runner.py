@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ STEP_FIGURES = {
     "peers": ("peer_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
+    "served": ("throughput_served_eps", "fixed_overhead_served_s"),
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
     "memory": ("memory_ratio",),
@@ -62,7 +64,10 @@ TARGETS = {
 
 
 # Figures without a target, shown for context.
-EXTRA_FIGURES = ("throughput_kafka_eps", "naive_ratio", "toast_ratio")
+EXTRA_FIGURES = (
+    "throughput_kafka_eps", "naive_ratio", "toast_ratio",
+    "throughput_served_eps", "fixed_overhead_served_s",
+)  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
 FIGURES = (*TARGETS, *EXTRA_FIGURES)
@@ -241,6 +246,69 @@ class Bench:
             "topic_prefix": pipeline.topic_prefix,
         }  # fmt: skip
         self.say(f"throughput from tansu: {events / wall:,.0f} events/s ({wall:.1f}s)")
+
+    # ---- a served driver ----------------------------------------------------------------
+    def served(self) -> None:
+        """The throughput step's recording and a batch like the fixed-overhead step's
+        (events over many tables, from Kafka), each loaded twice into new tables of one
+        pipeline by a served driver (`cdclake.served`) in a process of its own: the small
+        batch first (it starts the application), the recording, then each again. The
+        second of each is the figure: a served driver that has run batches before, as
+        one serving a schedule is. Wall from the request to the driver's answer."""
+        from cdclake.served import submit
+
+        z = self.sizes
+        rec = self.work / "recording"
+        workload = self.details["file_workload"]
+        small = Workload.standard(z.fixed_events, max(4, z.fixed_events // 2),
+                                  prefix=f"benchs{_tag()}", tables=z.fixed_tables,
+                                  partitions=1)  # fmt: skip
+        small_ranges = tuple(produce_workload(self.stack.broker.bootstrap, small))
+        file_ranges = tuple(recorded_ranges(rec))
+        self.jvm_archive()
+        log_path = self.work / "served.log"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "cdclake.bench.batch", "--serve", str(port),
+               "--recording", str(rec)]  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        self.say(f"a served driver on {url}: {z.fixed_events} events over "
+                 f"{z.fixed_tables} tables and the recording, twice each")  # fmt: skip
+        with open(log_path, "w") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+            try:
+                _wait_for_health(url, proc, log_path)
+                walls: dict[str, list[float]] = {"small": [], "file": []}
+                stages: dict[str, dict] = {}
+                for label in ("small", "file", "small", "file"):
+                    wl, ranges = ((small, small_ranges) if label == "small"
+                                  else (workload, file_ranges))  # fmt: skip
+                    n = len(walls[label]) + 1
+                    pipeline = bench_pipeline(self.work, self.stack.s, wl, f"served_{label}_{n}")
+                    plan = BatchPlan(pipeline.name, f"bench-served-{label}-{n}", ranges)
+                    started = time.perf_counter()
+                    (batch,) = submit(url, str(pipeline.path), [plan.to_dict()],
+                                      on_log=lambda line: None)  # fmt: skip
+                    walls[label].append(time.perf_counter() - started)
+                    stages[label] = stage_seconds(batch["tables"], pipeline.parallel_tables)
+                    stages[label]["namespace"] = pipeline.namespace
+                    self.say(f"served {label} batch {n}: {walls[label][-1]:.1f}s")
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        self.figures["throughput_served_eps"] = workload.events / walls["file"][1]
+        self.figures["fixed_overhead_served_s"] = walls["small"][1]
+        prefix = small.streams[0].topic.split(".")[0]
+        self.details["served"] = {"wall_s": walls, "stages": stages, "small_prefix": prefix}
+        self.say(f"served driver: {workload.events / walls['file'][1]:,.0f} events/s from "
+                 f"file ({walls['file'][1]:.1f}s; its first: {walls['file'][0]:.1f}s), "
+                 f"{z.fixed_events} events over {z.fixed_tables} tables in "
+                 f"{walls['small'][1]:.1f}s (its first, starting the application: "
+                 f"{walls['small'][0]:.1f}s)")  # fmt: skip
 
     # ---- the JVM archive ---------------------------------------------------------------
     def jvm_archive(self) -> None:
@@ -493,6 +561,21 @@ def _children_cpu_s() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _wait_for_health(url: str, proc: subprocess.Popen, log_path: Path, wait_s: float = 60):
+    import urllib.request
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the served driver exited: {log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"the served driver did not answer at {url} in {wait_s:.0f}s")
 
 
 def _tag() -> str:
