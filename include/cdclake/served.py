@@ -43,6 +43,12 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 # how often a running batch checks that its task is still connected
 WATCH_S = 0.5
+# Session settings of a served driver, unless the pipeline's own `spark.conf` sets them.
+# The rows a batch caches (a topic's resolved rows) kept as they are, not encoded: on a
+# warm driver a 1M-event batch took 11.4 s against 12.8 s on average (12 batches each,
+# alternating processes), for ~15% more memory while the batch runs. On a cold JVM (a
+# spark-submit per batch) the gain was not clear, and Spark's default stays there.
+SERVED_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 
 class LoadServer:
@@ -81,7 +87,7 @@ class LoadServer:
         if self._spark is None:
             self._spark = build_session(pipeline, self.master or pipeline.spark.master)
             self._conf = conf
-            self._sessions[pipeline.name] = self._spark
+            self._sessions[pipeline.name] = _served_defaults(self._spark, conf)
             return self._spark
         known = self._sessions.get(pipeline.name)
         key = json.dumps(sorted(conf.items()))
@@ -104,7 +110,7 @@ class LoadServer:
                 "this pipeline from a driver of its own"
             )
         spark._cdclake_conf = key
-        self._sessions[pipeline.name] = spark
+        self._sessions[pipeline.name] = _served_defaults(spark, conf)
         return spark
 
     def load(self, pipeline_path: str, plans: Sequence, out: _Lines, gone: Callable[[], bool]):
@@ -150,6 +156,13 @@ class LoadServer:
                 done.set()
                 logging.getLogger("cdclake").removeHandler(handler)
                 self.busy = False
+
+
+def _served_defaults(spark, conf: dict[str, str]):
+    for key, value in SERVED_CONF.items():
+        if key not in conf:
+            spark.conf.set(key, value)
+    return spark
 
 
 def _session_setting(key: str) -> bool:

@@ -6,7 +6,9 @@ start and a cold first batch each, about a minute together on the shared 2-core 
 so the smoke run leaves them out; their own parts (the load job's output, the process
 tree's peak memory) are tested here without Spark, and `make bench` runs them. The
 throughput step's batch also runs in a process of its own (`cdclake.bench.batch`, its
-driver JVM as a load of its size starts it), and is part of the smoke run.
+driver JVM as a load of its size starts it), and is part of the smoke run, as is the
+served driver's step (a `cdclake.bench.batch --serve` process loading small batches and
+the recording three times each).
 """
 
 from __future__ import annotations
@@ -250,6 +252,12 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
             assert lake_rows(catalog, ns, topic) == final_state(records)
             assert lake_rows(catalog, ns, topic, column=column) == expected
     assert placeholders > 0
+
+    served = details["served"]
+    assert [len(w) for w in served["wall_s"].values()] == [3, 3]
+    for topic in topics:  # the served driver's last load of the recording
+        expected = final_state(recorded(recording, topic))
+        assert lake_rows(catalog, served["stages"]["file"]["namespace"], topic) == expected
 
     kafka = details["throughput_kafka"]
     workload = Workload.standard(sizes.kafka_events, sizes.kafka_keys,
