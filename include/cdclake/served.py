@@ -74,8 +74,12 @@ class LoadServer:
         self.busy = False
 
     def health(self) -> dict:
+        cached = None  # what the batches left cached (none, unless one leaks)
+        if self._spark is not None and not self.busy:
+            cached = self._spark.sparkContext._jsc.getPersistentRDDs().size()
         return {"status": "ok", "pid": os.getpid(), "busy": self.busy,
                 "batches": self.batches, "spark": self._spark is not None,
+                "cached_rdds": cached,
                 "uptime_s": round(time.time() - self.started, 1)}  # fmt: skip
 
     def session(self, pipeline):

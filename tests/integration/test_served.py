@@ -108,7 +108,7 @@ def test_batches_sent_to_the_served_driver_load_the_lake(stack, driver, tmp_path
     assert any("committed" in line for line in lines), lines
     after = health(url)
     assert after["pid"] == before["pid"] and after["batches"] == before["batches"] + 2
-    assert not after["busy"]
+    assert not after["busy"] and after["cached_rdds"] == 0  # nothing kept between batches
 
     # an Airflow retry of the committed plan changes nothing
     (again,) = submit(url, str(pipeline.path), [plan.to_dict()])
@@ -175,3 +175,4 @@ def test_a_task_that_goes_away_has_its_jobs_cancelled(stack, driver, tmp_path):
         if not run_once(pipeline, f"served-gone-{N}-{i}")["tables"]:
             break
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    assert health(url)["cached_rdds"] == 0  # the cancelled batch released what it cached

@@ -296,6 +296,7 @@ class Bench:
                     stages[label] = stage_seconds(batch["tables"], pipeline.parallel_tables)
                     stages[label]["namespace"] = pipeline.namespace
                     self.say(f"served {label} batch {n}: {walls[label][-1]:.1f}s")
+                health = _health(url)  # what the batches left cached: nothing
             finally:
                 proc.terminate()
                 try:
@@ -306,7 +307,8 @@ class Bench:
         self.figures["throughput_served_eps"] = workload.events / file_s
         self.figures["fixed_overhead_served_s"] = small_s
         prefix = small.streams[0].topic.split(".")[0]
-        self.details["served"] = {"wall_s": walls, "stages": stages, "small_prefix": prefix}
+        self.details["served"] = {"wall_s": walls, "stages": stages, "small_prefix": prefix,
+                                  "cached_rdds_after": health.get("cached_rdds")}  # fmt: skip
         self.say(f"served driver: {workload.events / file_s:,.0f} events/s from file "
                  f"({file_s:.1f}s; its first: {walls['file'][0]:.1f}s), {z.fixed_events} "
                  f"events over {z.fixed_tables} tables in {small_s:.1f}s (its first, "
@@ -565,16 +567,21 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _wait_for_health(url: str, proc: subprocess.Popen, log_path: Path, wait_s: float = 60):
+def _health(url: str) -> dict:
     import urllib.request
 
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+        return json.loads(answer.read())
+
+
+def _wait_for_health(url: str, proc: subprocess.Popen, log_path: Path, wait_s: float = 60):
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the served driver exited: {log_path.read_text()[-2000:]}")
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5):
-                return
+            _health(url)
+            return
         except OSError:
             time.sleep(0.3)
     raise RuntimeError(f"the served driver did not answer at {url} in {wait_s:.0f}s")
