@@ -161,8 +161,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from cdclake.served import serve
 
-        serve(args.host, args.port, args.master)
-        return 0
+        return serve(args.host, args.port, args.master)
     if args.command == "maintain":
         from cdclake.config import load_pipeline
         from cdclake.maintenance import run_maintenance

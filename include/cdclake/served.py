@@ -72,13 +72,16 @@ class LoadServer:
         self.batches = 0
         self.started = time.time()
         self.busy = False
+        # set when the Spark application died under the driver: no batch can run on it
+        # any more, and `serve` exits so that its supervisor starts a fresh driver
+        self.dead = threading.Event()
 
     def health(self) -> dict:
         cached = None  # what the batches left cached (none, unless one leaks)
-        if self._spark is not None and not self.busy:
+        if self._spark is not None and not self.busy and self._alive():
             cached = self._spark.sparkContext._jsc.getPersistentRDDs().size()
-        return {"status": "ok", "pid": os.getpid(), "busy": self.busy,
-                "batches": self.batches, "spark": self._spark is not None,
+        return {"status": "dead" if self.dead.is_set() else "ok", "pid": os.getpid(),
+                "busy": self.busy, "batches": self.batches, "spark": self._spark is not None,
                 "cached_rdds": cached,
                 "uptime_s": round(time.time() - self.started, 1)}  # fmt: skip
 
@@ -117,6 +120,15 @@ class LoadServer:
         self._sessions[pipeline.name] = _served_defaults(spark, conf)
         return spark
 
+    def _alive(self) -> bool:
+        """The Spark application runs (True before it is started)."""
+        if self._spark is None:
+            return True
+        try:
+            return not self._spark.sparkContext._jsc.sc().isStopped()
+        except Exception:  # its JVM is gone
+            return False
+
     def load(self, pipeline_path: str, plans: Sequence, out: _Lines, gone: Callable[[], bool]):
         """Run `plans` (BatchPlans) of the pipeline at `pipeline_path`, writing the log
         and results to `out`; `gone()` says the task has gone away."""
@@ -131,6 +143,8 @@ class LoadServer:
             cancelled = threading.Event()
             spark = None
             try:
+                if self.dead.is_set() or not self._alive():
+                    raise CdclakeError("the driver's Spark application is gone")
                 pipeline = load_pipeline(pipeline_path)
                 spark = self.session(pipeline)
                 watch = threading.Thread(target=_watch, name="cdclake-served-watch",
@@ -154,6 +168,13 @@ class LoadServer:
                 error = exc
                 if cancelled.is_set():  # the cancelled jobs' errors say less than this
                     error = CdclakeError("the load task went away; its Spark jobs were cancelled")
+                if not self._alive():
+                    self.dead.set()
+                    error = CdclakeError(
+                        "the driver's Spark application is gone (its JVM died or was "
+                        f"stopped: {type(exc).__name__}); the driver stops so that its "
+                        "supervisor starts a fresh one, and the next run loads the batch"
+                    )
                 log.warning("batch failed: %s: %s", type(error).__name__, error)
                 out.write({"error": str(error), "type": type(error).__name__})
             finally:
@@ -285,11 +306,20 @@ def make_server(load_server: LoadServer, host: str = DEFAULT_HOST,
     return server
 
 
-def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None) -> None:
-    """Serve load requests until interrupted (`cdclake serve`)."""
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None) -> int:
+    """Serve load requests until interrupted (`cdclake serve`): 0, or 3 when the Spark
+    application died under it."""
     import signal
 
-    server = make_server(LoadServer(master), host, port)
+    load_server = LoadServer(master)
+    server = make_server(load_server, host, port)
+
+    def stop_when_dead() -> None:
+        load_server.dead.wait()
+        log.error("the Spark application is gone; stopping this driver")
+        server.shutdown()
+
+    threading.Thread(target=stop_when_dead, name="cdclake-served-dead", daemon=True).start()
     # stop serving on SIGTERM as on ^C; a batch still running fails with the application,
     # and its task's retry plans it again from what its tables committed
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
@@ -301,9 +331,10 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None
         pass
     finally:
         server.server_close()
-        spark = server.load_server._spark
-        if spark is not None:
+        spark = load_server._spark
+        if spark is not None and not load_server.dead.is_set():
             spark.stop()
+    return 3 if load_server.dead.is_set() else 0
 
 
 def submit(url: str, pipeline_path: str, plans: Sequence[dict],

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -23,6 +25,7 @@ from cdclake.served import submit
 
 from tests.conftest import ROOT
 from tests.integration.helpers import assert_lake_equals_source, make_pipeline
+from tests.integration.test_driver_lifecycle import children
 
 pytestmark = pytest.mark.integration
 
@@ -176,3 +179,21 @@ def test_a_task_that_goes_away_has_its_jobs_cancelled(stack, driver, tmp_path):
             break
     assert_lake_equals_source(pipeline, stack.source_dsn)
     assert health(url)["cached_rdds"] == 0  # the cancelled batch released what it cached
+
+
+def test_a_driver_whose_application_died_says_so_and_exits(stack, tmp_path):
+    proc, url = start_driver(tmp_path / "driver.log")
+    try:
+        pipeline = make_pipeline(tmp_path, f"served_dead_{N}", ["inventory.customers"],
+                                 spark={"served": url})  # fmt: skip
+        assert submit(url, str(pipeline.path), []) == []  # the application runs
+        jvms = [c for c in children(proc.pid)
+                if "java" in Path(f"/proc/{c}/cmdline").read_text()]  # fmt: skip
+        assert len(jvms) == 1, jvms
+        os.kill(jvms[0], signal.SIGKILL)  # as the kernel's OOM killer would
+        with pytest.raises(CdclakeError, match="Spark application is gone"):
+            run_once(pipeline, f"served-dead-{N}")
+        assert proc.wait(60) == 3  # for its supervisor to start a fresh one
+    finally:
+        if proc.poll() is None:
+            proc.kill()
