@@ -4,6 +4,7 @@ and bad requests, failed batches and tasks that go away are handled."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -116,6 +117,22 @@ def test_batches_sent_to_the_served_driver_load_the_lake(stack, driver, tmp_path
     # an Airflow retry of the committed plan changes nothing
     (again,) = submit(url, str(pipeline.path), [plan.to_dict()])
     assert {t["status"] for t in again["tables"]} == {"already_committed"}
+
+    # a backfill's plans, in order in one request
+    sql(stack.source_dsn,
+        f"insert into {TABLE} select i, i, 'fourth' from generate_series(400, 600) i",
+        f"update {TABLE} set v = -v where id % 4 = 0")  # fmt: skip
+    stack.wait_for_capture()
+    (r,) = plan_pipeline(pipeline, "whole").ranges
+    cut = (r.start + r.end) // 2
+    plans = [
+        BatchPlan(pipeline.name, f"served-{N}-3a", (dataclasses.replace(r, end=cut),)),
+        BatchPlan(pipeline.name, f"served-{N}-3b", (dataclasses.replace(r, start=cut),)),
+    ]
+    done = submit(url, str(pipeline.path), [p.to_dict() for p in plans])
+    assert [b["batch_id"] for b in done] == [p.batch_id for p in plans]
+    assert all(t["status"] == "committed" for b in done for t in b["tables"])
+    assert_lake_equals_source(pipeline, stack.source_dsn)
 
 
 def test_a_failed_batch_comes_back_as_an_error_and_the_driver_goes_on(stack, driver, tmp_path):
