@@ -38,9 +38,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from cdclake.exceptions import CdclakeError, ConfigError
 
 log = logging.getLogger(__name__)
+# the requests a driver answers (not streamed to a batch's task: they are not its lines)
+access_log = logging.getLogger(f"{__name__}.http")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+# a load request's body: a path and plans (a backfill's plans are ~200 bytes a range)
+MAX_REQUEST_BYTES = 64 << 20
 # how often a running batch checks that its task is still connected
 WATCH_S = 0.5
 # Session settings of a served driver, unless the pipeline's own `spark.conf` sets them.
@@ -91,14 +95,15 @@ class LoadServer:
 
         conf = spark_conf(pipeline)
         conf.pop(DRIVER_OPTIONS, None)  # chosen per batch by spark-submit, fixed here
+        key = json.dumps(sorted(conf.items()))
         if self._spark is None:
             self._spark = build_session(pipeline, self.master or pipeline.spark.master)
+            self._spark._cdclake_conf = key
             self._conf = conf
             self._sessions[pipeline.name] = _served_defaults(self._spark, conf)
             return self._spark
         known = self._sessions.get(pipeline.name)
-        key = json.dumps(sorted(conf.items()))
-        if known is not None and getattr(known, "_cdclake_conf", key) == key:
+        if known is not None and known._cdclake_conf == key:
             return known
         spark = self._spark.newSession()
         fixed = []
@@ -234,6 +239,8 @@ class _LineHandler(logging.Handler):
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name == access_log.name:
+            return
         try:
             self.out.write({"log": self.format(record)})
         except Exception:  # pragma: no cover - logging must not fail the batch
@@ -268,6 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             length = int(self.headers.get("Content-Length") or 0)
+            if not 0 <= length <= MAX_REQUEST_BYTES:
+                raise ValueError(f"a body of {length} bytes (at most {MAX_REQUEST_BYTES})")
             body = json.loads(self.rfile.read(length) or b"null")
             if not isinstance(body, dict) or not isinstance(body.get("pipeline"), str):
                 raise ValueError('the body must be {"pipeline": <path>, "plans": [...]}')
@@ -291,7 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002
-        log.info("%s %s", self.address_string(), format % args)
+        access_log.info("%s %s", self.address_string(), format % args)
 
 
 class _Server(ThreadingHTTPServer):
