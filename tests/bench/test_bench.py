@@ -202,6 +202,8 @@ def test_stage_seconds_sum_the_tables_and_take_the_batch_read_once():
                       "tables": 3, "parallel_tables": 4}  # fmt: skip
     line = render_stages({"fixed_overhead": {"stages": stages}})
     assert "fixed_overhead: read 2.0s" in line and "resolve 4.0s" in line
+    line = render_stages({"served": {"stages": {"file": stages}}})
+    assert "served file (last): read 2.0s" in line and "write 3.0s" in line
 
 
 SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory")]

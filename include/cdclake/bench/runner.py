@@ -546,8 +546,12 @@ def stage_seconds(tables: list[dict], parallel_tables: int) -> dict:
 def render_stages(details: dict) -> str:
     """A line per step that timed its batch's stages (the report's 'where the time goes')."""
     lines = []
-    for step in ("throughput", "fixed_overhead"):
-        stages = details.get(step, {}).get("stages")
+    served = details.get("served", {}).get("stages", {})
+    steps = [
+        (step, details.get(step, {}).get("stages")) for step in ("throughput", "fixed_overhead")
+    ]
+    steps += [(f"served {label} (last)", served.get(label)) for label in ("file", "small")]
+    for step, stages in steps:
         if not stages:
             continue
         per_table = ", ".join(f"{s} {stages[f'{s}_s']:,.1f}s" for s in STAGES)
