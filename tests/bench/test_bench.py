@@ -258,6 +258,7 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     served = details["served"]
     assert [len(w) for w in served["wall_s"].values()] == [3, 3]
     assert served["cached_rdds_after"] == 0
+    assert len(served["pss_mib_after_each"]) == 6 and min(served["pss_mib_after_each"]) > 0
     for topic in topics:  # the served driver's last load of the recording
         expected = final_state(recorded(recording, topic))
         assert lake_rows(catalog, served["stages"]["file"]["namespace"], topic) == expected

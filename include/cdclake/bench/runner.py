@@ -282,6 +282,7 @@ class Bench:
             try:
                 _wait_for_health(url, proc, log_path)
                 walls: dict[str, list[float]] = {"small": [], "file": []}
+                memory: list[int] = []  # the driver's summed PSS after each batch, MiB
                 stages: dict[str, dict] = {}
                 for label in ("small", "file") * SERVED_ROUNDS:
                     wl, ranges = ((small, small_ranges) if label == "small"
@@ -295,7 +296,9 @@ class Bench:
                     walls[label].append(time.perf_counter() - started)
                     stages[label] = stage_seconds(batch["tables"], pipeline.parallel_tables)
                     stages[label]["namespace"] = pipeline.namespace
-                    self.say(f"served {label} batch {n}: {walls[label][-1]:.1f}s")
+                    memory.append(round(tree_memory(proc.pid).pss / 2**20))
+                    self.say(f"served {label} batch {n}: {walls[label][-1]:.1f}s, "
+                             f"driver's PSS after it {memory[-1]:,} MiB")  # fmt: skip
                 health = _health(url)  # what the batches left cached: nothing
             finally:
                 proc.terminate()
@@ -308,7 +311,8 @@ class Bench:
         self.figures["fixed_overhead_served_s"] = small_s
         prefix = small.streams[0].topic.split(".")[0]
         self.details["served"] = {"wall_s": walls, "stages": stages, "small_prefix": prefix,
-                                  "cached_rdds_after": health.get("cached_rdds")}  # fmt: skip
+                                  "cached_rdds_after": health.get("cached_rdds"),
+                                  "pss_mib_after_each": memory}  # fmt: skip
         self.say(f"served driver: {workload.events / file_s:,.0f} events/s from file "
                  f"({file_s:.1f}s; its first: {walls['file'][0]:.1f}s), {z.fixed_events} "
                  f"events over {z.fixed_tables} tables in {small_s:.1f}s (its first, "
@@ -676,27 +680,35 @@ def _pss(pid: int) -> int | None:
     return None
 
 
+def tree_memory(pid: int) -> Peak:
+    """The summed PSS (RSS where the kernel has none) and RSS of a process and all its
+    descendants, now."""
+    import psutil
+
+    top = psutil.Process(pid)
+    pss = rss = 0
+    for p in [top, *top.children(recursive=True)]:
+        try:
+            resident = p.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+        rss += resident
+        proportional = _pss(p.pid)
+        pss += resident if proportional is None else proportional
+    return Peak(pss, rss)
+
+
 def peak_memory(cmd: list[str]) -> tuple[Peak, str]:
     """Run `cmd`; the peak memory of it and all its descendants (JVM, Python workers),
     sampled every 0.2 s, and its output. Where the kernel has no PSS, RSS stands in."""
     import psutil
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    top = psutil.Process(proc.pid)
     peak = Peak()
     while proc.poll() is None:
         try:
-            procs = [top, *top.children(recursive=True)]
-            pss = rss = 0
-            for p in procs:
-                try:
-                    resident = p.memory_info().rss
-                except psutil.NoSuchProcess:
-                    continue
-                rss += resident
-                proportional = _pss(p.pid)
-                pss += resident if proportional is None else proportional
-            peak = Peak(max(peak.pss, pss), max(peak.rss, rss))
+            now = tree_memory(proc.pid)
+            peak = Peak(max(peak.pss, now.pss), max(peak.rss, now.rss))
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.2)
