@@ -15,7 +15,9 @@ The protocol is HTTP on one port:
   `{"done": true}` or `{"error": text, "type": name}`. Batches run one at a time, in the
   order they came; a task waits for the batch before it. When a task goes away (timeout,
   kill) its connection closes, and the driver cancels the batch's Spark jobs.
-- `GET /health`: whether the driver is up, busy, and how many batches it ran.
+- `GET /health`: whether the driver is up (`status` "dead" once its Spark application
+  died: `serve` then exits with status 3), busy, how many batches it ran, and how many
+  cached datasets the batches left (none, unless one leaks).
 
 Secrets come from the driver's own environment, as a spark-submit driver's do: the
 pipeline file names them, the request never carries them, and neither do the log lines.
@@ -150,6 +152,9 @@ class LoadServer:
             try:
                 if self.dead.is_set() or not self._alive():
                     raise CdclakeError("the driver's Spark application is gone")
+                if gone():  # it waited for the batch before it, then went away
+                    cancelled.set()
+                    raise CdclakeError("cancelled")
                 pipeline = load_pipeline(pipeline_path)
                 spark = self.session(pipeline)
                 watch = threading.Thread(target=_watch, name="cdclake-served-watch",

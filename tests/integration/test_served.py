@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -179,12 +180,7 @@ def test_a_task_that_goes_away_has_its_jobs_cancelled(stack, driver, tmp_path):
     )  # fmt: skip
     stack.wait_for_capture()
     plan = plan_pipeline(pipeline, f"served-gone-{N}")
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"pipeline": str(pipeline.path), "plans": [plan.to_dict()]}).encode()
-    with socket.create_connection((host, int(port))) as conn:
-        conn.sendall(b"POST /load HTTP/1.0\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
-        conn.recv(1)  # the batch has started
+    send_and_leave(url, pipeline, plan, wait_for_answer=True)  # once the batch started
     deadline = time.monotonic() + 60
     while health(url)["busy"] and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -214,3 +210,46 @@ def test_a_driver_whose_application_died_says_so_and_exits(stack, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def send_and_leave(url: str, pipeline, plan, wait_for_answer: bool) -> None:
+    """A load request from a task that goes away: after the answer's first byte, or
+    at once."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"pipeline": str(pipeline.path), "plans": [plan.to_dict()]}).encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /load HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        if wait_for_answer:
+            conn.recv(1)
+
+
+def test_a_task_that_went_away_while_queued_has_no_batch_run(stack, driver, tmp_path):
+    url, log_path = driver
+    first, queued = (f"inventory.served_q{i}_{N}" for i in (1, 2))
+    pipeline = make_pipeline(tmp_path, f"served_q_{N}", [first, queued], spark={"served": url})
+    for table in (first, queued):
+        sql(stack.source_dsn,
+            f"create table {table} (id int primary key, v int, note text)",
+            f"insert into {table} select i, i, repeat('y', 300) from generate_series(1, 20000) i",
+        )  # fmt: skip
+    stack.wait_for_capture()
+    plan = plan_pipeline(pipeline, f"served-q-{N}")
+    first_plan, queued_plan = (
+        BatchPlan(pipeline.name, f"served-q-{N}-{t.target}",
+                  tuple(r for r in plan.ranges if r.topic == pipeline.topic_for(t)))
+        for t in pipeline.tables
+    )  # fmt: skip
+    before = health(url)["batches"]
+    runner = threading.Thread(target=submit, args=(url, str(pipeline.path), [first_plan.to_dict()]))
+    runner.start()
+    time.sleep(0.5)  # the first batch runs
+    send_and_leave(url, pipeline, queued_plan, wait_for_answer=False)
+    runner.join(120)
+    deadline = time.monotonic() + 30
+    while health(url)["busy"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert health(url)["batches"] == before + 1  # the first only
+    assert f"batch {queued_plan.batch_id}:" not in log_path.read_text()  # never started
+    # the queued table's offsets are untouched: the next plan still holds all its range
+    assert set(plan_pipeline(pipeline, "next").ranges) == set(queued_plan.ranges)
