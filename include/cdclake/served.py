@@ -64,7 +64,8 @@ class LoadServer:
     without a batch size: both JIT compilers, since the driver lives long). Each pipeline
     then has a session of its own (`newSession`: its own SQL settings and catalogs, the
     shared cache and executors), kept for its next batches. A pipeline whose settings
-    need another application (jars, memory, another master) is refused, naming them."""
+    need another application (jars, memory) is refused, naming them; the driver's
+    master (`master`, else the first pipeline's) runs them all."""
 
     def __init__(self, master: str | None = None, source: Callable | None = None) -> None:
         self.master = master
