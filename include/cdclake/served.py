@@ -75,7 +75,8 @@ class LoadServer:
         self._lock = threading.Lock()
         self._spark = None
         self._conf: dict[str, str] = {}
-        self._sessions: dict[str, object] = {}
+        # pipeline name -> (its settings as `session` compares them, its session)
+        self._sessions: dict[str, tuple[str, object]] = {}
         self.batches = 0
         self.started = time.time()
         self.busy = False
@@ -101,12 +102,11 @@ class LoadServer:
         key = json.dumps(sorted(conf.items()))
         if self._spark is None:
             self._spark = build_session(pipeline, self.master or pipeline.spark.master)
-            self._spark._cdclake_conf = key
             self._conf = conf
-            self._sessions[pipeline.name] = _served_defaults(self._spark, conf)
+            self._sessions[pipeline.name] = (key, _served_defaults(self._spark, conf))
             return self._spark
-        known = self._sessions.get(pipeline.name)
-        if known is not None and known._cdclake_conf == key:
+        known_key, known = self._sessions.get(pipeline.name, (None, None))
+        if known_key == key:
             return known
         spark = self._spark.newSession()
         fixed = []
@@ -124,8 +124,7 @@ class LoadServer:
                 f"values of {sorted(set(fixed))}, which a session cannot change; serve "
                 "this pipeline from a driver of its own"
             )
-        spark._cdclake_conf = key
-        self._sessions[pipeline.name] = _served_defaults(spark, conf)
+        self._sessions[pipeline.name] = (key, _served_defaults(spark, conf))
         return spark
 
     def _alive(self) -> bool:
@@ -149,7 +148,6 @@ class LoadServer:
             logging.getLogger("cdclake").addHandler(handler)
             done = threading.Event()
             cancelled = threading.Event()
-            spark = None
             try:
                 if self.dead.is_set() or not self._alive():
                     raise CdclakeError("the driver's Spark application is gone")
@@ -321,12 +319,13 @@ def make_server(load_server: LoadServer, host: str = DEFAULT_HOST,
     return server
 
 
-def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None) -> int:
-    """Serve load requests until interrupted (`cdclake serve`): 0, or 3 when the Spark
-    application died under it."""
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None,
+          source: Callable | None = None) -> int:  # fmt: skip
+    """Serve load requests until interrupted or stopped (`cdclake serve`; `source` as
+    `LoadServer`'s): 0, or 3 when the Spark application died under it."""
     import signal
 
-    load_server = LoadServer(master)
+    load_server = LoadServer(master, source)
     server = make_server(load_server, host, port)
 
     def stop_when_dead() -> None:
@@ -350,6 +349,12 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None
         if spark is not None and not load_server.dead.is_set():
             spark.stop()
     return 3 if load_server.dead.is_set() else 0
+
+
+def health(url: str, timeout_s: float = 5) -> dict:
+    """The served driver's `GET /health` answer; OSError when it cannot be reached."""
+    with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as answer:
+        return json.loads(answer.read())
 
 
 def submit(url: str, pipeline_path: str, plans: Sequence[dict],

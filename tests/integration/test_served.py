@@ -13,17 +13,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from cdclake.bench.runner import wait_for_driver
 from cdclake.exceptions import CdclakeError
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.planner import plan_pipeline
 from cdclake.runner import run_once
-from cdclake.served import submit
+from cdclake.served import health, submit
 
 from tests.conftest import ROOT
 from tests.integration.helpers import assert_lake_equals_source, make_pipeline
@@ -41,11 +41,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def health(url: str) -> dict:
-    with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-        return json.loads(r.read())
-
-
 def start_driver(log_path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -55,16 +50,12 @@ def start_driver(log_path) -> tuple[subprocess.Popen, str]:
         cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT / 'include'}:{ROOT / 'plugins'}"},
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            health(url)
-            return proc, url
-        except OSError:
-            assert proc.poll() is None, log_path.read_text()
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError("the served driver did not answer /health in 60 s")
+    try:
+        wait_for_driver(url, proc, log_path)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(port: int, recording: Path | None) -> int:
     import logging
 
-    from cdclake.served import LoadServer, make_server
+    from cdclake.served import serve
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -77,12 +77,7 @@ def _serve(port: int, recording: Path | None) -> int:
     def source(plan: BatchPlan):
         return read if plan.ranges and {r.topic for r in plan.ranges} <= topics else None
 
-    server = make_server(LoadServer("local[2]", source), port=port)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-    return 0
+    return serve(port=port, master="local[2]", source=source)
 
 
 if __name__ == "__main__":

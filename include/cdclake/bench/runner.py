@@ -257,7 +257,7 @@ class Bench:
         alternating, the small batch first (it starts the application). The figures are
         the mean of the second and third of each: a driver that has served batches
         before, as one serving a schedule has. Wall from the request to the answer."""
-        from cdclake.served import submit
+        from cdclake.served import health, submit
 
         z = self.sizes
         rec = self.work / "recording"
@@ -280,7 +280,7 @@ class Bench:
         with open(log_path, "w") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
             try:
-                _wait_for_health(url, proc, log_path)
+                wait_for_driver(url, proc, log_path)
                 walls: dict[str, list[float]] = {"small": [], "file": []}
                 memory: list[int] = []  # the driver's summed PSS after each batch, MiB
                 stages: dict[str, dict] = {}
@@ -299,7 +299,7 @@ class Bench:
                     memory.append(round(tree_memory(proc.pid).pss / 2**20))
                     self.say(f"served {label} batch {n}: {walls[label][-1]:.1f}s, "
                              f"driver's PSS after it {memory[-1]:,} MiB")  # fmt: skip
-                health = _health(url)  # what the batches left cached: nothing
+                left = health(url)  # what the batches left cached: nothing
             finally:
                 proc.terminate()
                 try:
@@ -311,7 +311,7 @@ class Bench:
         self.figures["fixed_overhead_served_s"] = small_s
         prefix = small.streams[0].topic.split(".")[0]
         self.details["served"] = {"wall_s": walls, "stages": stages, "small_prefix": prefix,
-                                  "cached_rdds_after": health.get("cached_rdds"),
+                                  "cached_rdds_after": left.get("cached_rdds"),
                                   "pss_mib_after_each": memory}  # fmt: skip
         self.say(f"served driver: {workload.events / file_s:,.0f} events/s from file "
                  f"({file_s:.1f}s; its first: {walls['file'][0]:.1f}s), {z.fixed_events} "
@@ -575,20 +575,17 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _health(url: str) -> dict:
-    import urllib.request
+def wait_for_driver(url: str, proc: subprocess.Popen, log_path: Path, wait_s: float = 60):
+    """Wait until the served driver `proc` (its output in `log_path`) answers at `url`;
+    RuntimeError, with the end of its log, when it exits or does not answer in time."""
+    from cdclake.served import health
 
-    with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
-        return json.loads(answer.read())
-
-
-def _wait_for_health(url: str, proc: subprocess.Popen, log_path: Path, wait_s: float = 60):
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the served driver exited: {log_path.read_text()[-2000:]}")
         try:
-            _health(url)
+            health(url)
             return
         except OSError:
             time.sleep(0.3)
