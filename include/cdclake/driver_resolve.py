@@ -284,6 +284,130 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
     raise Unsupported(f"field {field.name!r}: Connect type {kind} is decoded by Spark only")
 
 
+class _Slow(Exception):
+    """A column that `column_decoder` leaves to `decoder`, value by value."""
+
+
+# a ZonedTimestamp's text as Debezium writes it (UTC, `Z`), or with an offset, of a year
+# from 1; what else Arrow parses (a year 0, another separator) is decoded value by value
+_ZONED_TEXT = (r"^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-[0-9]{2}-[0-9]{2}"
+               r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+               r"(Z|[+-][0-9]{2}:[0-9]{2})$")  # fmt: skip
+
+
+def column_decoder(field: ConnectField, kind: pa.DataType) -> Callable[[list], pa.Array] | None:
+    """A decoder of a whole column of `field`'s JSON values (None for null) into an
+    Arrow array of `kind` (the lake column's), for the types whose value-by-value decode
+    (`decoder`) is the costly part of a row's: decimals of up to 18 digits, dates and
+    timestamps. It gives what `decoder` gives for each value, or raises `_Slow` for the
+    column to be decoded value by value (which decides as always: `Unsupported`). None:
+    the field's type has no such decoder."""
+    import pyarrow as pa
+
+    lg = field.logical
+    if lg == DECIMAL:
+        precision, scale = decimal_params(field)
+        if precision > 18 or kind != pa.decimal128(precision, scale):
+            return None
+        return _decimal_column(field, kind)
+    if lg in (DATE, CONNECT_DATE) and kind == pa.date32():
+        return _infinity_column(INFINITY_DAYS, _MAX_DAY, _MIN_DAY, 1, pa.int32(), kind)
+    if not pa.types.is_timestamp(kind) or kind.unit != "us":
+        return None
+    if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
+        return _infinity_column(INFINITY_MILLIS, _MAX_MICROS, _MIN_MICROS, 1000, pa.int64(),
+                                kind)  # fmt: skip
+    if lg == MICRO_TIMESTAMP:
+        return _infinity_column(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, pa.int64(), kind)
+    if lg == ZONED_TIMESTAMP and kind.tz is not None:
+        return _zoned_column(kind)
+    return None
+
+
+def _nulls(values: list):
+    import numpy as np
+
+    return np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+
+
+def _decimal_column(field: ConnectField, kind: pa.DataType) -> Callable[[list], pa.Array]:
+    import numpy as np
+    import pyarrow as pa
+
+    raw_scale = int(field.param("scale", "0") or 0)
+    factor = 10**-raw_scale if raw_scale < 0 else 1
+    limit = 10**kind.precision
+    unbase64, from_bytes = base64.b64decode, int.from_bytes
+
+    def decode(values: list) -> pa.Array:
+        try:
+            unscaled = [0 if v is None else from_bytes(unbase64(v, validate=True), "big",
+                                                       signed=True) * factor
+                        for v in values]  # fmt: skip
+        except (TypeError, ValueError, binascii.Error):  # not base64 text
+            raise _Slow from None
+        if unscaled and max(map(abs, unscaled)) >= limit:
+            raise _Slow
+        ints = pa.array(np.array(unscaled, dtype=np.int64), mask=_nulls(values))
+        # the unscaled values as decimals of scale 0, read with the column's scale
+        return ints.cast(pa.decimal128(19, 0)).view(kind)
+
+    return decode
+
+
+def _infinity_column(
+    values: tuple[int, int],
+    top: int,
+    bottom: int,
+    scale: int,
+    width: pa.DataType,
+    kind: pa.DataType,
+) -> Callable[[list], pa.Array]:
+    """Dates or timestamps of whole numbers, ±infinity loaded as the ends (`_infinity`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    low, high = -(-bottom // scale), top // scale  # the values that fit once scaled
+
+    def decode(column: list) -> pa.Array:
+        if set(map(type, column)) - {int, type(None)}:
+            raise _Slow
+        nulls = _nulls(column)
+        try:
+            ints = np.array([0 if v is None else v for v in column], dtype=np.int64)
+        except OverflowError:
+            raise _Slow from None
+        ends = (ints == values[0]) | (ints == values[1])
+        if np.any(~ends & ((ints < low) | (ints > high))):
+            raise _Slow
+        out = np.where(ints == values[0], top,
+                       np.where(ints == values[1], bottom, ints * scale))  # fmt: skip
+        return pa.array(out.astype(width.to_pandas_dtype()), type=width, mask=nulls).view(kind)
+
+    return decode
+
+
+def _zoned_column(kind: pa.DataType) -> Callable[[list], pa.Array]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def decode(values: list) -> pa.Array:
+        try:
+            texts = pa.array(values, type=pa.string())
+        except (pa.ArrowException, TypeError):
+            raise _Slow from None
+        if texts.null_count < len(texts) and not pc.all(
+            pc.match_substring_regex(texts, _ZONED_TEXT)
+        ).as_py():  # fmt: skip
+            raise _Slow
+        try:
+            return texts.cast(kind)
+        except pa.ArrowException:
+            raise _Slow from None
+
+    return decode
+
+
 def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callable[[Any], Any]:
     """A decoder of JSON values of one Python type (`convert`ed, when given)."""
 
@@ -394,10 +518,12 @@ class _Rows:
     def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
                  eager: Collection[str] | None = None) -> None:  # fmt: skip
         self.generic = _row_decoder(fields, columns)
+        self.fields = {f.name: f for f in fields}
         self.later, self.deferred, self.type = [], [], None
         if _DECODE is not None:
             types, later = _typed_fields(fields, columns)
             self.type = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
+            self.types = types
             for name, fn in later:
                 now = eager is None or name in eager
                 (self.later if now else self.deferred).append((name, fn))
@@ -421,15 +547,22 @@ class _Unparsed:
     headers-only decode, parsed and decoded whole (as `_Envelopes` would) when the
     change is settled."""
 
-    __slots__ = ("rows", "typed")
+    __slots__ = ("parse", "rows", "struct", "typed")
 
     def __init__(self, rows: _Rows) -> None:
         self.rows = rows
-        self.typed = None  # built when first needed
+        self.typed = self.struct = self.parse = None  # built when first needed
 
     def settle(self, change: _Change) -> None:
         change.after = self.row(change.after, change.partition, change.offset)
         change.before = self.row(change.before, change.partition, change.offset)
+
+    def _typed(self):
+        if self.typed is None:
+            from msgspec.json import Decoder
+
+            self.typed = Decoder(self.rows.type).decode
+        return self.typed
 
     def row(self, raw, partition: int, offset: int) -> dict | None:
         """One row (raw JSON, or None) of the record at `partition` and `offset`, decoded
@@ -437,16 +570,61 @@ class _Unparsed:
         if raw is None:
             return None
         rows = self.rows
-        if self.typed is None:
-            from msgspec.json import Decoder
-
-            self.typed = Decoder(rows.type).decode
         try:
-            row = self.typed(raw)
+            row = self._typed()(raw)
         except _DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
             return rows.generic(_json(bytes(raw).decode(), _where(partition, offset)))
         rows.finish(row)
         return rows.finish(row, deferred=True)
+
+    def columns(self, raws: list, partition: int, offsets: list[int],
+                columns: Sequence[Column]) -> dict[str, list | pa.Array]:  # fmt: skip
+        """Rows (raw JSON, or None; of the records at `partition` and `offsets`) decoded
+        as `row` decodes each, by column: name -> the values, or an Arrow array of the
+        column's lake type for those `column_decoder` decodes a column at a time."""
+        from operator import attrgetter
+
+        import msgspec
+
+        rows = self.rows
+        if self.struct is None:  # the row's typed fields as a struct's, all None if absent
+            self.struct = msgspec.defstruct("Columns", [
+                (name, kind, None) for name, kind in rows.types.items()
+            ], gc=False)  # fmt: skip
+            self.parse = msgspec.json.Decoder(self.struct).decode
+        parse, blank = self.parse, self.struct()
+        try:
+            parsed = [blank if raw is None else parse(raw) for raw in raws]
+        except _DECODE_ERRORS:  # a row that `generic` decides: each row as `row` does
+            decoded = [self.row(raw, partition, offset)
+                       for raw, offset in zip(raws, offsets, strict=True)]  # fmt: skip
+            return {c.name: [None if r is None else r.get(c.name) for r in decoded]
+                    for c in columns}  # fmt: skip
+        names = [c.name for c in columns if c.name in rows.types]
+        if len(names) == 1:
+            values = {names[0]: [getattr(r, names[0]) for r in parsed]}
+        else:
+            by_row = map(attrgetter(*names), parsed)
+            values = dict(zip(names, zip(*by_row, strict=True), strict=True))
+        convert = dict(rows.later + rows.deferred)
+        out: dict[str, list | pa.Array] = {}
+        for c in columns:
+            name = c.name
+            column = values.get(name)
+            if column is None:  # not a field of this schema's rows
+                out[name] = [None] * len(raws)
+                continue
+            fn = convert.get(name)
+            if fn is not None:
+                fast = column_decoder(rows.fields[name], arrow_type(c.type))
+                try:
+                    if fast is None:
+                        raise _Slow
+                    column = fast(column)
+                except _Slow:
+                    column = [None if v is None else fn(v) for v in column]
+            out[name] = column
+        return out
 
 
 def columns_decoder(value_schema: str, columns: Sequence[Column]):
@@ -1114,8 +1292,13 @@ def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) 
     arrays, fields = [], []
     for name, type_ in columns:
         kind = arrow_type(type_)
+        values = data[name]
         try:
-            arrays.append(pa.array(data[name], type=kind))
+            if isinstance(values, pa.Array):  # a column decoded as one (`column_decoder`)
+                arrays.append(values if values.type == kind else values.cast(kind))
+                fields.append(pa.field(name, kind))
+                continue
+            arrays.append(pa.array(values, type=kind))
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
         fields.append(pa.field(name, kind))

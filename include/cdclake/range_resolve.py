@@ -31,7 +31,8 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from cdclake.changes import TopicSchema, topic_schema
 from cdclake.driver_resolve import (
@@ -479,6 +480,29 @@ _MAX_MS = (2**63 - 1) // 1000  # a source time (ms) that still fits in microseco
 _UNKNOWN = object()  # a TOAST column's value not known in the range
 
 
+_TOMBSTONE_OP = object()  # the operation of a tombstone's head (`_envelope_heads`)
+_HEAD_OPS = {**_OP_CODES, _TOMBSTONE_OP: _TOMBSTONE}
+_HEAD_FIELDS = attrgetter("op", "source.lsn", "source.ts_ms", "after")
+_HEADS: list = []
+
+
+def _envelope_heads():
+    """A decoder of an envelope's operation, source LSN and time, its row after kept as
+    raw JSON (a JSON null as `NULL_ROW`), as `_HEADER` decodes them but into a struct
+    whose fields `_HEAD_FIELDS` reads at once; and the head a tombstone is given."""
+    if not _HEADS:
+        import msgspec
+
+        source = msgspec.defstruct("Source", [("ts_ms", int | None, None),
+                                              ("lsn", int | None, None)], gc=False)  # fmt: skip
+        head = msgspec.defstruct("Head", [
+            ("after", msgspec.Raw, None), ("op", Any, None),
+            ("source", source, msgspec.field(default_factory=source)),
+        ], gc=False)  # fmt: skip
+        _HEADS[:] = [msgspec.json.Decoder(head).decode, head(op=_TOMBSTONE_OP)]
+    return _HEADS
+
+
 class ColumnarFold:
     """A range's records folded as columns. Each read batch's keys and envelope headers
     (operation, source LSN and time, whether a row after is there) are decoded into
@@ -517,49 +541,60 @@ class ColumnarFold:
 
     def add(self, raw: pa.RecordBatch) -> int | None:
         """Fold a read batch in; the lowest LSN among its records (None: none has one)."""
-        import numpy as np
+        from operator import itemgetter
 
-        cols = raw.select(["offset", "is_tombstone", "key_payload",
-                           "value_payload"]).to_pydict()  # fmt: skip
-        offsets, tombs = cols["offset"], cols["is_tombstone"]
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        cols = raw.select(["offset", "key_payload", "value_payload"]).to_pydict()
+        offsets, payloads = cols["offset"], cols["value_payload"]
+        values = raw.column(raw.schema.get_field_index("value_payload"))
+        tombs = raw.column(raw.schema.get_field_index("is_tombstone"))
+        if not pc.all(pc.equal(values.is_null(), tombs.fill_null(False))).as_py():
+            raise Irregular("a record without a value that is no tombstone")
+        header, tomb = _envelope_heads()
         try:
             codes = self._codes(cols["key_payload"])
-            header = _HEADER
-            heads = [None if t is None else header(t) for t in cols["value_payload"]]
+            heads = [tomb if t is None else header(t) for t in payloads]
+            named, lsns, stamps, afters = (zip(*map(_HEAD_FIELDS, heads), strict=True)
+                                          if heads else ((),) * 4)  # fmt: skip
         except (*_DECODE_ERRORS, KeyError, TypeError, ValueError, OverflowError):
             raise Irregular("a key or an envelope msgspec does not take") from None
-        if any((h is None) != t for h, t in zip(heads, tombs, strict=True)):
-            raise Irregular("a record without a value that is no tombstone")
         try:
-            ops = [_TOMBSTONE if h is None else _OP_CODES[h.op] for h in heads]
+            ops = list(map(_HEAD_OPS.__getitem__, named))
         except (KeyError, TypeError):  # a truncate, or what the change fold names
             raise Irregular("an operation other than c, u, d and r") from None
-        sources = [None if h is None else h.source for h in heads]
-        lsns = [None if s is None else s.get("lsn") for s in sources]
-        stamps = [None if s is None else s.get("ts_ms") for s in sources]
-        has_after = [h is not None and h.after is not None and h.after != NULL_ROW
-                     for h in heads]  # fmt: skip
+        has_after = [a is not None and a != NULL_ROW for a in afters]
         # the last row after of each key, so far (a later one of a key replaces it)
         rowed = np.flatnonzero(has_after).tolist()
         if self.toast is None:
-            self.afters.update({codes[i]: (offsets[i], heads[i].after) for i in rowed})
+            if len(rowed) > 1:
+                pick = itemgetter(*rowed)
+                held = zip(pick(offsets), pick(afters), strict=True)
+                self.afters.update(zip(pick(codes), held, strict=True))
+            elif rowed:
+                i = rowed[0]
+                self.afters[codes[i]] = (offsets[i], afters[i])
         else:
-            self._follow(rowed, codes, offsets, heads, cols["value_payload"])
+            self._follow(rowed, codes, offsets, heads, payloads)
         if len(self.afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
         try:
-            lsn = np.array([_NO_LSN if x is None else x for x in lsns], dtype=np.int64)
-            stamp = np.array([0 if x is None else x for x in stamps], dtype=np.int64)
-        except OverflowError:
+            lsn_held = pa.array(lsns, type=pa.int64())
+            stamp_held = pa.array(stamps, type=pa.int64())
+        except (pa.ArrowException, OverflowError, TypeError):
             raise Irregular("an LSN or time beyond 64 bits") from None
-        if np.count_nonzero(lsn < 0) != lsns.count(None):
+        lsn = lsn_held.fill_null(_NO_LSN).to_numpy()
+        stamp = stamp_held.fill_null(0).to_numpy()
+        if np.count_nonzero(lsn < 0) != lsn_held.null_count:
             raise Irregular("a negative LSN")
         if np.any(np.abs(stamp) > _MAX_MS):
             raise Irregular("a source time beyond 64 bits in microseconds")
         self.parts.append((
             np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64),
             np.array(ops, dtype=np.int8), lsn, stamp,
-            np.array([x is not None for x in stamps], dtype=bool),
+            stamp_held.is_valid().to_numpy(zero_copy_only=False),
             np.array(has_after, dtype=bool),
         ))  # fmt: skip
         held = lsn[lsn != _NO_LSN]
@@ -703,14 +738,17 @@ class ColumnarFold:
         afters, partition, row = self.afters, self.partition, None
         if self.values is not None:
             row = self.values.unparsed.row
-        rows = []
-        for code in codes.tolist():
-            held = afters.get(code)
-            rows.append(None if held is None else row(held[1], partition, held[0]))
-        data: dict[str, list] = {}
-        for c in self.schema.columns:
-            name = c.name
-            data[name] = [None if v is None else v.get(name) for v in rows]
+        helds = [afters.get(code) for code in codes.tolist()]
+        data: dict[str, list | pa.Array]
+        if row is not None and self.toast is None:  # the rows decoded by column
+            data = self.values.unparsed.columns(
+                [None if h is None else h[1] for h in helds], partition,
+                [-1 if h is None else h[0] for h in helds], self.schema.columns,
+            )  # fmt: skip
+        else:
+            rows = [None if h is None else row(h[1], partition, h[0]) for h in helds]
+            data = {c.name: [None if v is None else v.get(c.name) for v in rows]
+                    for c in self.schema.columns}  # fmt: skip
         if self.toast is not None:
             self._filled(data, codes.tolist(), deleted.tolist())
         if self.one_integer:

@@ -3,6 +3,7 @@ the same rows once the ranges' results are put together, or the reason the topic
 take the general path."""
 
 import random
+import time
 from decimal import Decimal
 
 import numpy as np
@@ -731,8 +732,11 @@ def test_the_python_workers_start_ahead_of_the_range_tasks(spark):
     start_python_workers(spark)
     new = [j for j in tracker.getJobIdsForGroup(WORKERS_JOB_GROUP) if j not in before]
     assert len(new) == 1
-    info = tracker.getJobInfo(new[0])
-    assert info.status == "SUCCEEDED"
+    # the tracker hears of the job's end from Spark's listener bus, a moment later
+    deadline = time.monotonic() + 30
+    while (info := tracker.getJobInfo(new[0])).status != "SUCCEEDED":
+        assert info.status == "RUNNING" and time.monotonic() < deadline, info.status
+        time.sleep(0.1)
     tasks = sum(tracker.getStageInfo(s).numCompletedTasks for s in info.stageIds)
     assert tasks == sc.defaultParallelism
     assert sc.getLocalProperty("spark.jobGroup.id") is None
