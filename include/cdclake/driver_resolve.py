@@ -23,7 +23,7 @@ import datetime as dt
 import json
 import math
 import struct
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
@@ -598,8 +598,7 @@ class _Unparsed:
         except _DECODE_ERRORS:  # a row that `generic` decides: each row as `row` does
             decoded = [self.row(raw, partition, offset)
                        for raw, offset in zip(raws, offsets, strict=True)]  # fmt: skip
-            return {c.name: [None if r is None else r.get(c.name) for r in decoded]
-                    for c in columns}  # fmt: skip
+            return by_column(decoded, (c.name for c in columns))
         names = [c.name for c in columns if c.name in rows.types]
         if len(names) == 1:
             values = {names[0]: [getattr(r, names[0]) for r in parsed]}
@@ -625,6 +624,12 @@ class _Unparsed:
                     column = [None if v is None else fn(v) for v in column]
             out[name] = column
         return out
+
+
+def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:
+    """Decoded rows (None: no row, all its values None) as the values of each column
+    named."""
+    return {name: [None if r is None else r.get(name) for r in rows] for name in names}
 
 
 def columns_decoder(value_schema: str, columns: Sequence[Column]):
@@ -1165,10 +1170,7 @@ def folds_table(folds: Sequence[tuple[tuple, KeyFold]], shape: RowShape,
     """The resolved rows of (key, fold) pairs as `rows_table` makes them of their
     `KeyFold.row`s, built column by column; for a shape without TOAST flags."""
     assert not shape.toast, "the TOAST flags take `KeyFold.row`"
-    values = [fold.values() for _, fold in folds]
-    data: dict[str, list] = {}
-    for name in shape.names:
-        data[name] = [None if v is None else v.get(name) for v in values]
+    data = by_column([fold.values() for _, fold in folds], shape.names)
     for i, name in enumerate(shape.key_names):
         data[name] = [key[i] for key, _ in folds]
     metas = [fold.meta() for _, fold in folds]
@@ -1296,9 +1298,8 @@ def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) 
         try:
             if isinstance(values, pa.Array):  # a column decoded as one (`column_decoder`)
                 arrays.append(values if values.type == kind else values.cast(kind))
-                fields.append(pa.field(name, kind))
-                continue
-            arrays.append(pa.array(values, type=kind))
+            else:
+                arrays.append(pa.array(values, type=kind))
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
         fields.append(pa.field(name, kind))

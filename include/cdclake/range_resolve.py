@@ -46,6 +46,7 @@ from cdclake.driver_resolve import (
     ToastColumns,
     Unsupported,
     arrow_type,
+    by_column,
     changelog_rows,
     check_key_types,
     columns_ddl,
@@ -747,8 +748,7 @@ class ColumnarFold:
             )  # fmt: skip
         else:
             rows = [None if h is None else row(h[1], partition, h[0]) for h in helds]
-            data = {c.name: [None if v is None else v.get(c.name) for v in rows]
-                    for c in self.schema.columns}  # fmt: skip
+            data = by_column(rows, (c.name for c in self.schema.columns))
         if self.toast is not None:
             self._filled(data, codes.tolist(), deleted.tolist())
         if self.one_integer:
