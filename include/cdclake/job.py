@@ -250,8 +250,8 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
     # catalog's first lookups take a second or two)
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(len(eligible) + 1) as pool:
-        pool.submit(start_python_workers, spark)
+    threading.Thread(target=start_python_workers, args=(spark,), daemon=True).start()
+    with ThreadPoolExecutor(len(eligible)) as pool:
         heads = {topic: pool.submit(_head_read, reader, ranges_of[topic]) for topic in eligible}
         work = {}
         for topic in eligible:
@@ -337,12 +337,15 @@ def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
 WORKERS_JOB_GROUP = "cdclake-python-workers"
 
 
-def start_python_workers(spark) -> None:
+def start_python_workers(spark) -> list[int]:
     """Start the Python workers of the executors' cores and import the range tasks'
     modules in them, while the driver looks the lake tables up and reads the heads (a
     job of one task per core; Spark keeps the workers for the tasks after it). A cold
-    worker's start and imports otherwise fall on the first range tasks. Best effort: a
-    failure is logged and the range tasks start their workers themselves."""
+    worker's start and imports otherwise fall on the first range tasks. The job is a
+    `mapInArrow` as the range tasks are: Spark keeps a pool of workers per environment,
+    and an RDD job's workers get another environment than a DataFrame's Arrow tasks.
+    Returns the workers' process ids. Best effort: a failure is logged and the range
+    tasks start their workers themselves."""
     sc = spark.sparkContext
     names = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
     try:
@@ -350,22 +353,30 @@ def start_python_workers(spark) -> None:
         kept = {name: sc.getLocalProperty(name) for name in names}
         sc.setJobGroup(WORKERS_JOB_GROUP, "start the Python workers for the range tasks")
         try:
-            sc.parallelize(range(cores), cores).mapPartitions(_import_range_modules).count()
+            started = (spark.range(0, cores, 1, cores)
+                       .mapInArrow(_import_range_modules, "pid long").collect())  # fmt: skip
         finally:  # this thread's later jobs are not of the group
             for name, value in kept.items():
                 sc.setLocalProperty(name, value)
+        return sorted({row.pid for row in started})
     except Exception as exc:
         log.info("the Python workers were not started ahead of the range tasks: %s",
                  _brief(exc))  # fmt: skip
+        return []
 
 
-def _import_range_modules(rows):
+def _import_range_modules(batches):
+    import os
+
     import numpy  # noqa: F401
+    import pyarrow as pa
     import pyarrow.compute  # noqa: F401
 
     import cdclake.range_resolve  # noqa: F401
 
-    return iter(())
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]}, pa.schema([("pid", pa.int64())]))
 
 
 def _head_read(reader, ranges: list[OffsetRange]):

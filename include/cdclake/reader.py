@@ -136,12 +136,26 @@ class RawSource:
 
 
 def range_plan(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
-    """One row per range (topic, partition, start, end), each in a Spark partition."""
-    rows = [(r.topic, r.partition, r.start, r.end) for r in ranges]
-    return spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, max(1, len(rows))),
-        "topic string, partition int, start long, end long",
-    )
+    """One row per range (topic, partition, start, end), each in a Spark partition.
+
+    Built in the JVM (an inline table of the ranges joined by their index to
+    `spark.range`'s ids, one id a partition), not from Python data: converting that
+    starts Python workers of their own, since an RDD job's workers are not those of the
+    DataFrame's Arrow tasks that read the ranges."""
+    from pyspark.sql import functions as F
+
+    rows = ", ".join(f"({i}L, {_sql_text(r.topic)}, {r.partition}, {r.start}L, {r.end}L)"
+                     for i, r in enumerate(ranges)) or "(0L, '', 0, 0L, 0L)"  # fmt: skip
+    plan = spark.sql(f"SELECT * FROM VALUES {rows} AS ranges(id, topic, partition, start, end)")
+    if not ranges:
+        return plan.drop("id").where(F.lit(False))
+    n = len(ranges)
+    return spark.range(0, n, 1, n).join(F.broadcast(plan), "id").drop("id")
+
+
+def _sql_text(text: str) -> str:
+    """`text` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _kafka_reader(kafka: KafkaConfig, timeout_s: float = 60) -> RangeReader:

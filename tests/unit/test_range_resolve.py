@@ -742,6 +742,46 @@ def test_the_python_workers_start_ahead_of_the_range_tasks(spark):
     assert sc.getLocalProperty("spark.jobGroup.id") is None
 
 
+def _worker_pid(batches):
+    import os
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]}, pa.schema([("pid", pa.int64())]))
+
+
+def test_the_range_tasks_run_in_the_workers_started_ahead(spark):
+    """The range tasks' `mapInArrow` over `range_plan` takes the workers the start job
+    left idle (Spark pools workers per environment: an RDD job's would be of no use)."""
+    from cdclake.job import start_python_workers
+    from cdclake.offsets import OffsetRange
+    from cdclake.reader import range_plan
+
+    started = set(start_python_workers(spark))
+    assert 1 <= len(started) <= spark.sparkContext.defaultParallelism
+    # more tasks than idle workers: the queue of idle workers reaches those started
+    ranges = [OffsetRange("t", p, 0, 1) for p in range(8)]
+    used = {r.pid for r in range_plan(spark, ranges).mapInArrow(_worker_pid, "pid long").collect()}
+    assert started & used, (started, used)
+
+
+def test_the_range_plan_is_a_range_a_partition_in_order(spark):
+    from cdclake.offsets import OffsetRange
+    from cdclake.reader import range_plan
+
+    ranges = [OffsetRange(f"db.it's\\{i % 3}", i % 2, 10 * i, 10 * i + 5) for i in range(5)]
+    plan = range_plan(spark, ranges)
+    assert plan.schema.simpleString() == (
+        "struct<topic:string,partition:int,start:bigint,end:bigint>"
+    )
+    assert plan.rdd.glom().map(len).collect() == [1] * 5
+    assert [tuple(r) for r in plan.collect()] == [
+        (r.topic, r.partition, r.start, r.end) for r in ranges
+    ]
+    empty = range_plan(spark, [])
+    assert empty.schema == plan.schema and empty.count() == 0
+
+
 def test_workers_that_cannot_start_ahead_are_logged_not_raised(caplog):
     class Context:
         defaultParallelism = 2

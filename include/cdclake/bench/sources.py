@@ -79,7 +79,7 @@ def _read_file_slice(where: str, r: dict) -> Iterator:
     for g in range(f.num_row_groups):
         rows = f.metadata.row_group(g).num_rows
         if first + rows > r["start"] and first < r["end"]:
-            t = f.read_row_group(g)
+            t = f.read_row_group(g, use_threads=False)
             # offsets ascend within a file: cut the slice's rows out without copying
             # (a filter would copy every ~4 KB value)
             offsets = t["offset"].to_numpy()
