@@ -206,6 +206,74 @@ def test_stage_seconds_sum_the_tables_and_take_the_batch_read_once():
     assert "served file (last): read 2.0s" in line and "write 3.0s" in line
 
 
+BURNING = """
+import subprocess, sys, threading, time
+
+BURN = '''
+import time
+
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+'''
+exec(BURN)
+input()  # the snapshot before
+t = threading.Thread(target=burn, args=(0.4,))
+t.start(); t.join()  # a thread that ends before the snapshot after
+child = BURN + "burn(0.6); print('burnt', flush=True); time.sleep(60)"
+kid = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+kid.stdout.readline()
+print("done", flush=True)
+time.sleep(60)
+"""
+
+
+def test_cpu_parts_split_a_process_tree_by_part():
+    """Snapshots from outside, before and after: the top process's ended thread counts
+    for it (through its total), a child process of another kind for its own part."""
+    import subprocess
+
+    from cdclake.bench.cpu import cpu_parts, cpu_snapshot, render_parts
+
+    proc = subprocess.Popen([sys.executable, "-c", BURNING], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        before = cpu_snapshot(proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        parts = cpu_parts(before, cpu_snapshot(proc.pid))
+    finally:
+        for p in __import__("psutil").Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+    assert set(parts) == {"Python driver", "other processes"}, parts
+    assert 0.35 <= parts["Python driver"] < 1.5, parts
+    assert 0.55 <= parts["other processes"] < 1.5, parts
+    assert render_parts(parts).endswith("CPU s in all")
+
+
+@pytest.mark.parametrize(
+    ("process", "thread", "part"),
+    [
+        ("jvm", "Executor task l", "JVM executor tasks"),
+        ("jvm", "C2 CompilerThre", "JVM compilers"),
+        ("jvm", "C1 CompilerThre", "JVM compilers"),
+        ("jvm", "GC Thread#1", "JVM garbage collector"),
+        ("jvm", "G1 Conc#0", "JVM garbage collector"),
+        ("jvm", "Thread-4", "JVM driver and other threads"),
+        ("python worker", "python", "Python workers"),
+        ("driver", "python", "Python driver"),
+        ("other", "bash", "other processes"),
+    ],
+)
+def test_thread_parts(process, thread, part):
+    from cdclake.bench.cpu import thread_part
+
+    assert thread_part(process, thread) == part
+
+
 SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory")]
 
 
@@ -275,6 +343,11 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     assert stages["tables"] == sizes.tables
     # (the tables are resolved range by range while they are read: in `read_s`)
     assert stages["read_s"] > 0 and stages["resolve_s"] >= 0 and stages["write_s"] > 0
+    # and the CPU of the batch's process tree by part (the JVM plans, runs and writes)
+    for cpu in (details["throughput"]["cpu_s"], *served["cpu_s"].values()):
+        assert cpu.get("JVM executor tasks", 0) > 0 and cpu.get("Python driver", 0) > 0, cpu
+    assert set(served["cpu_s"]) == {"small", "file"}
+    assert "  CPU: " in render_stages(details)
 
     assert set(details["merge_scaling"]) == {"batch", *(f"rows_{n}_s" for n in sizes.merge_rows)}
     assert details["capture"]["rows"] == sizes.capture_rows

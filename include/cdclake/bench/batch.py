@@ -5,7 +5,8 @@ the parent can sample the peak memory of its JVM and Python workers from the out
 The events are either a recording (`--recording`) or generated inside the executors (a
 10M-event batch is ~40 GB of records, too big to record): the same generator and the
 same decode path as the recorded file. It prints one JSON line: the wall of the load
-(decode, resolve, MERGE, commit; not the JVM's start) and each table's result.
+(decode, resolve, MERGE, commit; not the JVM's start), its CPU seconds by part of the
+process tree (`cdclake.bench.cpu`) and each table's result.
 
 With `--serve PORT` it is a served driver instead (`cdclake.served`), whose plans over the
 recording's topics are read from the recording and the others from Kafka.
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+from cdclake.bench.cpu import cpu_parts, cpu_snapshot
 from cdclake.bench.events import Workload
 from cdclake.bench.sources import file_reader, generated_reader, recorded_ranges
 from cdclake.config import load_pipeline
@@ -54,11 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --recording, or --events and --keys")
     records = sum(r.size for r in ranges)
     spark = build_session(pipeline, "local[2]", records=records)
+    before = cpu_snapshot(os.getpid())
     started = time.perf_counter()
     results = run_batch(spark, pipeline, BatchPlan(pipeline.name, args.batch_id, ranges),
                         read=read)  # fmt: skip
     wall = time.perf_counter() - started
-    print(json.dumps({"wall_s": wall, "tables": len(results),
+    cpu = cpu_parts(before, cpu_snapshot(os.getpid()))
+    print(json.dumps({"wall_s": wall, "tables": len(results), "cpu_s": cpu,
                       "results": [r.to_dict() for r in results]}))  # fmt: skip
     spark.stop()
     return 0

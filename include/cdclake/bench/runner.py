@@ -20,6 +20,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cdclake.bench.cpu import cpu_parts, cpu_snapshot, render_parts
 from cdclake.bench.events import Workload, generate_slice, toast_column
 from cdclake.bench.pipeline import bench_pipeline
 from cdclake.bench.sources import file_reader, record_workload, recorded_ranges
@@ -186,6 +187,7 @@ class Bench:
             "namespace": pipeline.namespace,
             "driver_java_options": options,
             "stages": stage_seconds(results, pipeline.parallel_tables),
+            "cpu_s": out.get("cpu_s", {}),
         }
         self.details["file_pipeline"] = pipeline
         self.details["file_workload"] = workload
@@ -284,16 +286,19 @@ class Bench:
                 walls: dict[str, list[float]] = {"small": [], "file": []}
                 memory: list[int] = []  # the driver's summed PSS after each batch, MiB
                 stages: dict[str, dict] = {}
+                cpu: dict[str, dict] = {}  # each kind's last batch's CPU seconds by part
                 for label in ("small", "file") * SERVED_ROUNDS:
                     wl, ranges = ((small, small_ranges) if label == "small"
                                   else (workload, file_ranges))  # fmt: skip
                     n = len(walls[label]) + 1
                     pipeline = bench_pipeline(self.work, self.stack.s, wl, f"served_{label}_{n}")
                     plan = BatchPlan(pipeline.name, f"bench-served-{label}-{n}", ranges)
+                    before = cpu_snapshot(proc.pid)
                     started = time.perf_counter()
                     (batch,) = submit(url, str(pipeline.path), [plan.to_dict()],
                                       on_log=lambda line: None)  # fmt: skip
                     walls[label].append(time.perf_counter() - started)
+                    cpu[label] = cpu_parts(before, cpu_snapshot(proc.pid))
                     stages[label] = stage_seconds(batch["tables"], pipeline.parallel_tables)
                     stages[label]["namespace"] = pipeline.namespace
                     memory.append(round(tree_memory(proc.pid).pss / 2**20))
@@ -310,7 +315,8 @@ class Bench:
         self.figures["throughput_served_eps"] = workload.events / file_s
         self.figures["fixed_overhead_served_s"] = small_s
         prefix = small.streams[0].topic.split(".")[0]
-        self.details["served"] = {"wall_s": walls, "stages": stages, "small_prefix": prefix,
+        self.details["served"] = {"wall_s": walls, "stages": stages, "cpu_s": cpu,
+                                  "small_prefix": prefix,
                                   "cached_rdds_after": left.get("cached_rdds"),
                                   "pss_mib_after_each": memory}  # fmt: skip
         self.say(f"served driver: {workload.events / file_s:,.0f} events/s from file "
@@ -555,6 +561,8 @@ def render_stages(details: dict) -> str:
         (step, details.get(step, {}).get("stages")) for step in ("throughput", "fixed_overhead")
     ]
     steps += [(f"served {label} (last)", served.get(label)) for label in ("file", "small")]
+    cpu = {"throughput": details.get("throughput", {}).get("cpu_s")}
+    cpu |= {f"served {k} (last)": v for k, v in details.get("served", {}).get("cpu_s", {}).items()}
     for step, stages in steps:
         if not stages:
             continue
@@ -564,6 +572,8 @@ def render_stages(details: dict) -> str:
             f"range by range); summed over "
             f"{stages['tables']} tables ({stages['parallel_tables']} at a time): {per_table}"
         )
+        if cpu.get(step):
+            lines.append(f"  CPU: {render_parts(cpu[step])}")
     return "\n".join(["", "where the time goes:", *lines]) if lines else ""
 
 
