@@ -49,12 +49,6 @@ DEFAULT_PORT = 8765
 MAX_REQUEST_BYTES = 64 << 20
 # how often a running batch checks that its task is still connected
 WATCH_S = 0.5
-# Session settings of a served driver, unless the pipeline's own `spark.conf` sets them.
-# The rows a batch caches (a topic's resolved rows) kept as they are, not encoded: on a
-# warm driver a 1M-event batch took 11.4 s against 12.8 s on average (12 batches each,
-# alternating processes), for ~15% more memory while the batch runs. On a cold JVM (a
-# spark-submit per batch) the gain was not clear, and Spark's default stays there.
-SERVED_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 
 class LoadServer:
@@ -103,7 +97,7 @@ class LoadServer:
         if self._spark is None:
             self._spark = build_session(pipeline, self.master or pipeline.spark.master)
             self._conf = conf
-            self._sessions[pipeline.name] = (key, _served_defaults(self._spark, conf))
+            self._sessions[pipeline.name] = (key, self._spark)
             return self._spark
         known_key, known = self._sessions.get(pipeline.name, (None, None))
         if known_key == key:
@@ -124,7 +118,7 @@ class LoadServer:
                 f"values of {sorted(set(fixed))}, which a session cannot change; serve "
                 "this pipeline from a driver of its own"
             )
-        self._sessions[pipeline.name] = (key, _served_defaults(spark, conf))
+        self._sessions[pipeline.name] = (key, spark)
         return spark
 
     def _alive(self) -> bool:
@@ -190,13 +184,6 @@ class LoadServer:
                 done.set()
                 logging.getLogger("cdclake").removeHandler(handler)
                 self.busy = False
-
-
-def _served_defaults(spark, conf: dict[str, str]):
-    for key, value in SERVED_CONF.items():
-        if key not in conf:
-            spark.conf.set(key, value)
-    return spark
 
 
 def _session_setting(key: str) -> bool:

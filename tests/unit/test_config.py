@@ -203,3 +203,12 @@ def test_served_driver_address(tmp_path):
     p = load_pipeline(write(tmp_path, VALID + "spark: {served: 'http://driver:8765/'}\n"))
     assert p.spark.served == "http://driver:8765"
     assert load_pipeline(write(tmp_path, VALID)).spark.served is None
+
+
+def test_cached_rows_are_kept_unencoded_unless_the_pipeline_says(tmp_path):
+    from cdclake.spark import spark_conf
+
+    key = "spark.sql.inMemoryColumnarStorage.compressed"
+    assert spark_conf(load_pipeline(write(tmp_path, VALID)))[key] == "false"
+    text = VALID + f"spark:\n  conf:\n    {key}: 'true'\n"
+    assert spark_conf(load_pipeline(write(tmp_path, text)))[key] == "true"
