@@ -547,11 +547,14 @@ class _Unparsed:
     headers-only decode, parsed and decoded whole (as `_Envelopes` would) when the
     change is settled."""
 
-    __slots__ = ("parse", "rows", "struct", "typed")
+    __slots__ = ("column_decoders", "parse", "rows", "struct", "typed")
 
     def __init__(self, rows: _Rows) -> None:
         self.rows = rows
         self.typed = self.struct = self.parse = None  # built when first needed
+        # (column name, lake type) -> (its value decoder, its `column_decoder` or None),
+        # for the columns whose values need converting
+        self.column_decoders: dict[tuple[str, str], tuple[Callable | None, Callable | None]] = {}
 
     def settle(self, change: _Change) -> None:
         change.after = self.row(change.after, change.partition, change.offset)
@@ -605,7 +608,6 @@ class _Unparsed:
         else:
             by_row = map(attrgetter(*names), parsed)
             values = dict(zip(names, zip(*by_row, strict=True), strict=True))
-        convert = dict(rows.later + rows.deferred)
         out: dict[str, list | pa.Array] = {}
         for c in columns:
             name = c.name
@@ -613,9 +615,8 @@ class _Unparsed:
             if column is None:  # not a field of this schema's rows
                 out[name] = [None] * len(raws)
                 continue
-            fn = convert.get(name)
+            fn, fast = self._column_decoders(name, c.type)
             if fn is not None:
-                fast = column_decoder(rows.fields[name], arrow_type(c.type))
                 try:
                     if fast is None:
                         raise _Slow
@@ -624,6 +625,17 @@ class _Unparsed:
                     column = [None if v is None else fn(v) for v in column]
             out[name] = column
         return out
+
+    def _column_decoders(self, name: str, type_: str) -> tuple[Callable | None, Callable | None]:
+        """The value decoder of a column that needs converting (None: its values are
+        as parsed) and its `column_decoder`, built once per column and lake type."""
+        found = self.column_decoders.get((name, type_))
+        if found is None:
+            rows = self.rows
+            fn = dict(rows.later + rows.deferred).get(name)
+            fast = None if fn is None else column_decoder(rows.fields[name], arrow_type(type_))
+            found = self.column_decoders[(name, type_)] = (fn, fast)
+        return found
 
 
 def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:

@@ -74,7 +74,8 @@ def cpu_snapshot(top: int) -> Snapshot:
     import psutil
 
     try:
-        procs = [psutil.Process(top), *psutil.Process(top).children(recursive=True)]
+        root = psutil.Process(top)
+        procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return {}
     out: Snapshot = {}
