@@ -64,6 +64,7 @@ from cdclake.debezium import (
     parse_connect_schema,
 )
 from cdclake.resolve import (
+    HAS_VALUES,
     ROW_OPS,
     STALE_CHECK_LSN,
     TOAST_PLACEHOLDER,
@@ -1144,9 +1145,11 @@ class KeyFold:
             stale = None if self.change is None else self.change.lsn
         else:
             stale = r.lsn
-        return (r.is_tombstone or r.op == "d", "d" if r.is_tombstone else r.op,
+        deleted = r.is_tombstone or r.op == "d"
+        return (deleted, "d" if r.is_tombstone else r.op,
                 None if r.source_ts_ms is None else r.source_ts_ms * 1000,
-                r.lsn if r.lsn is not None else self.lsn, stale, r.partition, r.offset)  # fmt: skip
+                r.lsn if r.lsn is not None else self.lsn, stale,
+                not deleted or self.after is not None, r.partition, r.offset)  # fmt: skip
 
     def row(self, key: tuple, shape: RowShape) -> dict:
         """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
@@ -1158,10 +1161,9 @@ class KeyFold:
             row = {name: after.get(name) for name in shape.names}
         row.update(zip(shape.key_names, key, strict=True))
         row.update(zip(META, self.meta(), strict=True))
-        deleted = row[DELETED]
         for name, mark, flag in shape.toast:  # `toastable` columns: never a key column
-            # a deleted key's row (written with soft deletes) takes the value too; only
-            # a live row's flag tells the MERGE to keep the table's value
+            # a deleted key's row (written with soft deletes) takes the value too; the
+            # flag tells the MERGE to keep the table's value
             placeholder = row[name] is not None and row[name] == mark
             held = self._real(name) if placeholder else None
             unresolved = placeholder and held is None
@@ -1169,12 +1171,12 @@ class KeyFold:
                 row[name] = None
             elif placeholder:
                 row[name] = held[1]
-            row[flag] = unresolved and not deleted
+            row[flag] = unresolved
         return row
 
 
 # the columns of a resolved row after the table's, as `KeyFold.meta` gives them
-META = (DELETED, OP, SOURCE_TS, LSN, STALE_CHECK_LSN, PARTITION, OFFSET)
+META = (DELETED, OP, SOURCE_TS, LSN, STALE_CHECK_LSN, HAS_VALUES, PARTITION, OFFSET)
 
 
 def folds_table(folds: Sequence[tuple[tuple, KeyFold]], shape: RowShape,
@@ -1287,7 +1289,7 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
     cols = [(c.name, c.type) for c in schema.columns]
     cols += [(DELETED, "boolean"), (OP, "string"), (SOURCE_TS, "timestamp"), (LSN, "bigint")]
     if keyed:
-        cols.append((STALE_CHECK_LSN, "bigint"))
+        cols += [(STALE_CHECK_LSN, "bigint"), (HAS_VALUES, "boolean")]
     cols += [(PARTITION, "int"), (OFFSET, "bigint")]
     if keyed and toast:
         cols += [(f"{TOAST_PREFIX}{c.name}", "boolean") for c in toastable(schema)]

@@ -12,7 +12,7 @@ from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, DecodeError
 from cdclake.offsets import TopicPartition
-from cdclake.resolve import STALE_CHECK_LSN, TOAST_PREFIX
+from cdclake.resolve import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -128,22 +128,34 @@ def build_merge_sql(
     if after_truncate:
         fresh = f"({fresh}{after_truncate})"
 
-    def assign(n: str) -> str:
+    def value(n: str) -> str:
+        """What an update writes into column `n`."""
         if n in toast_columns:
             flag = f"s.{quote(TOAST_PREFIX + n)}"
-            return f"t.{quote(n)} = CASE WHEN {flag} THEN t.{quote(n)} ELSE s.{quote(n)} END"
+            return f"CASE WHEN {flag} THEN t.{quote(n)} ELSE s.{quote(n)} END"
         if n == LSN:
-            return f"t.{LSN} = coalesce(s.{LSN}, t.{LSN})"
-        return f"t.{quote(n)} = s.{quote(n)}"
+            return f"coalesce(s.{LSN}, t.{LSN})"
+        return f"s.{quote(n)}"
+
+    def assign(n: str) -> str:
+        return f"t.{quote(n)} = {value(n)}"
 
     # columns the source dropped stay in the table; rows written from now on hold NULL
     gone = [f"t.{quote(n)} = NULL" for n in dropped_columns]
     updates = ", ".join([assign(n) for n in names] + gone)
     insert_cols = ", ".join(quote(n) for n in names)
     insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
-    if soft_delete:  # deleted rows stay, flagged, with the last values they had
-        marks = ", ".join(assign(n) for n in METADATA_COLUMNS)
-        on_delete = f"UPDATE SET t.{DELETED} = true, {marks}"
+    if soft_delete:
+        # deleted rows stay, flagged, with the last values they had: the batch's when it
+        # holds a row after of the key (an insert or update before the delete), else the
+        # table's (a delete alone carries no values)
+        marks = [assign(n) for n in METADATA_COLUMNS]
+        kept = [(n, value(n)) for n in names
+                if n not in METADATA_COLUMNS and n not in schema.key_names]  # fmt: skip
+        kept += [(n, "NULL") for n in dropped_columns]
+        values = [f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END"
+                  for n, v in kept]  # fmt: skip
+        on_delete = f"UPDATE SET t.{DELETED} = true, {', '.join(marks + values)}"
         updates += f", t.{DELETED} = false"
         insert_cols += f", {DELETED}"
         insert_vals += ", false"

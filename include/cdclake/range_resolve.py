@@ -750,7 +750,7 @@ class ColumnarFold:
             rows = [None if h is None else row(h[1], partition, h[0]) for h in helds]
             data = by_column(rows, (c.name for c in self.schema.columns))
         if self.toast is not None:
-            self._filled(data, codes.tolist(), deleted.tolist())
+            self._filled(data, codes.tolist())
         if self.one_integer:
             data[self.schema.key_names[0]] = codes.tolist()
         else:
@@ -771,6 +771,7 @@ class ColumnarFold:
             _nullable(res["stamps"][r] * 1000, stamped),
             _nullable(lsn, lsn != _NO_LSN),
             _nullable(stale, stale != _NO_LSN),
+            [h is not None for h in helds],
             [partition] * len(offsets),
             offsets,
         )  # fmt: skip
@@ -778,10 +779,10 @@ class ColumnarFold:
             data[name] = values
         return columns_table(data, columns)
 
-    def _filled(self, data: dict[str, list], codes: list[int], deleted: list[bool]) -> None:
+    def _filled(self, data: dict[str, list], codes: list[int]) -> None:
         """The TOAST columns' placeholders replaced by their last real values (`_reals`)
         and their flags, as `KeyFold.row` writes them: a placeholder whose value is not
-        known is NULL, flagged in a live row."""
+        known is NULL, and flagged."""
         reals = self.reals
         for name, mark in self.toast.pairs:
             values = data[name]
@@ -793,7 +794,7 @@ class ColumnarFold:
                 if real is not None:
                     values[j] = real
                 else:
-                    values[j], flags[j] = None, not deleted[j]
+                    values[j], flags[j] = None, True
             data[TOAST_PREFIX + name] = flags
 
 

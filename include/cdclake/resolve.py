@@ -24,6 +24,10 @@ TRUNCATE = "t"
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PREFIX = "_cdc_toast_"
 STALE_CHECK_LSN = "_cdc_check_lsn"
+# a keyed table's resolved row carries values of the batch: false only for a deleted key
+# whose batch holds no row after of it (its columns are then NULL, and a soft delete keeps
+# the values the table has)
+HAS_VALUES = "_cdc_has_values"
 
 
 @dataclass(frozen=True)
@@ -287,8 +291,8 @@ def resolve_latest(
         if c.name not in toast_names:
             cols.append(value.alias(c.name))
             continue
-        # a deleted key's row (written with soft deletes) takes the value too; only a
-        # live row's flag tells the MERGE to keep the table's value
+        # a deleted key's row (written with soft deletes) takes the value too; the flag
+        # tells the MERGE to keep the table's value
         placeholder = F.coalesce(toast_test(value, c), F.lit(False))
         from_batch = F.col(f"o_{c.name}").isNotNull()
         unresolved = placeholder & ~from_batch
@@ -298,7 +302,7 @@ def resolve_latest(
             .otherwise(value)
             .alias(c.name)
         )
-        flags.append((unresolved & ~deleted).alias(f"{TOAST_PREFIX}{c.name}"))
+        flags.append(unresolved.alias(f"{TOAST_PREFIX}{c.name}"))
     return latest.select(
         *cols,
         deleted.alias(DELETED),
@@ -310,6 +314,7 @@ def resolve_latest(
         F.when(F.col("r.is_tombstone"), F.col("change_lsn"))
         .otherwise(F.col("r.lsn"))
         .alias(STALE_CHECK_LSN),
+        (~deleted | F.col("last_after").isNotNull()).alias(HAS_VALUES),
         F.col("r.partition").alias(PARTITION),
         F.col("r.offset").alias(OFFSET),
         *flags,

@@ -41,6 +41,7 @@ from cdclake.driver_resolve import (
 )
 from cdclake.reader import RawRows, arrow_frame
 from cdclake.resolve import (
+    HAS_VALUES,
     TOAST_PLACEHOLDER,
     TOAST_PREFIX,
     changelog,
@@ -184,8 +185,9 @@ def test_random_histories_resolve_as_in_spark(spark, seed):
 
 def test_a_deleted_keys_row_holds_no_placeholder(spark):
     """With soft deletes a deleted key's row is written with its last values: a
-    placeholder in them takes the value from the batch, else NULL, and is not flagged
-    (only a live row's flag keeps the table's value)."""
+    placeholder in them takes the value from the batch, else NULL and flagged (the MERGE
+    keeps the table's value); a key whose batch holds no row after of it says it has no
+    values (the MERGE keeps the table's)."""
     v = value_record
     records = [
         (key_record(1), v("c", None, item(1, "a", blob=b"\x07"), lsn=100)),
@@ -194,14 +196,20 @@ def test_a_deleted_keys_row_holds_no_placeholder(spark):
         (key_record(1), None),
         (key_record(2), v("u", None, item(2, TOAST_PLACEHOLDER, blob=b"\x08"), lsn=103)),
         (key_record(2), v("d", item(2, "old"), None, lsn=104)),
+        (key_record(3), v("d", item(3, "old"), None, lsn=105)),
+        (key_record(3), None),
+        (key_record(4), v("u", None, item(4, "four"), lsn=106)),
     ]  # fmt: skip
     spark_rows, mine, local = both(spark, raw_table({0: records}))
     same(spark_rows, mine, local.toast)
     rows = {r["id"]: r for r in mine}
-    assert rows[1][DELETED] and rows[2][DELETED]
+    assert rows[1][DELETED] and rows[2][DELETED] and rows[3][DELETED] and not rows[4][DELETED]
     assert (rows[1]["name"], rows[1]["blob"]) == ("a", b"\x07")
     assert (rows[2]["name"], rows[2]["blob"]) == (None, b"\x08")
-    assert not any(r[f"{TOAST_PREFIX}{c}"] for r in mine for c in ("name", "blob"))
+    flags = {(r["id"], c) for r in mine for c in ("name", "blob") if r[f"{TOAST_PREFIX}{c}"]}
+    assert flags == {(2, "name")}
+    assert {r["id"]: r[HAS_VALUES] for r in mine} == {1: True, 2: True, 3: False, 4: True}
+    assert (rows[3]["name"], rows[3]["blob"]) == (None, None)
 
 
 def test_a_history_resolves_to_the_expected_rows(spark):

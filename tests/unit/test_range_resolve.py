@@ -26,7 +26,7 @@ from cdclake.range_resolve import (
     range_task,
 )
 from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import TOAST_PLACEHOLDER, TOAST_PREFIX
+from cdclake.resolve import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import ITEM_COLUMNS, PAIR_COLUMNS, key_record, pair_key, value_record
 from tests.unit.test_driver_resolve import (
@@ -172,14 +172,16 @@ def test_the_columnar_fold_gives_the_rows_of_the_change_fold(seed):
     assert summary == summary_2 and hashes == hashes_2
 
 
-def toast_history(seed: int) -> tuple[list, dict[int, dict]]:
+def toast_history(seed: int) -> tuple[list, dict[int, dict], dict[int, dict]]:
     """Changes as PostgreSQL sends them for a table with TOASTed columns: an update that
     leaves a stored value (not NULL) alone carries a placeholder for it, whether or not
     the key's earlier changes are in the range (some keys were inserted before it).
-    Returns the records and each key's values at the end (None: deleted), where a value
-    set before the range is `UNKNOWN`."""
+    Returns the records, each key's values at the end (None: deleted), where a value
+    set before the range is `UNKNOWN`, and the values after each key's last change in
+    the range that has a row after (a key with none in the range is not in it)."""
     rnd = random.Random(seed)
     state: dict[int, dict | None] = {}
+    held: dict[int, dict] = {}
     for k in range(1, 9):  # inserted before the range: values the fold cannot know
         state[k] = {"name": UNKNOWN, "blob": UNKNOWN} if rnd.random() < 0.6 else None
     records, lsn = [], 100
@@ -197,6 +199,7 @@ def toast_history(seed: int) -> tuple[list, dict[int, dict]]:
             op = "c" if roll < 0.9 else "r"
             records.append((key_record(k), value_record(op, None, item(k, now["name"],
                                                         blob=now["blob"]), lsn=lsn)))  # fmt: skip
+            held[k] = dict(now)
         elif roll < 0.2:
             records.append((key_record(k), value_record("d", item(k, "old"), None, lsn=lsn)))
             if rnd.random() < 0.8:
@@ -211,7 +214,8 @@ def toast_history(seed: int) -> tuple[list, dict[int, dict]]:
                     now[col] = sent[col] = rnd.choice(choices)
             records.append((key_record(k), value_record("u", None, item(k, sent["name"],
                                                         blob=sent["blob"]), lsn=lsn)))  # fmt: skip
-    return records, state
+            held[k] = dict(now)
+    return records, state, held
 
 
 UNKNOWN = object()
@@ -223,7 +227,7 @@ def test_placeholders_fold_as_columns_to_the_values_they_stand_for(seed):
     placeholder takes its column's value from the key's earlier change in the range,
     and is NULL and flagged (the MERGE keeps the table's value) when none is there. The
     rows equal those of the change-by-change fold that follows the TOAST columns."""
-    records, state = toast_history(seed)
+    records, state, held = toast_history(seed)
     parts = {0: records}
     fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=2 + seed % 6)
     assert fold.columnar is not None and fold.columnar.toast is not None
@@ -236,14 +240,22 @@ def test_placeholders_fold_as_columns_to_the_values_they_stand_for(seed):
     for row in written.values():  # deleted keys' rows too (written with soft deletes)
         assert row["name"] != TOAST_PLACEHOLDER and row["blob"] != mark, row
     for k, now in state.items():
-        if now is None:
-            assert k not in written or written[k][DELETED]
-            if k in written:
-                assert not any(written[k][f"{TOAST_PREFIX}{c}"] for c in ("name", "blob"))
-            continue
         row = written.get(k)
+        if now is None:
+            assert row is None or row[DELETED]
+            if row is None:
+                continue
+            # a deleted key's row: its last values in the range, else none (the MERGE
+            # of a soft delete then keeps the table's)
+            assert row[HAS_VALUES] == (k in held), (k, row)
+            if k not in held:
+                assert not any(row[f"{TOAST_PREFIX}{c}"] for c in ("name", "blob")), row
+                assert row["name"] is None and row["blob"] is None, row
+                continue
+            now = held[k]
         if row is None:  # no change of the key in the range
             continue
+        assert row[HAS_VALUES], (k, row)
         for col in ("name", "blob"):
             flag = row[f"{TOAST_PREFIX}{col}"]
             if now[col] is UNKNOWN:
