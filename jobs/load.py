@@ -13,14 +13,13 @@ import sys
 from cdclake.config import load_pipeline
 from cdclake.job import run_batch
 from cdclake.lifecycle import run_job
-from cdclake.offsets import BatchPlan
+from cdclake.offsets import BatchPlan, plan_dicts
 from cdclake.spark import build_session
 
 
 def load(args: argparse.Namespace) -> None:
     pipeline = load_pipeline(args.pipeline)
-    data = json.loads(args.plan)
-    plans = [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
+    plans = [BatchPlan.from_dict(p) for p in plan_dicts(args.plan)]
     spark = build_session(pipeline) if plans else None
     for plan in plans:
         results = run_batch(spark, pipeline, plan)

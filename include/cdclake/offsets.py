@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from cdclake.exceptions import DataLossError
+from cdclake.exceptions import ConfigError, DataLossError
 
 # Keys cdclake writes into each Iceberg snapshot summary it commits.
 SUMMARY_OFFSETS = "cdclake.offsets"  # the consumed offsets: the exactly-once state
@@ -82,12 +82,41 @@ class BatchPlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchPlan:
-        return cls(
-            pipeline=data["pipeline"],
-            batch_id=data["batch_id"],
-            ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
-            mode=data.get("mode", PlanMode.LOAD),
-        )
+        if not isinstance(data, dict):
+            raise ConfigError(f"a batch plan is a JSON object, not {type(data).__name__}")
+        missing = [k for k in ("pipeline", "batch_id", "ranges") if k not in data]
+        if missing:
+            raise ConfigError(f"a batch plan needs {missing}; it has {sorted(data)}")
+        listed = data["ranges"]
+        if not isinstance(listed, list) or not all(map(_is_range, listed)):
+            raise ConfigError(
+                f"batch plan {data['batch_id']!r}: ranges must be a list of {{topic, "
+                f"partition, start, end}} with integer offsets, not {json.dumps(listed)[:300]}"
+            )
+        return cls(pipeline=data["pipeline"], batch_id=data["batch_id"],
+                   ranges=tuple(OffsetRange(**r) for r in listed),
+                   mode=data.get("mode", PlanMode.LOAD))  # fmt: skip
+
+
+def _is_range(r) -> bool:
+    return (isinstance(r, dict) and sorted(r) == ["end", "partition", "start", "topic"]
+            and isinstance(r["topic"], str)
+            and all(type(r[k]) is int for k in ("partition", "start", "end")))  # fmt: skip
+
+
+def plan_dicts(text: str) -> list[dict]:
+    """A batch plan's JSON, or a JSON list of them run in order (a backfill's), as a
+    list of plan dicts; `BatchPlan.from_dict` checks each."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"the batch plan is not JSON: {exc}") from None
+    plans = data if isinstance(data, list) else [data]
+    for p in plans:
+        if not isinstance(p, dict):
+            raise ConfigError("a batch plan is a JSON object (or a list of them), "
+                              f"not {type(p).__name__}: {json.dumps(p)[:200]}")  # fmt: skip
+    return plans
 
 
 def plan_batch(

@@ -272,7 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict) or not isinstance(body.get("pipeline"), str):
                 raise ValueError('the body must be {"pipeline": <path>, "plans": [...]}')
             plans = [BatchPlan.from_dict(p) for p in body.get("plans") or []]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, ConfigError) as exc:
             self._json(400, {"error": f"bad load request: {exc}", "type": "ValueError"})
             return
         self.send_response(200)

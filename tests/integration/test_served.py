@@ -143,7 +143,8 @@ def test_a_failed_batch_comes_back_as_an_error_and_the_driver_goes_on(stack, dri
     assert plan_pipeline(pipeline, "next").ranges == r  # nothing was written
     with pytest.raises(CdclakeError, match="nowhere.yaml"):
         submit(url, str(tmp_path / "nowhere.yaml"), [])
-    with pytest.raises(CdclakeError, match="bad load request"):
+    needs = r"bad load request: a batch plan needs \['pipeline', 'batch_id', 'ranges'\]"
+    with pytest.raises(CdclakeError, match=needs):
         submit(url, str(pipeline.path), [{"batch": "not a plan"}])
     assert not health(url)["busy"]
 

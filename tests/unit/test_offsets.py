@@ -1,5 +1,7 @@
+import re
+
 import pytest
-from cdclake.exceptions import DataLossError
+from cdclake.exceptions import ConfigError, DataLossError
 from cdclake.offsets import (
     BatchPlan,
     OffsetRange,
@@ -7,6 +9,7 @@ from cdclake.offsets import (
     decode_offsets,
     encode_offsets,
     plan_batch,
+    plan_dicts,
     share_cap,
 )
 
@@ -70,3 +73,36 @@ def test_plan_round_trips_through_json():
     again = BatchPlan.from_json(plan.to_json())
     assert again == plan
     assert again.total == 7
+
+
+def test_a_plan_or_a_list_of_plans_is_read_from_json():
+    one = BatchPlan("demo", "run-1", (OffsetRange("a", 0, 1, 5),))
+    two = BatchPlan("demo", "run-1/2", (), mode="replay")
+    assert [BatchPlan.from_dict(p) for p in plan_dicts(one.to_json())] == [one]
+    listed = f"[{one.to_json()}, {two.to_json()}]"
+    assert [BatchPlan.from_dict(p) for p in plan_dicts(listed)] == [one, two]
+    assert plan_dicts("[]") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{not json", "not JSON"),
+        ('"a plan"', "a JSON object (or a list of them), not str"),
+        ("[1]", "not int"),
+        ('{"pipeline": "p", "ranges": []}', "needs ['batch_id']"),
+        ('{"pipeline": "p", "batch_id": "b", "ranges": {}}', "ranges must be a list"),
+        (
+            '{"pipeline": "p", "batch_id": "b", "ranges": [{"topic": "t", "partition": 0, '
+            '"start": "1", "end": 5}]}',
+            "integer offsets",
+        ),
+        (
+            '{"pipeline": "p", "batch_id": "b", "ranges": [{"topic": "t", "start": 1, "end": 5}]}',
+            "'b': ranges must be",
+        ),
+    ],
+)
+def test_a_bad_plan_is_refused_saying_what_is_wrong(text, said):
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        [BatchPlan.from_dict(p) for p in plan_dicts(text)]
