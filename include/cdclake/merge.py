@@ -406,14 +406,18 @@ def deleted_keys_table(table: str) -> str:
 
 
 def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
-    """The resolved rows with the LSN of an earlier hard delete of their key (or NULL)."""
+    """The resolved rows with the LSN of an earlier hard delete of their key (or NULL).
+    Only the ledger's rows of the batch's keys are grouped (a semi join first): the
+    ledger holds a row per delete ever loaded, the batch a few of its keys."""
     from pyspark.sql import functions as F
 
     ledger = deleted_keys_table(table)
     if not spark.catalog.tableExists(ledger):
         return resolved.withColumn(DELETED_AT, F.lit(None).cast("bigint"))
-    deletes = spark.table(ledger).groupBy(*schema.key_names).agg(F.max(LSN).alias(DELETED_AT))
-    return resolved.join(deletes, list(schema.key_names), "left")
+    keys = list(schema.key_names)
+    deletes = (spark.table(ledger).join(resolved.select(*keys), keys, "left_semi")
+               .groupBy(*keys).agg(F.max(LSN).alias(DELETED_AT)))  # fmt: skip
+    return resolved.join(deletes, keys, "left")
 
 
 def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema) -> None:
