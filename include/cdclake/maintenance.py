@@ -37,6 +37,7 @@ from cdclake.merge import (
     deleted_keys_table,
     jvm_ancestors,
     load_iceberg_table,
+    prune_deleted_keys,
 )
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
@@ -77,6 +78,8 @@ class TableMaintenance:
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
     # side tables kept for this table (the deleted-keys ledger): snapshots expired in each
     side_tables: dict[str, int] = field(default_factory=dict)
+    # rows of the deleted-keys ledger no load needs any more (`prune_deleted_keys`)
+    ledger_rows_pruned: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -247,6 +250,8 @@ def maintain_table(
         result.offsets.setdefault(topic, {})[str(partition)] = offset
     ledger = deleted_keys_table(qualified)
     if spark.catalog.tableExists(ledger):
+        with _conflicts_reported(ledger, "prune_deleted_keys"):
+            result.ledger_rows_pruned = prune_deleted_keys(spark, qualified)
         result.side_tables[ledger] = maintain_side_table(spark, ledger, settings, now_ms)
     result.seconds = round(time.monotonic() - started, 3)
     # a metadata-only commit: Iceberg re-applies it on top of a concurrent load

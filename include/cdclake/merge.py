@@ -420,6 +420,31 @@ def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
     return resolved.join(deletes, keys, "left")
 
 
+def prune_deleted_keys(spark, table: str) -> int:
+    """Remove the rows of `table`'s deleted-keys ledger that no load can need any more,
+    and return how many. Exactly those: a key's row below the highest LSN the ledger
+    holds for it (a load takes the highest), and a key's row below the LSN of the row the
+    table now holds for the key (a re-sent change older than the ledger's LSN is older than
+    that row too, and loses to it; a later delete of the row writes its own ledger row
+    first). The row of a key that stays deleted stays."""
+    from cdclake.freshness import live_rows
+
+    ledger = deleted_keys_table(table)
+    keys = [n for n in table_columns(spark, ledger) if n != LSN]
+
+    def newer_in(source: str) -> str:
+        same = " AND ".join(f"s.{quote(k)} = l.{quote(k)}" for k in keys)
+        return f"EXISTS (SELECT 1 FROM {source} s WHERE {same} AND s.{LSN} > l.{LSN})"
+
+    gone = newer_in(ledger)
+    if set(keys) <= set(table_columns(spark, table)):  # else the key changed since
+        gone += f" OR {newer_in(table)}"
+    before = live_rows(current_snapshot(spark, ledger)[1])
+    spark.sql(f"DELETE FROM {ledger} l WHERE {gone}")
+    after = live_rows(current_snapshot(spark, ledger)[1])
+    return 0 if before is None or after is None else max(0, before - after)
+
+
 def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema) -> None:
     """Remember the LSN of every key this batch hard-deletes, so that a re-sent older
     change of the key, loaded in a later batch, does not bring the row back. The ledger

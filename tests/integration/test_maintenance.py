@@ -80,6 +80,47 @@ def plant_orphan(spark, pipeline) -> str:
     return path
 
 
+def test_maintenance_prunes_the_ledger_rows_no_load_needs(stack, spark, tmp_path):
+    """A hard-delete table's deleted-keys ledger loses the rows of keys the table holds
+    again with a newer LSN and the older rows of keys deleted twice; the row of a key that
+    stays deleted stays, and still keeps a re-sent older insert out."""
+    from cdclake.merge import deleted_keys_table
+
+    n = uuid.uuid4().hex[:6]
+    source = f"inventory.ledger_{n}"
+    sql(
+        stack.source_dsn,
+        f"create table {source} (id int primary key, label text)",
+        f"insert into {source} select i, 'row ' || i from generate_series(1, 4) i",
+    )
+    pipeline = make_pipeline(tmp_path, f"it_ledger_{n}", [source], maintenance=AGGRESSIVE)
+    for i, statements in enumerate(
+        [
+            [],
+            [f"delete from {source} where id in (1, 2, 3)"],
+            [f"insert into {source} values (1, 'back'), (3, 'back')"],
+            [f"delete from {source} where id = 3"],
+        ]
+    ):
+        sql(stack.source_dsn, *statements)
+        load_all(stack, spark, pipeline, f"it-ledger-{i}")
+    ledger = deleted_keys_table(pipeline.qualified_target(pipeline.tables[0]))
+
+    def ledger_rows():
+        return sorted((r["id"], r["_cdc_lsn"]) for r in spark.table(ledger).collect())
+
+    before = ledger_rows()
+    assert [k for k, _ in before] == [1, 2, 3, 3]
+    summary = run_maintenance(pipeline, spark, run_id="it-ledger-1")
+    [figures] = summary["tables"]
+    assert figures["ledger_rows_pruned"] == 2
+    assert ledger_rows() == [before[1], before[3]]  # key 2, and key 3's last delete
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+    sql(stack.source_dsn, f"insert into {source} values (2, 'again')")
+    load_all(stack, spark, pipeline, "it-ledger-4")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
 def test_maintenance_shrinks_files_and_history_and_keeps_the_offsets(
     stack, spark, tmp_path, capsys
 ):
