@@ -316,7 +316,7 @@ def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):
     """`with_deleted_lsn` gives each resolved row the highest LSN at which an earlier
     batch deleted its key, grouping only the ledger's rows of the batch's keys: a
     ledger holds a row per delete ever loaded (against 10M ledger rows a 10,000-key
-    batch took 2 s instead of 17, docs/performance.md)."""
+    batch's took 0.7-1.0 s instead of 6.7-9.6 s, docs/performance.md)."""
     import uuid
 
     from cdclake.merge import DELETED_AT, deleted_keys_table, with_deleted_lsn
