@@ -92,15 +92,19 @@ def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it:
 
 
 def generate(rng: random.Random, steps: int, keys: int):
-    """Kafka records (key, value) and, per record, the source state once it is consumed.
+    """Kafka records (key, value) and, per record, the source state once it is consumed,
+    and the keys deleted by then with the value each had when it was deleted (what a
+    soft-deleted row keeps).
 
     A replay re-sends a suffix of what was streamed, in order (Debezium restarting from an
     earlier committed position): after it, the source state is unchanged.
     """
     state: dict[int, str] = {}
+    gone: dict[int, str] = {}
     streamed: list[tuple[bytes, bytes | None]] = []  # what a replay may re-send
     records: list[tuple[bytes, bytes | None]] = []
     states: list[dict[int, str]] = []  # source state after records[i]
+    gones: list[dict[int, str]] = []  # the deleted keys' last values after records[i]
     lsn = 100
     for step in range(steps):
         action = rng.random()
@@ -115,36 +119,43 @@ def generate(rng: random.Random, steps: int, keys: int):
             lsn += 10
             if k not in state:
                 state[k] = f"v{step}"
+                gone.pop(k, None)
                 new = [(key_record(k), value_record("c", None, item(k, state[k]), lsn=lsn))]
             elif action < 0.7:
                 state[k] = f"v{step}"
                 new = [(key_record(k), value_record("u", None, item(k, state[k]), lsn=lsn))]
             else:
-                del state[k]
+                gone[k] = state.pop(k)
                 new = [(key_record(k), value_record("d", item(k, "x"), None, lsn=lsn)),
                        (key_record(k), None)]  # fmt: skip
             streamed.extend(new)
         records.extend(new)
         states.extend(dict(state) for _ in new)
-    return records, states
+        gones.extend(dict(gone) for _ in new)
+    return records, states, gones
 
 
 @pytest.mark.parametrize(
-    "seed, key_filter, resolve",
-    [(0, False, "tasks"), (1, False, "tasks"), (2, False, "tasks"), (3, False, "tasks"),
-     (4, True, "tasks"), (5, True, "tasks"), (6, False, "spark"), (7, True, "spark"),
-     (8, False, "ranges"), (9, False, "ranges"), (10, False, "ranges"), (11, True, "ranges"),
-     (12, "range", "ranges"), (13, "range", "tasks")],
+    "seed, key_filter, resolve, delete_mode",
+    [(0, False, "tasks", "hard"), (1, False, "tasks", "hard"), (2, False, "tasks", "hard"),
+     (3, False, "tasks", "hard"), (4, True, "tasks", "hard"), (5, True, "tasks", "hard"),
+     (6, False, "spark", "hard"), (7, True, "spark", "hard"), (8, False, "ranges", "hard"),
+     (9, False, "ranges", "hard"), (10, False, "ranges", "hard"), (11, True, "ranges", "hard"),
+     (12, "range", "ranges", "hard"), (13, "range", "tasks", "hard"),
+     (14, False, "ranges", "soft"), (15, True, "tasks", "soft"), (16, False, "spark", "soft"),
+     (17, "range", "ranges", "soft")],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
-    stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve
+    stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve, delete_mode
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
     into a big table does (`"range"`: the range of the key's values, as a MERGE of more
     changes does). The batches (read by Spark, as big ones are) are resolved by
     the Python code in tasks grouped by key, and a batch with a truncate by the Spark SQL
     jobs; with `resolve="ranges"` they are read and resolved range by range, as a Kafka
-    source's are; with `resolve="spark"` every batch goes through the Spark SQL jobs."""
+    source's are; with `resolve="spark"` every batch goes through the Spark SQL jobs.
+    With soft deletes every deleted key's row keeps the value it had when it was
+    deleted, whichever batch held its last change."""
     import cdclake.job
 
     monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve in ("ranges", "tasks"))
@@ -155,9 +166,11 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         if key_filter == "range":
             monkeypatch.setattr(cdclake.job, "KEY_FILTER_KEYS", 0)
     rng = random.Random(seed)
-    records, states = generate(rng, steps=40, keys=4)
+    records, states, gones = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
-    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    pipeline = make_pipeline(
+        tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
+    )
     topic = pipeline.topic_for(pipeline.tables[0])
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
@@ -170,8 +183,12 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
                                                      start, end))  # fmt: skip
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
-        lake = lake_names(spark, pipeline)
+        rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()
+        lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
         assert lake == states[end - 1], f"seed {seed}: batch {i} ({start}..{end}) of {cuts}"
+        if delete_mode == "soft":
+            dead = {r["id"]: r["name"] for r in rows if r["_cdc_deleted"]}
+            assert dead == gones[end - 1], f"seed {seed}: batch {i} ({start}..{end}) of {cuts}"
         start = end
     if key_filter:  # the filter was there (batches with a truncate go without)
         assert any(f for f in filtered), filtered
