@@ -260,10 +260,11 @@ def maintain_table(
     ).commit()
     log.info(
         "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
-        "%d orphan file(s) removed",
+        "%d orphan file(s) removed, %d deleted-keys ledger row(s) pruned",
         qualified, result.data_files_before, result.data_files_after,
         result.delete_files_before, result.delete_files_after,
         result.snapshots_before, result.snapshots_after, result.orphan_files_removed,
+        result.ledger_rows_pruned,
     )  # fmt: skip
     return result
 
