@@ -252,6 +252,8 @@ def test_cpu_parts_split_a_process_tree_by_part():
     assert 0.35 <= parts["Python driver"] < 1.5, parts
     assert 0.55 <= parts["other processes"] < 1.5, parts
     assert render_parts(parts).endswith("CPU s in all")
+    total = sum(parts.values())
+    assert render_parts(parts, 2).endswith(f"in all, at least {total / 2:,.1f}s of wall on 2 cores")
 
 
 @pytest.mark.parametrize(

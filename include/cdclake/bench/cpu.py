@@ -124,8 +124,10 @@ def _order(item: tuple[str, float]) -> tuple[int, str]:
     return (PARTS.index(name) if name in PARTS else len(PARTS), name)
 
 
-def render_parts(parts: dict[str, float]) -> str:
-    """`parts` as one line: each part's CPU seconds and the total."""
+def render_parts(parts: dict[str, float], cores: int | None = None) -> str:
+    """`parts` as one line: each part's CPU seconds and the total; with `cores` (those
+    the batch's processes shared), the wall that much CPU takes at the least."""
     total = sum(parts.values())
     shown = ", ".join(f"{name} {seconds:,.1f}s" for name, seconds in parts.items())
-    return f"{shown}; {total:,.1f} CPU s in all"
+    floor = f", at least {total / cores:,.1f}s of wall on {cores} cores" if cores else ""
+    return f"{shown}; {total:,.1f} CPU s in all{floor}"

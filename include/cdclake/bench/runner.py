@@ -573,7 +573,8 @@ def render_stages(details: dict) -> str:
             f"{stages['tables']} tables ({stages['parallel_tables']} at a time): {per_table}"
         )
         if cpu.get(step):
-            lines.append(f"  CPU: {render_parts(cpu[step])}")
+            cores = len(os.sched_getaffinity(0))  # the batches ran on this machine
+            lines.append(f"  CPU: {render_parts(cpu[step], cores)}")
     return "\n".join(["", "where the time goes:", *lines]) if lines else ""
 
 
