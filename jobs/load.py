@@ -13,13 +13,13 @@ import sys
 from cdclake.config import load_pipeline
 from cdclake.job import run_batch
 from cdclake.lifecycle import run_job
-from cdclake.offsets import BatchPlan, plan_dicts
+from cdclake.offsets import plans_from_json
 from cdclake.spark import build_session
 
 
 def load(args: argparse.Namespace) -> None:
     pipeline = load_pipeline(args.pipeline)
-    plans = [BatchPlan.from_dict(p) for p in plan_dicts(args.plan)]
+    plans = plans_from_json(args.plan)
     spark = build_session(pipeline) if plans else None
     for plan in plans:
         results = run_batch(spark, pipeline, plan)

@@ -150,8 +150,8 @@ def build_merge_sql(
         # holds a row after of the key (an insert or update before the delete), else the
         # table's (a delete alone carries no values)
         marks = [assign(n) for n in METADATA_COLUMNS]
-        kept = [(n, value(n)) for n in names
-                if n not in METADATA_COLUMNS and n not in schema.key_names]  # fmt: skip
+        kept = [(c.name, value(c.name)) for c in schema.columns
+                if c.name not in schema.key_names]  # fmt: skip
         kept += [(n, "NULL") for n in dropped_columns]
         values = [f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END"
                   for n, v in kept]  # fmt: skip

@@ -104,19 +104,17 @@ def _is_range(r) -> bool:
             and all(type(r[k]) is int for k in ("partition", "start", "end")))  # fmt: skip
 
 
-def plan_dicts(text: str) -> list[dict]:
-    """A batch plan's JSON, or a JSON list of them run in order (a backfill's), as a
-    list of plan dicts; `BatchPlan.from_dict` checks each."""
+def plans_from_json(text: str) -> list[BatchPlan]:
+    """A batch plan's JSON, or a JSON list of them run in order (a backfill's), each
+    checked by `BatchPlan.from_dict`."""
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"the batch plan is not JSON: {exc}") from None
-    plans = data if isinstance(data, list) else [data]
-    for p in plans:
-        if not isinstance(p, dict):
-            raise ConfigError("a batch plan is a JSON object (or a list of them), "
-                              f"not {type(p).__name__}: {json.dumps(p)[:200]}")  # fmt: skip
-    return plans
+    if not isinstance(data, dict | list):
+        raise ConfigError("a batch plan is a JSON object (or a list of them), "
+                          f"not {type(data).__name__}: {json.dumps(data)[:200]}")  # fmt: skip
+    return [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
 
 
 def plan_batch(

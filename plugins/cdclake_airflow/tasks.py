@@ -34,10 +34,10 @@ def served_load(url: str, pipeline_path: str, plans_json: str) -> list[dict]:
     """The load task of a pipeline with a served driver (`spark.served`): send the plan
     (or the backfill's list of plans) there, log the driver's lines as they come, and
     fail as the batch does."""
-    from cdclake.offsets import plan_dicts
+    from cdclake.offsets import plans_from_json
     from cdclake.served import submit
 
-    plans = plan_dicts(plans_json)
+    plans = [p.to_dict() for p in plans_from_json(plans_json)]
     log.info("sending %d batch plan(s) to the served driver %s", len(plans), url)
     batches = submit(url, pipeline_path, plans, on_log=lambda line: log.info("driver: %s", line))
     for batch in batches:

@@ -9,7 +9,7 @@ from cdclake.offsets import (
     decode_offsets,
     encode_offsets,
     plan_batch,
-    plan_dicts,
+    plans_from_json,
     share_cap,
 )
 
@@ -78,10 +78,10 @@ def test_plan_round_trips_through_json():
 def test_a_plan_or_a_list_of_plans_is_read_from_json():
     one = BatchPlan("demo", "run-1", (OffsetRange("a", 0, 1, 5),))
     two = BatchPlan("demo", "run-1/2", (), mode="replay")
-    assert [BatchPlan.from_dict(p) for p in plan_dicts(one.to_json())] == [one]
+    assert plans_from_json(one.to_json()) == [one]
     listed = f"[{one.to_json()}, {two.to_json()}]"
-    assert [BatchPlan.from_dict(p) for p in plan_dicts(listed)] == [one, two]
-    assert plan_dicts("[]") == []
+    assert plans_from_json(listed) == [one, two]
+    assert plans_from_json("[]") == []
 
 
 @pytest.mark.parametrize(
@@ -105,4 +105,4 @@ def test_a_plan_or_a_list_of_plans_is_read_from_json():
 )
 def test_a_bad_plan_is_refused_saying_what_is_wrong(text, said):
     with pytest.raises(ConfigError, match=re.escape(said)):
-        [BatchPlan.from_dict(p) for p in plan_dicts(text)]
+        plans_from_json(text)

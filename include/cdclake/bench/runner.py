@@ -563,6 +563,7 @@ def render_stages(details: dict) -> str:
     steps += [(f"served {label} (last)", served.get(label)) for label in ("file", "small")]
     cpu = {"throughput": details.get("throughput", {}).get("cpu_s")}
     cpu |= {f"served {k} (last)": v for k, v in details.get("served", {}).get("cpu_s", {}).items()}
+    cores = len(os.sched_getaffinity(0))  # the batches ran on this machine
     for step, stages in steps:
         if not stages:
             continue
@@ -573,7 +574,6 @@ def render_stages(details: dict) -> str:
             f"{stages['tables']} tables ({stages['parallel_tables']} at a time): {per_table}"
         )
         if cpu.get(step):
-            cores = len(os.sched_getaffinity(0))  # the batches ran on this machine
             lines.append(f"  CPU: {render_parts(cpu[step], cores)}")
     return "\n".join(["", "where the time goes:", *lines]) if lines else ""
 
