@@ -1,4 +1,4 @@
-"""The `cdclake_maintenance` DAG: Iceberg maintenance of every pipeline in include/pipelines/."""
+"""A `cdclake_maintenance__<pipeline>` DAG per file in include/pipelines/ (Iceberg maintenance)."""
 
 from cdclake_airflow.maintenance import build_maintenance_dags
 

@@ -8,14 +8,11 @@ written with the data, not a separate bookkeeping table that could disagree with
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from cdclake.catalog import TableState, load_catalog, table_state
-from cdclake.config import PipelineConfig, TableConfig, load_pipeline
-from cdclake.exceptions import ConfigError
+from cdclake.config import PipelineConfig, TableConfig, load_pipeline, read_pipelines
 from cdclake.kafka import discover, fetch_watermarks
 from cdclake.offsets import SUMMARY_BATCH, SUMMARY_SOURCE_TS
 from cdclake.report import offsets_behind, seconds_behind_source
@@ -40,18 +37,6 @@ class TableFreshness:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def default_pipelines_dir() -> Path:
-    """`CDCLAKE_PIPELINES_DIR`, else include/pipelines/ beside this package."""
-    env = os.environ.get("CDCLAKE_PIPELINES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "pipelines"
-
-
-def load_pipelines(directory: Path) -> list[PipelineConfig]:
-    if not directory.is_dir():
-        raise ConfigError(f"{directory}: pipelines directory does not exist")
-    return [load_pipeline(p) for p in sorted(directory.glob("*.yaml"))]
 
 
 def live_rows(summary: Mapping[str, str]) -> int | None:
@@ -158,5 +143,7 @@ def status_rows(pipeline_path: str | None, now_ms: int) -> list[TableFreshness]:
     if pipeline_path:
         pipelines = [load_pipeline(pipeline_path)]
     else:
-        pipelines = load_pipelines(default_pipelines_dir())
+        found = read_pipelines()
+        found.raise_errors()
+        pipelines = list(found.pipelines.values())
     return [r for p in pipelines for r in pipeline_freshness(p, now_ms)]

@@ -1,30 +1,25 @@
 """Build one `cdclake__<pipeline>` DAG per pipeline YAML: plan -> load -> report.
 
 Parsing reads the YAML files only (no network, database or Spark), so DAG files load
-fast; a broken config raises a ConfigError naming its file and field, which Airflow shows
-as the DAG file's import error.
+fast. A broken config gets no DAG; the other pipelines' DAGs load as always, and
+dags/cdclake_configs.py fails to import with the ConfigError naming its file and field,
+which Airflow shows among its import errors.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import sys
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, TriggerRule, task
-from cdclake.config import PipelineConfig, load_pipeline
-from cdclake.exceptions import ConfigError
+from cdclake.config import PipelineConfig, read_pipelines
 from cdclake.jvm import DRIVER_OPTIONS
 from cdclake.spark import spark_conf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOAD_APPLICATION = PROJECT_ROOT / "jobs" / "load.py"
-
-
-def pipelines_dir() -> Path:
-    return Path(os.environ.get("CDCLAKE_PIPELINES_DIR", PROJECT_ROOT / "include" / "pipelines"))
 
 
 def table_asset(pipeline: PipelineConfig, target: str) -> Asset:
@@ -146,19 +141,6 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     return dag
 
 
-def load_pipelines(directory: Path | None = None) -> dict[str, PipelineConfig]:
-    """Every pipeline config of the directory by name; two files with one name is an error."""
-    out: dict[str, PipelineConfig] = {}
-    for path in sorted((directory or pipelines_dir()).glob("*.yaml")):
-        pipeline = load_pipeline(path)
-        if pipeline.name in out:
-            raise ConfigError(
-                f"{path}: name: {pipeline.name!r} is already used by {out[pipeline.name].path}"
-            )
-        out[pipeline.name] = pipeline
-    return out
-
-
 def build_pipeline_dags(directory: Path | None = None) -> dict[str, DAG]:
-    dags = [build_pipeline_dag(p) for p in load_pipelines(directory).values()]
+    dags = [build_pipeline_dag(p) for p in read_pipelines(directory).pipelines.values()]
     return {dag.dag_id: dag for dag in dags}

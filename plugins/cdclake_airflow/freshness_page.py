@@ -21,14 +21,13 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.models.dagrun import DagRun
+from cdclake.config import read_pipelines
 from cdclake.exceptions import CdclakeError
 from cdclake.freshness import (
     COLUMNS,
     TableFreshness,
-    default_pipelines_dir,
     format_time,
     freshness_cells,
-    load_pipelines,
     pipeline_freshness,
 )
 from fastapi import FastAPI, HTTPException, status
@@ -83,16 +82,14 @@ def _readable(user, dag_id: str) -> bool:
 
 
 def collect(user, session, now_ms: int) -> list[PipelineView]:
-    """Every pipeline whose DAG the user may read; a failing one carries its error.
+    """Every pipeline whose DAG the user may read, a failing one carrying its error, then
+    each config file that could not be read, with its error.
 
     403 when there are pipelines but the user may read none of their DAGs.
     """
-    try:
-        pipelines = load_pipelines(default_pipelines_dir())
-    except CdclakeError as exc:
-        return [PipelineView(name="pipelines", dag_id="", error=str(exc))]
+    found = read_pipelines()
     out = []
-    for pipeline in pipelines:
+    for pipeline in found.pipelines.values():
         dag_id = f"cdclake__{pipeline.name}"
         if not _readable(user, dag_id):
             continue
@@ -103,8 +100,11 @@ def collect(user, session, now_ms: int) -> list[PipelineView]:
             log.warning("freshness of pipeline %s: %s", pipeline.name, exc)
             view.error = str(exc)
         out.append(view)
-    if pipelines and not out:
+    if found.pipelines and not out:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "no access to any cdclake pipeline DAG")
+    # a broken config has no DAG to check access by; its error says what to fix
+    out += [PipelineView(name=path.stem, dag_id="", error=str(exc))
+            for path, exc in found.errors.items()]  # fmt: skip
     return out
 
 

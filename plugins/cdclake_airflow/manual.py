@@ -1,5 +1,6 @@
 """The manually triggered DAGs: `cdclake_backfill` and `cdclake_snapshot`, each with a
-Params form covering every pipeline in include/pipelines/.
+Params form covering every pipeline in include/pipelines/ (a broken config is left out
+of the forms; dags/cdclake_configs.py names it).
 
 Like the pipeline DAGs they parse from the YAML files only. The form offers choices; the
 first task validates the request against the chosen pipeline, Kafka and the source
@@ -12,9 +13,9 @@ import datetime as dt
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
-from cdclake.config import PipelineConfig
+from cdclake.config import PipelineConfig, read_pipelines
 
-from cdclake_airflow.factory import load_pipelines, load_task
+from cdclake_airflow.factory import load_task
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
@@ -166,5 +167,5 @@ def build_snapshot_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
 
 
 def build_manual_dags() -> dict[str, DAG]:
-    pipelines = load_pipelines()
+    pipelines = read_pipelines().pipelines
     return {d.dag_id: d for d in (build_backfill_dag(pipelines), build_snapshot_dag(pipelines))}

@@ -13,7 +13,8 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder={dags!r})
 import json
 errors = {{k: str(v) for k, v in bag.import_errors.items()}}
-print(json.dumps({{"dags": sorted(bag.dags), "errors": errors}}))
+schedules = {{k: d.schedule for k, d in bag.dags.items()}}
+print(json.dumps({{"dags": sorted(bag.dags), "errors": errors, "schedules": schedules}}))
 """
 
 
@@ -33,37 +34,54 @@ def dagbag(pipelines_dir=None) -> dict:
 def test_every_dag_imports_without_errors():
     bag = dagbag()
     assert bag["errors"] == {}
-    assert {"cdclake__demo", "cdclake_backfill", "cdclake_snapshot", "cdclake_maintenance"} <= set(
-        bag["dags"]
-    )
+    assert {
+        "cdclake__demo", "cdclake_backfill", "cdclake_snapshot", "cdclake_maintenance__demo",
+    } <= set(bag["dags"])  # fmt: skip
 
 
-def test_broken_pipeline_config_is_an_import_error_naming_file_and_field(tmp_path):
+def test_a_broken_pipeline_config_is_an_import_error_and_the_other_pipelines_still_load(
+    tmp_path,
+):
     good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(good.replace("name: demo", "name: a"))
     bad = tmp_path / "shop.yaml"
     bad.write_text(
         good.replace("name: demo", "name: shop").replace("namespace: demo", "namespace: 9x")
     )
+    twin = tmp_path / "z_copy.yaml"  # a copy that kept the first file's name
+    twin.write_text(good.replace("name: demo", "name: a"))
     bag = dagbag(tmp_path)
-    # every DAG file built from the pipeline configs reports it
-    assert {os.path.basename(p) for p in bag["errors"]} == {
-        "cdclake_pipelines.py",
-        "cdclake_manual.py",
-        "cdclake_maintenance.py",
-    }
-    for message in bag["errors"].values():
-        assert str(bad) in message and "namespace" in message
+    # one import error, of the file that checks the configs, naming both files and why
+    [(path, message)] = bag["errors"].items()
+    assert os.path.basename(path) == "cdclake_configs.py"
+    assert f"{bad}: namespace:" in message and "'9x'" in message
+    assert f"{twin}: name: 'a' is already used by {tmp_path / 'a.yaml'}" in message
+    # the good pipeline's DAGs, and the manual ones, load as always
+    assert {"cdclake__a", "cdclake_maintenance__a", "cdclake_backfill", "cdclake_snapshot"} <= set(
+        bag["dags"]
+    )
+    assert not [d for d in bag["dags"] if d.endswith("__shop")]
 
 
-def test_pipelines_with_different_maintenance_schedules_are_an_import_error(tmp_path):
+def test_a_missing_pipelines_directory_is_an_import_error_naming_it(tmp_path):
+    missing = tmp_path / "nowhere"
+    bag = dagbag(missing)
+    [(path, message)] = bag["errors"].items()
+    assert os.path.basename(path) == "cdclake_configs.py"
+    assert f"{missing}: pipelines directory does not exist" in message
+
+
+def test_each_pipeline_is_maintained_on_its_own_schedule(tmp_path):
     good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
-    weekly = tmp_path / "b.yaml"
     (tmp_path / "a.yaml").write_text(good.replace("name: demo", "name: a"))
-    weekly.write_text(
+    (tmp_path / "b.yaml").write_text(
         good.replace("name: demo", "name: b") + "maintenance: {schedule: '@weekly'}\n"
     )
+    (tmp_path / "c.yaml").write_text(
+        good.replace("name: demo", "name: c") + "maintenance: {enabled: false}\n"
+    )
     bag = dagbag(tmp_path)
-    assert {"cdclake__a", "cdclake__b"} <= set(bag["dags"])  # the loads are unaffected
-    [(path, message)] = bag["errors"].items()
-    assert path.endswith("cdclake_maintenance.py")
-    assert f"{weekly}: maintenance.schedule:" in message and "@weekly" in message
+    assert bag["errors"] == {}
+    assert bag["schedules"]["cdclake_maintenance__a"] == "@daily"
+    assert bag["schedules"]["cdclake_maintenance__b"] == "@weekly"
+    assert "cdclake__c" in bag["dags"] and "cdclake_maintenance__c" not in bag["dags"]

@@ -242,6 +242,22 @@ def test_page_and_json_show_every_table_with_its_figures(lake, airflow_app):
     ).items()
 
 
+def test_a_broken_config_is_listed_with_its_error_beside_the_pipelines_that_load(lake, airflow_app):
+    broken = lake.pipelines_dir / "broken.yaml"
+    broken.write_text(lake.pipeline.path.read_text().replace("namespace:", "namespace: 9x #"))
+    try:
+        resp = airflow_app.get(
+            "/cdclake/freshness.json", headers={"Authorization": f"Bearer {admin_token()}"}
+        )
+    finally:
+        broken.unlink()
+    assert resp.status_code == 200
+    good, bad = resp.json()["pipelines"]
+    assert good["dag_id"] == lake.dag_id and good["error"] is None and good["tables"]
+    assert bad["name"] == "broken" and bad["tables"] == []
+    assert bad["error"].startswith(f"{broken}: namespace:") and "'9x'" in bad["error"]
+
+
 def free_port() -> int:
     for port in range(18480, 18490):
         with socket.socket() as s:

@@ -1,4 +1,4 @@
-"""The cdclake_maintenance DAG run by Airflow (dag.test) through spark-submit."""
+"""A pipeline's maintenance DAG run by Airflow (dag.test) through spark-submit."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_maintenance_dag_compacts_and_the_next_load_continues(stack, spark, tmp_
     before = committed(pipeline)
     orphan = plant_orphan(spark, pipeline)
 
-    run = run_dag("cdclake_maintenance")
+    run = run_dag(f"cdclake_maintenance__{pipeline.name}")
 
     [figures] = last_runs(pipeline)
     assert figures["run_id"] == run.run_id  # written by this run's spark-submit job

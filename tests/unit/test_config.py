@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from cdclake.config import DeleteMode, OnError, load_pipeline
+from cdclake.config import DeleteMode, OnError, load_pipeline, read_pipelines
 from cdclake.exceptions import ConfigError
 
 VALID = """
@@ -137,6 +137,30 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_pipeline(tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_pipeline(write(tmp_path, "name: [unclosed"))
+
+
+def test_a_directory_of_pipelines_keeps_the_good_ones_and_names_each_broken_file(tmp_path):
+    (tmp_path / "a.yaml").write_text(VALID.replace("name: shop", "name: a"))
+    (tmp_path / "b.yaml").write_text(VALID.replace("namespace: shop", "namespace: 9x"))
+    (tmp_path / "c.yaml").write_text(VALID.replace("name: shop", "name: a"))
+    (tmp_path / "d.yaml").write_text(VALID)
+    (tmp_path / "notes.txt").write_text("not a pipeline")
+    found = read_pipelines(tmp_path)
+    assert sorted(found.pipelines) == ["a", "shop"]
+    assert found.pipelines["shop"].path == tmp_path / "d.yaml"
+    assert list(found.errors) == [tmp_path / "b.yaml", tmp_path / "c.yaml"]
+    with pytest.raises(ConfigError) as err:
+        found.raise_errors()
+    first, second = str(err.value).splitlines()
+    assert first.startswith(f"{tmp_path / 'b.yaml'}: namespace:")
+    assert second == f"{tmp_path / 'c.yaml'}: name: 'a' is already used by {tmp_path / 'a.yaml'}"
+    missing = read_pipelines(tmp_path / "nowhere")
+    assert missing.pipelines == {}
+    with pytest.raises(ConfigError, match="nowhere: pipelines directory does not exist"):
+        missing.raise_errors()
+    (tmp_path / "b.yaml").unlink()
+    (tmp_path / "c.yaml").unlink()
+    read_pipelines(tmp_path).raise_errors()  # nothing broken: nothing raised
 
 
 def test_demo_pipeline_is_valid():
