@@ -758,7 +758,7 @@ def _load_table(
             source = with_deleted_lsn(spark, qualified, resolved, schema) if hard else resolved
             source.createOrReplaceTempView(view)
             if hard and result.deletes:
-                record_deleted_keys(spark, qualified, view, schema)
+                record_deleted_keys(spark, qualified, resolved, schema)
             below = state.truncated_below
             if truncate is not None and truncate.lsn is not None:
                 below = mark_truncated(spark, qualified, truncate.lsn, below)

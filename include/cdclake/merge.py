@@ -445,12 +445,13 @@ def prune_deleted_keys(spark, table: str) -> int:
     return 0 if before is None or after is None else max(0, before - after)
 
 
-def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema) -> None:
-    """Remember the LSN of every key this batch hard-deletes, so that a re-sent older
-    change of the key, loaded in a later batch, does not bring the row back. The ledger
-    only grows by deleted keys (a retried batch may add the same rows again, harmlessly);
-    it is written before the table (a crash in between leaves facts the stream already
-    holds)."""
+def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> None:
+    """Remember the LSN of every key this batch hard-deletes (the deleted rows of
+    `resolved`, the batch's resolved rows), so that a re-sent older change of the key,
+    loaded in a later batch, does not bring the row back. The ledger only grows by
+    deleted keys (a retried batch may add the same rows again, harmlessly); it is written
+    before the table (a crash in between leaves facts the stream already holds). It
+    reads the resolved rows themselves, not the MERGE's source with the ledger joined."""
     ledger = deleted_keys_table(table)
     wanted = {k.name: k.type for k in schema.key}
     exists = spark.catalog.tableExists(ledger)
@@ -468,12 +469,9 @@ def record_deleted_keys(spark, table: str, source_view: str, schema: TopicSchema
         props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
         _create(spark, ledger, f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) "
                                f"USING iceberg TBLPROPERTIES ({props})", of=table)  # fmt: skip
-    keys = ", ".join(quote(k) for k in wanted)
     # an append (no join with what the ledger holds): readers take each key's highest LSN
-    spark.sql(
-        f"INSERT INTO {ledger} ({keys}, {LSN}) SELECT {keys}, {LSN} FROM {source_view} "
-        f"WHERE {DELETED} AND {LSN} IS NOT NULL"
-    )
+    deleted = resolved.where(f"{DELETED} AND {LSN} IS NOT NULL")
+    deleted.select(*(quote(k) for k in wanted), LSN).writeTo(ledger).append()
 
 
 DEAD_LETTERS = "_cdclake_dead_letters"

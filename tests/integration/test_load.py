@@ -336,3 +336,31 @@ def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):
                                                                   None: None}  # fmt: skip
     plan = found._jdf.queryExecution().optimizedPlan().toString()
     assert "LeftSemi" in plan, plan
+
+
+def test_a_batch_appends_its_deleted_keys_to_the_ledger_from_its_resolved_rows(spark):
+    """`record_deleted_keys` appends the batch's deleted keys with their LSN, from the
+    resolved rows (the MERGE's source joins the ledger; the append needs none of it),
+    creating the ledger on the first delete and keeping the rows it held."""
+    import uuid
+    from types import SimpleNamespace
+
+    from cdclake.merge import deleted_keys_table, record_deleted_keys
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+
+    n = uuid.uuid4().hex[:6]
+    spark.sql("create namespace if not exists lake.it_ledger")
+    table = f"lake.it_ledger.r_{n}"
+    ledger = deleted_keys_table(table)
+    schema = SimpleNamespace(key=(SimpleNamespace(name="id", type="bigint"),
+                                  SimpleNamespace(name="k.ind", type="string")))  # fmt: skip
+    fields = [StructField("id", LongType()), StructField("k.ind", StringType()),
+              StructField("v", StringType()), StructField("_cdc_deleted", BooleanType()),
+              StructField("_cdc_lsn", LongType())]  # fmt: skip
+    rows = [(1, "a", None, True, 40), (2, "a", "kept", False, 41), (3, "b", None, True, None),
+            (4, "b", None, True, 44)]  # fmt: skip
+    record_deleted_keys(spark, table, spark.createDataFrame(rows, StructType(fields)), schema)
+    later = [(1, "a", None, True, 60), (5, "c", "kept", False, 61)]
+    record_deleted_keys(spark, table, spark.createDataFrame(later, StructType(fields)), schema)
+    held = spark.sql(f"select id, `k.ind`, _cdc_lsn from {ledger}").collect()
+    assert sorted(tuple(r) for r in held) == [(1, "a", 40), (1, "a", 60), (4, "b", 44)]
