@@ -44,6 +44,7 @@ from cdclake.merge import (
     KeyRange,
     TableState,
     append_to_empty,
+    apply_table_settings,
     build_append_sql,
     build_first_load_sql,
     build_merge_sql,
@@ -737,6 +738,9 @@ def _load_table(
                 spark, qualified, schema, table.properties, table.partition_by, soft,
                 existing=known,
             )  # fmt: skip
+            if state.exists:
+                apply_table_settings(spark, qualified, state, table.properties,
+                                     table.partition_by)  # fmt: skip
             present = {c.name for c in schema.columns}
             dropped = [n for n in lake_columns if n not in present]
             new_offsets = {**committed, **ends}

@@ -4,13 +4,14 @@ consumed offsets into the same Iceberg commit's snapshot summary."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
-from cdclake.exceptions import CommitConflictError, DecodeError
+from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.offsets import TopicPartition
 from cdclake.resolve import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
 
@@ -41,8 +42,7 @@ def build_create_sql(
     cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
     if soft_delete:
         cols.append(f"{DELETED} boolean")
-    merged = {**TABLE_PROPERTIES, **properties}
-    props = ", ".join(f"'{_sql_text(k)}'='{_sql_text(v)}'" for k, v in merged.items())
+    props = _properties_sql({**TABLE_PROPERTIES, **properties})
     partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     return (
         f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg{partitioned} "
@@ -52,6 +52,10 @@ def build_create_sql(
 
 def _sql_text(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _properties_sql(properties: Mapping[str, str]) -> str:
+    return ", ".join(f"'{_sql_text(k)}'='{_sql_text(v)}'" for k, v in properties.items())
 
 
 # What Iceberg raises when another writer got to a table first (creating, evolving or
@@ -343,9 +347,10 @@ def ensure_table(
     existing: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Create the table on first sight, or evolve it: add new columns, widen promoted
-    ones. Returns the table's source columns (metadata columns excluded), which may
-    include columns the source has dropped since. `existing` saves the catalog lookups
-    when the caller has read the table's column types (empty: it does not exist)."""
+    ones. A table created with the other `delete_mode` is refused (ConfigError). Returns
+    the table's source columns (metadata columns excluded), which may include columns
+    the source has dropped since. `existing` saves the catalog lookups when the caller
+    has read the table's column types (empty: it does not exist)."""
     keys = ", ".join(quote(k) for k in schema.key_names)
     if existing is None:
         existing = table_columns(spark, table) if spark.catalog.tableExists(table) else {}
@@ -356,6 +361,14 @@ def ensure_table(
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("created %s with key %s", table, schema.key_names)
         return [c.name for c in schema.columns]
+    if soft_delete != (DELETED in existing):
+        mode, was = ("soft", "hard") if soft_delete else ("hard", "soft")
+        raise ConfigError(
+            f"{table}: delete_mode is {mode}, but the table was created with {was} deletes "
+            f"({'no ' if soft_delete else ''}{DELETED} column); nothing was written. Set "
+            f"delete_mode back to {was}, or rebuild the table (backfill in rebuild mode) to "
+            "change how it deletes."
+        )
     if (
         schema.key_names
         and load_iceberg_table(spark, table).schema().identifierFieldNames().isEmpty()
@@ -466,7 +479,7 @@ def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> Non
                     spark.sql(f"ALTER TABLE {ledger} ALTER COLUMN {quote(name)} TYPE {type_}")
     if not exists:
         cols = ", ".join(f"{quote(n)} {t} NOT NULL" for n, t in wanted.items())
-        props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+        props = _properties_sql(TABLE_PROPERTIES)
         _create(spark, ledger, f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) "
                                f"USING iceberg TBLPROPERTIES ({props})", of=table)  # fmt: skip
     # an append (no join with what the ledger holds): readers take each key's highest LSN
@@ -572,6 +585,9 @@ class TableState:
     # no data file at all: no snapshot, or one whose summary says 0 records (a summary
     # without the count is not taken for empty)
     empty: bool = False
+    properties: Mapping[str, str] = field(default_factory=dict)
+    # the current partition spec's fields: (name, transform as Iceberg writes it, column)
+    partition_fields: tuple[tuple[str, str, str], ...] = ()
 
 
 def table_state(spark, table: str) -> TableState:
@@ -583,8 +599,13 @@ def table_state(spark, table: str) -> TableState:
     ice.refresh()
     snap = ice.currentSnapshot()
     committed = committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
-    below = ice.properties().get(TRUNCATED_BELOW)
+    properties = dict(ice.properties())
+    below = properties.get(TRUNCATED_BELOW)
     rows = snap.summary().get("total-records") if snap is not None else None
+    schema = ice.schema()
+    fields = tuple((str(f.name()), str(f.transform().toString()),
+                    str(schema.findColumnName(f.sourceId())))
+                   for f in ice.spec().fields())  # fmt: skip
     return TableState(
         True,
         committed,
@@ -592,7 +613,52 @@ def table_state(spark, table: str) -> TableState:
         int(below) if below is not None else None,
         int(rows) if rows is not None else 0,
         empty=snap is None or rows == "0",
+        properties=properties,
+        partition_fields=fields,
     )
+
+
+_TRANSFORM_CALL = re.compile(r"^(\w+)\(\s*(?:(\d+)\s*,\s*)?(\w+)\s*\)$")
+_TIME_TRANSFORMS = {"years": "year", "months": "month", "days": "day", "hours": "hour"}
+
+
+def partition_field(spec: str) -> tuple[str, str]:
+    """A `partition_by` entry (as the config accepts it) as Iceberg names its field's
+    transform and column: "bucket(16, id)" -> ("bucket[16]", "id"), "days(ts)" ->
+    ("day", "ts"), "kind" -> ("identity", "kind")."""
+    call = _TRANSFORM_CALL.match(spec.strip())
+    if call is None:
+        return "identity", spec.strip()
+    name, width, column = call.groups()
+    name = _TIME_TRANSFORMS.get(name, name)
+    return (f"{name}[{width}]" if width else name), column
+
+
+def apply_table_settings(spark, table: str, state: TableState, properties: Mapping[str, str],
+                         partition_by: Sequence[str]) -> list[str]:  # fmt: skip
+    """Bring an existing table's properties and partition spec to the pipeline's: a
+    property whose value differs is set (one the pipeline no longer names is left as it
+    is); partition fields the pipeline no longer names are dropped and new ones added
+    (Iceberg's partition evolution: data written before keeps its layout). Returns what
+    changed, for the log."""
+    changed = []
+    differ = {k: v for k, v in properties.items() if state.properties.get(k) != v}
+    if differ:
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(differ)})")
+        changed += [f"property {k}={v!r}" for k, v in differ.items()]
+    wanted = {partition_field(spec): spec for spec in partition_by}
+    have = {(transform, column): name for name, transform, column in state.partition_fields}
+    for field_, name in have.items():
+        if field_ not in wanted:
+            spark.sql(f"ALTER TABLE {table} DROP PARTITION FIELD {quote(name)}")
+            changed.append(f"partition field {name} dropped")
+    for field_, spec in wanted.items():
+        if field_ not in have:
+            spark.sql(f"ALTER TABLE {table} ADD PARTITION FIELD {spec}")
+            changed.append(f"partition field {spec} added")
+    if changed:
+        log.info("%s: table settings changed to the pipeline's: %s", table, "; ".join(changed))
+    return changed
 
 
 def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:

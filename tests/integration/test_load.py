@@ -364,3 +364,61 @@ def test_a_batch_appends_its_deleted_keys_to_the_ledger_from_its_resolved_rows(s
     record_deleted_keys(spark, table, spark.createDataFrame(later, StructType(fields)), schema)
     held = spark.sql(f"select id, `k.ind`, _cdc_lsn from {ledger}").collect()
     assert sorted(tuple(r) for r in held) == [(1, "a", 40), (1, "a", 60), (4, "b", 44)]
+
+
+def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
+    stack, spark, tmp_path
+):
+    """Editing a table's `properties` or `partition_by` in the pipeline reaches the
+    existing Iceberg table with the next load (a property set, partition fields dropped
+    and added); a `delete_mode` other than the table's is refused before anything is
+    written, naming the setting."""
+    import uuid
+
+    import psycopg
+    from cdclake.exceptions import ConfigError
+    from cdclake.merge import load_iceberg_table, table_state
+
+    from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
+
+    n = uuid.uuid4().hex[:6]
+    source, name = f"inventory.settings_{n}", f"it_settings_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {source} (id int primary key, kind text, v text)")
+        conn.execute(f"insert into {source} select i, 'k' || (i % 3), 'v' || i "
+                     "from generate_series(1, 20) i")  # fmt: skip
+
+    def pipeline(**table):
+        return make_pipeline(tmp_path, name, [{"source": source, **table}])
+
+    sizes = {"write.target-file-size-bytes": "2000000", "owner.team": "x"}
+
+    first = pipeline(partition_by=["bucket(4, id)", "kind"],
+                     properties={"write.target-file-size-bytes": "1000000"})  # fmt: skip
+    load_all(stack, spark, first, f"{name}-1")
+    target = first.qualified_target(first.tables[0])
+    assert [f[1:] for f in table_state(spark, target).partition_fields] == [
+        ("bucket[4]", "id"), ("identity", "kind")]  # fmt: skip
+
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"update {source} set v = 'changed' where id <= 5")
+    edited = pipeline(partition_by=["kind", "truncate(2, v)"], properties=sizes)
+    load_all(stack, spark, edited, f"{name}-2")
+    state = table_state(spark, target)
+    assert [f[1:] for f in state.partition_fields] == [("identity", "kind"), ("truncate[2]", "v")]
+    assert state.properties["write.target-file-size-bytes"] == "2000000"
+    assert state.properties["owner.team"] == "x"
+    assert_lake_equals_source(edited, stack.source_dsn)
+    spec_id = load_iceberg_table(spark, target).spec().specId()
+
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"delete from {source} where id = 1")
+    soft = pipeline(partition_by=["kind", "truncate(2, v)"], delete_mode="soft", properties=sizes)
+    before = table_state(spark, target)
+    stack.wait_for_capture()
+    with pytest.raises(ConfigError, match="delete_mode is soft, but the table was created with "
+                                          "hard deletes"):  # fmt: skip
+        run_batch(spark, soft, plan_pipeline(soft, f"{name}-3"))
+    after = table_state(spark, target)
+    assert (after.snapshot_id, after.committed) == (before.snapshot_id, before.committed)
+    assert load_iceberg_table(spark, target).spec().specId() == spec_id

@@ -61,3 +61,25 @@ def test_a_text_key_with_a_quote_or_backslash_is_written_as_utf8_bytes():
 def test_a_key_filter_is_refused_where_it_would_change_the_outcome(schema, values, truncate, why):
     with pytest.raises(ValueError, match=why):
         build_merge_sql("lake.ns.t", "src", schema, truncate=truncate, key_values=values)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ("kind", ("identity", "kind")),
+        ("bucket(16, id)", ("bucket[16]", "id")),
+        ("bucket( 8 ,id )", ("bucket[8]", "id")),
+        ("truncate(4, name)", ("truncate[4]", "name")),
+        ("days(ts)", ("day", "ts")),
+        ("day(ts)", ("day", "ts")),
+        ("years(d)", ("year", "d")),
+        ("months(d)", ("month", "d")),
+        ("hours(ts)", ("hour", "ts")),
+    ],
+)
+def test_a_partition_by_entry_is_read_as_iceberg_names_its_field(spec, field):
+    """What `apply_table_settings` compares with the table's spec (Iceberg's transform
+    names): every form the config accepts."""
+    from cdclake.merge import partition_field
+
+    assert partition_field(spec) == field

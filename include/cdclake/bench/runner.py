@@ -167,6 +167,7 @@ class Bench:
         self.details["recording"] = {"events": events, "keys": keys, "bytes_on_disk": size}
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "file")
         # in a process of its own, whose driver JVM starts as a load's of this size does
+        self.jvm_archive()
         options = driver_java_options(sum(r.size for r in ranges), resolves_by_range(pipeline))
         self.say("loading the recording (decode, resolve, MERGE, commit) in a process of "
                  f"its own, driver JVM options: {options or 'none'}")  # fmt: skip
@@ -465,6 +466,7 @@ class Bench:
 
     # ---- peak memory against batch size --------------------------------------------------
     def memory(self) -> None:
+        self.jvm_archive()
         peaks, rss, walls = {}, {}, {}
         keys = self.sizes.memory_keys
         for events in self.sizes.memory_events:
