@@ -1129,11 +1129,17 @@ class KeyFold:
 
     def values(self) -> dict | None:
         """The row the key's resolved values come from (decoded whole): the kept change's
-        row after, or for a deleted key the last kept row after (None: no such row)."""
+        row after, or for a deleted key the last kept row after, else its delete's row
+        before (all its columns with `REPLICA IDENTITY FULL`, the key's alone by default;
+        `meta` says the row has no values, so a MERGE keeps the table's, and only a key
+        the lake does not hold takes them)."""
         r = self.r
         assert r is not None, "no change of the key was kept"
         if r.is_tombstone or r.op == "d":
-            return None if self.after is None else settle(self.after).after
+            if self.after is not None:
+                return settle(self.after).after
+            delete = self.change  # a tombstone's is the delete before it
+            return None if delete is None or delete.op != "d" else settle(delete).before
         return settle(r).after
 
     def meta(self) -> tuple:

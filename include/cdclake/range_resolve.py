@@ -488,8 +488,8 @@ _HEADS: list = []
 
 
 def _envelope_heads():
-    """A decoder of an envelope's operation, source LSN and time, its row after kept as
-    raw JSON (a JSON null as `NULL_ROW`), as `_HEADER` decodes them but into a struct
+    """A decoder of an envelope's operation, source LSN and time, its rows after and
+    before kept as raw JSON (a JSON null as `NULL_ROW`), as `_HEADER` decodes them but into a struct
     whose fields `_HEAD_FIELDS` reads at once; and the head a tombstone is given."""
     if not _HEADS:
         import msgspec
@@ -497,7 +497,7 @@ def _envelope_heads():
         source = msgspec.defstruct("Source", [("ts_ms", int | None, None),
                                               ("lsn", int | None, None)], gc=False)  # fmt: skip
         head = msgspec.defstruct("Head", [
-            ("after", msgspec.Raw, None), ("op", Any, None),
+            ("after", msgspec.Raw, None), ("before", msgspec.Raw, None), ("op", Any, None),
             ("source", source, msgspec.field(default_factory=source)),
         ], gc=False)  # fmt: skip
         _HEADS[:] = [msgspec.json.Decoder(head).decode, head(op=_TOMBSTONE_OP)]
@@ -530,6 +530,8 @@ class ColumnarFold:
         self.ids: dict[tuple, int] = {}  # a key (not one integer column) -> its number
         self.parts: list[tuple] = []  # each read batch's arrays
         self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
+        # key number -> (offset, raw row before) of its last delete, when that has one
+        self.befores: dict[int, tuple] = {}
         # once a placeholder's text is met (`follow_toast`): the TOAST columns, and for a
         # key whose row after holds a placeholder's text, its TOAST columns' values, each
         # placeholder replaced by the last real value read before it in the range (key
@@ -567,6 +569,15 @@ class ColumnarFold:
         except (KeyError, TypeError):  # a truncate, or what the change fold names
             raise Irregular("an operation other than c, u, d and r") from None
         has_after = [a is not None and a != NULL_ROW for a in afters]
+        # each key's last delete's row before: the values of a deleted key without a row
+        # after in the range (all its columns with REPLICA IDENTITY FULL)
+        befores, delete = self.befores, _OP_CODES["d"]
+        for i in [i for i, op in enumerate(ops) if op == delete]:
+            before = heads[i].before
+            if before is not None and before != NULL_ROW:
+                befores[codes[i]] = (offsets[i], before)
+            else:
+                befores.pop(codes[i], None)
         # the last row after of each key, so far (a later one of a key replaces it)
         rowed = np.flatnonzero(has_after).tolist()
         if self.toast is None:
@@ -734,12 +745,18 @@ class ColumnarFold:
         tomb = ops == _TOMBSTONE
         deleted = tomb | (ops == _OP_CODES["d"])
         # the row: the resolved change's row after (its key's last, `resolve`), or for a
-        # deleted key the last row after it had (None: no such row)
+        # deleted key the last row after it had, else its last delete's row before,
+        # which a MERGE takes only for a key the lake does not hold (None: no such row)
         offsets = res["offsets"][r].tolist()
         afters, partition, row = self.afters, self.partition, None
         if self.values is not None:
             row = self.values.unparsed.row
         helds = [afters.get(code) for code in codes.tolist()]
+        has_values = [h is not None for h in helds]
+        if self.befores:
+            befores = self.befores
+            helds = [befores.get(code) if h is None else h
+                     for h, code in zip(helds, codes.tolist(), strict=True)]  # fmt: skip
         data: dict[str, list | pa.Array]
         if row is not None and self.toast is None:  # the rows decoded by column
             data = self.values.unparsed.columns(
@@ -771,7 +788,7 @@ class ColumnarFold:
             _nullable(res["stamps"][r] * 1000, stamped),
             _nullable(lsn, lsn != _NO_LSN),
             _nullable(stale, stale != _NO_LSN),
-            [h is not None for h in helds],
+            has_values,
             [partition] * len(offsets),
             offsets,
         )  # fmt: skip

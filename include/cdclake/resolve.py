@@ -252,8 +252,9 @@ def resolve_latest(
         for k in schema.key_names
     ]
     rows = after_truncate(changes, truncate).select(
-        *keys, "partition", "offset", "is_tombstone", "op", "after", "source_ts_ms", "lsn"
-    )
+        *keys, "partition", "offset", "is_tombstone", "op", "after", "before", "source_ts_ms",
+        "lsn",
+    )  # fmt: skip
     # a tombstone without key (table without primary key) carries nothing: the delete
     # event before it already holds the row
     no_key = F.lit(True)
@@ -265,8 +266,10 @@ def resolve_latest(
     aggs = [
         F.max_by(payload, F.col("offset")).alias("r"),
         F.max("lsn").alias("lsn_max"),
-        # the last values a deleted row had in this batch (kept by soft deletes)
+        # the last values a deleted row had in this batch (kept by soft deletes), else
+        # its last delete's row before (whole with REPLICA IDENTITY FULL)
         F.max_by("after", F.when(F.col("after").isNotNull(), F.col("offset"))).alias("last_after"),
+        F.max_by("before", F.when(F.col("op") == "d", F.col("offset"))).alias("last_before"),
         # the LSN of the change a latest tombstone follows (its delete)
         F.max_by("lsn", F.when(~F.col("is_tombstone"), F.col("offset"))).alias("change_lsn"),
     ]
@@ -282,7 +285,7 @@ def resolve_latest(
     deleted = F.col("r.is_tombstone") | (F.col("r.op") == "d")
     cols, flags = [], []
     toast_names = {c.name for c in toasty}
-    after = F.when(deleted, F.col("last_after")).otherwise(F.col("r.after"))
+    after = F.when(deleted, F.coalesce("last_after", "last_before")).otherwise(F.col("r.after"))
     for c in schema.columns:
         if c.name in schema.key_names:
             cols.append(F.col(f"`{c.name}`"))

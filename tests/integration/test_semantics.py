@@ -310,6 +310,61 @@ def test_a_soft_deleted_row_keeps_its_last_values_whether_or_not_the_lake_held_i
     assert got == last, {k: (v[0], len(v[1] or ""), v[2]) for k, v in got.items() if v != last[k]}
 
 
+def test_a_soft_deleted_key_the_lake_never_held_takes_the_row_before_its_delete(
+    stack, spark, tmp_path, resolve_in
+):
+    """A delete carries the row before it: whole with REPLICA IDENTITY FULL, its key alone
+    by default. A soft-deleted key the lake never held, whose batch holds only its delete
+    (its insert was never loaded), is written with those values: into a table that holds
+    other rows (a MERGE) and into a new one (an append)."""
+    from cdclake.job import run_batch
+    from cdclake.offsets import BatchPlan, OffsetRange
+
+    n = uuid.uuid4().hex[:6]
+    full, plain = f"inventory.softfull_{n}", f"inventory.softplain_{n}"
+    sql(
+        stack,
+        f"create table {full} (id int primary key, title text, body text, qty int)",
+        f"alter table {full} replica identity full",
+        f"alter table {full} alter column body set storage external",
+        f"insert into {full} select i, 'title ' || i, {BIG}, i from generate_series(1, 3) i",
+        f"update {full} set qty = 20 where id = 2",
+        f"create table {plain} (id int primary key, title text, qty int)",
+        f"insert into {plain} select i, 'title ' || i, i from generate_series(1, 2) i",
+    )
+    soft = [{"source": t, "delete_mode": "soft"} for t in (full, plain)]
+    pipeline = make_pipeline(tmp_path, f"it_softfull_{n}", soft)
+    stack.wait_for_capture()
+    with psycopg.connect(stack.source_dsn) as conn:
+        last = {r[0]: r[1:] for r in conn.execute(f"select id, title, body, qty from {full}")}
+
+    def ends(batch: str) -> dict:
+        stack.wait_for_capture()
+        return {(r.topic, r.partition): r.end for r in plan_pipeline(pipeline, batch).ranges}
+
+    never_loaded = ends("softfull-0")  # the inserts: the lake never holds them
+    sql(stack, f"insert into {full} values (9, 'nine', 'short', 9)")
+    held = ends("softfull-1")
+    sql(stack, f"delete from {full} where id in (1, 2)", f"delete from {plain} where id = 1")
+    deleted = ends("softfull-2")
+    for batch, (lo, hi) in enumerate([(never_loaded, held), (held, deleted)]):
+        ranges = tuple(OffsetRange(t, p, lo[t, p], end) for (t, p), end in hi.items()
+                       if end > lo[t, p])  # fmt: skip
+        results = run_batch(spark, pipeline, BatchPlan(pipeline.name, f"softfull-b{batch}",
+                                                       ranges))  # fmt: skip
+        assert {r.status for r in results} == {"committed"}
+    assert_resolved_in(results, resolve_in)
+    written = {r.table: r.written_by for r in results}
+    lake_full, lake_plain = (pipeline.qualified_target(t) for t in pipeline.tables)
+    assert written == {lake_full: "merge", lake_plain: "append"}
+    rows = {r["id"]: r for r in spark.table(lake_full).collect()}
+    assert {k: r["_cdc_deleted"] for k, r in rows.items()} == {1: True, 2: True, 9: False}
+    got = {k: (r["title"], r["body"], r["qty"]) for k, r in rows.items() if k != 9}
+    assert got == {k: last[k] for k in (1, 2)}, got
+    [row] = spark.table(lake_plain).collect()
+    assert (row["id"], row["title"], row["qty"], row["_cdc_deleted"]) == (1, None, None, True)
+
+
 def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path):
 
     from cdclake.signals import (

@@ -187,7 +187,8 @@ def test_a_deleted_keys_row_holds_no_placeholder(spark):
     """With soft deletes a deleted key's row is written with its last values: a
     placeholder in them takes the value from the batch, else NULL and flagged (the MERGE
     keeps the table's value); a key whose batch holds no row after of it says it has no
-    values (the MERGE keeps the table's)."""
+    values (the MERGE keeps the table's) and carries its delete's row before, which a
+    key the lake does not hold takes (whole with REPLICA IDENTITY FULL)."""
     v = value_record
     records = [
         (key_record(1), v("c", None, item(1, "a", blob=b"\x07"), lsn=100)),
@@ -209,7 +210,8 @@ def test_a_deleted_keys_row_holds_no_placeholder(spark):
     flags = {(r["id"], c) for r in mine for c in ("name", "blob") if r[f"{TOAST_PREFIX}{c}"]}
     assert flags == {(2, "name")}
     assert {r["id"]: r[HAS_VALUES] for r in mine} == {1: True, 2: True, 3: False, 4: True}
-    assert (rows[3]["name"], rows[3]["blob"]) == (None, None)
+    assert (rows[3]["name"], rows[3]["blob"]) == ("old", b"\x01")
+    assert rows[3]["price"] == Decimal("1.00")
 
 
 def test_a_history_resolves_to_the_expected_rows(spark):
