@@ -424,9 +424,12 @@ def _ranged_topic(frame, plan: TopicPlan):
 
     topic = plan.topic
     meta = F.col(f"`{META_COLUMN}`")
-    ends = frame.where(meta.isNotNull()).select(meta, F.col(f"`{KEYS_COLUMN}`")).collect()
-    summaries = [RangeSummary.from_json(r[0]) for r in ends]
-    hashes = [np.frombuffer(r[1] or b"", dtype=np.uint64) for r in ends]
+    # the ranges' summaries and the count of their rows, in one job over the cached frame
+    ends = F.struct(meta.alias("summary"), F.col(f"`{KEYS_COLUMN}`").alias("hashes"))
+    [found] = frame.agg(F.collect_list(F.when(meta.isNotNull(), ends)).alias("ends"),
+                        F.count(F.when(meta.isNull(), 1)).alias("rows")).collect()  # fmt: skip
+    summaries = [RangeSummary.from_json(r.summary) for r in found.ends]
+    hashes = [np.frombuffer(r.hashes or b"", dtype=np.uint64) for r in found.ends]
     try:
         got = accept(summaries, plan, hashes)
     except CdclakeError as exc:
@@ -435,7 +438,7 @@ def _ranged_topic(frame, plan: TopicPlan):
         log.info("%s: read again the general way: %s", topic, got)
         return None
     rows = frame.where(meta.isNull()).select(*(F.col(f"`{n}`") for n, _ in got.columns))
-    total, resolved = rows.count(), sum(got.counts.values())
+    total, resolved = found.rows, sum(got.counts.values())
     if total != resolved:
         raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but returned "
                            f"{total}; nothing was written")  # fmt: skip
