@@ -634,6 +634,23 @@ def partition_field(spec: str) -> tuple[str, str]:
     return (f"{name}[{width}]" if width else name), column
 
 
+# What Iceberg keeps in a table's metadata rather than among its properties: a table
+# created with one of them does not list it, and setting it means something else (an
+# upgrade of the format, say). The pipeline's value of one takes effect at creation only.
+RESERVED_PROPERTIES = frozenset({
+    "format-version", "uuid", "snapshot-count", "current-snapshot-id",
+    "current-snapshot-summary", "current-snapshot-timestamp-ms", "current-schema",
+    "default-partition-spec", "default-sort-order",
+})  # fmt: skip
+
+
+def changed_properties(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict:
+    """The pipeline's table properties (`wanted`) whose value the table (`current`)
+    does not hold, leaving out those Iceberg does not keep as properties."""
+    return {k: v for k, v in wanted.items()
+            if k not in RESERVED_PROPERTIES and current.get(k) != v}  # fmt: skip
+
+
 def apply_table_settings(spark, table: str, state: TableState, properties: Mapping[str, str],
                          partition_by: Sequence[str]) -> list[str]:  # fmt: skip
     """Bring an existing table's properties and partition spec to the pipeline's: a
@@ -642,7 +659,7 @@ def apply_table_settings(spark, table: str, state: TableState, properties: Mappi
     (Iceberg's partition evolution: data written before keeps its layout). Returns what
     changed, for the log."""
     changed = []
-    differ = {k: v for k, v in properties.items() if state.properties.get(k) != v}
+    differ = changed_properties(state.properties, properties)
     if differ:
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(differ)})")
         changed += [f"property {k}={v!r}" for k, v in differ.items()]

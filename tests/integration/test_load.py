@@ -391,7 +391,7 @@ def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
     def pipeline(**table):
         return make_pipeline(tmp_path, name, [{"source": source, **table}])
 
-    sizes = {"write.target-file-size-bytes": "2000000", "owner.team": "x"}
+    sizes = {"write.target-file-size-bytes": "2000000", "owner.team": "x", "format-version": "2"}
 
     first = pipeline(partition_by=["bucket(4, id)", "kind"],
                      properties={"write.target-file-size-bytes": "1000000"})  # fmt: skip

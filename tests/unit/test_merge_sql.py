@@ -83,3 +83,16 @@ def test_a_partition_by_entry_is_read_as_iceberg_names_its_field(spec, field):
     from cdclake.merge import partition_field
 
     assert partition_field(spec) == field
+
+
+def test_only_properties_the_table_does_not_hold_are_set_again():
+    """A table's properties against the pipeline's: a new or changed value is set; a
+    property Iceberg keeps in the metadata instead (format-version) never counts as
+    changed, or every load would set it again."""
+    from cdclake.merge import changed_properties
+
+    current = {"owner": "root", "write.target-file-size-bytes": "1000", "a": "1"}
+    wanted = {"write.target-file-size-bytes": "2000", "a": "1", "b": "x", "format-version": "2"}
+    assert changed_properties(current, wanted) == {"write.target-file-size-bytes": "2000",
+                                                   "b": "x"}  # fmt: skip
+    assert changed_properties(current, {"a": "1", "format-version": "2"}) == {}
