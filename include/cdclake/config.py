@@ -320,7 +320,6 @@ class PipelineSet:
     read, each with the ConfigError naming its file and field. One broken file does not
     take the others with it."""
 
-    directory: Path
     pipelines: dict[str, PipelineConfig]
     errors: dict[Path, ConfigError]
 
@@ -337,7 +336,7 @@ def read_pipelines(directory: str | os.PathLike[str] | None = None) -> PipelineS
     directory = Path(directory) if directory is not None else pipelines_dir()
     if not directory.is_dir():
         error = ConfigError(f"{directory}: pipelines directory does not exist")
-        return PipelineSet(directory, {}, {directory: error})
+        return PipelineSet({}, {directory: error})
     pipelines: dict[str, PipelineConfig] = {}
     errors: dict[Path, ConfigError] = {}
     for path in sorted(directory.glob("*.yaml")):
@@ -353,7 +352,7 @@ def read_pipelines(directory: str | os.PathLike[str] | None = None) -> PipelineS
             )
             continue
         pipelines[pipeline.name] = pipeline
-    return PipelineSet(directory, pipelines, errors)
+    return PipelineSet(pipelines, errors)
 
 
 def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
@@ -501,10 +500,26 @@ def _parse_catalog(r: _Reader, raw: Mapping[str, Any]) -> CatalogConfig:
 
 _TABLE_FIELDS = {"source", "target", "key", "exclude", "delete_mode", "partition_by", "properties"}
 _TRANSFORM = re.compile(
-    r"^(?:[A-Za-z_][A-Za-z0-9_]*"
-    r"|(?:years|months|days|hours|year|month|day|hour)\([A-Za-z_][A-Za-z0-9_]*\)"
-    r"|(?:bucket|truncate)\(\s*\d+\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*\))$"
+    r"^(?:(?P<column>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<time>years|months|days|hours|year|month|day|hour)"
+    r"\((?P<time_column>[A-Za-z_][A-Za-z0-9_]*)\)"
+    r"|(?P<sized>bucket|truncate)"
+    r"\(\s*(?P<width>\d+)\s*,\s*(?P<sized_column>[A-Za-z_][A-Za-z0-9_]*)\s*\))$"
 )
+
+
+def partition_field(spec: str) -> tuple[str, str]:
+    """A `partition_by` entry (`_TRANSFORM`, as the config accepts it) as Iceberg names
+    its field's transform and column: "bucket(16, id)" -> ("bucket[16]", "id"),
+    "days(ts)" -> ("day", "ts"), "kind" -> ("identity", "kind")."""
+    found = _TRANSFORM.match(spec)
+    if found is None:
+        raise ValueError(f"{spec!r} is not a column or an Iceberg transform")
+    if found["column"]:
+        return "identity", found["column"]
+    if found["time"]:
+        return found["time"].removesuffix("s"), found["time_column"]
+    return f"{found['sized']}[{found['width']}]", found["sized_column"]
 
 
 def _names(r: _Reader, item: Mapping[str, Any], where: str, key: str) -> list[str]:

@@ -4,13 +4,13 @@ consumed offsets into the same Iceberg commit's snapshot summary."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
+from cdclake.config import partition_field
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.offsets import TopicPartition
 from cdclake.resolve import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
@@ -618,25 +618,10 @@ def table_state(spark, table: str) -> TableState:
     )
 
 
-_TRANSFORM_CALL = re.compile(r"^(\w+)\(\s*(?:(\d+)\s*,\s*)?(\w+)\s*\)$")
-_TIME_TRANSFORMS = {"years": "year", "months": "month", "days": "day", "hours": "hour"}
-
-
-def partition_field(spec: str) -> tuple[str, str]:
-    """A `partition_by` entry (as the config accepts it) as Iceberg names its field's
-    transform and column: "bucket(16, id)" -> ("bucket[16]", "id"), "days(ts)" ->
-    ("day", "ts"), "kind" -> ("identity", "kind")."""
-    call = _TRANSFORM_CALL.match(spec.strip())
-    if call is None:
-        return "identity", spec.strip()
-    name, width, column = call.groups()
-    name = _TIME_TRANSFORMS.get(name, name)
-    return (f"{name}[{width}]" if width else name), column
-
-
 # What Iceberg keeps in a table's metadata rather than among its properties: a table
 # created with one of them does not list it, and setting it means something else (an
 # upgrade of the format, say). The pipeline's value of one takes effect at creation only.
+# (Iceberg's `TableProperties.RESERVED_PROPERTIES`.)
 RESERVED_PROPERTIES = frozenset({
     "format-version", "uuid", "snapshot-count", "current-snapshot-id",
     "current-snapshot-summary", "current-snapshot-timestamp-ms", "current-schema",

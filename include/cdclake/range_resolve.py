@@ -489,8 +489,9 @@ _HEADS: list = []
 
 def _envelope_heads():
     """A decoder of an envelope's operation, source LSN and time, its rows after and
-    before kept as raw JSON (a JSON null as `NULL_ROW`), as `_HEADER` decodes them but into a struct
-    whose fields `_HEAD_FIELDS` reads at once; and the head a tombstone is given."""
+    before kept as raw JSON (a JSON null as `NULL_ROW`), as `_HEADER` decodes them but
+    into a struct whose fields `_HEAD_FIELDS` reads at once; and the head a tombstone is
+    given."""
     if not _HEADS:
         import msgspec
 
