@@ -306,10 +306,13 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
         expected = final_state(recorded(recording, topic))
         assert expected  # the smoke workload leaves rows behind
         assert lake_rows(catalog, details["throughput"]["namespace"], topic) == expected
-        # the peers did the same work
-        for ns in (details["peers"]["pyiceberg_namespace"], details["peers"]["naive_namespace"]):
+        # the peers did the same work (the handler's way in calls of `peer_batch` events)
+        peers = details["peers"]
+        for ns in (peers["handler_namespace"], peers["one_call_namespace"],
+                   peers["naive_namespace"]):  # fmt: skip
             assert lake_rows(catalog, ns, topic, column=None) == set(expected)
 
+    assert details["peers"]["handler_events"] == sizes.events > 2 * sizes.peer_batch
     toast = details["throughput_toast"]
     assert len(toast["wall_s"]["plain"]) == len(toast["wall_s"]["toast"]) == 2
     toasted = tmp_path / "work" / "recording-toast"

@@ -1,11 +1,19 @@
 """What the load job is compared with, on the same recorded events.
 
-- `peer_upsert`: the pydbzengine Iceberg handler's way (pyiceberg): the handler's own
-  decode (`pyarrow.json.read_json` of the payloads, as `IcebergChangeHandlerV2` does), then
-  pyiceberg `Table.upsert` of the latest row per key and `Table.delete` of deleted keys.
-  The handler in pydbzengine 3.6.3.0 only appends raw events (its upsert is disabled), so
-  the upsert step is pyiceberg's documented one; it gets each table's events in one call
-  and the payloads without their schema (both in its favour).
+- `peer_handler`: the pydbzengine Iceberg handler's way (pyiceberg), as it runs: the
+  Debezium engine hands the handler `HANDLER_BATCH` events a call (its `max.batch.size`
+  default), in the order they were captured; for each table of a call, the handler's own
+  decode (`pyarrow.json.read_json` of the payloads, as `IcebergChangeHandlerV2` does),
+  then pyiceberg `Table.upsert` of the latest row per key and `Table.delete` of deleted
+  keys. The handler in pydbzengine 3.6.3.0 only appends raw events (its upsert is
+  disabled), so the upsert step is pyiceberg's documented one. Each upsert reads the
+  table's rows of the call's keys, so calls slow down as the tables grow: the peer stops
+  after the call that passes a time budget, and its rate is that of the events it applied
+  (in its favour: the later calls are the slower ones).
+- `peer_upsert`: the same decode and upsert with each table's events in one call (what
+  the handler never gets, in its favour); for reference.
+- Both get the payloads without their schema, and their tables created beforehand from
+  every payload's inferred schema (in their favour too).
 - `naive_merge`: Spark with no tuning: schema inferred by `spark.read.json`, latest row
   per key by a window, one `MERGE INTO` per table (copy-on-write, default settings).
 """
@@ -32,52 +40,109 @@ def _records(rec: Path, ranges: list[OffsetRange], topic: str):
     return pa.concat_tables(parts)
 
 
-def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange]) -> float:
-    """Seconds to apply every recorded event with pyiceberg upsert + delete."""
-    import pyarrow as pa
-    from pyarrow import json as pa_json
-    from pyiceberg.expressions import In
+# the Debezium engine's `max.batch.size` default: the events of one handler call
+HANDLER_BATCH = 2048
 
-    catalog.create_namespace_if_not_exists(namespace)
-    topics = sorted({r.topic for r in ranges})
+
+def _inputs(rec: Path, ranges: list[OffsetRange]) -> dict[str, tuple]:
+    """Per topic, what the handler receives: the payload text of each record (None for
+    a tombstone), its key's id, and its capture time (the record's timestamp)."""
     inputs = {}
-    for topic in topics:  # the handler receives payload text; not timed
+    for topic in sorted({r.topic for r in ranges}):
         t = _records(rec, ranges, topic)
         payloads = [split_envelope(v)[1] if v is not None else None
                     for v in t.column("value").to_pylist()]  # fmt: skip
         keys = [json.loads(split_envelope(k)[1])["id"] for k in t.column("key").to_pylist()]
-        inputs[topic] = (payloads, keys)
-    started = time.perf_counter()
-    for topic in topics:
-        payloads, keys = inputs[topic]
+        inputs[topic] = (payloads, keys, t.column("timestamp").to_pylist())
+    return inputs
+
+
+def _create_tables(catalog, namespace: str, inputs: dict[str, tuple]) -> dict:
+    """Each topic's table, keyed by `id`, with the schema `read_json` infers from all of
+    its payloads."""
+    from pyarrow import json as pa_json
+
+    catalog.create_namespace_if_not_exists(namespace)
+    tables = {}
+    for topic, (payloads, _, _) in inputs.items():
         lines = b"\n".join(p for p in payloads if p is not None)
-        events = pa_json.read_json(io.BytesIO(lines))
-        ops = events.column("op").to_pylist()
-        after = events.column("after").combine_chunks()
-        latest: dict[int, int | None] = {}  # key -> row index in events, None = deleted
-        row = 0
-        for key, payload in zip(keys, payloads, strict=True):
-            if payload is None:  # tombstone: the delete before it holds the change
-                latest[key] = None
-                continue
-            latest[key] = None if ops[row] == "d" else row
-            row += 1
-        upsert_rows = sorted(i for i in latest.values() if i is not None)
-        deleted = [k for k, i in latest.items() if i is None]
-        rows = pa.Table.from_struct_array(after.take(pa.array(upsert_rows, pa.int64())))
+        after = pa_json.read_json(io.BytesIO(lines)).column("after").combine_chunks()
+        schema = after.type
         name = (namespace, topic.rsplit(".", 1)[1])
-        if not catalog.table_exists(name):
-            table = catalog.create_table(name, schema=rows.schema)
-            with table.update_schema(allow_incompatible_changes=True) as u:
-                u.update_column("id", required=True)
-                u.set_identifier_fields("id")
-            table = catalog.load_table(name)
-        else:
-            table = catalog.load_table(name)
-        rows = rows.cast(table.schema().as_arrow())
-        table.upsert(rows, join_cols=["id"])
-        if deleted:
-            table.delete(In("id", deleted))
+        table = catalog.create_table(name, schema=_arrow_schema(schema))
+        with table.update_schema(allow_incompatible_changes=True) as u:
+            u.update_column("id", required=True)
+            u.set_identifier_fields("id")
+        tables[topic] = catalog.load_table(name)
+    return tables
+
+
+def _arrow_schema(struct):
+    import pyarrow as pa
+
+    return pa.schema([struct.field(i) for i in range(struct.num_fields)])
+
+
+def _apply(table, payloads: list, keys: list) -> None:
+    """One handler call's events of one table: decode, latest row per key, upsert,
+    delete."""
+    import pyarrow as pa
+    from pyarrow import json as pa_json
+    from pyiceberg.expressions import In
+
+    lines = b"\n".join(p for p in payloads if p is not None)
+    events = pa_json.read_json(io.BytesIO(lines)) if lines else None
+    ops = events.column("op").to_pylist() if events is not None else []
+    latest: dict[int, int | None] = {}  # key -> row index in events, None = deleted
+    row = 0
+    for key, payload in zip(keys, payloads, strict=True):
+        if payload is None:  # tombstone: the delete before it holds the change
+            latest[key] = None
+            continue
+        latest[key] = None if ops[row] == "d" else row
+        row += 1
+    upsert_rows = sorted(i for i in latest.values() if i is not None)
+    deleted = [k for k, i in latest.items() if i is None]
+    if upsert_rows:
+        after = events.column("after").combine_chunks()
+        rows = pa.Table.from_struct_array(after.take(pa.array(upsert_rows, pa.int64())))
+        table.upsert(rows.cast(table.schema().as_arrow()), join_cols=["id"])
+    if deleted:
+        table.delete(In("id", deleted))
+
+
+def peer_handler(catalog, namespace: str, rec: Path, ranges: list[OffsetRange],
+                 budget_s: float, batch: int = HANDLER_BATCH) -> tuple[int, float]:  # fmt: skip
+    """(events applied, seconds): the recorded events handed to the handler `batch` at
+    a time, in capture order, until every event is applied or a call ends past
+    `budget_s` seconds."""
+    inputs = _inputs(rec, ranges)
+    tables = _create_tables(catalog, namespace, inputs)
+    order = sorted((ts, topic, i) for topic, (_, _, stamps) in inputs.items()
+                   for i, ts in enumerate(stamps))  # fmt: skip
+    applied = 0
+    started = time.perf_counter()
+    for start in range(0, len(order), HANDLER_BATCH):
+        call = order[start : start + HANDLER_BATCH]
+        for topic in inputs:
+            mine = [i for _, t, i in call if t == topic]
+            if mine:
+                payloads, keys, _ = inputs[topic]
+                _apply(tables[topic], [payloads[i] for i in mine], [keys[i] for i in mine])
+        applied += len(call)
+        if time.perf_counter() - started > budget_s:
+            break
+    return applied, time.perf_counter() - started
+
+
+def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange]) -> float:
+    """Seconds to apply every recorded event with pyiceberg upsert + delete, each
+    table's events in one call."""
+    inputs = _inputs(rec, ranges)
+    tables = _create_tables(catalog, namespace, inputs)
+    started = time.perf_counter()
+    for topic, (payloads, keys, _) in inputs.items():
+        _apply(tables[topic], payloads, keys)
     return time.perf_counter() - started
 
 
