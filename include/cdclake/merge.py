@@ -3,6 +3,7 @@ consumed offsets into the same Iceberg commit's snapshot summary."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -42,7 +43,13 @@ def build_create_sql(
     cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
     if soft_delete:
         cols.append(f"{DELETED} boolean")
-    props = _properties_sql({**TABLE_PROPERTIES, **properties})
+    props = _properties_sql(
+        {
+            **TABLE_PROPERTIES,
+            **properties,
+            PIPELINE_PROPERTIES: pipeline_properties_value(properties),
+        }
+    )
     partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     return (
         f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg{partitioned} "
@@ -337,6 +344,31 @@ def _create(spark, table: str, create_sql: str, of: str | None = None) -> None:
         ) from exc
 
 
+def _follow_key(spark, table: str, key_names: Sequence[str]) -> None:
+    """Keep the table's identifier fields on the batch's key: set them when a run
+    stopped between CREATE TABLE and setting them, or when the key changed (a new
+    primary key in the source, a new `key:`). Iceberg makes only required columns
+    identifier fields and cannot make an optional column required: when a column of the
+    new key may hold NULL in the table, the old key's fields are dropped rather than
+    left naming a key the table no longer has."""
+    schema = load_iceberg_table(spark, table).schema()
+    have = set(schema.identifierFieldNames())
+    if have == set(key_names):
+        return
+    optional = [k for k in key_names if (f := schema.findField(k)) is None or f.isOptional()]
+    if not optional:
+        spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS "
+                  f"{', '.join(quote(k) for k in key_names)}")  # fmt: skip
+        log.info("%s: identifier fields set to %s", table, list(key_names))
+    elif have:
+        spark.sql(f"ALTER TABLE {table} DROP IDENTIFIER FIELDS "
+                  f"{', '.join(quote(k) for k in sorted(have))}")  # fmt: skip
+        log.warning("%s: the key is now %s, but %s may hold NULL in the table, which "
+                    "Iceberg cannot make an identifier field: the old identifier fields %s "
+                    "were dropped. A rebuild backfill creates the table with the new key.",
+                    table, list(key_names), optional, sorted(have))  # fmt: skip
+
+
 def ensure_table(
     spark,
     table: str,
@@ -369,13 +401,8 @@ def ensure_table(
             f"delete_mode back to {was}, or rebuild the table (backfill in rebuild mode) to "
             "change how it deletes."
         )
-    if (
-        schema.key_names
-        and load_iceberg_table(spark, table).schema().identifierFieldNames().isEmpty()
-    ):
-        # a run stopped between CREATE TABLE and setting the key: finish it
-        spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
-        log.info("%s: identifier fields set to %s", table, schema.key_names)
+    if schema.key_names:
+        _follow_key(spark, table, schema.key_names)
     for c in schema.columns:
         old = existing.get(c.name)
         if old is None:
@@ -629,25 +656,64 @@ RESERVED_PROPERTIES = frozenset({
 })  # fmt: skip
 
 
-def changed_properties(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict:
-    """The pipeline's table properties (`wanted`) whose value the table (`current`)
-    does not hold, leaving out those Iceberg does not keep as properties."""
-    return {k: v for k, v in wanted.items()
-            if k not in RESERVED_PROPERTIES and current.get(k) != v}  # fmt: skip
+# Which table properties the pipeline file set (a JSON list of their names), kept on the
+# table so that one removed from the file can be unset at the next load; properties set
+# any other way are never touched.
+PIPELINE_PROPERTIES = "cdclake.pipeline-properties"
+
+
+def pipeline_properties_value(wanted: Mapping[str, str]) -> str:
+    """`PIPELINE_PROPERTIES`'s value for a pipeline's table properties (`wanted`)."""
+    return json.dumps(sorted(k for k in wanted if k not in RESERVED_PROPERTIES))
+
+
+def property_changes(current: Mapping[str, str],
+                     wanted: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+    """What brings a table's properties (`current`) to the pipeline's (`wanted`): the
+    properties to set and those to unset.
+
+    - A new or changed value is set; a property Iceberg keeps in the metadata instead
+      (format-version) never counts as changed, or every load would set it again.
+    - A property the pipeline set before (`PIPELINE_PROPERTIES`) and no longer names is
+      unset, or set back to cdclake's own value for those it sets at creation
+      (`TABLE_PROPERTIES`). A table without the record (created before it was kept) has
+      nothing unset.
+    - The record itself follows the pipeline's names."""
+    try:
+        before = set(json.loads(current.get(PIPELINE_PROPERTIES) or "[]"))
+    except ValueError:
+        before = set()
+    to_set = {k: v for k, v in wanted.items()
+              if k not in RESERVED_PROPERTIES and current.get(k) != v}  # fmt: skip
+    to_unset = []
+    for k in sorted(before - set(wanted) - RESERVED_PROPERTIES - {PIPELINE_PROPERTIES}):
+        if k in TABLE_PROPERTIES:
+            if current.get(k) != TABLE_PROPERTIES[k]:
+                to_set[k] = TABLE_PROPERTIES[k]
+        elif k in current:
+            to_unset.append(k)
+    record = pipeline_properties_value(wanted)
+    if current.get(PIPELINE_PROPERTIES) != record:
+        to_set[PIPELINE_PROPERTIES] = record
+    return to_set, to_unset
 
 
 def apply_table_settings(spark, table: str, state: TableState, properties: Mapping[str, str],
                          partition_by: Sequence[str]) -> list[str]:  # fmt: skip
     """Bring an existing table's properties and partition spec to the pipeline's: a
-    property whose value differs is set (one the pipeline no longer names is left as it
-    is); partition fields the pipeline no longer names are dropped and new ones added
-    (Iceberg's partition evolution: data written before keeps its layout). Returns what
-    changed, for the log."""
+    property whose value differs is set, one the pipeline set before and no longer
+    names is unset (`property_changes`); partition fields the pipeline no longer names
+    are dropped and new ones added (Iceberg's partition evolution: data written before
+    keeps its layout). Returns what changed, for the log."""
     changed = []
-    differ = changed_properties(state.properties, properties)
-    if differ:
-        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(differ)})")
-        changed += [f"property {k}={v!r}" for k, v in differ.items()]
+    to_set, to_unset = property_changes(state.properties, properties)
+    if to_set:
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(to_set)})")
+        changed += [f"property {k}={v!r}" for k, v in to_set.items() if k != PIPELINE_PROPERTIES]
+    if to_unset:
+        names = ", ".join(f"'{_sql_text(k)}'" for k in to_unset)
+        spark.sql(f"ALTER TABLE {table} UNSET TBLPROPERTIES ({names})")
+        changed += [f"property {k} unset" for k in to_unset]
     wanted = {partition_field(spec): spec for spec in partition_by}
     have = {(transform, column): name for name, transform, column in state.partition_fields}
     for field_, name in have.items():

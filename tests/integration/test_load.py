@@ -373,7 +373,6 @@ def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
     existing Iceberg table with the next load (a property set, partition fields dropped
     and added); a `delete_mode` other than the table's is refused before anything is
     written, naming the setting."""
-    import uuid
 
     import psycopg
     from cdclake.exceptions import ConfigError
@@ -381,12 +380,8 @@ def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
 
     from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
-    n = uuid.uuid4().hex[:6]
-    source, name = f"inventory.settings_{n}", f"it_settings_{n}"
-    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
-        conn.execute(f"create table {source} (id int primary key, kind text, v text)")
-        conn.execute(f"insert into {source} select i, 'k' || (i % 3), 'v' || i "
-                     "from generate_series(1, 20) i")  # fmt: skip
+    source, name = _new_source(stack, "settings", "id int primary key, kind text, v text",
+                               "i, 'k' || (i % 3), 'v' || i", 20)  # fmt: skip
 
     def pipeline(**table):
         return make_pipeline(tmp_path, name, [{"source": source, **table}])
@@ -409,6 +404,23 @@ def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
     assert state.properties["write.target-file-size-bytes"] == "2000000"
     assert state.properties["owner.team"] == "x"
     assert_lake_equals_source(edited, stack.source_dsn)
+
+    # a property the file no longer names is unset (or set back to cdclake's own value);
+    # one set some other way stays
+    spark.sql(f"ALTER TABLE {target} SET TBLPROPERTIES ('owner.note'='kept')")
+    steps = [({"write.target-file-size-bytes": "2000000", "write.merge.mode": "copy-on-write"},
+              {"write.target-file-size-bytes": "2000000", "write.merge.mode": "copy-on-write",
+               "owner.team": None, "owner.note": "kept"}),
+             ({}, {"write.target-file-size-bytes": None, "write.merge.mode": "merge-on-read",
+                   "owner.note": "kept"})]  # fmt: skip
+    for i, (properties, expected) in enumerate(steps):
+        with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+            conn.execute(f"update {source} set v = 'again {i}' where id <= 5")
+        step = pipeline(partition_by=["kind", "truncate(2, v)"], properties=properties)
+        load_all(stack, spark, step, f"{name}-p{i}")
+        held = table_state(spark, target).properties
+        assert {k: held.get(k) for k in expected} == expected, i
+    assert_lake_equals_source(step, stack.source_dsn)
     spec_id = load_iceberg_table(spark, target).spec().specId()
 
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -422,3 +434,64 @@ def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
     after = table_state(spark, target)
     assert (after.snapshot_id, after.committed) == (before.snapshot_id, before.committed)
     assert load_iceberg_table(spark, target).spec().specId() == spec_id
+
+
+def test_the_identifier_fields_follow_a_new_primary_key(stack, spark, tmp_path, caplog):
+    """A new primary key in the source moves the table's identifier fields to it when its
+    columns are required in the table (a narrower key); a key with a column that may hold
+    NULL in the table (the lake creates every column but the key's optional, and Iceberg
+    cannot make one required) has the old identifier fields dropped, with a warning,
+    rather than left naming a key the table no longer has. The lake equals the source
+    throughout."""
+    import logging
+
+    import psycopg
+    from cdclake.merge import load_iceberg_table
+
+    from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
+
+    source, name = _new_source(stack, "rekey", "id int, code text, v text, primary key (id, code)",
+                               "i, 'c' || i, 'v' || i", 10)  # fmt: skip
+    pipeline = make_pipeline(tmp_path, name, [{"source": source}])
+    target = pipeline.qualified_target(pipeline.tables[0])
+
+    def identifier_fields() -> set[str]:
+        return set(load_iceberg_table(spark, target).schema().identifierFieldNames())
+
+    load_all(stack, spark, pipeline, f"{name}-1")
+    assert identifier_fields() == {"id", "code"}
+
+    bare = source.split(".")[1]
+    for i, key in enumerate(["id", "id, v"]):
+        with psycopg.connect(stack.source_dsn) as conn:
+            conn.execute(f"alter table {source} drop constraint {bare}_pkey")
+            conn.execute(f"alter table {source} add primary key ({key})")
+        with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+            conn.execute(f"update {source} set v = 'again {i}' where id <= 4")
+            conn.execute(f"insert into {source} values ({20 + i}, 'new {i}', 'w')")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cdclake.merge"):
+            load_all(stack, spark, pipeline, f"{name}-k{i}")
+        assert_lake_equals_source(pipeline, stack.source_dsn)
+        dropped = [r.getMessage() for r in caplog.records if "were dropped" in r.getMessage()]
+        if i == 0:  # `id` was a key column, so required in the table
+            assert identifier_fields() == {"id"}
+            assert not dropped
+        else:  # `v` was created optional
+            assert identifier_fields() == set()
+            assert len(dropped) == 1 and "old identifier fields ['id'] were dropped" in dropped[0]
+
+
+def _new_source(stack, stem: str, columns: str, values: str, rows: int) -> tuple[str, str]:
+    """A new source table `inventory.<stem>_<n>` (`columns`: its DDL) holding `rows` rows
+    (`values`: a select list over `i` from 1), and a pipeline name for it."""
+    import uuid
+
+    import psycopg
+
+    n = uuid.uuid4().hex[:6]
+    source, name = f"inventory.{stem}_{n}", f"it_{stem}_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {source} ({columns})")
+        conn.execute(f"insert into {source} select {values} from generate_series(1, {rows}) i")
+    return source, name

@@ -89,10 +89,33 @@ def test_only_properties_the_table_does_not_hold_are_set_again():
     """A table's properties against the pipeline's: a new or changed value is set; a
     property Iceberg keeps in the metadata instead (format-version) never counts as
     changed, or every load would set it again."""
-    from cdclake.merge import changed_properties
+    from cdclake.merge import PIPELINE_PROPERTIES, property_changes
 
-    current = {"owner": "root", "write.target-file-size-bytes": "1000", "a": "1"}
+    names = '["a", "write.target-file-size-bytes"]'
+    current = {"owner": "root", "write.target-file-size-bytes": "1000", "a": "1",
+               PIPELINE_PROPERTIES: names}  # fmt: skip
     wanted = {"write.target-file-size-bytes": "2000", "a": "1", "b": "x", "format-version": "2"}
-    assert changed_properties(current, wanted) == {"write.target-file-size-bytes": "2000",
-                                                   "b": "x"}  # fmt: skip
-    assert changed_properties(current, {"a": "1", "format-version": "2"}) == {}
+    assert property_changes(current, wanted) == (
+        {"write.target-file-size-bytes": "2000", "b": "x",
+         PIPELINE_PROPERTIES: '["a", "b", "write.target-file-size-bytes"]'}, [])  # fmt: skip
+    same = {"a": "1", "write.target-file-size-bytes": "1000", "format-version": "2"}
+    assert property_changes(current, same) == ({}, [])
+
+
+def test_a_property_the_pipeline_no_longer_names_is_unset_or_set_back():
+    """What the pipeline set before and no longer names is unset, or set back to
+    cdclake's own value for the properties it sets at creation; properties set some
+    other way, and those of a table without the record, are left alone."""
+    from cdclake.merge import PIPELINE_PROPERTIES, TABLE_PROPERTIES, property_changes
+
+    current = {"owner": "root", "a": "1", "write.merge.mode": "copy-on-write",
+               "write.update.mode": "merge-on-read",
+               PIPELINE_PROPERTIES: '["a", "write.merge.mode", "write.update.mode"]'}  # fmt: skip
+    to_set, to_unset = property_changes(current, {})
+    assert to_unset == ["a"]
+    assert to_set == {"write.merge.mode": TABLE_PROPERTIES["write.merge.mode"],
+                      PIPELINE_PROPERTIES: "[]"}  # fmt: skip
+    unrecorded = {k: v for k, v in current.items() if k != PIPELINE_PROPERTIES}
+    assert property_changes(unrecorded, {}) == ({PIPELINE_PROPERTIES: "[]"}, [])
+    garbled = {**current, PIPELINE_PROPERTIES: "not json"}
+    assert property_changes(garbled, {"a": "1"})[1] == []
