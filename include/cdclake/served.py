@@ -12,12 +12,15 @@ The protocol is HTTP on one port:
 - `POST /load` with a JSON body `{"pipeline": <YAML path on the driver's machine>,
   "plans": [<batch plan>, ...]}` answers with JSON lines: `{"log": text}` as the job logs,
   `{"batch": {"batch_id", "tables"}}` when a plan's tables are committed, and last either
-  `{"done": true}` or `{"error": text, "type": name}`. Batches run one at a time, in the
-  order they came; a task waits for the batch before it. When a task goes away (timeout,
-  kill) its connection closes, and the driver cancels the batch's Spark jobs.
+  `{"done": true}` or `{"error": text, "type": name}`. A pipeline's batches run one at a
+  time, in the order they came (a task waits for the batch before it); different
+  pipelines' batches run at the same time, sharing the application's cores. Each
+  request's Spark jobs are in a job group of their own, and its log lines are its own
+  threads'. When a task goes away (timeout, kill) its connection closes, and the driver
+  cancels its batch's Spark jobs (its job group's) only.
 - `GET /health`: whether the driver is up (`status` "dead" once its Spark application
-  died: `serve` then exits with status 3), busy, how many batches it ran, and how many
-  cached datasets the batches left (none, unless one leaks).
+  died: `serve` then exits with status 3), busy, how many batches run now and how many it
+  ran, and how many cached datasets the batches left (none, unless one leaks).
 
 Secrets come from the driver's own environment, as a spark-submit driver's do: the
 pipeline file names them, the request never carries them, and neither do the log lines.
@@ -25,6 +28,7 @@ pipeline file names them, the request never carries them, and neither do the log
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -34,6 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -49,10 +54,16 @@ DEFAULT_PORT = 8765
 MAX_REQUEST_BYTES = 64 << 20
 # how often a running batch checks that its task is still connected
 WATCH_S = 0.5
+# the load request a thread works for (set in the request's thread, carried to the
+# batch's threads by `job.carried`): its log lines go to that request's task only
+_REQUEST: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "cdclake_served_request", default=None
+)
 
 
 class LoadServer:
-    """Runs batches of load plans on one Spark application, one batch at a time.
+    """Runs batches of load plans on one Spark application: a pipeline's batches one at
+    a time, different pipelines' at the same time.
 
     The first pipeline served starts the application with its settings (`build_session`,
     without a batch size: both JIT compilers, since the driver lives long). Each pipeline
@@ -66,25 +77,30 @@ class LoadServer:
         # plan -> the `RawSource` to read it from, or None for Kafka (the benchmark's
         # recording)
         self.source = source
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the application, the sessions, the counts
+        self._pipelines: dict[str, threading.Lock] = {}  # a pipeline's batches in turn
         self._spark = None
         self._conf: dict[str, str] = {}
         # pipeline name -> (its settings as `session` compares them, its session)
         self._sessions: dict[str, tuple[str, object]] = {}
         self.batches = 0
+        self.running = 0  # requests whose batches run now
         self.started = time.time()
-        self.busy = False
         # set when the Spark application died under the driver: no batch can run on it
         # any more, and `serve` exits so that its supervisor starts a fresh driver
         self.dead = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0
 
     def health(self) -> dict:
         cached = None  # what the batches left cached (none, unless one leaks)
         if self._spark is not None and not self.busy and self._alive():
             cached = self._spark.sparkContext._jsc.getPersistentRDDs().size()
         return {"status": "dead" if self.dead.is_set() else "ok", "pid": os.getpid(),
-                "busy": self.busy, "batches": self.batches, "spark": self._spark is not None,
-                "cached_rdds": cached,
+                "busy": self.busy, "running": self.running, "batches": self.batches,
+                "spark": self._spark is not None, "cached_rdds": cached,
                 "uptime_s": round(time.time() - self.started, 1)}  # fmt: skip
 
     def session(self, pipeline):
@@ -94,32 +110,33 @@ class LoadServer:
         conf = spark_conf(pipeline)
         conf.pop(DRIVER_OPTIONS, None)  # chosen per batch by spark-submit, fixed here
         key = json.dumps(sorted(conf.items()))
-        if self._spark is None:
-            self._spark = build_session(pipeline, self.master or pipeline.spark.master)
-            self._conf = conf
-            self._sessions[pipeline.name] = (key, self._spark)
-            return self._spark
-        known_key, known = self._sessions.get(pipeline.name, (None, None))
-        if known_key == key:
-            return known
-        spark = self._spark.newSession()
-        fixed = []
-        for k, v in conf.items():
-            if self._conf.get(k) == v:
-                continue
-            try:
-                spark.conf.set(k, v)
-            except Exception:  # a setting of the application, not of a session
-                fixed.append(k)
-        fixed += [k for k in self._conf if k not in conf and not _session_setting(k)]
-        if fixed:
-            raise ConfigError(
-                f"{pipeline.path}: spark.conf: this served driver was started with other "
-                f"values of {sorted(set(fixed))}, which a session cannot change; serve "
-                "this pipeline from a driver of its own"
-            )
-        self._sessions[pipeline.name] = (key, spark)
-        return spark
+        with self._lock:
+            if self._spark is None:
+                self._spark = build_session(pipeline, self.master or pipeline.spark.master)
+                self._conf = conf
+                self._sessions[pipeline.name] = (key, self._spark)
+                return self._spark
+            known_key, known = self._sessions.get(pipeline.name, (None, None))
+            if known_key == key:
+                return known
+            spark = self._spark.newSession()
+            fixed = []
+            for k, v in conf.items():
+                if self._conf.get(k) == v:
+                    continue
+                try:
+                    spark.conf.set(k, v)
+                except Exception:  # a setting of the application, not of a session
+                    fixed.append(k)
+            fixed += [k for k in self._conf if k not in conf and not _session_setting(k)]
+            if fixed:
+                raise ConfigError(
+                    f"{pipeline.path}: spark.conf: this served driver was started with other "
+                    f"values of {sorted(set(fixed))}, which a session cannot change; serve "
+                    "this pipeline from a driver of its own"
+                )
+            self._sessions[pipeline.name] = (key, spark)
+            return spark
 
     def _alive(self) -> bool:
         """The Spark application runs (True before it is started)."""
@@ -130,76 +147,106 @@ class LoadServer:
         except Exception:  # its JVM is gone
             return False
 
+    def _turn(self, name: str) -> threading.Lock:
+        """The lock a pipeline's batches take in turn."""
+        with self._lock:
+            return self._pipelines.setdefault(name, threading.Lock())
+
     def load(self, pipeline_path: str, plans: Sequence, out: _Lines, gone: Callable[[], bool]):
         """Run `plans` (BatchPlans) of the pipeline at `pipeline_path`, writing the log
         and results to `out`; `gone()` says the task has gone away."""
         from cdclake.config import load_pipeline
-        from cdclake.job import run_batch
 
-        with self._lock:
-            self.busy = True
-            handler = _LineHandler(out)
-            logging.getLogger("cdclake").addHandler(handler)
-            done = threading.Event()
-            cancelled = threading.Event()
+        _REQUEST.set(request := object())
+        handler = _LineHandler(out, request)
+        logging.getLogger("cdclake").addHandler(handler)
+        try:
             try:
-                if self.dead.is_set() or not self._alive():
-                    raise CdclakeError("the driver's Spark application is gone")
-                if gone():  # it waited for the batch before it, then went away
-                    cancelled.set()
-                    raise CdclakeError("cancelled")
                 pipeline = load_pipeline(pipeline_path)
-                spark = self.session(pipeline)
-                watch = threading.Thread(target=_watch, name="cdclake-served-watch",
-                                         args=(spark, gone, out, done, cancelled),
-                                         daemon=True)  # fmt: skip
-                watch.start()
-                for plan in plans:
-                    if cancelled.is_set():
-                        break
-                    log.info("batch %s: %d records of %d ranges", plan.batch_id, plan.total,
-                             len(plan.ranges))  # fmt: skip
-                    read = self.source(plan) if self.source else None
-                    results = run_batch(spark, pipeline, plan, read=read)
-                    self.batches += 1
-                    out.write({"batch": {"batch_id": plan.batch_id,
-                                         "tables": [r.to_dict() for r in results]}})  # fmt: skip
-                if cancelled.is_set():
-                    raise CdclakeError("cancelled")
-                out.write({"done": True})
             except Exception as exc:
-                error = exc
-                if cancelled.is_set():  # the cancelled jobs' errors say less than this
-                    error = CdclakeError("the load task went away; its Spark jobs were cancelled")
-                if not self._alive():
-                    self.dead.set()
-                    error = CdclakeError(
-                        "the driver's Spark application is gone (its JVM died or was "
-                        f"stopped: {type(exc).__name__}); the driver stops so that its "
-                        "supervisor starts a fresh one, and the next run loads the batch"
-                    )
-                log.warning("batch failed: %s: %s", type(error).__name__, error)
-                out.write({"error": str(error), "type": type(error).__name__})
-            finally:
-                done.set()
-                logging.getLogger("cdclake").removeHandler(handler)
-                self.busy = False
+                log.warning("batch failed: %s: %s", type(exc).__name__, exc)
+                out.write({"error": str(exc), "type": type(exc).__name__})
+                return
+            with self._turn(pipeline.name):
+                with self._lock:
+                    self.running += 1
+                try:
+                    self._load(pipeline, plans, out, gone)
+                finally:
+                    with self._lock:
+                        self.running -= 1
+        finally:
+            logging.getLogger("cdclake").removeHandler(handler)
+
+    def _load(self, pipeline, plans: Sequence, out: _Lines, gone: Callable[[], bool]) -> None:
+        from cdclake.job import carried, run_batch
+
+        done = threading.Event()
+        cancelled = threading.Event()
+        group = f"cdclake-served-{uuid.uuid4().hex[:12]}"
+        spark = None
+        try:
+            if self.dead.is_set() or not self._alive():
+                raise CdclakeError("the driver's Spark application is gone")
+            if gone():  # it waited for the batch before it, then went away
+                cancelled.set()
+                raise CdclakeError("cancelled")
+            spark = self.session(pipeline)
+            # the request's jobs, in this thread and those of its batch, are cancelled
+            # together and alone
+            spark.sparkContext.setJobGroup(group, f"{pipeline.name}: {len(plans)} batch(es)")
+            watch = threading.Thread(target=carried(_watch), name="cdclake-served-watch",
+                                     args=(spark, group, gone, out, done, cancelled),
+                                     daemon=True)  # fmt: skip
+            watch.start()
+            for plan in plans:
+                if cancelled.is_set():
+                    break
+                log.info("batch %s: %d records of %d ranges", plan.batch_id, plan.total,
+                         len(plan.ranges))  # fmt: skip
+                read = self.source(plan) if self.source else None
+                results = run_batch(spark, pipeline, plan, read=read)
+                with self._lock:
+                    self.batches += 1
+                out.write({"batch": {"batch_id": plan.batch_id,
+                                     "tables": [r.to_dict() for r in results]}})  # fmt: skip
+            if cancelled.is_set():
+                raise CdclakeError("cancelled")
+            out.write({"done": True})
+        except Exception as exc:
+            error = exc
+            if cancelled.is_set():  # the cancelled jobs' errors say less than this
+                error = CdclakeError("the load task went away; its Spark jobs were cancelled")
+            if not self._alive():
+                self.dead.set()
+                error = CdclakeError(
+                    "the driver's Spark application is gone (its JVM died or was "
+                    f"stopped: {type(exc).__name__}); the driver stops so that its "
+                    "supervisor starts a fresh one, and the next run loads the batch"
+                )
+            log.warning("batch failed: %s: %s", type(error).__name__, error)
+            out.write({"error": str(error), "type": type(error).__name__})
+        finally:
+            done.set()
+            if spark is not None and self._alive():
+                for name in ("spark.jobGroup.id", "spark.job.description"):
+                    spark.sparkContext.setLocalProperty(name, None)
 
 
 def _session_setting(key: str) -> bool:
     return key.startswith("spark.sql.") and not key.startswith("spark.sql.extensions")
 
 
-def _watch(spark, gone: Callable[[], bool], out: _Lines, done: threading.Event,
+def _watch(spark, group: str, gone: Callable[[], bool], out: _Lines, done: threading.Event,
            cancelled: threading.Event) -> None:  # fmt: skip
-    """Cancel the batch's Spark jobs once its task has gone away (and any it starts
-    after), until the batch ends."""
+    """Cancel the batch's Spark jobs (its request's job `group`) once its task has gone
+    away (and any it starts after), until the batch ends."""
     while not done.wait(WATCH_S):
         if cancelled.is_set() or out.broken or gone():
             if not cancelled.is_set():
                 log.warning("the load task went away; cancelling the batch's Spark jobs")
                 cancelled.set()
-            spark.sparkContext.cancelAllJobs()
+            spark.sparkContext.cancelJobGroup(group)
 
 
 class _Lines:
@@ -224,13 +271,15 @@ class _Lines:
 
 
 class _LineHandler(logging.Handler):
-    def __init__(self, out: _Lines) -> None:
+    """The log lines of one load request's threads (`_REQUEST`), to its task."""
+
+    def __init__(self, out: _Lines, request: object) -> None:
         super().__init__(logging.INFO)
-        self.out = out
+        self.out, self.request = out, request
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name == access_log.name:
+        if record.name == access_log.name or _REQUEST.get() is not self.request:
             return
         try:
             self.out.write({"log": self.format(record)})

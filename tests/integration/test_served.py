@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -204,6 +205,19 @@ def test_a_driver_whose_application_died_says_so_and_exits(stack, tmp_path):
             proc.kill()
 
 
+@contextmanager
+def request_open(url: str, pipeline, plan):
+    """A load request whose task stays until the block ends (after the answer's first
+    byte), then goes away."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"pipeline": str(pipeline.path), "plans": [plan.to_dict()]}).encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /load HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        conn.recv(1)
+        yield
+
+
 def send_and_leave(url: str, pipeline, plan, wait_for_answer: bool) -> None:
     """A load request from a task that goes away: after the answer's first byte, or
     at once."""
@@ -249,3 +263,56 @@ def test_a_task_that_went_away_while_queued_has_no_batch_run(stack, driver, tmp_
     # the queued table's offsets are untouched: its next range starts where it did
     starts = {(r.topic, r.partition, r.start) for r in plan_pipeline(pipeline, "next").ranges}
     assert {(r.topic, r.partition, r.start) for r in queued_plan.ranges} <= starts
+
+
+def test_two_pipelines_load_at_once_and_a_cancel_stops_only_its_own(stack, driver, tmp_path):
+    """Batches of two pipelines run at the same time on one driver; each task gets only
+    its own batch's log lines; the task that goes away has its own jobs cancelled while
+    the other pipeline's batch runs on and commits."""
+    url, log_path = driver
+    tables = {name: f"inventory.served_{name}_{N}" for name in ("kept", "left")}
+    pipelines = {name: make_pipeline(tmp_path, f"served_{name}_{N}", [table],
+                                     spark={"served": url})
+                 for name, table in tables.items()}  # fmt: skip
+    for table in tables.values():
+        sql(stack.source_dsn,
+            f"create table {table} (id int primary key, v int, note text)",
+            f"insert into {table} select i, i, repeat('z', 300) from generate_series(1, 20000) i",
+        )  # fmt: skip
+    stack.wait_for_capture()
+    plans = {name: plan_pipeline(p, f"served-{name}-{N}") for name, p in pipelines.items()}
+    lines: list[str] = []
+    got: dict = {}
+
+    def kept() -> None:
+        pipeline = pipelines["kept"]
+        got["kept"] = submit(url, str(pipeline.path), [plans["kept"].to_dict()],
+                             on_log=lines.append)  # fmt: skip
+
+    runner = threading.Thread(target=kept)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while health(url)["running"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with request_open(url, pipelines["left"], plans["left"]):
+        # the second pipeline's batch did not wait for the first's
+        while health(url)["running"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert health(url)["running"] == 2
+    runner.join(180)
+    assert [t["status"] for t in got["kept"][0]["tables"]] == ["committed"]
+    assert_lake_equals_source(pipelines["kept"], stack.source_dsn)
+    deadline = time.monotonic() + 60
+    while health(url)["busy"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "the load task went away" in log_path.read_text()
+    # the kept task's lines are its batch's alone
+    assert any(plans["kept"].batch_id in line for line in lines), lines
+    assert not [line for line in lines if plans["left"].batch_id in line
+                or "went away" in line or tables["left"].split(".")[1] in line]  # fmt: skip
+    # the cancelled pipeline loads on its next runs
+    for i in range(3):
+        if not run_once(pipelines["left"], f"served-left-{N}-{i}")["tables"]:
+            break
+    assert_lake_equals_source(pipelines["left"], stack.source_dsn)
+    assert health(url)["cached_rdds"] == 0
