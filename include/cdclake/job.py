@@ -346,9 +346,12 @@ def carried(fn: Callable) -> Callable:
     call runs in a copy of the context, so threads may run it at once."""
     import contextvars
 
+    from pyspark import SparkContext
     from pyspark.util import inheritable_thread_target
 
-    context, target = contextvars.copy_context(), inheritable_thread_target(fn)
+    context, target = contextvars.copy_context(), fn
+    if SparkContext._active_spark_context is not None:  # no Spark: nothing to carry
+        target = inheritable_thread_target(fn)
 
     def run(*args, **kwargs):
         return context.copy().run(target, *args, **kwargs)
