@@ -9,6 +9,7 @@ import sys
 import time
 
 from cdclake.exceptions import CdclakeError
+from cdclake.served import MAX_BATCHES
 
 log = logging.getLogger("cdclake")
 
@@ -114,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--master", default=None, help="Spark master (default: the first pipeline's spark.master)"
     )
+    serve.add_argument(
+        "--max-batches", type=int, default=MAX_BATCHES,
+        help=f"batches of different pipelines run at once (default {MAX_BATCHES}); the "
+        "others wait their turn",
+    )  # fmt: skip
 
     archive = sub.add_parser(
         "jvm-archive", help="build the Spark driver's class-data-sharing archive (faster starts)"
@@ -161,7 +167,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from cdclake.served import serve
 
-        return serve(args.host, args.port, args.master)
+        return serve(args.host, args.port, args.master, max_batches=args.max_batches)
     if args.command == "maintain":
         from cdclake.config import load_pipeline
         from cdclake.maintenance import run_maintenance

@@ -14,7 +14,8 @@ The protocol is HTTP on one port:
   `{"batch": {"batch_id", "tables"}}` when a plan's tables are committed, and last either
   `{"done": true}` or `{"error": text, "type": name}`. A pipeline's batches run one at a
   time, in the order they came (a task waits for the batch before it); different
-  pipelines' batches run at the same time, sharing the application's cores. Each
+  pipelines' batches run at the same time (up to `--max-batches`, 4 by default; the
+  others wait their turn), sharing the application's cores. Each
   request's Spark jobs are in a job group of their own, and its log lines are its own
   threads'. When a task goes away (timeout, kill) its connection closes, and the driver
   cancels its batch's Spark jobs (its job group's) only.
@@ -54,6 +55,8 @@ DEFAULT_PORT = 8765
 MAX_REQUEST_BYTES = 64 << 20
 # how often a running batch checks that its task is still connected
 WATCH_S = 0.5
+# batches (of different pipelines) a driver runs at once by default (`--max-batches`)
+MAX_BATCHES = 4
 # the load request a thread works for (set in the request's thread, carried to the
 # batch's threads by `job.carried`): its log lines go to that request's task only
 _REQUEST: contextvars.ContextVar[object | None] = contextvars.ContextVar(
@@ -72,8 +75,15 @@ class LoadServer:
     need another application (jars, memory) is refused, naming them; the driver's
     master (`master`, else the first pipeline's) runs them all."""
 
-    def __init__(self, master: str | None = None, source: Callable | None = None) -> None:
+    def __init__(self, master: str | None = None, source: Callable | None = None,
+                 max_batches: int = MAX_BATCHES) -> None:  # fmt: skip
+        if max_batches < 1:
+            raise ConfigError(f"--max-batches must be at least 1, not {max_batches}")
         self.master = master
+        # at most this many requests' batches at once (each caches its rows in the one
+        # driver's memory); the others wait their turn
+        self._slots = threading.BoundedSemaphore(max_batches)
+        self.max_batches = max_batches
         # plan -> the `RawSource` to read it from, or None for Kafka (the benchmark's
         # recording)
         self.source = source
@@ -99,7 +109,8 @@ class LoadServer:
         if self._spark is not None and not self.busy and self._alive():
             cached = self._spark.sparkContext._jsc.getPersistentRDDs().size()
         return {"status": "dead" if self.dead.is_set() else "ok", "pid": os.getpid(),
-                "busy": self.busy, "running": self.running, "batches": self.batches,
+                "busy": self.busy, "running": self.running,
+                "max_batches": self.max_batches, "batches": self.batches,
                 "spark": self._spark is not None, "cached_rdds": cached,
                 "uptime_s": round(time.time() - self.started, 1)}  # fmt: skip
 
@@ -167,7 +178,7 @@ class LoadServer:
                 log.warning("batch failed: %s: %s", type(exc).__name__, exc)
                 out.write({"error": str(exc), "type": type(exc).__name__})
                 return
-            with self._turn(pipeline.name):
+            with self._turn(pipeline.name), self._slots:
                 with self._lock:
                     self.running += 1
                 try:
@@ -356,12 +367,12 @@ def make_server(load_server: LoadServer, host: str = DEFAULT_HOST,
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, master: str | None = None,
-          source: Callable | None = None) -> int:  # fmt: skip
-    """Serve load requests until interrupted or stopped (`cdclake serve`; `source` as
-    `LoadServer`'s): 0, or 3 when the Spark application died under it."""
+          source: Callable | None = None, max_batches: int = MAX_BATCHES) -> int:  # fmt: skip
+    """Serve load requests until interrupted or stopped (`cdclake serve`; `source` and
+    `max_batches` as `LoadServer`'s): 0, or 3 when the Spark application died under it."""
     import signal
 
-    load_server = LoadServer(master, source)
+    load_server = LoadServer(master, source, max_batches)
     server = make_server(load_server, host, port)
 
     def stop_when_dead() -> None:

@@ -42,12 +42,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_driver(log_path) -> tuple[subprocess.Popen, str]:
+def start_driver(log_path, *options: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(log_path, "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdclake", "serve", "--port", str(port), "--master", "local[1]"],
+        [sys.executable, "-m", "cdclake", "serve", "--port", str(port), "--master", "local[1]",
+         *options],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT / 'include'}:{ROOT / 'plugins'}"},
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -64,6 +65,10 @@ def driver(stack, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("served") / "driver.log"
     proc, url = start_driver(log_path)
     yield url, log_path
+    stop_driver(proc)
+
+
+def stop_driver(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(30)
@@ -316,3 +321,43 @@ def test_two_pipelines_load_at_once_and_a_cancel_stops_only_its_own(stack, drive
             break
     assert_lake_equals_source(pipelines["left"], stack.source_dsn)
     assert health(url)["cached_rdds"] == 0
+
+
+def test_a_driver_runs_at_most_max_batches_at_once(stack, tmp_path):
+    """With `--max-batches 1` a second pipeline's batch waits for the first's, then runs;
+    both commit."""
+    proc, url = start_driver(tmp_path / "driver.log", "--max-batches", "1")
+    try:
+        tables = [f"inventory.served_cap{i}_{N}" for i in (1, 2)]
+        pipelines = [make_pipeline(tmp_path, f"served_cap{i}_{N}", [table], spark={"served": url})
+                     for i, table in enumerate(tables)]  # fmt: skip
+        for table in tables:
+            sql(stack.source_dsn,
+                f"create table {table} (id int primary key, v int, note text)",
+                f"insert into {table} select i, i, repeat('c', 300) "
+                "from generate_series(1, 10000) i",
+            )  # fmt: skip
+        stack.wait_for_capture()
+        got: dict[int, list] = {}
+
+        def send(i: int) -> None:
+            plan = plan_pipeline(pipelines[i], f"served-cap{i}-{N}")
+            got[i] = submit(url, str(pipelines[i].path), [plan.to_dict()])
+
+        runners = [threading.Thread(target=send, args=(i,)) for i in (0, 1)]
+        runners[0].start()
+        deadline = time.monotonic() + 60
+        while health(url)["running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runners[1].start()
+        seen = set()
+        while any(r.is_alive() for r in runners) and time.monotonic() < deadline + 120:
+            seen.add(health(url)["running"])
+            time.sleep(0.05)
+        assert max(seen) == 1, seen
+        assert health(url)["max_batches"] == 1
+        for i, pipeline in enumerate(pipelines):
+            assert [t["status"] for t in got[i][0]["tables"]] == ["committed"]
+            assert_lake_equals_source(pipeline, stack.source_dsn)
+    finally:
+        stop_driver(proc)
