@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from cdclake.exceptions import CdclakeError, ConfigError
+from cdclake.exceptions import CANCEL, CdclakeError, ConfigError
 
 log = logging.getLogger(__name__)
 # the requests a driver answers (not streamed to a batch's task: they are not its lines)
@@ -194,6 +194,7 @@ class LoadServer:
 
         done = threading.Event()
         cancelled = threading.Event()
+        CANCEL.set(cancelled)  # a wait outside Spark jobs (the driver's read) sees it too
         group = f"cdclake-served-{uuid.uuid4().hex[:12]}"
         spark = None
         try:
@@ -227,6 +228,8 @@ class LoadServer:
         except Exception as exc:
             error = exc
             if cancelled.is_set():  # the cancelled jobs' errors say less than this
+                first = (str(exc).strip().splitlines() or [""])[0][:500]
+                log.info("the cancelled batch stopped at: %s: %s", type(exc).__name__, first)
                 error = CdclakeError("the load task went away; its Spark jobs were cancelled")
             if not self._alive():
                 self.dead.set()

@@ -361,3 +361,35 @@ def test_a_driver_runs_at_most_max_batches_at_once(stack, tmp_path):
             assert_lake_equals_source(pipeline, stack.source_dsn)
     finally:
         stop_driver(proc)
+
+
+def test_a_task_that_goes_away_while_its_batch_waits_for_records_stops_it(stack, driver,
+                                                                          tmp_path):  # fmt: skip
+    """A batch whose driver read waits for offsets the broker does not have yet (a plan
+    past its end) stops as soon as its task goes away, not after the read's timeout."""
+    url, log_path = driver
+    table = f"inventory.served_wait_{N}"
+    pipeline = make_pipeline(tmp_path, f"served_wait_{N}", [table], spark={"served": url})
+    sql(stack.source_dsn,
+        f"create table {table} (id int primary key, v int, note text)",
+        f"insert into {table} select i, i, 'w' from generate_series(1, 10) i")  # fmt: skip
+    stack.wait_for_capture()
+    (r,) = plan_pipeline(pipeline, "whole").ranges
+    beyond = BatchPlan(pipeline.name, f"served-wait-{N}",
+                       (dataclasses.replace(r, end=r.end + 50),))  # fmt: skip
+    with request_open(url, pipeline, beyond):
+        deadline = time.monotonic() + 30
+        while (f"batch {beyond.batch_id}:" not in log_path.read_text()
+               and time.monotonic() < deadline):  # fmt: skip
+            time.sleep(0.05)
+        time.sleep(3)  # the read waits for offsets that do not come
+        assert health(url)["running"] == 1
+        left = time.monotonic()
+    while health(url)["running"] and time.monotonic() < left + 50:
+        time.sleep(0.2)
+    assert health(url)["running"] == 0
+    assert time.monotonic() - left < 15  # the read's timeout is 60 s
+    assert "cancelled while waiting for" in log_path.read_text()
+    # the table's offsets did not move: the plan's start is still the next run's
+    (again,) = plan_pipeline(pipeline, "again").ranges
+    assert again.start == r.start
