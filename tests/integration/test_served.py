@@ -358,6 +358,11 @@ def test_a_driver_runs_at_most_max_batches_at_once(stack, tmp_path):
         assert health(url)["max_batches"] == 1
         for i, pipeline in enumerate(pipelines):
             assert [t["status"] for t in got[i][0]["tables"]] == ["committed"]
+            # records the plan did not see yet (once in CI the last two of a 10,000-row
+            # insert were not in the plan) load with the next runs
+            for n in range(3):
+                if not run_once(pipeline, f"served-cap{i}-{N}-{n}")["tables"]:
+                    break
             assert_lake_equals_source(pipeline, stack.source_dsn)
     finally:
         stop_driver(proc)
