@@ -49,12 +49,14 @@ from cdclake.merge import (
     build_first_load_sql,
     build_merge_sql,
     commit_empty,
+    commit_files,
     commit_properties,
     conflicts_reported,
     current_snapshot,
     deleted_keys_table,
     ensure_namespace,
     ensure_table,
+    file_write,
     key_filter_sql,
     mark_truncated,
     record_deleted_keys,
@@ -80,6 +82,7 @@ from cdclake.range_resolve import (
     KEYS_COLUMN,
     META_COLUMN,
     AcceptedTopic,
+    FileWrite,
     RangeSummary,
     TopicPlan,
     accept,
@@ -224,9 +227,16 @@ class _RangedTopic:
     rows: object
     known: Mapping[str, str]
     frame: object
+    # the data files its range tasks wrote (`FileWrite`; None: `rows` holds every row,
+    # else only the deleted ones), removed unless a commit of them was tried
+    files: list[str] | None = None
+    write: FileWrite | None = None
+    committing: bool = False
 
     def release(self) -> None:
         self.frame.unpersist()
+        if self.write is not None and not self.committing:
+            self.write.discard()
 
 
 def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
@@ -266,13 +276,20 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
-        frame = creating = created = None
+        frame = creating = created = planned = None
         try:
             planned = _topic_plan(heads[topic], table, topic, known)
             if planned is None:
                 return
             topic_plan, ddl = planned
-            if not known and topic_plan.value_schema is not None:
+            new = not known and topic_plan.value_schema is not None
+            if new and FILE_WRITES and topic_plan.schema.key_names:
+                # created first: the tasks write its files with its field ids
+                created, write = _create_for_files(spark, pipeline, table, topic_plan,
+                                                   ranges_of[topic])  # fmt: skip
+                if write is not None:
+                    topic_plan = dataclasses.replace(topic_plan, write=write)
+            elif new:
                 creating = ThreadPoolExecutor(1)
                 created = creating.submit(carried(_create_table), spark, pipeline, table,
                                           topic_plan.schema)  # fmt: skip
@@ -288,6 +305,8 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
         except CdclakeError:  # the rows do not add up: nothing of the batch is written
             if frame is not None:
                 frame.unpersist()
+            if planned is not None and topic_plan.write is not None:
+                topic_plan.write.discard()
             raise
         except Exception as exc:  # a task failed (a read, a bug): the table on its own
             log.warning("%s: its ranges failed; read again the general way: %s", topic,
@@ -296,6 +315,10 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
         finally:
             if creating is not None:
                 creating.shutdown()
+        if got is None and planned is not None and topic_plan.write is not None:
+            topic_plan.write.discard()
+        if got is not None and isinstance(created, dict):  # created before the tasks ran
+            got = dataclasses.replace(got, known=created)
         if got is not None and creating is not None:
             try:  # the rows were typed for the columns it was created with
                 got = dataclasses.replace(got, known=created.result())
@@ -318,6 +341,35 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             topic.release()
         raise
     return done
+
+
+# A keyed table a big batch creates is written by its range tasks (`FileWrite`) where
+# `merge.file_write` allows, else by Spark from the rows they return.
+FILE_WRITES = True
+
+
+def _create_for_files(spark, pipeline: PipelineConfig, table: TableConfig, plan: TopicPlan,
+                      ranges: list[OffsetRange]):  # fmt: skip
+    """Create a keyed topic's table before its range tasks run, so they can write its
+    data files (`file_write`): (its columns, the `FileWrite`), or (None, None) when the
+    creation failed (logged; the load creates it, or fails, as for any table), or (its
+    columns, None) when Spark writes it (the log says why)."""
+    qualified = pipeline.qualified_target(table)
+    try:
+        known = _create_table(spark, pipeline, table, plan.schema)
+    except CdclakeError:
+        raise
+    except Exception as exc:
+        log.warning("%s: its table could not be created before its ranges resolved: %s",
+                    plan.topic, _brief(exc))  # fmt: skip
+        return None, None
+    columns = dict(plan.columns(toast=False))
+    write = file_write(spark, qualified, sorted({r.partition for r in ranges}), columns,
+                       table.delete_mode is DeleteMode.SOFT)  # fmt: skip
+    if isinstance(write, str):
+        log.info("%s: its rows are written by Spark: %s", qualified, write)
+        return known, None
+    return known, write
 
 
 def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
@@ -460,10 +512,19 @@ def _ranged_topic(frame, plan: TopicPlan):
         return None
     rows = frame.where(meta.isNull()).select(*(F.col(f"`{n}`") for n, _ in got.columns))
     total, resolved = found.rows, sum(got.counts.values())
-    if total != resolved:
+    write, files = plan.write, None
+    if write is not None:  # the tasks returned the deleted rows and wrote the others
+        deletes = got.counts.get(True, 0)
+        written = sum(s.written or 0 for s in summaries)
+        if total != deletes or written != (resolved if write.soft else resolved - deletes):
+            raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows ({deletes} "
+                               f"deleted) but returned {total} and wrote {written}; nothing "
+                               "was written")  # fmt: skip
+        files = [write.paths[s.partition] for s in summaries if s.written]
+    elif total != resolved:
         raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but returned "
                            f"{total}; nothing was written")  # fmt: skip
-    return _RangedTopic(got, rows, plan.known, frame)
+    return _RangedTopic(got, rows, plan.known, frame, files, write)
 
 
 def _brief(exc: BaseException, limit: int = 500) -> str:
@@ -785,7 +846,11 @@ def _load_table(
             view = f"cdclake_changes_{table.target}"
             # hard deletes: a ledger of deleted keys keeps re-sent older changes out
             hard = bool(schema.key_names) and not soft
-            source = with_deleted_lsn(spark, qualified, resolved, schema) if hard else resolved
+            # the range tasks wrote the rows to insert into data files (`FileWrite`): what
+            # `resolved` holds are the deleted rows, for the ledger
+            files = ranged.files if ranged is not None else None
+            source = (with_deleted_lsn(spark, qualified, resolved, schema)
+                      if hard and files is None else resolved)  # fmt: skip
             source.createOrReplaceTempView(view)
             if hard and result.deletes:
                 record_deleted_keys(spark, qualified, resolved, schema)
@@ -796,7 +861,13 @@ def _load_table(
             keyed = bool(schema.key_names)
             first_load = keyed and FIRST_LOAD_APPEND and state.empty and not dropped
             query = merge_sql = None
-            if first_load:
+            if files is not None:
+                if not first_load:
+                    raise CommitConflictError(
+                        f"{qualified}: another run wrote to this table after this batch "
+                        "created it; nothing was written. Plan again."
+                    )
+            elif first_load:
                 query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
                                              truncated_below=below)  # fmt: skip
             elif keyed:
@@ -810,12 +881,18 @@ def _load_table(
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
             result.written_by = "merge" if keyed and not first_load else "append"
+            if files is not None:
+                result.written_by = "files"
             try:
-                with commit_properties(spark, props):
-                    if query is not None:
-                        append_to_empty(spark, qualified, query, before_id)
-                    else:
-                        spark.sql(merge_sql)
+                if files:
+                    ranged.committing = True  # a commit that fails may still have landed
+                    commit_files(spark, qualified, files, before_id, props)
+                elif files is None:
+                    with commit_properties(spark, props):
+                        if query is not None:
+                            append_to_empty(spark, qualified, query, before_id)
+                        else:
+                            spark.sql(merge_sql)
             finally:
                 spark.catalog.dropTempView(view)
             after_id, summary = current_snapshot(spark, qualified)
