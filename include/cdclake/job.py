@@ -139,7 +139,8 @@ class TableResult:
     resolved_by: str = ""
     # how the rows were written: "merge", or "append" (a table without a key, or a keyed
     # table that held no row, as on a first load: the MERGE's inserts alone, without its
-    # join); empty when nothing was
+    # join), or "files" (a first load into a table the batch created, resolved range by
+    # range: the range tasks wrote its data files, `FileWrite`); empty when nothing was
     written_by: str = ""
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by

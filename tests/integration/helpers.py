@@ -83,3 +83,15 @@ def assert_resolved_in(results: list, *where: str) -> None:
     unless "spark" is among them."""
     used = {r.table: r.resolved_by for r in results if r.resolved_by}
     assert used and set(used.values()) == set(where), used
+
+
+def stray_files(spark, table: str) -> list[str]:
+    """The files under the table's data directory that none of its snapshots names (what
+    a load left behind)."""
+    from cdclake.merge import load_iceberg_table
+    from cdclake.range_resolve import local_path
+
+    data = Path(local_path(str(load_iceberg_table(spark, table).location()))) / "data"
+    named = {local_path(r.file_path) for r in spark.sql(
+        f"SELECT file_path FROM {table}.all_files").collect()}  # fmt: skip
+    return sorted(str(p) for p in data.rglob("*.parquet") if str(p) not in named)

@@ -12,6 +12,7 @@ from cdclake.job import run_batch
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.planner import plan_pipeline
+from cdclake.reader import DRIVER_READ_RECORDS
 
 pytestmark = pytest.mark.integration
 
@@ -283,33 +284,144 @@ def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stac
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, monkeypatch,
                                                        delete_mode):  # fmt: skip
-    """The same first batch, appended and MERGEd into a new table: the same rows, every
-    column (deleted keys kept with their flag in soft mode), and the same ledger."""
+    """The same first batch into a new table: written into data files by its range tasks
+    (`FileWrite`), appended by Spark, and MERGEd. The same rows, every column (deleted
+    keys kept with their flag in soft mode), and the same ledger."""
     import cdclake.job
     from cdclake.merge import deleted_keys_table
 
-    from tests.integration.helpers import make_pipeline
+    from tests.integration.helpers import make_pipeline, stray_files
 
     pipeline = first_load_table(stack, tmp_path, f"same_{delete_mode}")
     source = pipeline.tables[0].source
     tables = {}
-    for append in (True, False):
-        monkeypatch.setattr(cdclake.job, "FIRST_LOAD_APPEND", append)
-        name = f"{pipeline.name}_{'append' if append else 'merge'}"
+    for way in ("files", "append", "merge"):
+        monkeypatch.setattr(cdclake.job, "FIRST_LOAD_APPEND", way != "merge")
+        # read and resolved by range tasks: they write the files of a table it creates
+        monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS",
+                            0 if way == "files" else DRIVER_READ_RECORDS)  # fmt: skip
+        name = f"{pipeline.name}_{way}"
         each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
-        results = run_batch(spark, each, plan_pipeline(each, f"it-same-{append}"))
-        assert [r.written_by for r in results] == ["append" if append else "merge"]
+        results = run_batch(spark, each, plan_pipeline(each, f"it-same-{way}"))
+        assert [r.written_by for r in results] == [way]
         target = each.qualified_target(each.tables[0])
         ledger = deleted_keys_table(target)
-        tables[append] = (
+        tables[way] = (
             sorted(tuple(r) for r in spark.table(target).collect()),
             sorted(tuple(r) for r in spark.table(ledger).collect())
             if spark.catalog.tableExists(ledger) else None,
         )  # fmt: skip
-    assert tables[True] == tables[False]
-    rows, ledger = tables[True]
+        assert stray_files(spark, target) == []
+    assert tables["files"] == tables["append"] == tables["merge"]
+    rows, ledger = tables["files"]
     assert len(rows) == (6 if delete_mode == "soft" else 5)
     assert (ledger is not None) == (delete_mode == "hard")
+
+
+def test_the_files_range_tasks_write_hold_every_type_and_take_later_merges(
+    stack, spark, tmp_path, monkeypatch
+):
+    """A first load written by its range tasks (`FileWrite`): the type zoo's columns that
+    its Parquet writer takes (every type the lake maps to a scalar column), equal in the
+    lake as PostgreSQL compares them; their files' metrics let a filter skip them; then
+    updates and deletes MERGEd into those files."""
+    import uuid
+
+    import cdclake.job
+    import psycopg
+    from cdclake.compare import compare_table
+
+    from tests.integration.helpers import make_pipeline, stray_files
+
+    monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)
+    columns = (
+        "c_bool, c_bit1, c_bit8, c_varbit, c_int2, c_int4, c_int8, c_real, c_double, c_num, "
+        "c_num_free, c_money, c_char, c_varchar, c_text, c_ts0, c_ts3, c_ts6, c_tstz, c_date, "
+        "c_time, c_time0, c_timetz, c_interval, c_bytea, c_json, c_jsonb, c_xml, c_uuid, "
+        "c_ltree, c_citext, c_inet, c_cidr, c_macaddr, c_macaddr8, c_int4range, c_int8range, "
+        "c_numrange, c_tsrange, c_tstzrange, c_daterange, c_enum, c_domain, c_big_text"
+    )
+    n = uuid.uuid4().hex[:6]
+    source = f"inventory.zoo_files_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {source} as select id, {columns} from inventory.type_zoo "
+                     "where id < 100")  # fmt: skip
+        conn.execute(f"alter table {source} add primary key (id)")
+        conn.execute(f"insert into {source} select id + 1000, {columns} from {source}")
+    stack.wait_for_capture()
+    pipeline = make_pipeline(tmp_path, f"it_zoo_files_{n}", [source])
+    table = pipeline.tables[0]
+    target = pipeline.qualified_target(table)
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-1"))
+    assert [(r.resolved_by, r.written_by) for r in results] == [("ranges", "files")]
+    assert compare_table(pipeline, table, stack.source_dsn).equal
+    assert stray_files(spark, target) == []
+    # the footers' metrics: a filter on the key skips files whose bounds exclude it
+    plan = spark.sql(f"SELECT * FROM {target} WHERE id = -5").collect()
+    assert plan == []
+    bounds = spark.sql(f"SELECT count(*) AS n FROM {target}.files "
+                       "WHERE lower_bounds IS NULL OR upper_bounds IS NULL").first()  # fmt: skip
+    assert bounds.n == 0
+
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"update {source} set c_num = -c_num, c_text = c_text || ' ✓', "
+                     "c_tstz = c_tstz + interval '1 microsecond' where id > 1000")  # fmt: skip
+        conn.execute(f"delete from {source} where id = (select min(id) from {source})")
+    stack.wait_for_capture()
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-2"))
+    assert [r.written_by for r in results] == ["merge"]
+    assert compare_table(pipeline, table, stack.source_dsn).equal
+
+
+def test_tables_the_range_tasks_cannot_write_say_why(spark):
+    """`file_write` lets the range tasks write a new table's files only where their
+    Parquet writer writes what Iceberg and Spark's writer would; each other table says
+    why, and its rows go through Spark."""
+    import uuid
+
+    from cdclake.merge import deleted_keys_table, file_write
+    from cdclake.range_resolve import local_path
+
+    spark.sql("create namespace if not exists lake.it_file_write")
+    base = "(id bigint not null, v string, amount decimal(12, 2), at timestamp)"
+    columns = {"id": "bigint", "v": "string", "amount": "decimal(12,2)", "at": "timestamp"}
+    cases = {
+        "": None,
+        "PARTITIONED BY (bucket(4, id))": "a partitioned table",
+        "TBLPROPERTIES ('write.parquet.bloom-filter-enabled.column.id'='true')":
+            "the table property write.parquet.bloom-filter-enabled.column.id",
+        "TBLPROPERTIES ('write.parquet.compression-codec'='lz4')": "the Parquet codec lz4",
+        "TBLPROPERTIES ('write.format.default'='orc')": "data files of another format",
+    }  # fmt: skip
+    for clause, why in cases.items():
+        table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
+        spark.sql(f"CREATE TABLE {table} {base} USING iceberg {clause}")
+        got = file_write(spark, table, [0, 1], columns, soft=False)
+        if why is None:
+            assert sorted(got.paths) == [0, 1] and not got.soft
+            assert all(local_path(p).startswith("/") for p in got.paths.values())
+            assert [f[:2] for f in got.fields] == list(columns.items())
+            assert [f[3] for f in got.fields] == [True, False, False, False]
+            assert (got.compression, got.level) == ("zstd", 3)
+        else:
+            assert isinstance(got, str) and got.startswith(why), (clause, got)
+    table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
+    spark.sql(f"CREATE TABLE {table} {base} USING iceberg")
+    spark.sql(f"ALTER TABLE {table} WRITE ORDERED BY id")
+    assert file_write(spark, table, [0], columns, False) == "a table with a sort order"
+    table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
+    spark.sql(f"CREATE TABLE {table} {base} USING iceberg")
+    assert file_write(spark, table, [0], {**columns, "at": "timestamp_ntz"}, False) == (
+        "the column at (timestamptz)"
+    )
+    spark.sql(f"CREATE TABLE {deleted_keys_table(table)} (id bigint) USING iceberg")
+    assert file_write(spark, table, [0], columns, False) == (
+        "a deleted-keys ledger left by an older table"
+    )
+    table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
+    spark.sql(f"CREATE TABLE {table} (id bigint not null, tags array<string>) USING iceberg")
+    assert file_write(spark, table, [0], {"id": "bigint", "tags": "array<string>"},
+                      False) == "the column tags (list<string>)"  # fmt: skip
 
 
 def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):

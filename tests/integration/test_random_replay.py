@@ -15,7 +15,7 @@ from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row
 
 from tests.debezium_records import PAIR_COLUMNS, key_record, pair_key, value_record
-from tests.integration.helpers import make_pipeline
+from tests.integration.helpers import make_pipeline, stray_files
 
 pytestmark = pytest.mark.integration
 
@@ -278,6 +278,8 @@ def test_a_key_in_two_partitions_is_read_again_and_resolved_by_key(stack, spark,
                           read=RawSource(lambda kafka: reader))  # fmt: skip
     assert result.resolved_by == "tasks" and result.upserts == 3
     assert lake_names(spark, pipeline) == {1: "second", 2: "two", 3: "three"}
+    # the files each range task wrote for the table (`FileWrite`) went with its ranges
+    assert stray_files(spark, pipeline.qualified_target(pipeline.tables[0])) == []
 
 
 @pytest.mark.parametrize("where", ["task", "head"])
@@ -417,7 +419,8 @@ def test_a_new_table_is_created_while_its_ranges_resolve(stack, spark, tmp_path)
     plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
     (result,) = run_batch(spark, pipeline, plan, read=RawSource(lambda kafka: reader))
     assert seen.exists(), "the table did not exist while the range task ran"
-    assert (result.resolved_by, result.written_by, result.upserts) == ("ranges", "append", 5)
+    # created before the tasks ran, they wrote its data files (`FileWrite`)
+    assert (result.resolved_by, result.written_by, result.upserts) == ("ranges", "files", 5)
     assert lake_names(spark, pipeline) == {k: f"n{k}" for k in range(5)}
     target = pipeline.qualified_target(pipeline.tables[0])
     assert list(load_iceberg_table(spark, target).schema().identifierFieldNames()) == ["id"]
