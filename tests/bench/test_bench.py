@@ -73,7 +73,9 @@ def recorded(recording, topic: str):
     for r in recorded_ranges(recording):
         if r.topic == topic:
             t = pq.read_table(recording / _file_name(r.topic, r.partition)).to_pydict()
-            yield from zip(t["offset"], t["key"], t["value"], strict=True)
+            for row in zip(t["offset"], t["key"], t["value"], strict=True):
+                if r.start <= row[0] < r.end:  # the recording's range of the file
+                    yield row
 
 
 def generated(workload: Workload, topic: str):
@@ -311,6 +313,18 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
         for ns in (peers["handler_namespace"], peers["one_call_namespace"],
                    peers["naive_namespace"]):  # fmt: skip
             assert lake_rows(catalog, ns, topic, column=None) == set(expected)
+
+    # a first load of one half of a history, then its second half MERGEd into it
+    merged = details["throughput_merge"]
+    assert merged["first_load"]["namespace"] == merged["namespace"]
+    assert merged["written_by"] == ["merge"], merged["written_by"]
+    assert merged["events"] == sizes.events
+    split = tmp_path / "work" / "recording-merge"
+    for topic in topics:
+        expected = final_state(recorded(split, topic))  # after both halves
+        assert lake_rows(catalog, merged["namespace"], topic) == expected
+        # the second half changed the table
+        assert final_state(recorded(split / "first", topic)) != expected
 
     assert details["peers"]["handler_events"] == sizes.events > 2 * sizes.peer_batch
     assert details["peers"]["handler_calls"] == -(-sizes.events // sizes.peer_batch)

@@ -24,7 +24,12 @@ from cdclake.bench.cpu import cpu_parts, cpu_snapshot, render_parts
 from cdclake.bench.events import Workload, generate_slice, toast_column
 from cdclake.bench.peers import HANDLER_BATCH
 from cdclake.bench.pipeline import bench_pipeline
-from cdclake.bench.sources import file_reader, record_workload, recorded_ranges
+from cdclake.bench.sources import (
+    file_reader,
+    record_workload,
+    recorded_ranges,
+    split_recording,
+)
 from cdclake.exceptions import CdclakeError
 from cdclake.job import run_batch
 from cdclake.jvm import (
@@ -42,6 +47,7 @@ LOAD_JOB = Path(__file__).resolve().parents[3] / "jobs" / "load.py"
 # Steps in the order they run, and the figures each one produces.
 STEP_FIGURES = {
     "throughput": ("throughput_eps",),
+    "throughput_merge": ("throughput_merge_eps",),
     "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
@@ -69,8 +75,8 @@ TARGETS = {
 SERVED_ROUNDS = 3
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
-    "throughput_kafka_eps", "peer_one_call_ratio", "naive_ratio", "toast_ratio",
-    "throughput_served_eps", "fixed_overhead_served_s",
+    "throughput_merge_eps", "throughput_kafka_eps", "peer_one_call_ratio", "naive_ratio",
+    "toast_ratio", "throughput_served_eps", "fixed_overhead_served_s",
 )  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
@@ -166,37 +172,71 @@ class Bench:
         rec = self.work / "recording"
         shutil.rmtree(rec, ignore_errors=True)
         self.say(f"recording {events:,} events over {keys:,} keys in {z.tables} tables")
-        ranges = record_workload(workload, rec)
+        record_workload(workload, rec)
         size = sum(f.stat().st_size for f in rec.glob("*.parquet"))
         self.details["recording"] = {"events": events, "keys": keys, "bytes_on_disk": size}
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "file")
-        # in a process of its own, whose driver JVM starts as a load's of this size does
+        out = self._recorded_batch(pipeline, rec, "bench-file")
+        wall = out["wall_s"]
+        self.figures["throughput_eps"] = events / wall
+        self.details["throughput"] = out
+        self.details["file_pipeline"] = pipeline
+        self.details["file_workload"] = workload
+        self.say(f"throughput from file: {events / wall:,.0f} events/s ({wall:.1f}s)")
+
+    def _recorded_batch(self, pipeline, rec: Path, batch_id: str) -> dict:
+        """Load a recording in a process of its own (`cdclake.bench.batch`), whose driver
+        JVM starts as a load's of its size does: its wall, CPU parts and stages. Its log
+        is kept in `<work>/<batch_id>.log`."""
         self.jvm_archive()
+        ranges = recorded_ranges(rec)
         options = driver_java_options(sum(r.size for r in ranges), resolves_by_range(pipeline))
-        self.say("loading the recording (decode, resolve, MERGE, commit) in a process of "
+        self.say(f"loading {rec.name} (decode, resolve, MERGE, commit) in a process of "
                  f"its own, driver JVM options: {options or 'none'}")  # fmt: skip
         cmd = [sys.executable, "-m", "cdclake.bench.batch", "--pipeline",
-               str(self.work / "file.yaml"), "--recording", str(rec), "--batch-id",
-               "bench-file"]  # fmt: skip
+               str(pipeline.path), "--recording", str(rec), "--batch-id",
+               batch_id]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
-        (self.work / "file.log").write_text(done.stderr)
+        (self.work / f"{batch_id}.log").write_text(done.stderr)
         if done.returncode != 0:
             raise RuntimeError(f"the recorded batch failed: {done.stderr[-2000:]}")
         out = json.loads(done.stdout.strip().splitlines()[-1])
-        wall, results = out["wall_s"], out["results"]
-        self.figures["throughput_eps"] = events / wall
-        self.details["throughput"] = {
-            "wall_s": wall,
+        results = out["results"]
+        return {
+            "wall_s": out["wall_s"],
             "upserts": sum(r["upserts"] for r in results),
             "deletes": sum(r["deletes"] for r in results),
+            "written_by": sorted({r.get("written_by") or "-" for r in results}),
             "namespace": pipeline.namespace,
             "driver_java_options": options,
             "stages": stage_seconds(results, pipeline.parallel_tables),
             "cpu_s": out.get("cpu_s", {}),
         }
-        self.details["file_pipeline"] = pipeline
-        self.details["file_workload"] = workload
-        self.say(f"throughput from file: {events / wall:,.0f} events/s ({wall:.1f}s)")
+
+    # ---- the same size MERGEd into tables that hold its keys --------------------------
+    def throughput_merge(self) -> None:
+        """A batch of the throughput step's size whose changes MERGE into tables that
+        already hold its keys: a pipeline's steady state (the throughput step's batch
+        creates its tables, which a first load writes without a MERGE). Twice the events
+        over the same keys are recorded; each topic-partition's first half is loaded into
+        new tables (untimed), then its second half, timed, in a cold process of its own
+        as the throughput step's batch."""
+        z = self.sizes
+        workload = Workload.standard(2 * z.events, z.keys, tables=z.tables)
+        rec = self.work / "recording-merge"
+        shutil.rmtree(rec, ignore_errors=True)
+        self.say(f"recording {2 * z.events:,} events over {z.keys:,} keys: a first load, "
+                 "then a batch of the same keys MERGEd into it")  # fmt: skip
+        first, second = split_recording(rec, record_workload(workload, rec, log_every=0))
+        pipeline = bench_pipeline(self.work, self.stack.s, workload, "merge")
+        before = self._recorded_batch(pipeline, first, "bench-merge-first")
+        out = self._recorded_batch(pipeline, second, "bench-merge")
+        events = sum(r.size for r in recorded_ranges(second))
+        self.figures["throughput_merge_eps"] = events / out["wall_s"]
+        self.details["throughput_merge"] = out | {"events": events, "first_load": before}
+        self.say(f"MERGEd into tables that hold the keys: {events / out['wall_s']:,.0f} "
+                 f"events/s ({out['wall_s']:.1f}s; the first load before it "
+                 f"{before['wall_s']:.1f}s)")  # fmt: skip
 
     # ---- TOAST placeholders, side by side --------------------------------------------
     def throughput_toast(self) -> None:
@@ -577,10 +617,11 @@ def render_stages(details: dict) -> str:
     lines = []
     served = details.get("served", {}).get("stages", {})
     steps = [
-        (step, details.get(step, {}).get("stages")) for step in ("throughput", "fixed_overhead")
+        (step, details.get(step, {}).get("stages"))
+        for step in ("throughput", "throughput_merge", "fixed_overhead")
     ]
     steps += [(f"served {label} (last)", served.get(label)) for label in ("file", "small")]
-    cpu = {"throughput": details.get("throughput", {}).get("cpu_s")}
+    cpu = {s: details.get(s, {}).get("cpu_s") for s in ("throughput", "throughput_merge")}
     cpu |= {f"served {k} (last)": v for k, v in details.get("served", {}).get("cpu_s", {}).items()}
     cores = len(os.sched_getaffinity(0))  # the batches ran on this machine
     for step, stages in steps:

@@ -53,6 +53,26 @@ def recorded_ranges(directory: Path) -> list[OffsetRange]:
     return [OffsetRange(*r) for r in json.loads((directory / "ranges.json").read_text())]
 
 
+def split_recording(directory: Path, ranges: list[OffsetRange]) -> tuple[Path, Path]:
+    """Two recordings over the files of `directory`: each topic-partition's first half
+    of `ranges` (`<directory>/first`) and its second half (`<directory>/second`), two
+    batches of one history."""
+    halves = []
+    for name, pick in (("first", lambda r, mid: (r.start, mid)),
+                       ("second", lambda r, mid: (mid, r.end))):  # fmt: skip
+        half = directory / name
+        half.mkdir()
+        cut = []
+        for r in ranges:
+            file = _file_name(r.topic, r.partition)
+            if not (half / file).exists():
+                (half / file).symlink_to(directory / file)
+            cut.append([r.topic, r.partition, *pick(r, r.start + r.size // 2)])
+        (half / "ranges.json").write_text(json.dumps(cut))
+        halves.append(half)
+    return halves[0], halves[1]
+
+
 def _raw_batch(cols, rows: RawRows):
     """Recorded or generated columns (a dict of lists, or an Arrow table) -> the reader's
     raw rows (same code path)."""

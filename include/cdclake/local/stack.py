@@ -42,7 +42,10 @@ class StackSettings:
     @classmethod
     def from_env(cls) -> StackSettings:
         return cls(
-            state_dir=Path(os.environ.get("CDCLAKE_STATE_DIR", PROJECT_ROOT / ".cdclake")),
+            # absolute: PostgreSQL is started with its own working directory
+            state_dir=Path(
+                os.environ.get("CDCLAKE_STATE_DIR", PROJECT_ROOT / ".cdclake")
+            ).absolute(),
             pg_port=int(os.environ.get("CDCLAKE_PG_PORT", "55432")),
             kafka_port=int(os.environ.get("CDCLAKE_KAFKA_PORT", "19092")),
         )
