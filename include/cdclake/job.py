@@ -327,9 +327,8 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
                 frame.unpersist()
                 raise
             except Exception as exc:  # the load creates it, or fails, as for any table
-                first = (str(exc).strip().splitlines() or [""])[0][:500]
                 log.warning("%s: its table could not be created while its ranges resolved: "
-                            "%s: %s", topic, type(exc).__name__, first)  # fmt: skip
+                            "%s", topic, _headline(exc))  # fmt: skip
         if got is not None:
             done[topic] = got
         elif frame is not None:
@@ -362,7 +361,7 @@ def _create_for_files(spark, pipeline: PipelineConfig, table: TableConfig, plan:
         raise
     except Exception as exc:
         log.warning("%s: its table could not be created before its ranges resolved: %s",
-                    plan.topic, _brief(exc))  # fmt: skip
+                    plan.topic, _headline(exc))  # fmt: skip
         return None, None
     columns = dict(plan.columns(toast=False))
     write = file_write(spark, qualified, sorted({r.partition for r in ranges}), columns,
@@ -526,6 +525,12 @@ def _ranged_topic(frame, plan: TopicPlan):
         raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but returned "
                            f"{total}; nothing was written")  # fmt: skip
     return _RangedTopic(got, rows, plan.known, frame, files, write)
+
+
+def _headline(exc: BaseException, limit: int = 500) -> str:
+    """An error's type and first line (an analysis error's last lines are a schema)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:limit]
+    return f"{type(exc).__name__}: {first}"
 
 
 def _brief(exc: BaseException, limit: int = 500) -> str:
