@@ -112,6 +112,7 @@ from cdclake.resolve import (
 )
 from cdclake.scan import RawScan, scan_raw, scan_rows
 from cdclake.spark import (
+    COMPILE_TARGET_ROWS,
     SMALL_BATCH_PARTITIONS,
     SMALL_BATCH_RECORDS,
     batch_conf,
@@ -173,11 +174,12 @@ def run_batch(
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
     conf = batch_conf(sum(r.size for r in plan.ranges), pipeline.spark.conf)
-    with batch_settings(spark, conf):
-        return _run_batch(spark, pipeline, plan, read)
+    with batch_settings(spark, conf) as before:
+        return _run_batch(spark, pipeline, plan, read, before)
 
 
-def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
+               before: Mapping[str, str | None]):  # fmt: skip
     started = time.perf_counter()
     ranged = _read_by_range(spark, pipeline, plan, read)
     rest = dataclasses.replace(plan, ranges=tuple(r for r in plan.ranges if r.topic not in ranged))
@@ -190,7 +192,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
             scan, rows = RawScan({}, {}, 0), None
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged)  # fmt: skip
+                       ranged, before)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
@@ -644,12 +646,37 @@ class _Batch:
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
         read_seconds: float, rows=None, ranged: dict[str, _RangedTopic] | None = None,
+        before: Mapping[str, str | None] | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
         self.dead_letter_lock = threading.Lock()
+        # the session settings a small batch changed (`batch_conf`), with their values
+        # before it: put back by `compile_for`
+        self.interpreted = dict(before or {})
+        self.settings_lock = threading.Lock()
+
+    def compile_for(self, table: str, target_rows: int) -> None:
+        """Compile the batch's expressions from now on (the settings before the batch
+        back) when `table`, a MERGE target of `target_rows` rows, is big enough that
+        its scan costs more interpreted than compiling does (`COMPILE_TARGET_ROWS`).
+        One way only, so the tables loading meanwhile never switch back; what a query
+        computes is the same either way."""
+        if target_rows <= COMPILE_TARGET_ROWS or not self.interpreted:
+            return
+        with self.settings_lock:
+            if not self.interpreted:
+                return
+            for k, v in self.interpreted.items():
+                if v is None:
+                    self.spark.conf.unset(k)
+                else:
+                    self.spark.conf.set(k, v)
+            self.interpreted = {}
+        log.info("%s: a MERGE target of %d rows; the batch's expressions are compiled from "
+                 "now on", table, target_rows)  # fmt: skip
 
     def ranges_of(self, table: TableConfig) -> list[OffsetRange]:
         topic = self.pipeline.topic_for(table)
@@ -758,6 +785,7 @@ def _load_table(
     result.seconds["read"] = round(batch.read_seconds, 3)
     clock = _Clock(result.seconds)
     state = table_state(spark, qualified)
+    batch.compile_for(qualified, state.rows)
     committed = state.committed
     if plan.mode == PlanMode.REPLAY:
         # re-applied records never regress newer rows (LSN check in the MERGE), and the

@@ -369,7 +369,9 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     assert set(served["cpu_s"]) == {"small", "file"}
     assert "  CPU: " in render_stages(details)
 
-    assert set(details["merge_scaling"]) == {"batch", *(f"rows_{n}_s" for n in sizes.merge_rows)}
+    merges = details["merge_scaling"]
+    assert set(merges) == {"batch", "walls_s", *(f"rows_{n}_s" for n in sizes.merge_rows)}
+    assert [len(w) for w in merges["walls_s"].values()] == [3, 3]
     assert details["capture"]["rows"] == sizes.capture_rows
 
 

@@ -276,3 +276,31 @@ def test_connect_decimals_decode_exactly_at_every_byte_length(spark, interpreted
             assert value == format(expected.quantize(Decimal(1).scaleb(-kept)), "f"), (
                 unscaled, precision, scale, value,
             )  # fmt: skip
+
+
+def test_a_small_batch_compiles_from_its_first_big_merge_target_on(spark, monkeypatch):
+    """A small batch evaluates interpreted, but a MERGE scans every row of its target:
+    from the first table above `COMPILE_TARGET_ROWS` on, the batch compiles again (the
+    settings before it back), one way only; a batch that compiled anyway changes nothing."""
+    import cdclake.job
+    from cdclake.job import _Batch
+
+    monkeypatch.setattr(cdclake.job, "COMPILE_TARGET_ROWS", 100)
+    mode = "spark.sql.codegen.factoryMode"
+    outside = {k: spark.conf.get(k, None) for k in SMALL_BATCH_CONF}
+    with batch_settings(spark, SMALL_BATCH_CONF) as before:
+        assert dict(before) == outside
+        batch = _Batch(spark, None, None, None, None, 0.0, before=before)
+        batch.compile_for("lake.small", 100)  # not above the threshold
+        assert spark.conf.get(mode) == "NO_CODEGEN"
+        batch.compile_for("lake.big", 101)
+        assert {k: spark.conf.get(k, None) for k in SMALL_BATCH_CONF} == outside
+        batch.compile_for("lake.small", 1)  # nothing switches back
+        assert spark.conf.get(mode, None) == outside[mode]
+    assert {k: spark.conf.get(k, None) for k in SMALL_BATCH_CONF} == outside
+    with batch_settings(spark, {}) as before:  # a big batch: compiled already
+        batch = _Batch(spark, None, None, None, None, 0.0, before=before)
+        spark.conf.set(mode, "NO_CODEGEN")  # (set by hand: compile_for leaves it)
+        batch.compile_for("lake.big", 10**9)
+        assert spark.conf.get(mode) == "NO_CODEGEN"
+    spark.conf.unset(mode)

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -71,6 +72,8 @@ TARGETS = {
 }
 
 
+# batches into each table of the `merge_scaling` step (its figure: their medians)
+MERGE_ROUNDS = 3
 # batches of each kind the `served` step sends (its figures: all but the first)
 SERVED_ROUNDS = 3
 # Figures without a target, shown for context.
@@ -487,18 +490,29 @@ class Bench:
 
     # ---- MERGE cost against table size --------------------------------------------------
     def merge_scaling(self) -> None:
+        """A batch of `merge_batch` changes on random keys MERGEd into a table of each
+        size: both tables filled first, then `MERGE_ROUNDS` batches into each, small and
+        big alternating (each batch new offsets, new keys); the figure is the ratio of
+        their medians, so one slow second on a shared machine does not decide it."""
         batch = self.sizes.merge_batch
-        walls = {}
-        for rows in self.sizes.merge_rows:
-            walls[rows] = self._merge_into(rows, batch)
-        small, big = sorted(walls)
-        self.figures["merge_scaling_ratio"] = walls[big] / walls[small]
+        tables = {rows: self._filled_table(rows) for rows in self.sizes.merge_rows}
+        walls: dict[int, list[float]] = {rows: [] for rows in tables}
+        for i in range(MERGE_ROUNDS):
+            for rows, pipeline in tables.items():
+                walls[rows].append(self._merge_batch(pipeline, rows, batch, i))
+        for pipeline in tables.values():
+            self.spark.sql(f"DROP TABLE {pipeline.qualified_target(pipeline.tables[0])} PURGE")
+        median = {rows: statistics.median(w) for rows, w in walls.items()}
+        small, big = sorted(median)
+        self.figures["merge_scaling_ratio"] = median[big] / median[small]
         self.details["merge_scaling"] = {
             "batch": batch,
-            **{f"rows_{r}_s": w for r, w in walls.items()},
+            **{f"rows_{r}_s": m for r, m in median.items()},
+            "walls_s": {str(r): w for r, w in walls.items()},
         }
 
-    def _merge_into(self, rows: int, batch: int) -> float:
+    def _filled_table(self, rows: int):
+        """A new table of `rows` rows (keys 1..rows): its pipeline."""
         from cdclake.bench.sources import generated_reader
 
         tag = _tag()
@@ -511,14 +525,21 @@ class Bench:
         table = pipeline.qualified_target(pipeline.tables[0])
         self.say(f"filling {table} with {rows:,} rows")
         spark.sql(f"INSERT INTO {table} {fill_select(spark, table, rows)}")
-        change = Workload(batch, rows, seed.streams, 1)
-        ranges = tuple(OffsetRange(t, p, 10, 10 + n) for t, p, n in change.slices())
+        return pipeline
+
+    def _merge_batch(self, pipeline, rows: int, batch: int, round_: int) -> float:
+        """The wall of the `round_`th batch of `batch` changes on random keys of 1..rows."""
+        from cdclake.bench.sources import generated_reader
+
+        (stream,) = Workload.standard(1, 1, pipeline.topic_prefix, tables=1).streams
+        change = Workload(batch, rows, (stream,), 1)
+        start = 10 + round_ * batch  # new offsets: new keys, and not a batch loaded already
+        ranges = tuple(OffsetRange(t, p, start, start + n) for t, p, n in change.slices())
         started = time.perf_counter()
-        run_batch(spark, pipeline, BatchPlan(pipeline.name, "change", ranges),
+        run_batch(self.spark, pipeline, BatchPlan(pipeline.name, f"change-{round_}", ranges),
                   read=generated_reader(change))  # fmt: skip
         wall = time.perf_counter() - started
         self.say(f"{batch:,} changes into {rows:,} rows: {wall:.1f}s")
-        spark.sql(f"DROP TABLE {table} PURGE")
         return wall
 
     # ---- peak memory against batch size --------------------------------------------------
