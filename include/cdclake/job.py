@@ -118,6 +118,7 @@ from cdclake.spark import (
     batch_conf,
     batch_settings,
     cache_level,
+    restore_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -669,11 +670,7 @@ class _Batch:
         with self.settings_lock:
             if not self.interpreted:
                 return
-            for k, v in self.interpreted.items():
-                if v is None:
-                    self.spark.conf.unset(k)
-                else:
-                    self.spark.conf.set(k, v)
+            restore_settings(self.spark, self.interpreted)
             self.interpreted = {}
         log.info("%s: a MERGE target of %d rows; the batch's expressions are compiled from "
                  "now on", table, target_rows)  # fmt: skip

@@ -233,8 +233,13 @@ def batch_settings(
     try:
         yield old
     finally:
-        for k, v in old.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
+        restore_settings(spark, old)
+
+
+def restore_settings(spark: SparkSession, old: Mapping[str, str | None]) -> None:
+    """Put back session settings as `batch_settings` found them (None: unset)."""
+    for k, v in old.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)

@@ -57,20 +57,19 @@ def split_recording(directory: Path, ranges: list[OffsetRange]) -> tuple[Path, P
     """Two recordings over the files of `directory`: each topic-partition's first half
     of `ranges` (`<directory>/first`) and its second half (`<directory>/second`), two
     batches of one history."""
-    halves = []
-    for name, pick in (("first", lambda r, mid: (r.start, mid)),
-                       ("second", lambda r, mid: (mid, r.end))):  # fmt: skip
-        half = directory / name
+    first, second = directory / "first", directory / "second"
+    cuts: dict[Path, list] = {first: [], second: []}
+    for r in ranges:
+        mid = r.start + r.size // 2
+        cuts[first].append([r.topic, r.partition, r.start, mid])
+        cuts[second].append([r.topic, r.partition, mid, r.end])
+    for half, cut in cuts.items():
         half.mkdir()
-        cut = []
         for r in ranges:
-            file = _file_name(r.topic, r.partition)
-            if not (half / file).exists():
-                (half / file).symlink_to(directory / file)
-            cut.append([r.topic, r.partition, *pick(r, r.start + r.size // 2)])
+            name = _file_name(r.topic, r.partition)
+            (half / name).symlink_to(directory / name)
         (half / "ranges.json").write_text(json.dumps(cut))
-        halves.append(half)
-    return halves[0], halves[1]
+    return first, second
 
 
 def _raw_batch(cols, rows: RawRows):
