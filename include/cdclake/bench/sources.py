@@ -67,7 +67,7 @@ def split_recording(directory: Path, ranges: list[OffsetRange]) -> tuple[Path, P
         half.mkdir()
         for r in ranges:
             name = _file_name(r.topic, r.partition)
-            (half / name).symlink_to(directory / name)
+            (half / name).symlink_to(directory.resolve() / name)  # valid from any cwd
         (half / "ranges.json").write_text(json.dumps(cut))
     return first, second
 
