@@ -6,10 +6,11 @@ Every error names the file and the field, so a broken YAML shows up in the Airfl
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -40,13 +41,37 @@ class OnError(StrEnum):
 
 
 @dataclass(frozen=True)
+class TimeoutsConfig:
+    """How long cdclake waits on Kafka, the catalog and the source database: `connect_s` to
+    reach an endpoint (TCP and handshake), `request_s` for one request's answer. So an
+    endpoint that accepts connections but never answers fails the task, naming it."""
+
+    connect_s: float = 10.0
+    request_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str
     properties: Mapping[str, str] = field(default_factory=dict)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
 
     def client_config(self) -> dict[str, str]:
-        """librdkafka settings shared by every client cdclake creates."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.properties}
+        """librdkafka settings shared by every client cdclake creates; `properties` win."""
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            # librdkafka's ranges: at least 1 s to set up a connection, 10 ms to answer
+            "socket.connection.setup.timeout.ms": str(
+                max(1000, int(self.timeouts.connect_s * 1e3))
+            ),
+            "socket.timeout.ms": str(min(300_000, max(10, int(self.timeouts.request_s * 1e3)))),
+            **self.properties,
+        }
+
+    @property
+    def servers(self) -> str:
+        """The bootstrap servers the clients use (`properties` may override the field)."""
+        return self.client_config()["bootstrap.servers"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +81,7 @@ class CatalogConfig:
     uri: str
     warehouse: str
     properties: Mapping[str, str] = field(default_factory=dict)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
 
 
 @dataclass(frozen=True)
@@ -162,6 +188,7 @@ class PipelineConfig:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     # `source` globs ("inventory.*"): every captured table that matches is loaded too
     patterns: tuple[TableConfig, ...] = ()
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # kafka, catalog carry it
 
     @property
     def notification_topic(self) -> str:
@@ -286,7 +313,7 @@ _SERVED_URL = re.compile(r"https?://[^/\s:]+(:\d+)?/?")
 _TOP_LEVEL = {
     "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
     "max_records_per_batch", "parallel_tables", "schedule", "on_error", "spark", "source",
-    "connector", "maintenance",
+    "connector", "maintenance", "timeouts",
 }  # fmt: skip
 
 
@@ -359,12 +386,14 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
     name = r.get(raw, "", "name", str)
     if not _PIPELINE_NAME.match(name):
         raise r.fail("name", f"{name!r} must be lower-case letters, digits and underscores")
+    timeouts = _parse_timeouts(r, r.mapping(raw, "", "timeouts", required=False))
     kafka_raw = r.mapping(raw, "", "kafka")
     kafka = KafkaConfig(
         bootstrap_servers=r.get(kafka_raw, "kafka", "bootstrap_servers", str),
         properties=r.string_map(kafka_raw, "kafka", "properties"),
+        timeouts=timeouts,
     )
-    catalog = _parse_catalog(r, r.mapping(raw, "", "catalog"))
+    catalog = replace(_parse_catalog(r, r.mapping(raw, "", "catalog")), timeouts=timeouts)
     namespace = r.get(raw, "", "namespace", str)
     if not _IDENT.match(namespace):
         raise r.fail("namespace", f"{namespace!r} is not a valid identifier")
@@ -442,7 +471,26 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         source=source,
         connector=ConnectorModes(**modes),
         maintenance=_parse_maintenance(r, r.mapping(raw, "", "maintenance", required=False)),
+        timeouts=timeouts,
     )
+
+
+def _parse_timeouts(r: _Reader, raw: Mapping[str, Any]) -> TimeoutsConfig:
+    known = [f.name for f in fields(TimeoutsConfig)]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise r.fail(f"timeouts.{unknown[0]}", f"unknown field (expected one of {known})")
+    seconds: dict[str, float] = {}
+    for name in known:
+        value = r.get(raw, "timeouts", name, object, getattr(TimeoutsConfig, name))
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not number > 0 or math.isinf(number):
+            raise r.fail(f"timeouts.{name}", f"must be a number of seconds > 0, got {value!r}")
+        seconds[name] = number
+    return TimeoutsConfig(**seconds)
 
 
 _MAINTENANCE_MINIMUM = {
