@@ -4,7 +4,8 @@ their progress on the notification topic.
 The signal goes into the signal table with bound parameters only. Debezium 3.x silently
 ignores the old singular `additional-condition`, so only `additional-conditions` is ever
 written. Debezium reports invalid signals only in its own log, so requests are validated
-here before anything is written.
+here before anything is written, whichever channel (signal table or Kafka topic) sends
+them: filters can only read (cdclake.snapshot_filter) and fit where they are stored.
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ from enum import StrEnum
 
 from cdclake.config import KafkaConfig
 from cdclake.exceptions import CdclakeError
+from cdclake.snapshot_filter import (
+    FilterError,
+    check_functions,
+    filter_sql,
+    parse_filter,
+    read_functions,
+)
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
-_FORBIDDEN_IN_FILTER = (";", "--", "/*", "*/")
+# every wait on the source database is bounded
+SOURCE_CONNECT_TIMEOUT_S = 10
+SOURCE_STATEMENT_TIMEOUT_MS = 10_000
 
 
 class SignalError(CdclakeError):
@@ -72,12 +82,10 @@ def validate(request: SnapshotRequest, captured: Sequence[str]) -> None:
     for table, condition in request.filters.items():
         if table not in request.tables:
             raise SignalError(f"filter given for {table!r}, which is not being snapshotted")
-        if not condition.strip():
-            raise SignalError(f"filter for {table!r} is empty")
-        if any(bad in condition for bad in _FORBIDDEN_IN_FILTER):
-            raise SignalError(
-                f"filter for {table!r} may not contain statement separators or comments"
-            )
+        try:
+            parse_filter(table, condition)
+        except FilterError as exc:
+            raise SignalError(str(exc)) from None
     if request.surrogate_key is not None and not _NAME.match(request.surrogate_key):
         raise SignalError(f"surrogate key {request.surrogate_key!r} is not a column name")
 
@@ -91,7 +99,7 @@ def signal_data(request: SnapshotRequest) -> dict:
     if request.action is Action.EXECUTE:
         if request.filters:
             data["additional-conditions"] = [
-                {"data-collection": t, "filter": f} for t, f in request.filters.items()
+                {"data-collection": t, "filter": filter_sql(f)} for t, f in request.filters.items()
             ]
         if request.surrogate_key:
             data["surrogate-key"] = request.surrogate_key
@@ -107,12 +115,17 @@ def new_signal_id(run_id: str | None = None) -> str:
 
 def parse_request(
     action: str,
-    tables: Sequence[str] = (),
-    type: str = "incremental",
-    filters: Mapping[str, str] | None = None,
+    tables: Sequence[str] | None = (),
+    type: str | None = "incremental",
+    filters: Mapping[str, str] | str | None = None,
     surrogate_key: str | None = None,
 ) -> SnapshotRequest:
-    """A request from form or command-line values, with errors naming the bad value."""
+    """A request from form or command-line values, with errors naming the bad value.
+    `filters` may be the JSON text of the object (the form's Filters box)."""
+    tables = () if tables is None else tables
+    type = type or "incremental"
+    if isinstance(filters, str):
+        filters = _filters_from_json(filters)
     names = {"execute": Action.EXECUTE, "stop": Action.STOP, "pause": Action.PAUSE,
              "resume": Action.RESUME}  # fmt: skip
     key = str(action).strip().lower().removesuffix("-snapshot")
@@ -140,55 +153,124 @@ def parse_request(
     )
 
 
-def check_source(dsn: str, signal_table: str, request: SnapshotRequest) -> None:
-    """Validate against the source database, writing nothing: the signal table and every
-    table exist, the surrogate key is a column of each, and each filter is a valid
-    condition on its table (planned with EXPLAIN in a read-only transaction)."""
+def _filters_from_json(text: str) -> dict:
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SignalError(
+            f"filters: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            'give an object of table -> SQL condition, e.g. {"inventory.orders": "quantity > 1"}'
+        ) from None
+    if not isinstance(value, dict):
+        raise SignalError("filters must be an object of table -> SQL condition")
+    return value
+
+
+def check_source(
+    dsn: str, signal_table: str, request: SnapshotRequest, channel: str = "source"
+) -> None:
+    """Validate against the source database, writing nothing, every wait bounded: the
+    signal table and every table exist, the surrogate key is a column of each, each filter
+    calls only functions pg_proc marks immutable and is a valid condition on its table
+    (planned with EXPLAIN in a read-only transaction, after the function check), and, for
+    the source channel, the signal fits the signal table's `data` column."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(dsn, autocommit=False, connect_timeout=SOURCE_CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise SignalError(f"source database could not be reached: {_first_line(exc)}") from None
+    with conn:
+        conn.execute("SET TRANSACTION READ ONLY")
+        conn.execute(f"SET LOCAL statement_timeout = {int(SOURCE_STATEMENT_TIMEOUT_MS)}")
+        try:
+            _check_tables(conn, signal_table, request)
+            _check_filters(conn, request)
+            if channel == "source":
+                _check_signal_fits(conn, signal_table, request)
+        except psycopg.errors.QueryCanceled:
+            raise SignalError(
+                f"source database did not answer within {SOURCE_STATEMENT_TIMEOUT_MS} ms"
+            ) from None
+        finally:
+            conn.rollback()
+
+
+def _check_tables(conn, signal_table: str, request: SnapshotRequest) -> None:
+    for table in (signal_table, *request.tables):
+        schema, name = table.split(".", 1)
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = %s",
+            (schema, name),
+        ).fetchone()
+        if not found:
+            what = "signal table" if table == signal_table else "table"
+            raise SignalError(f"{what} {table!r} does not exist in the source database")
+    if request.surrogate_key:
+        for table in request.tables:
+            schema, name = table.split(".", 1)
+            found = conn.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
+                "AND table_name = %s AND column_name = %s",
+                (schema, name, request.surrogate_key),
+            ).fetchone()
+            if not found:
+                raise SignalError(
+                    f"surrogate key {request.surrogate_key!r} is not a column of {table!r}"
+                )
+
+
+def _check_filters(conn, request: SnapshotRequest) -> None:
+    """Functions first (nothing is planned that calls a function not immutable), then
+    EXPLAIN of the condition exactly as Debezium will run it, inside a savepoint."""
     import psycopg
     from psycopg import sql
 
-    try:
-        conn = psycopg.connect(dsn, autocommit=False)
-    except psycopg.Error as exc:
-        raise SignalError(f"source database could not be reached: {exc}") from None
-    with conn:
-        conn.execute("SET TRANSACTION READ ONLY")
-        for table in (signal_table, *request.tables):
-            schema, name = table.split(".", 1)
-            found = conn.execute(
-                "SELECT 1 FROM information_schema.tables WHERE table_schema = %s "
-                "AND table_name = %s",
-                (schema, name),
-            ).fetchone()
-            if not found:
-                what = "signal table" if table == signal_table else "table"
-                raise SignalError(f"{what} {table!r} does not exist in the source database")
-        if request.surrogate_key:
-            for table in request.tables:
-                schema, name = table.split(".", 1)
-                found = conn.execute(
-                    "SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
-                    "AND table_name = %s AND column_name = %s",
-                    (schema, name, request.surrogate_key),
-                ).fetchone()
-                if not found:
-                    raise SignalError(
-                        f"surrogate key {request.surrogate_key!r} is not a column of {table!r}"
-                    )
-        for table, condition in request.filters.items():
-            schema, name = table.split(".", 1)
-            statement = sql.SQL("EXPLAIN SELECT * FROM {}.{} WHERE {}").format(
-                sql.Identifier(schema), sql.Identifier(name), sql.SQL(condition)
-            )
-            try:
+    for table, condition in request.filters.items():
+        try:
+            parsed = parse_filter(table, condition)
+            check_functions(table, parsed, read_functions(conn, parsed.functions))
+        except FilterError as exc:
+            raise SignalError(str(exc)) from None
+        schema, name = table.split(".", 1)
+        statement = sql.SQL("EXPLAIN SELECT * FROM {}.{} WHERE {}").format(
+            sql.Identifier(schema), sql.Identifier(name), sql.SQL(filter_sql(condition))
+        )
+        try:
+            with conn.transaction():
                 conn.execute(statement)
-            except psycopg.Error as exc:
-                conn.rollback()
-                first = str(exc).strip().splitlines()[0]
-                raise SignalError(
-                    f"filter for {table!r} is not a valid condition: {first}"
-                ) from None
-        conn.rollback()
+        except psycopg.errors.QueryCanceled:
+            raise
+        except psycopg.Error as exc:
+            raise SignalError(
+                f"filter for {table!r} is not a valid condition: {_first_line(exc)}"
+            ) from None
+
+
+def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> None:
+    """The signal table's `data` column is often varchar(2048) (Debezium's examples): a
+    longer signal would fail the INSERT."""
+    schema, name = signal_table.split(".", 1)
+    row = conn.execute(
+        "SELECT character_maximum_length FROM information_schema.columns "
+        "WHERE table_schema = %s AND table_name = %s AND column_name = 'data'",
+        (schema, name),
+    ).fetchone()
+    limit = row[0] if row else None
+    size = len(json.dumps(signal_data(request)))
+    if limit is not None and size > limit:
+        raise SignalError(
+            f"the signal's data is {size:,} characters, more than the {limit:,} that "
+            f"{signal_table}.data holds (varchar({limit})): shorten the filters, snapshot "
+            f"fewer tables at once, or widen the column (ALTER TABLE {signal_table} ALTER "
+            "COLUMN data TYPE text)"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def send_to_signal_table(dsn: str, signal_table: str, signal_id: str, request: SnapshotRequest):
@@ -199,8 +281,16 @@ def send_to_signal_table(dsn: str, signal_table: str, signal_id: str, request: S
     statement = sql.SQL("INSERT INTO {}.{} (id, type, data) VALUES (%s, %s, %s)").format(
         sql.Identifier(schema), sql.Identifier(table)
     )
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(statement, (signal_id, request.action.value, json.dumps(signal_data(request))))
+    data = json.dumps(signal_data(request))
+    try:
+        with psycopg.connect(
+            dsn, autocommit=True, connect_timeout=SOURCE_CONNECT_TIMEOUT_S
+        ) as conn:
+            conn.execute(statement, (signal_id, request.action.value, data))
+    except psycopg.Error as exc:
+        raise SignalError(
+            f"signal {signal_id} could not be written to {signal_table}: {_first_line(exc)}"
+        ) from None
     log.info("signal %s sent: %s %s", signal_id, request.action.value, list(request.tables))
 
 
@@ -385,7 +475,7 @@ def submit(
         raise SignalError(
             f"{pipeline.path}: source.signal_topic is not set, so the kafka channel is unavailable"
         )
-    check_source(dsn, pipeline.source.signal_table, request)
+    check_source(dsn, pipeline.source.signal_table, request, channel)
     signal_id = new_signal_id(origin)
     start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
     if channel == "kafka":

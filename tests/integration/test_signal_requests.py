@@ -50,6 +50,37 @@ MALFORMED = [
     ),
     ({"action": "execute", "tables": [T], "filters": {T: "id >"}}, "not a valid condition"),
     ({"action": "execute", "tables": [T], "filters": {T: 5}}, "must be a string"),
+    # functions are checked against the source's pg_proc: only immutable ones may be called
+    (
+        {"action": "execute", "tables": [T], "filters": {T: f"id = nextval('{T}_seq')"}},
+        r"nextval\(\), which PostgreSQL marks volatile",
+    ),
+    (
+        {"action": "execute", "tables": [T], "filters": {T: "lo_from_bytea(0, 'x') > 0"}},
+        r"lo_from_bytea\(\), which PostgreSQL marks volatile",
+    ),
+    (
+        {"action": "execute", "tables": [T], "filters": {T: "pg_sleep(5) is null"}},
+        r"pg_sleep\(\), which PostgreSQL marks volatile",
+    ),
+    (
+        {"action": "execute", "tables": [T], "filters": {T: "v < random()"}},
+        r"random\(\), which PostgreSQL marks volatile",
+    ),
+    (
+        {"action": "execute", "tables": [T], "filters": {T: "v > extract(epoch from now())"}},
+        r"extract\(\), which PostgreSQL marks stable",
+    ),
+    (
+        {"action": "execute", "tables": [T], "filters": {T: "not_a_function(v) = 1"}},
+        r"not_a_function\(\), which is not a function",
+    ),
+    ({"action": "execute", "tables": [T], "filters": {T: "id in (select 1)"}}, "subquery"),
+    # the signal table's data column is varchar(2048): a clear error, not a failed INSERT
+    (
+        {"action": "execute", "tables": [T], "filters": {T: "id > 0 and " * 220 + "true"}},
+        r"holds \(varchar\(2048\)\)",
+    ),
     ({"action": "execute", "tables": [T, OTHER], "surrogate_key": "code"}, "not a column"),
     ({"action": "execute", "tables": [T], "surrogate_key": "code; x"}, "not a column name"),
     ({"action": "pause", "tables": [T]}, "give no tables"),
@@ -90,9 +121,27 @@ def test_a_valid_request_is_written_with_bound_parameters(stack, sig_pipeline):
     import json
 
     doc = json.loads(data)
-    assert doc["additional-conditions"] == [{"data-collection": T, "filter": tricky}]
+    assert doc["additional-conditions"] == [{"data-collection": T, "filter": f"({tricky})"}]
     assert "additional-condition" not in doc and doc["surrogate-key"] == "id"
     assert doc["data-collections"] == [T.replace(".", r"\.")]
+
+
+def test_a_filter_that_is_not_read_only_is_not_sent_to_the_kafka_channel(stack, tmp_path):
+    """The Kafka signal channel goes through the same checks: nothing reaches the topic."""
+    from cdclake.kafka import fetch_watermarks
+
+    pipeline = make_pipeline(tmp_path, f"it_sig_kafka_{N}", [T])
+    topic = pipeline.source.signal_topic
+
+    def records() -> int:
+        return sum(m.high for m in fetch_watermarks(pipeline.kafka, [topic]).values())
+
+    before = records()
+    for condition in ("pg_sleep(1) is null", "id > 0 and lower(code) = 'x' or now() > now()"):
+        request = parse_request("execute", [T], filters={T: condition})
+        with pytest.raises(SignalError, match="marks"):
+            submit(pipeline, stack.source_dsn, request, channel="kafka", origin="test")
+    assert records() == before
 
 
 def test_kafka_channel_and_blocking_snapshot_complete_and_load(stack, spark, tmp_path):

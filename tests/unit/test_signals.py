@@ -7,6 +7,7 @@ from cdclake.signals import (
     SnapshotRequest,
     SnapshotType,
     new_signal_id,
+    parse_request,
     signal_data,
     validate,
 )
@@ -28,7 +29,7 @@ def test_execute_snapshot_uses_additional_conditions_plural():
         "data-collections": ["inventory\\.orders"],
         "type": "incremental",
         "additional-conditions": [
-            {"data-collection": "inventory.orders", "filter": "quantity > 1"}
+            {"data-collection": "inventory.orders", "filter": "(quantity > 1)"}
         ],
         "surrogate-key": "order_number",
     }
@@ -71,3 +72,31 @@ def test_malformed_requests_are_refused_before_anything_is_sent(request_, reason
 def test_signal_ids_are_long_enough_and_unique():
     a, b = new_signal_id("run-1"), new_signal_id("run-1")
     assert a != b and 42 <= len(a) <= 64 and a.startswith("cdclake-run-1-")
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        ('{"inventory.orders": "quantity > 1"}', {"inventory.orders": "quantity > 1"}),  # JSON text
+        ({"inventory.orders": "quantity > 1"}, {"inventory.orders": "quantity > 1"}),  # object
+        ("", {}),  # an emptied box
+        (None, {}),
+        ('{"inventory.orders": quantity > 1}', "not valid JSON"),  # the condition unquoted
+        ('{"inventory.orders": "quantity > 1"', "not valid JSON"),  # no closing brace
+        ('["quantity > 1"]', "must be an object"),
+        ('{"inventory.orders": 1}', "must be a string"),
+    ],
+)  # fmt: skip
+def test_the_filters_box_is_an_object_or_its_json_text(filters, expected):
+    if isinstance(expected, str):
+        with pytest.raises(SignalError, match=expected):
+            parse_request("execute", ["inventory.orders"], filters=filters)
+        return
+    request = parse_request("execute", ["inventory.orders"], filters=filters)
+    assert request.filters == expected
+
+
+def test_empty_form_fields_take_their_defaults():
+    request = parse_request("pause", None, None, None, None)
+    assert (request.tables, request.type, request.filters, request.surrogate_key) == (
+        (), SnapshotType.INCREMENTAL, {}, None)  # fmt: skip
