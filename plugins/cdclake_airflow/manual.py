@@ -2,44 +2,113 @@
 Params form covering every pipeline in include/pipelines/ (a broken config is left out
 of the forms; dags/cdclake_configs.py names it).
 
-Like the pipeline DAGs they parse from the YAML files only. The form offers choices; the
-first task validates the request against the chosen pipeline, Kafka and the source
+They parse from the YAML files, and the Tables picker also offers the tables a pattern
+(`inventory.*`) finds among the Kafka topics, asked with a short bound at parse time (the
+YAML names alone when Kafka does not answer in time). Every optional field is nullable
+(`type: ["null", ...]`, the Airflow UI's mark of an optional field), so each form can be
+triggered with its defaults; the schema's constraints refuse malformed values at the field,
+and the first task validates the request against the chosen pipeline, Kafka and the source
 database before anything is loaded or written, and fails with the reason.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
 from cdclake.config import PipelineConfig, read_pipelines
 
-from cdclake_airflow.factory import load_task
+from cdclake_airflow.factory import load_task, tables_alias
+
+log = logging.getLogger(__name__)
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+DISCOVERY_TIMEOUT_S = 5.0  # at DAG parse time, for all pipelines together
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_$]*"
+TABLE_PATTERN = rf"^{_NAME}\.{_NAME}$"  # schema.table
+TABLE_OR_TARGET_PATTERN = rf"^{_NAME}(\.{_NAME})?$"  # schema.table, or the lake table's name
+COLUMN_PATTERN = rf"^{_NAME}$"
+JSON_OBJECT_PATTERN = r"^\s*\{[\s\S]*\}\s*$"  # the task parses it and names the error
+TIMESTAMP_PATTERN = (
+    r"^\s*(\d{1,16}|\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?)?"
+    r"(Z|[+-]\d{2}(:?\d{2})?)?)\s*$"
+)
 
 
-def _tables_param(pipelines: dict[str, PipelineConfig], what: str) -> Param:
-    tables = sorted({t.source for p in pipelines.values() for t in p.tables})
+def picker_tables(
+    pipelines: Mapping[str, PipelineConfig], timeout_s: float = DISCOVERY_TIMEOUT_S
+) -> dict[str, list[str]]:
+    """Per pipeline, every table it loads: those listed, and those its patterns match among
+    the Kafka topics (as the load DAG's plan finds them). All pipelines are asked at once
+    and waited for at most `timeout_s`; a pipeline whose Kafka did not answer offers its
+    listed tables, with a log line."""
+    from cdclake.kafka import list_topics
+
+    tables = {name: [t.source for t in p.tables] for name, p in pipelines.items()}
+    patterned = {name: p for name, p in pipelines.items() if p.patterns}
+    if not patterned:
+        return tables
+    pool = ThreadPoolExecutor(max_workers=min(8, len(patterned)), thread_name_prefix="picker")
+    futures = {
+        pool.submit(lambda p=p: p.with_topics(list_topics(p.kafka, timeout=timeout_s))): name
+        for name, p in patterned.items()
+    }
+    done, _ = wait(futures, timeout=timeout_s + 1.0)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for future, name in futures.items():
+        error = future.exception() if future in done else TimeoutError(f"{timeout_s:g}s")
+        if error is None:
+            tables[name] = [t.source for t in future.result().tables]
+            continue
+        log.warning(
+            "pipeline %s: the tables its patterns %s match are not offered in the forms "
+            "(Kafka did not answer: %s); its listed tables are",
+            name, [t.source for t in patterned[name].patterns], error,
+        )  # fmt: skip
+    return tables
+
+
+def _tables_param(
+    choices: Mapping[str, Sequence[str]], what: str, pattern: str = TABLE_PATTERN
+) -> Param:
+    tables = sorted({t for names in choices.values() for t in names})
     return Param(
-        [],
-        type="array",
-        items={"type": "string"},
+        None,
+        type=["null", "array"],
+        items={"type": "string", "pattern": pattern},
+        uniqueItems=True,
         examples=tables,
         title="Tables",
         description=f"{what} (schema.table). Must belong to the chosen pipeline.",
     )
 
 
-def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
+def _choices(
+    pipelines: Mapping[str, PipelineConfig], choices: Mapping[str, Sequence[str]] | None
+) -> Mapping[str, Sequence[str]]:
+    return choices if choices is not None else picker_tables(pipelines)
+
+
+def build_backfill_dag(
+    pipelines: Mapping[str, PipelineConfig], choices: Mapping[str, Sequence[str]] | None = None
+) -> DAG:
+    """`choices`: the tables the picker offers per pipeline (default `picker_tables`)."""
     from cdclake_airflow import tasks
 
     names = sorted(pipelines) or ["-"]
     paths = {name: str(p.path) for name, p in pipelines.items()}
+    tables = _tables_param(
+        _choices(pipelines, choices), "Tables to backfill; empty means every table",
+        TABLE_OR_TARGET_PATTERN,
+    )  # fmt: skip
     params = {
         "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
-        "tables": _tables_param(pipelines, "Tables to backfill; empty means every table"),
+        "tables": tables,
         "mode": Param(
             "replay", type="string", enum=["replay", "rebuild"], title="Mode",
             description="replay: re-apply [start, end), never regressing newer rows. "
@@ -50,20 +119,26 @@ def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
             title="Start", description="rebuild always starts at earliest",
         ),
         "start_offsets": Param(
-            "", type="string", title="Start offsets",
+            None, type=["null", "string"], pattern=JSON_OBJECT_PATTERN, title="Start offsets",
             description='With start=offsets: {"<partition>": <offset>} for one table, or '
             '{"<schema.table>": {"<partition>": <offset>}}',
         ),
         "start_timestamp": Param(
-            "", type="string", title="Start timestamp",
+            None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="Start timestamp",
             description="With start=timestamp: ISO 8601 (UTC when no offset) or epoch ms; "
             "Kafka record time",
         ),
         "end": Param(
             "latest", type="string", enum=["latest", "offsets", "timestamp"], title="End"
         ),
-        "end_offsets": Param("", type="string", title="End offsets (exclusive)"),
-        "end_timestamp": Param("", type="string", title="End timestamp"),
+        "end_offsets": Param(
+            None, type=["null", "string"], pattern=JSON_OBJECT_PATTERN,
+            title="End offsets (exclusive)", description="With end=offsets, as start offsets",
+        ),
+        "end_timestamp": Param(
+            None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="End timestamp",
+            description="With end=timestamp, as start timestamp",
+        ),
         "accept_retention_gap": Param(
             False, type="boolean", title="Accept retention gap",
             description="Rebuild although retention deleted a topic's first records: only "
@@ -89,9 +164,11 @@ def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
     with dag:
         plan = task(task_id="plan")(tasks.backfill_plan)(paths)
         choose = task.branch(task_id="choose_pipeline")(tasks.choose_load)(plan)
-        report = task(task_id="report", trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)(
-            tasks.backfill_report
-        )(plan)
+        report = task(
+            task_id="report",
+            outlets=[tables_alias(name) for name in sorted(pipelines)],
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+        )(tasks.backfill_report)(plan)
         for name, pipeline in sorted(pipelines.items()):
             load = load_task(
                 pipeline,
@@ -105,7 +182,12 @@ def build_backfill_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
     return dag
 
 
-def build_snapshot_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
+def build_snapshot_dag(
+    pipelines: Mapping[str, PipelineConfig], choices: Mapping[str, Sequence[str]] | None = None
+) -> DAG:
+    """`choices`: the tables the picker offers per pipeline (default `picker_tables`)."""
+    from cdclake.snapshot_filter import MAX_FILTER_CHARS
+
     from cdclake_airflow import tasks
     from cdclake_airflow.snapshot import SnapshotSensor
 
@@ -117,21 +199,34 @@ def build_snapshot_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
             "execute", type="string", enum=["execute", "stop", "pause", "resume"], title="Action"
         ),
         "type": Param("incremental", type="string", enum=["incremental", "blocking"], title="Type"),
-        "tables": _tables_param(pipelines, "Tables to snapshot (execute) or stop"),
+        "tables": _tables_param(
+            _choices(pipelines, choices), "Tables to snapshot (execute) or stop; none for "
+            "pause and resume",
+        ),
+        # object or its JSON text: the UI keeps invalid JSON as text, which the first task
+        # refuses, naming the error, before any signal is sent
         "filters": Param(
-            {}, type="object", title="Filters",
-            description='Per table, a SQL condition: {"inventory.orders": "quantity > 1"}. Sent '
-            "as Debezium's additional-conditions.",
+            None, type=["null", "object", "string"], pattern=JSON_OBJECT_PATTERN,
+            propertyNames={"pattern": TABLE_PATTERN},
+            additionalProperties={"type": "string", "minLength": 1,
+                                  "maxLength": MAX_FILTER_CHARS},
+            title="Filters",
+            description='execute only. Per table, a read-only SQL condition, as JSON: '
+            '{"inventory.orders": "quantity > 1"}. Only columns, literals, operators and '
+            "immutable functions; checked against the source database before sending.",
         ),
         "surrogate_key": Param(
-            "", type="string", title="Surrogate key",
-            description="Optional column (of every table) to chunk by instead of the primary key",
+            None, type=["null", "string"], pattern=COLUMN_PATTERN, title="Surrogate key",
+            description="execute only. Optional column (of every table) to chunk by instead "
+            "of the primary key",
         ),
         "channel": Param(
             "source", type="string", enum=["source", "kafka"], title="Channel",
             description="source: insert into the signal table; kafka: the signal topic",
         ),
-        "timeout_minutes": Param(60, type="integer", minimum=1, title="Timeout (minutes)"),
+        "timeout_minutes": Param(
+            60, type="integer", minimum=1, maximum=7 * 24 * 60, title="Timeout (minutes)"
+        ),
         "trigger_load": Param(
             True, type="boolean", title="Load when done",
             description="Trigger the pipeline's load DAG once the snapshot completed",
@@ -168,4 +263,6 @@ def build_snapshot_dag(pipelines: dict[str, PipelineConfig]) -> DAG:
 
 def build_manual_dags() -> dict[str, DAG]:
     pipelines = read_pipelines().pipelines
-    return {d.dag_id: d for d in (build_backfill_dag(pipelines), build_snapshot_dag(pipelines))}
+    choices = picker_tables(pipelines)
+    dags = (build_backfill_dag(pipelines, choices), build_snapshot_dag(pipelines, choices))
+    return {d.dag_id: d for d in dags}
