@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from cdclake.catalog import TableState, load_catalog, table_state
 from cdclake.config import PipelineConfig, TableConfig, load_pipeline, read_pipelines
 from cdclake.kafka import discover, fetch_watermarks
-from cdclake.offsets import SUMMARY_BATCH, SUMMARY_SOURCE_TS
-from cdclake.report import offsets_behind, seconds_behind_source
+from cdclake.lag import offsets_behind, source_lag
+from cdclake.offsets import SUMMARY_BATCH
 
 # Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
 _TOTAL_RECORDS = "total-records"
@@ -31,7 +31,9 @@ class TableFreshness:
     exists: bool
     last_commit_ms: int | None  # when the snapshot holding the committed offsets was written
     offsets_behind: int  # records in Kafka past the committed offsets
-    seconds_behind_source: float | None  # 0 when caught up; None before the first commit
+    # 0 when caught up, else the age of the oldest change not loaded yet (cdclake.lag);
+    # None when that change's time is unknown
+    seconds_behind_source: float | None
     rows: int | None  # live rows of the current snapshot; None when it cannot be told exactly
     batch_id: str | None  # the batch (DAG run) that committed the offsets
 
@@ -54,7 +56,11 @@ def live_rows(summary: Mapping[str, str]) -> int | None:
 
 
 def table_freshness(
-    pipeline: PipelineConfig, table: TableConfig, state: TableState, behind: int, now_ms: int
+    pipeline: PipelineConfig,
+    table: TableConfig,
+    state: TableState,
+    behind: int,
+    seconds_behind: float | None,
 ) -> TableFreshness:
     committed = state.offsets_summary
     return TableFreshness(
@@ -64,9 +70,7 @@ def table_freshness(
         exists=state.exists,
         last_commit_ms=state.offsets_committed_at_ms,
         offsets_behind=behind,
-        seconds_behind_source=seconds_behind_source(
-            behind, committed.get(SUMMARY_SOURCE_TS), now_ms
-        ),
+        seconds_behind_source=seconds_behind,
         rows=live_rows(state.summary) if state.exists else None,
         batch_id=committed.get(SUMMARY_BATCH),
     )
@@ -77,13 +81,16 @@ def pipeline_freshness(pipeline: PipelineConfig, now_ms: int) -> list[TableFresh
     match)."""
     pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
-    marks = fetch_watermarks(pipeline.kafka, [pipeline.topic_for(t) for t in pipeline.tables])
-    out = []
-    for table in pipeline.tables:
-        state = table_state(cat, pipeline, table)
-        behind = offsets_behind(marks, pipeline.topic_for(table), state.offsets)
-        out.append(table_freshness(pipeline, table, state, behind, now_ms))
-    return out
+    topics = [pipeline.topic_for(t) for t in pipeline.tables]
+    marks = fetch_watermarks(pipeline.kafka, topics)
+    states = [table_state(cat, pipeline, t) for t in pipeline.tables]
+    committed = {topic: state.offsets for topic, state in zip(topics, states, strict=True)}
+    lag = source_lag(pipeline.kafka, marks, committed, now_ms)
+    return [
+        table_freshness(pipeline, table, state, offsets_behind(marks, topic, state.offsets),
+                        lag[topic])
+        for table, topic, state in zip(pipeline.tables, topics, states, strict=True)
+    ]  # fmt: skip
 
 
 def format_time(ms: int | None) -> str:
@@ -111,7 +118,8 @@ _RIGHT = {"offsets behind", "behind source", "rows"}
 def freshness_cells(row: TableFreshness) -> tuple[str, ...]:
     """The display cells of one row, in COLUMNS order (shared by the terminal and the page)."""
     if not row.exists:
-        return (row.table, "not created yet", f"{row.offsets_behind:,}", "-", "-", "-")
+        return (row.table, "not created yet", f"{row.offsets_behind:,}",
+                format_seconds(row.seconds_behind_source), "-", "-")  # fmt: skip
     return (
         row.table,
         format_time(row.last_commit_ms),

@@ -1,89 +1,121 @@
-"""Per-table figures after a load: what the batch did and how far behind the lake is."""
+"""Per-table figures after a run: what its batches did and how far behind the lake is."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from cdclake.catalog import load_catalog, table_state
-from cdclake.config import PipelineConfig
+from cdclake.catalog import TableState, load_catalog, table_state
+from cdclake.config import PipelineConfig, TableConfig
+from cdclake.exceptions import EndpointError
 from cdclake.kafka import discover, fetch_watermarks
+from cdclake.lag import offsets_behind, source_lag
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_DELETES,
     SUMMARY_RECORDS,
-    SUMMARY_SOURCE_TS,
     SUMMARY_UPSERTS,
-    TopicPartition,
-    Watermarks,
+    BatchPlan,
 )
 
-
-def offsets_behind(
-    marks: Mapping[TopicPartition, Watermarks], topic: str, committed: Mapping[TopicPartition, int]
-) -> int:
-    """Records Kafka holds for `topic` past the committed offsets (from the low watermark
-    for a partition never committed)."""
-    return sum(
-        max(0, m.high - committed.get(tp, m.low)) for tp, m in marks.items() if tp[0] == topic
-    )
-
-
-def seconds_behind_source(behind: int, source_ts_ms: str | int | None, now_ms: int) -> float | None:
-    """0 when caught up; else how old the newest committed change is (None: nothing committed).
-
-    While records wait, the lake shows the source as of the newest change it committed, so
-    it is at least that far behind; when nothing waits, it is as fresh as the source.
-    """
-    if source_ts_ms is None:
-        return None
-    return 0.0 if behind == 0 else max(0.0, (now_ms - int(source_ts_ms)) / 1000)
+_COUNTS = (SUMMARY_RECORDS, SUMMARY_UPSERTS, SUMMARY_DELETES)
 
 
 @dataclass(frozen=True)
 class TableReport:
     table: str
     exists: bool
-    batch_id: str | None
-    loaded_this_batch: bool
-    records: int
+    batch_id: str | None  # the batch that committed the table's offsets
+    loaded_this_batch: bool  # a batch of this run committed to the table
+    records: int  # Kafka records this run's batches loaded into the table
     upserts: int
     deletes: int
     offsets_behind: int
     committed_at_ms: int | None
     seconds_behind_source: float | None
 
+    @property
+    def changed(self) -> bool:
+        """This run loaded records into the table: it gets an asset event."""
+        return self.records > 0
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def batches_by_topic(plans: Iterable[BatchPlan]) -> dict[str, set[str]]:
+    """The batch ids of a run that read each topic."""
+    out: dict[str, set[str]] = {}
+    for plan in plans:
+        for r in plan.ranges:
+            out.setdefault(r.topic, set()).add(plan.batch_id)
+    return out
+
+
+def sum_counts(summaries: Iterable[Mapping[str, str]]) -> tuple[int, int, int]:
+    """Records, upserts and deletes over the snapshot summaries of a run's batches."""
+    totals = [0, 0, 0]
+    for summary in summaries:
+        for i, key in enumerate(_COUNTS):
+            totals[i] += int(summary.get(key, 0))
+    return totals[0], totals[1], totals[2]
+
+
+def batch_summaries(
+    cat, pipeline: PipelineConfig, table: TableConfig, state: TableState, batch_ids: set[str]
+) -> list[dict[str, str]]:
+    """The summaries of the table's snapshots committed by `batch_ids`: the one holding the
+    offsets when it is the only batch asked for, else found walking back from the current
+    snapshot until each was seen (or the history ends). A batch commits once per table."""
+    if not batch_ids or not state.exists:
+        return []
+    if batch_ids == {state.offsets_summary.get(SUMMARY_BATCH)}:
+        return [state.offsets_summary]
+    name = f"{pipeline.namespace}.{table.target}"
+    try:
+        ice = cat.load_table((pipeline.namespace, table.target))
+    except Exception as exc:
+        raise EndpointError(f"Iceberg catalog {pipeline.catalog.uri}: {name}: {exc}") from exc
+    out, left = [], set(batch_ids)
+    snap = ice.current_snapshot()
+    while snap is not None and left:
+        summary = dict(snap.summary.additional_properties) if snap.summary else {}
+        if summary.get(SUMMARY_BATCH) in left:
+            left.discard(summary[SUMMARY_BATCH])
+            out.append(summary)
+        parent = snap.parent_snapshot_id
+        snap = None if parent is None else ice.snapshot_by_id(parent)
+    return out
+
+
 def report_pipeline(
-    pipeline: PipelineConfig, batch_id: str | None, now_ms: int
+    pipeline: PipelineConfig, plans: Sequence[BatchPlan], now_ms: int
 ) -> list[TableReport]:
+    """One report per table of the pipeline (patterns resolved), for a run of `plans`."""
     pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
     topics = [pipeline.topic_for(t) for t in pipeline.tables]
     marks = fetch_watermarks(pipeline.kafka, topics)
+    states = [table_state(cat, pipeline, t) for t in pipeline.tables]
+    lag = source_lag(pipeline.kafka, marks, dict(zip(topics, (s.offsets for s in states),
+                                                     strict=True)), now_ms)  # fmt: skip
+    by_topic = batches_by_topic(plans)
     out = []
-    for table in pipeline.tables:
-        state = table_state(cat, pipeline, table)
-        topic = pipeline.topic_for(table)
-        behind = offsets_behind(marks, topic, state.offsets)
-        summary = state.summary
-        this_batch = batch_id is not None and summary.get(SUMMARY_BATCH) == batch_id
-        lag = seconds_behind_source(behind, summary.get(SUMMARY_SOURCE_TS), now_ms)
+    for table, topic, state in zip(pipeline.tables, topics, states, strict=True):
+        ours = batch_summaries(cat, pipeline, table, state, by_topic.get(topic, set()))
+        records, upserts, deletes = sum_counts(ours)
         out.append(
             TableReport(
                 table=pipeline.qualified_target(table),
                 exists=state.exists,
-                batch_id=summary.get(SUMMARY_BATCH),
-                loaded_this_batch=this_batch,
-                records=int(summary.get(SUMMARY_RECORDS, 0)) if this_batch else 0,
-                upserts=int(summary.get(SUMMARY_UPSERTS, 0)) if this_batch else 0,
-                deletes=int(summary.get(SUMMARY_DELETES, 0)) if this_batch else 0,
-                offsets_behind=behind,
-                committed_at_ms=state.committed_at_ms,
-                seconds_behind_source=lag,
+                batch_id=state.offsets_summary.get(SUMMARY_BATCH),
+                loaded_this_batch=bool(ours),
+                records=records,
+                upserts=upserts,
+                deletes=deletes,
+                offsets_behind=offsets_behind(marks, topic, state.offsets),
+                committed_at_ms=state.offsets_committed_at_ms,
+                seconds_behind_source=lag[topic],
             )
         )
     return out

@@ -4,7 +4,9 @@ Every route requires what Airflow's own REST API requires: a valid JWT (the
 `Authorization: Bearer` header, or the `_token` cookie the Airflow UI holds after login)
 checked by the configured auth manager. A pipeline is listed only when the user may read
 its `cdclake__<pipeline>` DAG. The figures come from `cdclake.freshness` (Iceberg
-snapshots and Kafka watermarks); the last run state from Airflow's metadata database.
+snapshots and Kafka watermarks); whether the DAG is active, paused or missing and its last
+run from Airflow's metadata database (two queries for all pipelines). Links go to the
+Airflow UI's pages of the DAG and of its last run.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ import datetime as dt
 import html
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
+from urllib.parse import quote
 
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
+from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from cdclake.config import read_pipelines
 from cdclake.exceptions import CdclakeError
@@ -32,11 +38,29 @@ from cdclake.freshness import (
 )
 from fastapi import FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 log = logging.getLogger(__name__)
 
 URL_PREFIX = "/cdclake"
+
+
+class DagState(StrEnum):
+    """What Airflow knows of a pipeline's load DAG."""
+
+    ACTIVE = "active"  # parsed and scheduled
+    PAUSED = "paused"  # parsed, but the scheduler starts no runs
+    MISSING = "missing"  # never parsed, or its file no longer defines it (stale)
+
+
+def dag_path(dag_id: str) -> str:
+    """The Airflow UI's page of a DAG (a path under the UI's root)."""
+    return f"/dags/{quote(dag_id, safe='')}"
+
+
+def run_path(dag_id: str, run_id: str) -> str:
+    """The Airflow UI's page of a DAG run."""
+    return f"{dag_path(dag_id)}/runs/{quote(run_id, safe=':+')}"
 
 
 @dataclass
@@ -46,33 +70,64 @@ class PipelineView:
     last_run: dict[str, Any] | None = None
     tables: list[TableFreshness] = field(default_factory=list)
     error: str | None = None
+    dag_state: DagState | None = None  # None for a config file that could not be read
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "dag_id": self.dag_id,
+            "dag_state": self.dag_state.value if self.dag_state else None,
+            "dag_url": dag_path(self.dag_id) if self.dag_id else None,
             "last_run": self.last_run,
             "error": self.error,
             "tables": [t.to_dict() for t in self.tables],
         }
 
 
-def _last_run(session, dag_id: str) -> dict[str, Any] | None:
-    run = session.scalars(
-        select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(1)
-    ).first()
-    if run is None:
-        return None
+def _dag_states(session, dag_ids: Iterable[str]) -> dict[str, DagState]:
+    """Each DAG's state, in one query; a DAG without a row is missing."""
+    ids = list(dag_ids)
+    rows = session.execute(
+        select(DagModel.dag_id, DagModel.is_paused, DagModel.is_stale).where(
+            DagModel.dag_id.in_(ids)
+        )
+    ).all()
+    out = dict.fromkeys(ids, DagState.MISSING)
+    for dag_id, paused, stale in rows:
+        if not stale:
+            out[dag_id] = DagState.PAUSED if paused else DagState.ACTIVE
+    return out
 
-    def iso(value: dt.datetime | None) -> str | None:
-        return value.isoformat() if value else None
 
-    return {
-        "run_id": run.run_id,
-        "state": str(run.state) if run.state else None,
-        "run_after": iso(run.run_after),
-        "end_date": iso(run.end_date),
-    }
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _last_runs(session, dag_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The newest run of each DAG (by run_after), in one query."""
+    ids = list(dag_ids)
+    newest = (
+        select(DagRun.dag_id, func.max(DagRun.run_after).label("run_after"))
+        .where(DagRun.dag_id.in_(ids))
+        .group_by(DagRun.dag_id)
+        .subquery()
+    )
+    runs = session.scalars(
+        select(DagRun).join(
+            newest,
+            (DagRun.dag_id == newest.c.dag_id) & (DagRun.run_after == newest.c.run_after),
+        )
+    ).all()
+    out: dict[str, dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: r.id):  # two runs at one run_after: the later one
+        out[run.dag_id] = {
+            "run_id": run.run_id,
+            "state": str(run.state) if run.state else None,
+            "run_after": _iso(run.run_after),
+            "end_date": _iso(run.end_date),
+            "url": run_path(run.dag_id, run.run_id),
+        }
+    return out
 
 
 def _readable(user, dag_id: str) -> bool:
@@ -88,12 +143,17 @@ def collect(user, session, now_ms: int) -> list[PipelineView]:
     403 when there are pipelines but the user may read none of their DAGs.
     """
     found = read_pipelines()
+    readable = {
+        name: f"cdclake__{name}" for name in found.pipelines if _readable(user, f"cdclake__{name}")
+    }
+    states = _dag_states(session, readable.values())
+    runs = _last_runs(session, readable.values())
     out = []
     for pipeline in found.pipelines.values():
-        dag_id = f"cdclake__{pipeline.name}"
-        if not _readable(user, dag_id):
+        if pipeline.name not in readable:
             continue
-        view = PipelineView(pipeline.name, dag_id, _last_run(session, dag_id))
+        dag_id = readable[pipeline.name]
+        view = PipelineView(pipeline.name, dag_id, runs.get(dag_id), dag_state=states[dag_id])
         try:
             view.tables = pipeline_freshness(pipeline, now_ms)
         except CdclakeError as exc:
@@ -139,7 +199,8 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 .sub { color: var(--muted); margin: 0 0 24px; }
 section { margin: 0 0 28px; }
 h2 { font-size: 16px; margin: 0 0 8px; display: flex; gap: 10px; align-items: center; }
-h2 .dag, h2 .when { font-weight: 400; color: var(--muted); font-size: 13px; }
+h2 .dag, h2 .when, h2 a { font-weight: 400; color: var(--muted); font-size: 13px; }
+a { color: var(--run); }
 table { border-collapse: collapse; width: 100%; }
 th, td { padding: 7px 12px; border-bottom: 1px solid var(--line); text-align: left;
          white-space: nowrap; }
@@ -169,6 +230,31 @@ _RUN_CLASS = {
 }
 
 
+_DAG_CLASS = {DagState.ACTIVE: "ok", DagState.PAUSED: "behind", DagState.MISSING: "bad"}
+_DAG_TEXT = {
+    DagState.ACTIVE: "active",
+    DagState.PAUSED: "paused: no scheduled loads",
+    DagState.MISSING: "DAG missing: nothing loads this pipeline",
+}
+
+
+def _link(path: str, text: str, title: str | None = None) -> str:
+    """A link to an Airflow UI page: relative to this page (mounted at /cdclake/ under the
+    UI's root, so it works behind a path prefix), opened in the whole window (the UI shows
+    this page in a frame)."""
+    tip = f' title="{html.escape(title, quote=True)}"' if title else ""
+    href = html.escape(".." + path, quote=True)
+    return f'<a href="{href}" target="_top"{tip}>{text}</a>'
+
+
+def _dag_badge(v: PipelineView) -> str:
+    state = v.dag_state or DagState.MISSING
+    pill = f'<span class="pill {_DAG_CLASS[state]}">{html.escape(_DAG_TEXT[state])}</span>'
+    if state is DagState.MISSING:
+        return f"<span class='dag'>{html.escape(v.dag_id)}</span> {pill}"
+    return f"{_link(dag_path(v.dag_id), html.escape(v.dag_id))} {pill}"
+
+
 def _run_badge(last_run: dict[str, Any] | None) -> str:
     if last_run is None:
         return '<span class="pill none">no runs yet</span>'
@@ -179,7 +265,15 @@ def _run_badge(last_run: dict[str, Any] | None) -> str:
     if when:
         ms = int(dt.datetime.fromisoformat(when).timestamp() * 1000)
         badge += f' <span class="when">{html.escape(format_time(ms))}</span>'
-    return f'<span title="{html.escape(last_run["run_id"], quote=True)}">{badge}</span>'
+    return _link(last_run["url"], badge, last_run["run_id"])
+
+
+def _batch_cell(batch_id: str | None, text: str) -> str:
+    """The batch id, linked to the DAG run that committed it (`<dag id>/<run id>[/...]`)."""
+    parts = (batch_id or "").split("/")
+    if len(parts) < 2 or not parts[0].startswith("cdclake"):
+        return text
+    return _link(run_path(parts[0], parts[1]), text)
 
 
 def _row(t: TableFreshness) -> str:
@@ -191,15 +285,18 @@ def _row(t: TableFreshness) -> str:
         if name == "offsets behind":
             pill = "behind" if t.offsets_behind else "ok"
             text = f'<span class="pill {pill}">{text}</span>'
+        elif name == "behind source" and t.seconds_behind_source is not None:
+            pill = "behind" if t.seconds_behind_source else "ok"
+            text = f'<span class="pill {pill}">{text}</span>'
+        elif name == "batch":
+            text = _batch_cell(t.batch_id, text)
         tds.append(f'<td class="{css}">{text}</td>')
     return "<tr>" + "".join(tds) + "</tr>"
 
 
 def _section(v: PipelineView) -> str:
-    head = (
-        f"<h2>{html.escape(v.name)} <span class='dag'>{html.escape(v.dag_id)}</span> "
-        f"{_run_badge(v.last_run) if v.dag_id else ''}</h2>"
-    )
+    badges = f"{_dag_badge(v)} {_run_badge(v.last_run)}" if v.dag_id else ""
+    head = f"<h2>{html.escape(v.name)} {badges}</h2>"
     if v.error:
         return f'<section>{head}<div class="error">{html.escape(v.error)}</div></section>'
     ths = "".join(
@@ -213,7 +310,9 @@ def _section(v: PipelineView) -> str:
 _LEGEND = (
     "<b>last commit</b>: when the Iceberg snapshot holding the table's committed offsets was "
     "written. <b>offsets behind</b>: records Kafka holds past them. <b>behind source</b>: 0 "
-    "when nothing waits, else the age of the newest change the table holds. <b>rows</b>: "
+    "when nothing waits, else how long ago the oldest change not loaded yet was committed "
+    "in the source (its <code>source.ts_ms</code>; Kafka's record time for a tombstone). "
+    "<b>rows</b>: "
     "live rows from Iceberg's snapshot summary (records minus position deletes). "
     "<b>batch</b>: the run that committed the offsets."
 )

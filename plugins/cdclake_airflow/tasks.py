@@ -51,26 +51,34 @@ def has_work(plan_json: str) -> bool:
     return bool(BatchPlan.from_json(plan_json).ranges)
 
 
+def emit_changed(outlet_events, pipeline, reports) -> list[str]:
+    """One asset event (the table's figures in `extra`) for each table the run changed,
+    through the pipeline's asset alias; tables it did not change get none. The tables a
+    pattern found get theirs as well (the alias creates their assets)."""
+    from cdclake_airflow.factory import table_asset, tables_alias
+
+    events = outlet_events[tables_alias(pipeline.name)]
+    changed = []
+    for table, rep in zip(pipeline.tables, reports, strict=True):
+        if rep.changed:
+            events.add(table_asset(pipeline, table.target), extra=rep.to_dict())
+            changed.append(rep.table)
+        log.info("%s", json.dumps(rep.to_dict(), sort_keys=True))
+    log.info("asset events for %d changed table(s): %s", len(changed), ", ".join(changed) or "-")
+    return changed
+
+
 def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
-    """Per-table figures, and one asset event per table with them in `extra`."""
+    """Per-table figures, and an asset event for each table the batch changed."""
     from cdclake.config import load_pipeline
     from cdclake.kafka import discover
     from cdclake.offsets import BatchPlan
     from cdclake.report import report_pipeline
 
-    from cdclake_airflow.factory import table_asset
-
-    listed = load_pipeline(pipeline_path)
-    pipeline = discover(listed)  # once: the figures and the tables below are the same set
+    pipeline = discover(load_pipeline(pipeline_path))  # the figures' tables and the events'
     batch = BatchPlan.from_json(plan_json)
-    reports = report_pipeline(pipeline, batch.batch_id, int(time.time() * 1000))
-    outlet_events = context["outlet_events"]
-    with_asset = {t.target for t in listed.tables}  # tables a pattern found have none
-    for table, rep in zip(pipeline.tables, reports, strict=True):
-        extra = rep.to_dict()
-        if table.target in with_asset:
-            outlet_events[table_asset(pipeline, table.target)].extra = extra
-        log.info("%s", json.dumps(extra, sort_keys=True))
+    reports = report_pipeline(pipeline, [batch], int(time.time() * 1000))
+    emit_changed(context["outlet_events"], pipeline, reports)
     return [r.to_dict() for r in reports]
 
 
@@ -127,19 +135,20 @@ def choose_load(plan: dict) -> list[str]:
     return [f"load__{plan['pipeline']}"]
 
 
-def backfill_report(plan: dict) -> list[dict]:
+def backfill_report(plan: dict, **context) -> list[dict]:
+    """The backfilled tables' figures, and an asset event for each table it changed."""
     from cdclake.config import load_pipeline
+    from cdclake.kafka import discover
+    from cdclake.offsets import plans_from_json
     from cdclake.report import report_pipeline
 
-    pipeline = load_pipeline(plan["pipeline_path"])
-    last = json.loads(plan["plans_json"])[-1]["batch_id"] if plan["batches"] else None
-    reports = [
-        r for r in report_pipeline(pipeline, last, int(time.time() * 1000))
-        if r.table.rsplit(".", 1)[-1] in {pipeline.table_named(t).target for t in plan["tables"]}
-    ]  # fmt: skip
-    for r in reports:
-        log.info("%s", json.dumps(r.to_dict(), sort_keys=True))
-    return [r.to_dict() for r in reports]
+    pipeline = discover(load_pipeline(plan["pipeline_path"]))
+    plans = plans_from_json(plan["plans_json"]) if plan["batches"] else []
+    reports = report_pipeline(pipeline, plans, int(time.time() * 1000))
+    asked = {pipeline.table_named(t).target for t in plan["tables"]}
+    emit_changed(context["outlet_events"], pipeline, reports)
+    return [r.to_dict() for t, r in zip(pipeline.tables, reports, strict=True)
+            if t.target in asked]  # fmt: skip
 
 
 # ---- cdclake_snapshot -----------------------------------------------------------------

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from cdclake.freshness import TableFreshness, format_seconds, live_rows, render_freshness
-from cdclake.offsets import Watermarks
-from cdclake.report import offsets_behind, seconds_behind_source
+from cdclake.lag import (
+    offsets_behind,
+    oldest_per_topic,
+    record_time_ms,
+    seconds_behind_source,
+    source_time_ms,
+    unloaded_starts,
+)
+from cdclake.offsets import BatchPlan, OffsetRange, Watermarks
+from cdclake.report import TableReport, batches_by_topic, sum_counts
 
 
 @pytest.mark.parametrize(
@@ -41,16 +51,104 @@ def test_offsets_behind_counts_only_the_topic(committed, expected):
 
 
 @pytest.mark.parametrize(
-    "behind, source_ts, now, expected",
+    "committed, expected",
     [
-        (0, "1000", 61_000, 0.0),  # caught up: as fresh as the source
-        (3, "1000", 61_000, 60.0),  # waiting: age of the newest committed change
-        (3, 1000, 500, 0.0),  # clock skew never gives a negative lag
-        (3, None, 61_000, None),  # nothing committed yet
+        ({("t", 0): 10, ("t", 1): 8, ("u", 0): 99}, {}),  # caught up: nothing to read
+        ({("t", 0): 4, ("t", 1): 8, ("u", 0): 99}, {("t", 0): 4}),  # the first unloaded
+        ({("t", 0): 10, ("t", 1): 2, ("u", 0): 99}, {("t", 1): 5}),  # retention passed it
+        ({}, {("t", 0): 0, ("t", 1): 5, ("u", 0): 0}),  # nothing committed: the low marks
+        ({("t", 0): 12, ("t", 1): 8, ("u", 0): 99}, {}),  # past the high mark
     ],
 )
-def test_seconds_behind_source(behind, source_ts, now, expected):
-    assert seconds_behind_source(behind, source_ts, now) == expected
+def test_unloaded_starts(committed, expected):
+    assert unloaded_starts(MARKS, committed) == expected
+
+
+def envelope(source: dict | None, schema: bool = True) -> bytes:
+    payload = {"before": None, "after": {"id": 1}, "op": "c", "ts_ms": 9_999, "source": source}
+    return json.dumps({"schema": {}, "payload": payload} if schema else payload).encode()
+
+
+CREATE_TIME = (1, 5_000)  # confluent-kafka: (TIMESTAMP_CREATE_TIME, ms)
+
+
+@pytest.mark.parametrize(
+    "value, kafka_ts, expected",
+    [
+        (envelope({"ts_ms": 1_000, "lsn": 5}), CREATE_TIME, 1_000),  # the source commit time,
+        # not Debezium's processing time (payload.ts_ms) nor Kafka's
+        (envelope({"ts_ms": 1_000}, schema=False), CREATE_TIME, 1_000),  # schemas disabled
+        (json.dumps({"id": 1, "__source_ts_ms": 2_000}).encode(), CREATE_TIME, 2_000),  # flat
+        (None, CREATE_TIME, 5_000),  # a tombstone: Kafka's time
+        (b"\x00\x01 not json", CREATE_TIME, 5_000),  # undecodable: Kafka's time
+        (envelope({"ts_ms": None}), CREATE_TIME, 5_000),  # no source time
+        (envelope({"ts_ms": True}), CREATE_TIME, 5_000),  # not a number
+        (json.dumps([1, 2]).encode(), CREATE_TIME, 5_000),  # not an object
+        (None, (0, -1), None),  # no time at all: unknown
+    ],
+)
+def test_record_time_ms(value, kafka_ts, expected):
+    assert record_time_ms(value, kafka_ts) == expected
+
+
+def test_source_time_ms_of_a_tombstone_is_none():
+    assert source_time_ms(None) is None and source_time_ms(b"") is None
+
+
+@pytest.mark.parametrize(
+    "times, expected",
+    [
+        ({("t", 0): 3_000, ("t", 1): 1_000, ("u", 0): 7}, {"t": 1_000, "u": 7}),  # oldest
+        ({("t", 0): 3_000, ("t", 1): None}, {"t": None}),  # one unknown: unknown
+        ({}, {}),
+    ],
+)
+def test_oldest_per_topic(times, expected):
+    assert oldest_per_topic(times) == expected
+
+
+@pytest.mark.parametrize(
+    "oldest, waiting, now, expected",
+    [
+        (None, False, 61_000, 0.0),  # caught up: as fresh as the source
+        (1_000, True, 61_000, 60.0),  # the oldest unloaded change is a minute old
+        (1_000, True, 500, 0.0),  # clock skew never gives a negative lag
+        (None, True, 61_000, None),  # waiting, time unknown
+    ],
+)
+def test_seconds_behind_source(oldest, waiting, now, expected):
+    assert seconds_behind_source(oldest, waiting, now) == expected
+
+
+def test_batches_by_topic_names_each_batch_that_read_a_topic():
+    plans = [
+        BatchPlan("p", "bf/r/0000", (OffsetRange("t", 0, 0, 5), OffsetRange("u", 0, 0, 5))),
+        BatchPlan("p", "bf/r/0001", (OffsetRange("t", 0, 5, 9),)),
+    ]
+    assert batches_by_topic(plans) == {"t": {"bf/r/0000", "bf/r/0001"}, "u": {"bf/r/0000"}}
+    assert batches_by_topic([]) == {}
+
+
+def test_sum_counts_over_a_runs_snapshots():
+    summaries = [
+        {"cdclake.records": "7", "cdclake.upserts": "5", "cdclake.deletes": "1"},
+        {"cdclake.records": "3", "cdclake.upserts": "3"},  # no deletes recorded
+    ]
+    assert sum_counts(summaries) == (10, 8, 1)
+    assert sum_counts([]) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "records, loaded, changed",
+    [
+        (0, False, False),  # not in the run's plans
+        (0, True, False),  # a commit that carried no records
+        (3, True, True),
+    ],
+)
+def test_a_table_changed_when_the_run_loaded_records_into_it(records, loaded, changed):
+    rep = TableReport("lake.p.t", True, "b", loaded, records, records, 0, 0, None, 0.0)
+    assert rep.changed is changed
 
 
 @pytest.mark.parametrize(
@@ -72,3 +170,45 @@ def test_render_aligns_columns_and_marks_tables_not_created():
     assert "not created yet" in lines[2]
     end = lines[0].index("OFFSETS BEHIND") + len("OFFSETS BEHIND")  # right-aligned
     assert [line[end - 5 : end] for line in lines[1:]] == ["1,234", "    7"]
+
+
+def page_views():
+    from cdclake_airflow.freshness_page import DagState, PipelineView, run_path
+
+    run = "scheduled__2026-11-26T08:05:00+00:00"
+    table = TableFreshness("p", "lake.p.t", "s.t", True, 0, 3, 42.0, 10, f"cdclake__p/{run}")
+    return [
+        PipelineView("p", "cdclake__p", {"run_id": run, "state": "success", "run_after": None,
+                     "end_date": None, "url": run_path("cdclake__p", run)}, [table],
+                     dag_state=DagState.ACTIVE),
+        PipelineView("q", "cdclake__q", None, [], dag_state=DagState.PAUSED),
+        PipelineView("r", "cdclake__r", None, [], dag_state=DagState.MISSING),
+    ]  # fmt: skip
+
+
+def test_page_links_the_dag_and_its_last_run_and_shows_paused_and_missing_dags():
+    import re
+
+    from cdclake_airflow.freshness_page import render_page
+
+    body = render_page(page_views(), 0)
+    sections = dict(re.findall(r"<section><h2>(\w) (.*?)</section>", body))
+    run_href = "../dags/cdclake__p/runs/scheduled__2026-11-26T08:05:00+00:00"
+    # relative to /cdclake/freshness: the UI's /dags/<dag_id> and /dags/<dag_id>/runs/<run_id>
+    assert '<a href="../dags/cdclake__p" target="_top">cdclake__p</a>' in sections["p"]
+    assert f'<a href="{run_href}" target="_top"' in sections["p"]
+    assert sections["p"].count(f'href="{run_href}"') == 2  # the last run and the batch cell
+    assert ">active</span>" in sections["p"] and ">42s</span>" in sections["p"]
+    assert ">paused: no scheduled loads</span>" in sections["q"]
+    assert 'href="../dags/cdclake__q"' in sections["q"]
+    assert ">DAG missing: nothing loads this pipeline</span>" in sections["r"]
+    assert 'href="../dags/cdclake__r"' not in sections["r"]  # no page to link to
+
+
+def test_run_path_keeps_a_run_id_in_one_path_segment():
+    from cdclake_airflow.freshness_page import dag_path, run_path
+
+    assert dag_path("cdclake__p") == "/dags/cdclake__p"
+    assert (
+        run_path("cdclake__p", "manual__a/b?c#d") == "/dags/cdclake__p/runs/manual__a%2Fb%3Fc%23d"
+    )
