@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote as urlquote
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from cdclake.config import CatalogConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import ConfigError, DataLossError, EndpointError
@@ -14,7 +14,9 @@ from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
 
 
 def sqlalchemy_uri(catalog: CatalogConfig) -> str:
-    """jdbc:postgresql://host:port/db -> postgresql+psycopg://user:password@host:port/db."""
+    """jdbc:postgresql://host:port/db -> postgresql+psycopg://user:password@host:port/db,
+    with the pipeline's timeouts as libpq settings (pyiceberg's SqlCatalog takes no
+    connect_args; SQLAlchemy hands the URL's query to psycopg.connect)."""
     if not catalog.uri.startswith("jdbc:postgresql://"):
         raise ConfigError(
             f"catalog.uri {catalog.uri!r}: the JDBC catalog is supported on PostgreSQL "
@@ -27,12 +29,49 @@ def sqlalchemy_uri(catalog: CatalogConfig) -> str:
     if password:
         auth += ":" + urlquote(password, safe="")
     netloc = f"{auth}@{parts.netloc}" if auth else parts.netloc
-    return f"postgresql+psycopg://{netloc}{parts.path}"
+    query = {  # the JDBC URI's own parameters are JDBC's, not libpq's: not passed on
+        "connect_timeout": str(max(2, round(catalog.timeouts.connect_s))),  # libpq: >= 2 s
+        "options": f"-c statement_timeout={int(catalog.timeouts.request_s * 1000)}",
+    }
+    return f"postgresql+psycopg://{netloc}{parts.path}?{urlencode(query, quote_via=urlquote)}"
+
+
+def catalog_endpoint(catalog: CatalogConfig) -> str:
+    """host:port of the catalog's URI (what a message about it names first)."""
+    uri = catalog.uri.removeprefix("jdbc:")
+    parts = urlsplit(uri)
+    if not parts.hostname:
+        return catalog.uri
+    default = {"http": 80, "https": 443, "postgresql": 5432}.get(parts.scheme, "")
+    return f"{parts.hostname}:{parts.port or default}"
+
+
+def _rest_catalog(catalog: CatalogConfig, props: dict[str, str]):
+    """pyiceberg's REST catalog with every request bounded (it sets no timeout of its own
+    and has no property for one): `timeouts.connect_s` to connect, `request_s` to answer."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    bounds = (catalog.timeouts.connect_s, catalog.timeouts.request_s)
+
+    class BoundedRestCatalog(RestCatalog):
+        def _create_session(self):
+            session = super()._create_session()
+            send = session.request
+
+            def request(method, url, **kwargs):
+                if kwargs.get("timeout") is None:
+                    kwargs["timeout"] = bounds
+                return send(method, url, **kwargs)
+
+            session.request = request
+            return session
+
+    return BoundedRestCatalog(catalog.name, uri=catalog.uri, warehouse=catalog.warehouse, **props)
 
 
 def load_catalog(catalog: CatalogConfig):
-    from pyiceberg.catalog import load_catalog as _load
-
+    """The pipeline's catalog; one that cannot be reached within the pipeline's timeouts
+    is an EndpointError naming its host and port and what to check."""
     props = {k: v for k, v in catalog.properties.items() if not k.startswith("jdbc.")}
     try:
         if catalog.type == "jdbc":
@@ -50,12 +89,20 @@ def load_catalog(catalog: CatalogConfig):
                     raise
                 time.sleep(0.5)
                 return connect()
-        return _load(catalog.name, type="rest", uri=catalog.uri, warehouse=catalog.warehouse,
-                     **props)  # fmt: skip
+        return _rest_catalog(catalog, props)
     except ConfigError:
         raise
     except Exception as exc:
-        raise EndpointError(f"Iceberg catalog {catalog.uri} could not be reached: {exc}") from exc
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        what = (
+            "its database runs there" if catalog.type == "jdbc" else "the REST service runs there"
+        )
+        raise EndpointError(
+            f"Iceberg catalog at {catalog_endpoint(catalog)} ({catalog.uri}) could not be "
+            f"reached (timeouts: connect {catalog.timeouts.connect_s:g}s, request "
+            f"{catalog.timeouts.request_s:g}s): {reason} -- check that {what} and answers "
+            "this host, and catalog.uri and catalog.properties in the pipeline file"
+        ) from exc
 
 
 def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:

@@ -19,6 +19,7 @@ from cdclake.changes import DELETED, METADATA_COLUMNS
 from cdclake.config import ConnectorModes, PipelineConfig, TableConfig
 from cdclake.debezium import LAKE_MAX_DATE, LAKE_MAX_TIMESTAMP, LAKE_MIN_DATE, LAKE_MIN_TIMESTAMP
 from cdclake.exceptions import EndpointError
+from cdclake.source import connect_source, describe_dsn
 
 DEFAULT_MODES = ConnectorModes()
 _NUMERIC = ("numeric", "money")
@@ -234,8 +235,8 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
     lake_names = [] if data is None else [
         c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED
     ]  # fmt: skip
-    try:
-        with psycopg.connect(dsn) as conn:
+    try:  # whole tables are read: no statement timeout, only the connect timeout
+        with connect_source(dsn, pipeline.timeouts, limit_statements=False) as conn:
             src_cols = [c for c in source_columns(conn, table) if c.name not in table.exclude]
             cols = [c for c in src_cols if c.name in lake_names] if lake_names else src_cols
             lake_dicts = data.select([c.name for c in cols]).to_pylist() if data is not None else []
@@ -264,7 +265,7 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
             shown = ", ".join(f"{_ident(c.name)}::text" for c in cols)  # display only
             source_rows = conn.execute(f"select {shown} from {source_table}").fetchall()
     except psycopg.OperationalError as exc:
-        raise EndpointError(f"source database could not be reached: {exc}") from exc
+        raise EndpointError(f"source database at {describe_dsn(dsn)}: {exc}") from exc
     lake_rows = [tuple(_display(row[c.name]) for c in cols) for row in lake_dicts]
     return TableComparison(
         source=table.source,

@@ -10,12 +10,24 @@ from cdclake.exceptions import EndpointError
 from cdclake.offsets import TopicPartition, Watermarks
 
 
+def unreachable(kafka: KafkaConfig, timeout: float, exc: BaseException) -> EndpointError:
+    """The error of a broker that did not answer: the servers the client used (a
+    `bootstrap.servers` property wins over the field), the wait and what to check."""
+    return EndpointError(
+        f"Kafka at {kafka.servers} did not answer within {timeout:g}s: {exc} -- check that "
+        "the brokers run there and are reachable from this host (kafka.bootstrap_servers, "
+        "or bootstrap.servers and the security settings under kafka.properties); a slow "
+        "network may need larger timeouts in the pipeline file"
+    )
+
+
 @contextmanager
-def _metadata(kafka: KafkaConfig, timeout: float) -> Iterator[tuple[object, object]]:
+def _metadata(kafka: KafkaConfig, timeout: float | None) -> Iterator[tuple[object, object]]:
     """A planner consumer and the cluster's topic metadata; an unreachable broker is an
-    EndpointError naming it."""
+    EndpointError naming it. `timeout` defaults to the pipeline's `timeouts.request_s`."""
     from confluent_kafka import Consumer, KafkaException
 
+    timeout = kafka.timeouts.request_s if timeout is None else timeout
     consumer = Consumer(
         {**kafka.client_config(), "group.id": "cdclake-planner", "enable.auto.commit": False}
     )
@@ -23,15 +35,13 @@ def _metadata(kafka: KafkaConfig, timeout: float) -> Iterator[tuple[object, obje
         try:
             meta = consumer.list_topics(timeout=timeout)
         except KafkaException as exc:
-            raise EndpointError(
-                f"Kafka at {kafka.bootstrap_servers} could not be reached: {exc}"
-            ) from exc
+            raise unreachable(kafka, timeout, exc) from exc
         yield consumer, meta
     finally:
         consumer.close()
 
 
-def list_topics(kafka: KafkaConfig, timeout: float = 15.0) -> list[str]:
+def list_topics(kafka: KafkaConfig, timeout: float | None = None) -> list[str]:
     """Every topic the broker has."""
     with _metadata(kafka, timeout) as (_, meta):
         return sorted(meta.topics)
@@ -46,7 +56,7 @@ def discover(pipeline: PipelineConfig, topics: Iterable[str] | None = None) -> P
 
 
 def fetch_watermarks(
-    kafka: KafkaConfig, topics: Iterable[str], timeout: float = 15.0
+    kafka: KafkaConfig, topics: Iterable[str], timeout: float | None = None
 ) -> dict[TopicPartition, Watermarks]:
     """Low and high watermarks of every partition of `topics` that exist."""
     from confluent_kafka import KafkaException, TopicPartition
@@ -60,11 +70,11 @@ def fetch_watermarks(
             for p in sorted(tmeta.partitions):
                 try:
                     low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, p), timeout=timeout
+                        TopicPartition(topic, p), timeout=timeout or kafka.timeouts.request_s
                     )
                 except KafkaException as exc:
                     raise EndpointError(
-                        f"Kafka at {kafka.bootstrap_servers}: watermarks of {topic}[{p}]: {exc}"
+                        f"Kafka at {kafka.servers}: watermarks of {topic}[{p}]: {exc}"
                     ) from exc
                 out[(topic, p)] = Watermarks(low, high)
         return out
@@ -74,7 +84,7 @@ def offsets_for_time(
     kafka: KafkaConfig,
     marks: dict[TopicPartition, Watermarks],
     timestamp_ms: int,
-    timeout: float = 15.0,
+    timeout: float | None = None,
 ) -> dict[TopicPartition, int]:
     """Per partition, the first offset whose record timestamp is at or after `timestamp_ms`
     (the high watermark when there is none).
@@ -86,6 +96,7 @@ def offsets_for_time(
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
+    timeout = kafka.timeouts.request_s if timeout is None else timeout
     consumer = Consumer(
         {
             **kafka.client_config(),
@@ -104,10 +115,15 @@ def offsets_for_time(
             if msg is None:
                 continue
             if msg.error():
-                raise EndpointError(f"Kafka: reading {tp[0]}[{tp[1]}]@{offset}: {msg.error()}")
+                raise EndpointError(
+                    f"Kafka at {kafka.servers}: reading {tp[0]}[{tp[1]}]@{offset}: {msg.error()}"
+                )
             if msg.offset() >= offset:
                 return msg.timestamp()[1]
-        raise EndpointError(f"Kafka: no record at {tp[0]}[{tp[1]}]@{offset} within {timeout}s")
+        raise EndpointError(
+            f"Kafka at {kafka.servers}: no record at {tp[0]}[{tp[1]}]@{offset} within "
+            f"{timeout:g}s (timeouts.request_s)"
+        )
 
     try:
         out: dict[TopicPartition, int] = {}

@@ -159,21 +159,27 @@ def _sql_text(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _kafka_reader(kafka: KafkaConfig, timeout_s: float = 60) -> RangeReader:
-    return partial(_read_slice, kafka.client_config(), timeout_s=timeout_s)
+def idle_timeout(kafka: KafkaConfig, timeout_s: float | None = None) -> float:
+    """A slice's wait for its next records: `timeouts.request_s`, a minute at least."""
+    return timeout_s if timeout_s is not None else max(60.0, kafka.timeouts.request_s)
+
+
+def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> RangeReader:
+    return partial(_read_slice, kafka.client_config(), timeout_s=idle_timeout(kafka, timeout_s))
 
 
 KAFKA = RawSource(_kafka_reader)
 
 
 def read_ranges(
-    spark: SparkSession, kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float = 60
-) -> DataFrame:
+    spark: SparkSession, kafka: KafkaConfig, ranges: Sequence[OffsetRange],
+    timeout_s: float | None = None,
+) -> DataFrame:  # fmt: skip
     return RawSource(partial(_kafka_reader, timeout_s=timeout_s))(spark, kafka, ranges)
 
 
 def read_local(
-    kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float = 60,
+    kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float | None = None,
     max_bytes: int = DRIVER_READ_BYTES,
 ) -> pa.Table | None:  # fmt: skip
     """Read the ranges in this process, slice after slice: the raw rows the Spark tasks
@@ -181,7 +187,7 @@ def read_local(
     than `max_bytes` (what was read is dropped; the caller reads with Spark tasks)."""
     import pyarrow as pa
 
-    client_config = kafka.client_config()
+    client_config, timeout_s = kafka.client_config(), idle_timeout(kafka, timeout_s)
     batches, held = [], 0
     for r in slice_ranges(ranges):
         row = {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
@@ -259,8 +265,9 @@ def _read_slice(
                     )
                 if time.monotonic() - idle_since > timeout_s:
                     raise RuntimeError(
-                        f"no records from {topic} partition {partition} at offset "
-                        f"{next_offset} (wanted up to {end - 1}) within {timeout_s:.0f}s"
+                        f"no records from Kafka at {client_config['bootstrap.servers']}: "
+                        f"{topic} partition {partition} at offset {next_offset} (wanted up "
+                        f"to {end - 1}) within {timeout_s:.0f}s"
                     )
                 continue
             idle_since = time.monotonic()

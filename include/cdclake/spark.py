@@ -70,10 +70,27 @@ def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
         f"{prefix}.type": catalog.type,
         f"{prefix}.uri": catalog.uri,
         f"{prefix}.warehouse": catalog.warehouse,
+        **_catalog_timeouts(prefix, catalog),
     }
     for key, value in catalog.properties.items():
         conf[f"{prefix}.{key}"] = value
     return conf
+
+
+def _catalog_timeouts(prefix: str, catalog: CatalogConfig) -> dict[str, str]:
+    """The pipeline's timeouts for Iceberg's own catalog clients (the JDBC driver's
+    properties in seconds; pgjdbc waits for a login forever by default)."""
+    connect, request = catalog.timeouts.connect_s, catalog.timeouts.request_s
+    if catalog.type == "jdbc":
+        return {
+            f"{prefix}.jdbc.connectTimeout": str(max(1, round(connect))),
+            f"{prefix}.jdbc.loginTimeout": str(max(1, round(connect))),
+            f"{prefix}.jdbc.socketTimeout": str(max(1, round(request))),
+        }
+    return {
+        f"{prefix}.rest.client.connection-timeout-ms": str(int(connect * 1000)),
+        f"{prefix}.rest.client.socket-timeout-ms": str(int(request * 1000)),
+    }
 
 
 def spark_conf(
