@@ -119,7 +119,8 @@ def build_backfill_dag(
             title="Start", description="rebuild always starts at earliest",
         ),
         "start_offsets": Param(
-            None, type=["null", "string"], pattern=JSON_OBJECT_PATTERN, title="Start offsets",
+            None, type=["null", "object", "string"], pattern=JSON_OBJECT_PATTERN,
+            title="Start offsets",
             description='With start=offsets: {"<partition>": <offset>} for one table, or '
             '{"<schema.table>": {"<partition>": <offset>}}',
         ),
@@ -132,7 +133,7 @@ def build_backfill_dag(
             "latest", type="string", enum=["latest", "offsets", "timestamp"], title="End"
         ),
         "end_offsets": Param(
-            None, type=["null", "string"], pattern=JSON_OBJECT_PATTERN,
+            None, type=["null", "object", "string"], pattern=JSON_OBJECT_PATTERN,
             title="End offsets (exclusive)", description="With end=offsets, as start offsets",
         ),
         "end_timestamp": Param(

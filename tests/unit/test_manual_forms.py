@@ -87,6 +87,7 @@ ACCEPTED_AT_THE_FIELD = [
     ("snapshot", "surrogate_key", "order_number"),
     ("backfill", "tables", ["orders"]),  # the lake table's name
     ("backfill", "start_offsets", '{"0": 100}'),
+    ("backfill", "end_offsets", {"inventory.orders": {"0": 100}}),  # an object, by the API
     ("backfill", "start_timestamp", "2026-11-22T10:00:00+00:00"),
     ("backfill", "start_timestamp", "2026-11-22"),
     ("backfill", "end_timestamp", "1763805600000"),
