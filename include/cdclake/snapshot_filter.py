@@ -56,7 +56,7 @@ class FunctionInfo:
 @dataclass(frozen=True)
 class ParsedFilter:
     text: str  # as given, stripped
-    functions: tuple[str, ...]  # names called, `name` or `schema.name`, lower case
+    functions: tuple[str, ...]  # names called, `name` or `schema.name`, as PostgreSQL reads them
 
 
 def filter_sql(condition: str) -> str:
@@ -300,12 +300,12 @@ def _check_type(where: str, type_name) -> None:
 
 
 def _function_name(where: str, node) -> str:
-    names = [n.sval.lower() for n in node.funcname]
+    names = [n.sval for n in node.funcname]  # unquoted names come folded to lower case
     name = ".".join(names)
     if node.over is not None or node.agg_star or node.agg_distinct or node.agg_filter:
         raise FilterError(f"{where} may not call {name}() as an aggregate or window function")
     if node.agg_order or node.agg_within_group or node.func_variadic:
         raise FilterError(f"{where} may not call {name}() with ORDER BY or VARIADIC")
-    if len(names) > 2:
+    if len(names) > 2 or any("." in n for n in names):
         raise FilterError(f"{where} calls {name}(): give a function as name or schema.name")
     return name

@@ -59,6 +59,9 @@ FILTERS = [
     ("generate_series(1, 3) = id", "generate_series(), which is a set-returning function"),
     ("no_such_function(id)", "no_such_function(), which is not a function of the source"),
     ("max(id) > 1", "max(), which is not a plain function"),
+    ("\"Lower\"(name) = 'a'", "Lower(), which is not a function"),  # quoted: case kept
+    ("LOWER(name) = 'a'", None),  # unquoted: folded to lower
+    ('"a.b"(name) = 1', "give a function as name or schema.name"),
     ("count(*) > 1", "count() as an aggregate or window function"),
     ("row_number() over () > 1", "row_number() as an aggregate or window function"),
     # refused: anything but one read-only expression
