@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 
@@ -12,6 +13,17 @@ from cdclake.exceptions import CdclakeError
 from cdclake.served import MAX_BATCHES
 
 log = logging.getLogger("cdclake")
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds > 0 (argparse refuses anything else before a command runs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     sn.add_argument("--surrogate-key", default=None)
     sn.add_argument("--channel", choices=["source", "kafka"], default="source")
     sn.add_argument("--source-dsn", default=None)
-    sn.add_argument("--timeout", type=float, default=3600, help="seconds to follow (default 1h)")
+    sn.add_argument(
+        "--timeout", type=_seconds, default=3600, help="seconds to follow, > 0 (default 1h)"
+    )
     sn.add_argument("--no-follow", action="store_true", help="send and return")
 
     maintain = sub.add_parser("maintain", help="Iceberg maintenance of a pipeline's tables")

@@ -16,14 +16,15 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from cdclake.config_reader import SCHEDULE_PRESETS, Reader, load_yaml, schedule_problem
 from cdclake.exceptions import ConfigError
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GLOB = re.compile(r"^[A-Za-z0-9_*?]+$")
-_PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# at most 100: Airflow DAG ids (cdclake_maintenance__<name>) have at most 250 characters
+_PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,99}$")
+# what Kafka allows in a topic name; the prefix leaves room for ".<schema>.<table>"
+_TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
 
 
 class DeleteMode(StrEnum):
@@ -251,88 +252,20 @@ class PipelineConfig:
         return f"{self.catalog.name}.{self.namespace}.{table.target}"
 
 
-class _Reader:
-    """Walks the raw YAML mapping and reports errors as `<file>: <field>: <problem>`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.path}: {where}: {problem}")
-
-    def interpolate(self, where: str, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-
-        def replace(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in os.environ:
-                return os.environ[name]
-            if default is not None:
-                return default
-            raise self.fail(where, f"environment variable {name} is not set and has no default")
-
-        return _ENV_REF.sub(replace, value)
-
-    def get(self, data: Mapping[str, Any], where: str, key: str, kind: type, default: Any = ...):
-        here = f"{where}.{key}" if where else key
-        if key not in data or data[key] is None:
-            if default is ...:
-                raise self.fail(here, "is required")
-            return default
-        value = self.interpolate(here, data[key])
-        if kind is int and isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
-        if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.fail(here, f"must be a {kind.__name__}, got {type(value).__name__}")
-        return value
-
-    def mapping(self, data: Mapping[str, Any], where: str, key: str, required: bool = True):
-        value = self.get(data, where, key, dict, ... if required else {})
-        return value
-
-    def string_map(self, data: Mapping[str, Any], where: str, key: str) -> dict[str, str]:
-        raw = self.mapping(data, where, key, required=False)
-        out: dict[str, str] = {}
-        for k, v in raw.items():
-            here = f"{where}.{key}.{k}" if where else f"{key}.{k}"
-            v = self.interpolate(here, v)
-            if isinstance(v, bool):
-                v = "true" if v else "false"
-            if not isinstance(v, (str, int, float)):
-                raise self.fail(here, f"must be a scalar, got {type(v).__name__}")
-            out[str(k)] = str(v)
-        return out
-
-
-_SOURCE_FIELDS = {"conn_id", "dsn", "signal_table", "signal_topic", "notification_topic"}
-_SPARK_FIELDS = {"conn_id", "master", "conf", "served"}
 _SERVED_URL = re.compile(r"https?://[^/\s:]+(:\d+)?/?")
-_TOP_LEVEL = {
-    "name", "topic_prefix", "kafka", "catalog", "namespace", "tables",
-    "max_records_per_batch", "parallel_tables", "schedule", "on_error", "spark", "source",
-    "connector", "maintenance", "timeouts",
-}  # fmt: skip
 
 
 def load_pipeline(path: str | os.PathLike[str]) -> PipelineConfig:
-    """Read and validate one pipeline YAML file."""
+    """Read and validate one pipeline YAML file. Keys are strict: a duplicate key, or one
+    the parse functions below do not read, is an error naming it."""
     path = Path(path).resolve()
-    reader = _Reader(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: file not found") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    reader = Reader(path)
+    raw = load_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a YAML mapping at the top level")
-    unknown = sorted(set(raw) - _TOP_LEVEL)
-    if unknown:
-        raise reader.fail(unknown[0], f"unknown field (expected one of {sorted(_TOP_LEVEL)})")
-    return _parse_pipeline(reader, raw)
+    pipeline = _parse_pipeline(reader, reader.strict("", raw))
+    reader.refuse_unknown()
+    return pipeline
 
 
 def pipelines_dir() -> Path:
@@ -382,10 +315,19 @@ def read_pipelines(directory: str | os.PathLike[str] | None = None) -> PipelineS
     return PipelineSet(pipelines, errors)
 
 
-def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
+def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
     name = r.get(raw, "", "name", str)
     if not _PIPELINE_NAME.match(name):
-        raise r.fail("name", f"{name!r} must be lower-case letters, digits and underscores")
+        raise r.fail(
+            "name", f"{name!r} must be lower-case letters, digits and underscores (at most 100)"
+        )
+    topic_prefix = r.get(raw, "", "topic_prefix", str)
+    if not _TOPIC_PREFIX.match(topic_prefix) or topic_prefix in (".", ".."):
+        raise r.fail(
+            "topic_prefix",
+            f"{topic_prefix!r} must be 1 to 120 of the characters Kafka allows in a topic name "
+            "(letters, digits, '.', '_', '-'), as the connector's topic.prefix",
+        )
     timeouts = _parse_timeouts(r, r.mapping(raw, "", "timeouts", required=False))
     kafka_raw = r.mapping(raw, "", "kafka")
     kafka = KafkaConfig(
@@ -410,11 +352,6 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         choices = [e.value for e in OnError]
         raise r.fail("on_error", f"{on_error_raw!r} is not one of {choices}") from None
     spark_raw = r.mapping(raw, "", "spark", required=False)
-    unknown = sorted(set(spark_raw) - _SPARK_FIELDS)
-    if unknown:
-        raise r.fail(
-            f"spark.{unknown[0]}", f"unknown field (expected one of {sorted(_SPARK_FIELDS)})"
-        )
     served = r.get(spark_raw, "spark", "served", str, None)
     if served is not None and not _SERVED_URL.fullmatch(served):
         raise r.fail("spark.served", f"{served!r} is not an http://host:port address")
@@ -425,11 +362,6 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         served=served.rstrip("/") if served else None,
     )
     source_raw = r.mapping(raw, "", "source", required=False)
-    unknown = sorted(set(source_raw) - _SOURCE_FIELDS)
-    if unknown:
-        raise r.fail(
-            f"source.{unknown[0]}", f"unknown field (expected one of {sorted(_SOURCE_FIELDS)})"
-        )
     signal_table = r.get(source_raw, "source", "signal_table", str, "public.debezium_signal")
     parts = signal_table.split(".")
     if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
@@ -441,23 +373,11 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         signal_topic=r.get(source_raw, "source", "signal_topic", str, None) or None,
         notification_topic=r.get(source_raw, "source", "notification_topic", str, None) or None,
     )
-    connector_raw = r.mapping(raw, "", "connector", required=False)
-    modes = {}
-    for key, value in connector_raw.items():
-        choices = HANDLING_MODES.get(str(key).replace(".", "_"))
-        if choices is None:
-            raise r.fail(
-                f"connector.{key}", f"unknown field (expected one of {sorted(HANDLING_MODES)})"
-            )
-        value = r.get(connector_raw, "connector", key, str)
-        if value not in choices:
-            raise r.fail(f"connector.{key}", f"{value!r} is not one of {list(choices)}")
-        modes[str(key).replace(".", "_")] = value
     tables = _parse_tables(r, raw)
     return PipelineConfig(
         name=name,
         path=r.path,
-        topic_prefix=r.get(raw, "", "topic_prefix", str),
+        topic_prefix=topic_prefix,
         kafka=kafka,
         catalog=catalog,
         namespace=namespace,
@@ -465,23 +385,48 @@ def _parse_pipeline(r: _Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         patterns=tuple(t for t in tables if _is_glob(t.source)),
         max_records_per_batch=max_records,
         parallel_tables=parallel_tables,
-        schedule=r.get(raw, "", "schedule", str, None),
+        schedule=_schedule(r, "schedule", r.get(raw, "", "schedule", str, None)),
         on_error=on_error,
         spark=spark,
         source=source,
-        connector=ConnectorModes(**modes),
+        connector=_parse_connector(r, r.mapping(raw, "", "connector", required=False)),
         maintenance=_parse_maintenance(r, r.mapping(raw, "", "maintenance", required=False)),
         timeouts=timeouts,
     )
 
 
-def _parse_timeouts(r: _Reader, raw: Mapping[str, Any]) -> TimeoutsConfig:
-    known = [f.name for f in fields(TimeoutsConfig)]
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise r.fail(f"timeouts.{unknown[0]}", f"unknown field (expected one of {known})")
+def _schedule(r: Reader, where: str, schedule: str | None) -> str | None:
+    """`schedule` if Airflow accepts it as a DAG's schedule (null: manual runs only)."""
+    problem = None if schedule is None else schedule_problem(schedule)
+    if problem is not None:
+        raise r.fail(
+            where,
+            f"{schedule!r} is not a cron expression ('*/5 * * * *') or one of "
+            f"{', '.join(SCHEDULE_PRESETS)} or null: {problem}",
+        )
+    return schedule
+
+
+def _parse_connector(r: Reader, raw: Mapping[str, Any]) -> ConnectorModes:
+    """The handling modes, each by its field name or the connector's dotted property name."""
+    modes: dict[str, str] = {}
+    for name, choices in HANDLING_MODES.items():
+        dotted = name.replace("_", ".")
+        if name in raw and dotted in raw:
+            raise r.fail(f"connector.{dotted}", f"give connector.{name} or {dotted}, not both")
+        key = dotted if dotted in raw else name
+        value = r.get(raw, "connector", key, str, None)
+        if value is None:
+            continue
+        if value not in choices:
+            raise r.fail(f"connector.{key}", f"{value!r} is not one of {list(choices)}")
+        modes[name] = value
+    return ConnectorModes(**modes)
+
+
+def _parse_timeouts(r: Reader, raw: Mapping[str, Any]) -> TimeoutsConfig:
     seconds: dict[str, float] = {}
-    for name in known:
+    for name in (f.name for f in fields(TimeoutsConfig)):
         value = r.get(raw, "timeouts", name, object, getattr(TimeoutsConfig, name))
         try:
             number = float(value) if not isinstance(value, bool) else math.nan
@@ -503,16 +448,13 @@ _MAINTENANCE_MINIMUM = {
 }
 
 
-def _parse_maintenance(r: _Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
-    known = {"enabled", "schedule", *_MAINTENANCE_MINIMUM}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise r.fail(f"maintenance.{unknown[0]}", f"unknown field (expected {sorted(known)})")
+def _parse_maintenance(r: Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
     defaults = MaintenanceConfig()
     enabled = r.get(raw, "maintenance", "enabled", bool, defaults.enabled)
-    schedule = defaults.schedule
-    if "schedule" in raw:  # present but null: manual runs only
-        schedule = r.get(raw, "maintenance", "schedule", str, None)
+    schedule = r.get(raw, "maintenance", "schedule", str, None)  # present but null: manual
+    if "schedule" not in raw:
+        schedule = defaults.schedule
+    schedule = _schedule(r, "maintenance.schedule", schedule)
     numbers: dict[str, int] = {}
     for name, minimum in _MAINTENANCE_MINIMUM.items():
         value = r.get(raw, "maintenance", name, int, getattr(defaults, name))
@@ -527,7 +469,7 @@ def _parse_maintenance(r: _Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
     return MaintenanceConfig(enabled=enabled, schedule=schedule, **numbers)
 
 
-def _parse_catalog(r: _Reader, raw: Mapping[str, Any]) -> CatalogConfig:
+def _parse_catalog(r: Reader, raw: Mapping[str, Any]) -> CatalogConfig:
     name = r.get(raw, "catalog", "name", str)
     if not _IDENT.match(name):
         raise r.fail("catalog.name", f"{name!r} is not a valid identifier")
@@ -546,7 +488,6 @@ def _parse_catalog(r: _Reader, raw: Mapping[str, Any]) -> CatalogConfig:
     )
 
 
-_TABLE_FIELDS = {"source", "target", "key", "exclude", "delete_mode", "partition_by", "properties"}
 _TRANSFORM = re.compile(
     r"^(?:(?P<column>[A-Za-z_][A-Za-z0-9_]*)"
     r"|(?P<time>years|months|days|hours|year|month|day|hour)"
@@ -570,7 +511,7 @@ def partition_field(spec: str) -> tuple[str, str]:
     return f"{found['sized']}[{found['width']}]", found["sized_column"]
 
 
-def _names(r: _Reader, item: Mapping[str, Any], where: str, key: str) -> list[str]:
+def _names(r: Reader, item: Mapping[str, Any], where: str, key: str) -> list[str]:
     names = r.get(item, where, key, list, [])
     for name in names:
         if not isinstance(name, str) or not _IDENT.match(name):
@@ -582,7 +523,7 @@ def _is_glob(source: str) -> bool:
     return "*" in source or "?" in source
 
 
-def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
+def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
     items = r.get(raw, "", "tables", list)
     if not items:
         raise r.fail("tables", "must list at least one table")
@@ -593,6 +534,7 @@ def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]
             item = {"source": item}
         if not isinstance(item, dict):
             raise r.fail(where, "must be a string '<schema>.<table>' or a mapping")
+        r.strict(where, item)
         source = r.get(item, where, "source", str)
         parts = source.split(".")
         if _is_glob(source):
@@ -611,11 +553,6 @@ def _parse_tables(r: _Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]
         target = "" if _is_glob(source) else r.get(item, where, "target", str, parts[1])
         if target and not _IDENT.match(target):
             raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
-        unknown = sorted(set(item) - _TABLE_FIELDS)
-        if unknown:
-            raise r.fail(
-                f"{where}.{unknown[0]}", f"unknown field (expected {sorted(_TABLE_FIELDS)})"
-            )
         key = _names(r, item, where, "key")
         exclude = _names(r, item, where, "exclude")
         clash = sorted(set(key) & set(exclude))

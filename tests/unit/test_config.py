@@ -236,3 +236,173 @@ def test_cached_rows_are_kept_unencoded_unless_the_pipeline_says(tmp_path):
     assert spark_conf(load_pipeline(write(tmp_path, VALID)))[key] == "false"
     text = VALID + f"spark:\n  conf:\n    {key}: 'true'\n"
     assert spark_conf(load_pipeline(write(tmp_path, text)))[key] == "true"
+
+
+LONG_NAME = "p" * 101
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        pytest.param(
+            "bootstrap_servers:", "bootstrp_servers:",
+            "kafka.bootstrp_servers: unknown key (did you mean 'bootstrap_servers'?",
+            id="misspelt required key",
+        ),
+        pytest.param(
+            "properties: {security.protocol: SSL}", "propertes: {security.protocol: SSL}",
+            "kafka.propertes: unknown key (known: bootstrap_servers, properties)",
+            id="misspelt optional key under kafka",
+        ),
+        pytest.param(
+            "warehouse: wh}", "warehouse: wh, credential: x}",
+            "catalog.credential: unknown key (known: name, properties, type, uri, warehouse)",
+            id="unknown key under catalog",
+        ),
+        pytest.param(
+            "namespace: shop\n", "namespace: shop\nnamespace: other\n",
+            "namespace: duplicate key (lines 6 and 7)",
+            id="duplicate top-level key",
+        ),
+        pytest.param(
+            'kafka: {bootstrap_servers: "k1:9092,k2:9092",',
+            'kafka: {bootstrap_servers: "k1:9092,k2:9092", bootstrap_servers: "k3:9092",',
+            "kafka.bootstrap_servers: duplicate key (lines 4 and 4)",
+            id="duplicate key in a flow mapping",
+        ),
+        pytest.param(
+            "key: [order_id, line]}", "key: [order_id, line], key: [id]}",
+            "tables[1].key: duplicate key (lines 9 and 9)",
+            id="duplicate key in a table entry",
+        ),
+        pytest.param(
+            "tables:", "schedule: every 5 minutes\ntables:",
+            "schedule: 'every 5 minutes' is not a cron expression",
+            id="schedule in words",
+        ),
+        pytest.param(
+            "tables:", "schedule: '61 * * * *'\ntables:",
+            "schedule: '61 * * * *' is not a cron expression",
+            id="minute out of range",
+        ),
+        pytest.param(
+            "tables:", "schedule: '@fortnightly'\ntables:",
+            "schedule: '@fortnightly' is not a cron expression",
+            id="no such preset",
+        ),
+        pytest.param(
+            "tables:", "maintenance: {schedule: daily}\ntables:",
+            "maintenance.schedule: 'daily' is not a cron expression",
+            id="maintenance schedule",
+        ),
+        pytest.param(
+            "topic_prefix: pg", "topic_prefix: ''",
+            "topic_prefix: '' must be 1 to 120 of the characters Kafka allows",
+            id="empty topic prefix",
+        ),
+        pytest.param(
+            "topic_prefix: pg", "topic_prefix: '${PREFIX_UNSET:-}'",
+            "topic_prefix: '' must be",
+            id="topic prefix empty after interpolation",
+        ),
+        pytest.param(
+            "topic_prefix: pg", "topic_prefix: pg/main",
+            "topic_prefix: 'pg/main' must be",
+            id="slash in topic prefix",
+        ),
+        pytest.param(
+            "topic_prefix: pg", "topic_prefix: '..'",
+            "topic_prefix: '..' must be",
+            id="topic prefix Kafka reserves",
+        ),
+        pytest.param(
+            "name: shop", f"name: {LONG_NAME}",
+            f"name: '{LONG_NAME}' must be lower-case letters, digits and underscores (at most 100)",
+            id="name too long for a DAG id",
+        ),
+        pytest.param(
+            "tables:",
+            "connector: {binary_handling_mode: hex, binary.handling.mode: bytes}\ntables:",
+            "connector.binary.handling.mode: give connector.binary_handling_mode or",
+            id="one mode in both spellings",
+        ),
+    ],
+)  # fmt: skip
+def test_strict_keys_schedules_and_topic_prefix(tmp_path, old, new, expected):
+    assert VALID.count(old) == 1
+    path = write(tmp_path, VALID.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert f"{path}: {expected}" in str(err.value)
+
+
+def test_known_keys_are_those_the_parser_reads(tmp_path):
+    """The list of known keys comes from the reads themselves: every section's reads."""
+    path = write(tmp_path, VALID + "colour: blue\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    known = str(err.value).split("(known: ")[1].rstrip(")").split(", ")
+    assert {"name", "kafka", "timeouts", "maintenance", "connector", "topic_prefix"} <= set(known)
+    path = write(tmp_path, VALID + "timeouts: {connect: 5}\n")
+    with pytest.raises(ConfigError, match=r"timeouts.connect: unknown key \(known: connect_s"):
+        load_pipeline(path)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    ["null", "'@once'", "'@continuous'", "'@hourly'", "'@daily'", "'@quarterly'", "'@yearly'",
+     "'*/5 * * * *'", "'0 6 * * MON-FRI'", "'0 0 L * *'", "'*/30 * * * * *'"],
+)  # fmt: skip
+def test_schedules_airflow_accepts_are_accepted(tmp_path, schedule):
+    text = VALID + f"schedule: {schedule}\nmaintenance: {{schedule: {schedule}}}\n"
+    p = load_pipeline(write(tmp_path, text))
+    expected = None if schedule == "null" else schedule.strip("'")
+    assert p.schedule == expected and p.maintenance.schedule == expected
+
+
+def test_schedule_shape_is_checked_without_croniter(monkeypatch):
+    import sys
+
+    from cdclake.config_reader import schedule_problem
+
+    monkeypatch.setitem(sys.modules, "croniter", None)  # import croniter raises ImportError
+    assert schedule_problem("*/5 * * * *") is None
+    assert schedule_problem("@daily") is None
+    assert "5 fields" in schedule_problem("every 5 minutes")
+    assert "5 fields" in schedule_problem("* * * *")
+
+
+def test_yaml_anchors_merges_and_dotted_modes_are_not_duplicates(tmp_path):
+    text = VALID.replace("tables:", "x-defaults: &d {delete_mode: soft}\ntables:", 1)
+    with pytest.raises(ConfigError, match=": x-defaults: unknown key"):
+        load_pipeline(write(tmp_path, text))
+    text = (
+        VALID.replace(
+            "  - public.orders\n",
+            "  - &o {source: public.orders, delete_mode: soft}\n"
+            "  - {<<: *o, source: public.returns}\n",
+        )
+        + "connector: {decimal.handling.mode: string}\n"
+    )
+    p = load_pipeline(write(tmp_path, text))
+    assert [(t.source, t.delete_mode) for t in p.tables[:2]] == [
+        ("public.orders", DeleteMode.SOFT), ("public.returns", DeleteMode.SOFT),
+    ]  # fmt: skip
+    assert p.connector.decimal_handling_mode == "string"
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "soon"])
+def test_snapshot_timeout_must_be_positive_before_anything_is_sent(timeout):
+    import subprocess
+    import sys
+
+    from tests.conftest import DEMO_PIPELINE
+
+    out = subprocess.run(
+        [sys.executable, "-m", "cdclake", "snapshot", "--pipeline", str(DEMO_PIPELINE),
+         "--table", "inventory.orders", "--source-dsn", "host=127.0.0.1 port=1 dbname=x",
+         "--timeout", timeout],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"argument --timeout: {timeout!r} is not a number of seconds > 0" in out.stderr
