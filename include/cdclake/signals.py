@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from cdclake.config import KafkaConfig
+from cdclake.config import KafkaConfig, TimeoutsConfig
 from cdclake.exceptions import CdclakeError
 from cdclake.snapshot_filter import (
     FilterError,
@@ -28,12 +28,12 @@ from cdclake.snapshot_filter import (
     parse_filter,
     read_functions,
 )
+from cdclake.source import connect_source
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 # every wait on the source database is bounded
-SOURCE_CONNECT_TIMEOUT_S = 10
 SOURCE_STATEMENT_TIMEOUT_MS = 10_000
 
 
@@ -169,8 +169,9 @@ def _filters_from_json(text: str) -> dict:
 
 
 def check_source(
-    dsn: str, signal_table: str, request: SnapshotRequest, channel: str = "source"
-) -> None:
+    dsn: str, signal_table: str, request: SnapshotRequest, channel: str = "source",
+    timeouts: TimeoutsConfig | None = None,
+) -> None:  # fmt: skip
     """Validate against the source database, writing nothing, every wait bounded: the
     signal table and every table exist, the surrogate key is a column of each, each filter
     calls only functions pg_proc marks immutable and is a valid condition on its table
@@ -178,10 +179,7 @@ def check_source(
     the source channel, the signal fits the signal table's `data` column."""
     import psycopg
 
-    try:
-        conn = psycopg.connect(dsn, autocommit=False, connect_timeout=SOURCE_CONNECT_TIMEOUT_S)
-    except psycopg.Error as exc:
-        raise SignalError(f"source database could not be reached: {_first_line(exc)}") from None
+    conn = connect_source(dsn, timeouts or TimeoutsConfig(), autocommit=False)
     with conn:
         conn.execute("SET TRANSACTION READ ONLY")
         conn.execute(f"SET LOCAL statement_timeout = {int(SOURCE_STATEMENT_TIMEOUT_MS)}")
@@ -273,7 +271,10 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def send_to_signal_table(dsn: str, signal_table: str, signal_id: str, request: SnapshotRequest):
+def send_to_signal_table(
+    dsn: str, signal_table: str, signal_id: str, request: SnapshotRequest,
+    timeouts: TimeoutsConfig | None = None,
+) -> None:  # fmt: skip
     import psycopg
     from psycopg import sql
 
@@ -283,9 +284,7 @@ def send_to_signal_table(dsn: str, signal_table: str, signal_id: str, request: S
     )
     data = json.dumps(signal_data(request))
     try:
-        with psycopg.connect(
-            dsn, autocommit=True, connect_timeout=SOURCE_CONNECT_TIMEOUT_S
-        ) as conn:
+        with connect_source(dsn, timeouts or TimeoutsConfig(), autocommit=True) as conn:
             conn.execute(statement, (signal_id, request.action.value, data))
     except psycopg.Error as exc:
         raise SignalError(
@@ -475,14 +474,15 @@ def submit(
         raise SignalError(
             f"{pipeline.path}: source.signal_topic is not set, so the kafka channel is unavailable"
         )
-    check_source(dsn, pipeline.source.signal_table, request, channel)
+    check_source(dsn, pipeline.source.signal_table, request, channel, pipeline.timeouts)
     signal_id = new_signal_id(origin)
     start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
     if channel == "kafka":
         send_to_kafka(pipeline.kafka, pipeline.source.signal_topic, pipeline.topic_prefix,
                       signal_id, request)  # fmt: skip
     else:
-        send_to_signal_table(dsn, pipeline.source.signal_table, signal_id, request)
+        send_to_signal_table(dsn, pipeline.source.signal_table, signal_id, request,
+                             pipeline.timeouts)  # fmt: skip
     return {
         "pipeline": pipeline.name,
         "pipeline_path": str(pipeline.path),
