@@ -3,6 +3,7 @@ local stack, against a pipeline of their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -25,6 +26,8 @@ BF = f"inventory.bf_{N}"
 SNAP = f"inventory.snap_{N}"
 NAME = f"e2e_{N}"  # BF, at most 150 records a batch
 SNAP_NAME = f"e2e_snap_{N}"
+PAT_NAME = f"e2e_pat_{N}"  # its tables are found by a pattern
+PAT_TABLES = [f"inventory.pat_{N}_a", f"inventory.pat_{N}_b"]
 
 
 def sql(dsn: str, *statements, params=None):
@@ -37,7 +40,9 @@ def sql(dsn: str, *statements, params=None):
 def pipelines(stack, tmp_path_factory):
     """Two pipelines with fresh tables, in a pipelines directory the DAG files read."""
     directory = tmp_path_factory.mktemp("pipelines")
-    for name, tables, cap in ((NAME, [BF], 150), (SNAP_NAME, [SNAP], 100_000)):
+    for name, tables, cap in (
+        (NAME, [BF], 150), (SNAP_NAME, [SNAP], 100_000), (PAT_NAME, [f"inventory.pat_{N}_*"], 100)
+    ):  # fmt: skip
         raw = yaml.safe_load(DEMO_PIPELINE.read_text())
         raw.update(name=name, namespace=name, tables=tables, max_records_per_batch=cap)
         raw["catalog"]["warehouse"] = "${CDCLAKE_WAREHOUSE}"
@@ -50,6 +55,8 @@ def pipelines(stack, tmp_path_factory):
         f"delete from {BF} where id % 7 = 0",
         f"create table {SNAP} (id int primary key, v int, note text)",
         f"insert into {SNAP} select i, i, 'start' from generate_series(1, 300) i",
+        *(f"create table {t} (id int primary key)" for t in PAT_TABLES),
+        *(f"insert into {t} values (1)" for t in PAT_TABLES),
     )
     old = os.environ.get("CDCLAKE_PIPELINES_DIR")
     os.environ["CDCLAKE_PIPELINES_DIR"] = str(directory)
@@ -113,15 +120,17 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pi
     e2e = pipelines[SNAP_NAME]
     load_all(stack, spark, e2e, "e2e-snap-0")
     with concurrent_writes(stack.source_dsn, SNAP, 151, 350, seed=5):  # ids <= 150: snapshot only
+        # the Filters box's JSON text; an OR that Debezium's chunk query must not unbind
         run = run_dag("cdclake_snapshot", {
             "pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP],
-            "filters": {SNAP: "id <= 100"}, "timeout_minutes": 5, "trigger_load": True,
+            "filters": json.dumps({SNAP: "id <= 60 or id between 90 and 100"}),
+            "timeout_minutes": 5, "trigger_load": True,
         })  # fmt: skip
     sent = xcom_of(run, "send_signal")
     assert sent["signal_id"].startswith("cdclake-cdclake_snapshot-")  # traceable to the run
     progress = xcom_of(run, "wait_for_snapshot")
     assert progress["status"] == "COMPLETED"
-    assert progress["rows_scanned"] == {SNAP: 100}
+    assert progress["rows_scanned"] == {SNAP: 71}
     with psycopg.connect(stack.source_dsn) as conn:
         data = conn.execute(
             "select data from public.debezium_signal where id = %s", (sent["signal_id"],)
@@ -134,7 +143,7 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pi
     lake = load_catalog(e2e.catalog).load_table((SNAP_NAME, f"snap_{N}")).scan().to_arrow()
     reads = {i for i, op in zip(lake["id"].to_pylist(), lake["_cdc_op"].to_pylist(), strict=True)
              if op == "r"}  # fmt: skip
-    assert reads == set(range(1, 101))  # the filter was applied; the snapshot rows loaded
+    assert reads == {*range(1, 61), *range(90, 101)}  # the filter applied; the reads loaded
 
 
 @pytest.mark.parametrize(
@@ -143,16 +152,46 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pi
         {"tables": ["inventory.nope"]},
         {"filters": {SNAP: "id < 5; drop table x"}},
         {"surrogate_key": "nope"},
+        {"filters": "{" + f'"{SNAP}": id < 5' + "}"},  # the box's text is not valid JSON
+        {"filters": {SNAP: "pg_sleep(1) is null"}},  # volatile: never run in the source
+        {"filters": {SNAP: f"id < nextval('{SNAP}_seq')"}},
+        {"filters": {SNAP: "id < 5 and random() < 0.5"}, "channel": "kafka"},  # nor the topic
     ],
-)
+)  # fmt: skip
 def test_malformed_snapshot_requests_fail_the_first_task_writing_nothing(stack, pipelines, conf):
-    def count() -> int:
-        with psycopg.connect(stack.source_dsn) as conn:
-            return conn.execute("select count(*) from public.debezium_signal").fetchone()[0]
-
-    before = count()
+    before = signals_sent(stack, pipelines[SNAP_NAME])
     full = {"pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP], "trigger_load": False,
             **conf}  # fmt: skip
     run = run_dag("cdclake_snapshot", full, state="failed")
     assert task_states(run)["send_signal"] == "failed"
-    assert count() == before
+    assert signals_sent(stack, pipelines[SNAP_NAME]) == before
+
+
+def signals_sent(stack, pipeline) -> tuple[int, int]:
+    """Rows in the signal table, records on the Kafka signal topic."""
+    with psycopg.connect(stack.source_dsn) as conn:
+        rows = conn.execute("select count(*) from public.debezium_signal").fetchone()[0]
+    topic = pipeline.source.signal_topic
+    return rows, sum(m.high for m in fetch_watermarks(pipeline.kafka, [topic]).values())
+
+
+def test_a_filters_box_that_is_no_json_object_is_refused_at_trigger(stack, pipelines):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    before = signals_sent(stack, pipelines[SNAP_NAME])
+    with pytest.raises(ParamValidationError, match="filters"):
+        run_dag("cdclake_snapshot", {"pipeline": SNAP_NAME, "tables": [SNAP],
+                                     "filters": f'"{SNAP}": "id < 5"'})  # fmt: skip
+    assert signals_sent(stack, pipelines[SNAP_NAME]) == before
+
+
+def test_the_tables_picker_offers_the_tables_a_pattern_found(stack, pipelines):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.conftest import ROOT
+
+    stack.wait_for_capture()  # their topics exist
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    for dag_id in ("cdclake_snapshot", "cdclake_backfill"):
+        offered = bag.dags[dag_id].params.get_param("tables").schema["examples"]
+        assert set(PAT_TABLES) | {BF, SNAP} <= set(offered), dag_id
