@@ -43,3 +43,21 @@ def xcom_of(run, task_id: str, key: str = "return_value"):
         except ValueError:
             break
     return value
+
+
+def asset_events(run) -> dict[str, dict]:
+    """The asset events a DAG run emitted, as Airflow's metadata DB holds them: asset
+    name -> the event's extra (a run emits at most one per asset)."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetModel.name, AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_dag_id == run.dag_id, AssetEvent.source_run_id == run.run_id)
+        ).all()
+    names = [name for name, _ in rows]
+    assert len(names) == len(set(names)), f"more than one event for an asset: {names}"
+    return dict(rows)

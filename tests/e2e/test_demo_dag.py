@@ -1,4 +1,5 @@
-"""The cdclake__demo DAG run by Airflow (dag.test) on the local stack, twice."""
+"""The cdclake__demo DAG run by Airflow (dag.test) on the local stack: twice with changes,
+then once with none; the asset events each run left in Airflow's metadata DB."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan
 from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM
 
-from tests.e2e.helpers import run_dag, xcom_of
+from tests.e2e.helpers import asset_events, run_dag, xcom_of
 
 pytestmark = pytest.mark.e2e
 
@@ -19,6 +20,27 @@ pytestmark = pytest.mark.e2e
 def plan_of(run) -> BatchPlan:
     value = xcom_of(run, "plan")
     return BatchPlan.from_dict(value) if isinstance(value, dict) else BatchPlan.from_json(value)
+
+
+def loaded_by(pipeline, plan: BatchPlan) -> dict[str, int]:
+    """The tables a plan loads records into, with their numbers of records."""
+    sizes: dict[str, int] = {}
+    for r in plan.ranges:
+        sizes[r.topic] = sizes.get(r.topic, 0) + r.size
+    return {
+        pipeline.qualified_target(t): sizes[pipeline.topic_for(t)]
+        for t in pipeline.tables
+        if sizes.get(pipeline.topic_for(t))
+    }
+
+
+def assert_events_for_the_changed_tables(pipeline, run) -> dict[str, dict]:
+    events = asset_events(run)
+    expected = loaded_by(pipeline, plan_of(run))
+    assert {name: extra["records"] for name, extra in events.items()} == expected
+    for extra in events.values():
+        assert extra["loaded_this_batch"] and extra["offsets_behind"] == 0
+    return events
 
 
 def committed(pipeline):
@@ -39,8 +61,9 @@ def assert_lake_equals_source(pipeline, dsn):
 def test_dag_runs_load_the_lake_and_the_second_reads_only_new_offsets(stack, pipeline):
     apply_workload(stack.source_dsn)  # inserts, updates, deletes, a primary-key change
     stack.wait_for_capture()
-    run_dag("cdclake__demo")
+    first = run_dag("cdclake__demo")
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    assert assert_events_for_the_changed_tables(pipeline, first)
     after_first = committed(pipeline)
     marks = fetch_watermarks(pipeline.kafka, [pipeline.topic_for(t) for t in pipeline.tables])
     assert after_first == {tp: m.high for tp, m in marks.items()}
@@ -49,6 +72,9 @@ def test_dag_runs_load_the_lake_and_the_second_reads_only_new_offsets(stack, pip
     stack.wait_for_capture()
     second = run_dag("cdclake__demo")
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    events = assert_events_for_the_changed_tables(pipeline, second)
+    # the workload changes four tables; the type zoo, unchanged, gets no event
+    assert len(events) == 4 and "lake.demo.type_zoo" not in events
     plan = plan_of(second)
     assert plan.ranges
     # the plan chose the load's driver JVM options for its size (a small batch here)
@@ -62,3 +88,9 @@ def test_dag_runs_load_the_lake_and_the_second_reads_only_new_offsets(stack, pip
         for tp, o in after_first.items()
         if tp not in {(r.topic, r.partition) for r in plan.ranges}
     }
+
+    # nothing new: the run succeeds, loads nothing and emits no asset event
+    third = run_dag("cdclake__demo")
+    assert not plan_of(third).ranges
+    assert asset_events(third) == {}
+    assert committed(pipeline) == after_second

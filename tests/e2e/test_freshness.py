@@ -2,8 +2,10 @@
 Airflow's authentication (in-process app and a real api-server seen by headless Chromium).
 
 One pipeline of two new tables: `a` is loaded, changed, loaded again (so its snapshot holds
-position deletes); `b` is loaded once and then gets inserts that are never loaded. A real
-DAG run of the pipeline (with nothing to load) gives the page a last run state.
+position deletes); `b` is loaded once and then, some seconds later, gets inserts that are
+never loaded: b is behind the source by their age, not by the age of what it holds. A real
+DAG run of the pipeline (with nothing to load, so it emits no asset event) gives the page a
+last run to link to.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from cdclake.offsets import SUMMARY_OFFSETS, decode_offsets
 
 from tests.conftest import ROOT
 from tests.e2e.chromium import Chromium, chromium_binary
+from tests.e2e.helpers import asset_events
 from tests.e2e.test_demo_dag import run_dag
 from tests.integration.helpers import load_all, make_pipeline
 
@@ -48,9 +51,11 @@ class Lake:
     source_rows_a: int
     loaded_rows_b: int
     b_loaded_ts_ms: tuple[int, int]  # window in which b's loaded rows were written
+    b_unloaded_ts_ms: tuple[int, int]  # window in which b's unloaded rows were written
     batch_a: str
     batch_b: str
     dag_id: str
+    run_id: str
     run_state: str
 
 
@@ -103,8 +108,12 @@ def lake(stack, spark, tmp_path_factory):
         os.environ.pop("CDCLAKE_PIPELINES_DIR")
         raise
 
-    # b gets rows that are never loaded
+    assert asset_events(run) == {}  # nothing loaded, nothing changed
+    # b gets rows that are never loaded, well after those it holds were written
+    time.sleep(max(0.0, 5 - (now_ms() - b_to) / 1000))
+    late_from = now_ms()
     sql(dsn, f"insert into {b} select i, 'late' from generate_series(31, {30 + B_UNLOADED}) i")
+    late_to = now_ms()
     stack.wait_for_capture()
 
     yield Lake(
@@ -115,9 +124,11 @@ def lake(stack, spark, tmp_path_factory):
         source_rows_a=count(dsn, a),
         loaded_rows_b=30,
         b_loaded_ts_ms=(b_from, b_to),
+        b_unloaded_ts_ms=(late_from, late_to),
         batch_a=f"{name}-2-0",
         batch_b=f"{name}-1-0",
         dag_id=run.dag_id,
+        run_id=run.run_id,
         run_state=str(run.state),
     )
     os.environ.pop("CDCLAKE_PIPELINES_DIR", None)
@@ -155,10 +166,12 @@ def assert_figures(lake: Lake, rows: list[dict], asked: tuple[int, int]) -> None
     assert b["offsets_behind"] == B_UNLOADED == expected_behind(lake.pipeline, 1)
     assert b["batch_id"] == lake.batch_b
     assert b["last_commit_ms"] == current_snapshot(lake.pipeline, lake.table_b).timestamp_ms
-    # behind the source by the age of the newest change b holds
-    lo, hi = lake.b_loaded_ts_ms
+    # behind the source by the age of the oldest change b does not hold yet (its source
+    # commit time), not by the age of the newest one it holds (5+ s older)
+    lo, hi = lake.b_unloaded_ts_ms
     seconds = b["seconds_behind_source"]
     assert (asked[0] - hi) / 1000 - 1 <= seconds <= (asked[1] - lo) / 1000 + 1
+    assert seconds < (asked[0] - lake.b_loaded_ts_ms[1]) / 1000 - 3
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -212,8 +225,19 @@ def test_page_requires_a_valid_token(lake, airflow_app):
         assert airflow_app.get(path, cookies={"_token": forged}).status_code == 403
 
 
+def set_paused(dag_id: str, paused: bool) -> None:
+    """As the UI's pause toggle does, in Airflow's metadata DB."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=paused))
+
+
 def test_page_and_json_show_every_table_with_its_figures(lake, airflow_app):
     token = admin_token()
+    set_paused(lake.dag_id, False)
     before = now_ms()
     resp = airflow_app.get("/cdclake/freshness.json", headers={"Authorization": f"Bearer {token}"})
     asked = (before, now_ms())
@@ -221,6 +245,10 @@ def test_page_and_json_show_every_table_with_its_figures(lake, airflow_app):
     [pipe] = resp.json()["pipelines"]
     assert pipe["dag_id"] == lake.dag_id and pipe["error"] is None
     assert pipe["last_run"]["state"] == lake.run_state == "success"
+    # the Airflow UI's pages of the DAG and of its last run
+    assert pipe["dag_state"] == "active" and pipe["dag_url"] == f"/dags/{lake.dag_id}"
+    assert pipe["last_run"]["run_id"] == lake.run_id
+    assert pipe["last_run"]["url"] == f"/dags/{lake.dag_id}/runs/{lake.run_id}"
     assert_figures(lake, pipe["tables"], asked)
 
     page = airflow_app.get("/cdclake/freshness", cookies={"_token": token})  # as the UI sends it
@@ -228,6 +256,9 @@ def test_page_and_json_show_every_table_with_its_figures(lake, airflow_app):
     body = page.text
     for expected in (lake.table_a, lake.table_b, lake.batch_a, lake.batch_b, "last run: success"):
         assert expected in body
+    assert f'<a href="../dags/{lake.dag_id}" target="_top">' in body  # relative to /cdclake/
+    assert f'<a href="../dags/{lake.dag_id}/runs/{lake.run_id}" target="_top"' in body
+    assert ">active</span>" in body
     row_b = re.search(rf"<tr><td class=\"table\">{re.escape(lake.table_b)}</td>.*?</tr>", body)
     assert row_b and f">{B_UNLOADED}</span>" in row_b.group(0) and ">30</td>" in row_b.group(0)
 
@@ -258,15 +289,38 @@ def test_a_broken_config_is_listed_with_its_error_beside_the_pipelines_that_load
     assert bad["error"].startswith(f"{broken}: namespace:") and "'9x'" in bad["error"]
 
 
+def test_a_paused_and_a_missing_dag_are_shown(lake, airflow_app):
+    """The pipeline's DAG paused in Airflow; another pipeline whose DAG Airflow never
+    parsed (no row in its metadata DB): each says so, and loads nothing."""
+    other = lake.pipelines_dir / "no_dag.yaml"
+    other.write_text(re.sub(r"(?m)^name: .*$", "name: no_dag_yet", lake.pipeline.path.read_text()))
+    set_paused(lake.dag_id, True)
+    try:
+        token = admin_token()
+        resp = airflow_app.get(
+            "/cdclake/freshness.json", headers={"Authorization": f"Bearer {token}"}
+        )
+        page = airflow_app.get("/cdclake/freshness", cookies={"_token": token}).text
+    finally:
+        other.unlink()
+        set_paused(lake.dag_id, False)
+    assert resp.status_code == 200
+    views = {p["name"]: p for p in resp.json()["pipelines"]}
+    paused, missing = views[lake.pipeline.name], views["no_dag_yet"]
+    assert paused["dag_state"] == "paused" and paused["last_run"]["run_id"] == lake.run_id
+    assert missing["dag_state"] == "missing" and missing["last_run"] is None
+    assert missing["dag_id"] == "cdclake__no_dag_yet"
+    sections = dict(re.findall(r"<section><h2>(\w+) (.*?)</section>", page))
+    assert ">paused: no scheduled loads</span>" in sections[lake.pipeline.name]
+    assert ">DAG missing: nothing loads this pipeline</span>" in sections["no_dag_yet"]
+    assert "../dags/cdclake__no_dag_yet" not in sections["no_dag_yet"]
+
+
 def free_port() -> int:
-    for port in range(18480, 18490):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    pytest.skip("no free port in 18480-18489 for the api-server")
+    """A port the kernel says is free now (the api-server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -334,11 +388,18 @@ def test_screenshot_of_the_page_in_a_real_api_server(lake, api_server, tmp_path)
         browser.set_cookie(base, "_token", login(base, password))
         browser.open(page_url)
         text = browser.evaluate("document.body.innerText")
+        hrefs = browser.evaluate("[...document.querySelectorAll('a')].map(a => a.href)")
         png = browser.screenshot(tmp_path / "freshness.png")
         height = browser.evaluate("document.documentElement.scrollHeight")
 
     assert "Lake freshness" in text and lake.table_a in text and lake.table_b in text
     assert "last run: success" in text
+    # the links resolve to the Airflow UI's pages of the DAG and its last run
+    dag_url, run_url = f"{base}/dags/{lake.dag_id}", f"{base}/dags/{lake.dag_id}/runs/{lake.run_id}"
+    assert {dag_url, run_url} <= set(hrefs)
+    for url in (dag_url, run_url):
+        with urllib.request.urlopen(url, timeout=10) as resp:  # the UI's single-page app
+            assert resp.status == 200 and "text/html" in resp.headers["content-type"]
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, png_height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert (width, png_height) == (1400, max(900, height))
