@@ -1,9 +1,9 @@
 """Build one `cdclake__<pipeline>` DAG per pipeline YAML: plan -> load -> report.
 
 Parsing reads the YAML files only (no network, database or Spark), so DAG files load
-fast. A broken config gets no DAG; the other pipelines' DAGs load as always, and
-dags/cdclake_configs.py fails to import with the ConfigError naming its file and field,
-which Airflow shows among its import errors.
+fast. A broken config, or a DAG Airflow refuses, gets no DAG; the other pipelines' DAGs load
+as always (cdclake_airflow.isolation), and dags/cdclake_configs.py fails to import with the
+error naming its file and field, which Airflow shows among its import errors.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, AssetAlias, TriggerRule, task
-from cdclake.config import PipelineConfig, read_pipelines
+from cdclake.config import PipelineConfig
 from cdclake.jvm import DRIVER_OPTIONS
 from cdclake.spark import spark_conf
+
+from cdclake_airflow.isolation import build_isolated
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOAD_APPLICATION = PROJECT_ROOT / "jobs" / "load.py"
@@ -116,6 +118,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
+        auto_register=False,  # collected from the DAG file's globals if it validates
         tags=["cdclake", pipeline.name],
         default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
         doc_md=(
@@ -152,5 +155,5 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
 
 
 def build_pipeline_dags(directory: Path | None = None) -> dict[str, DAG]:
-    dags = [build_pipeline_dag(p) for p in read_pipelines(directory).pipelines.values()]
-    return {dag.dag_id: dag for dag in dags}
+    """The load DAG of each pipeline whose config and DAG are valid."""
+    return build_isolated(build_pipeline_dag, directory).dags

@@ -17,9 +17,10 @@ import logging
 from pathlib import Path
 
 from airflow.sdk import DAG, task
-from cdclake.config import PipelineConfig, load_pipeline, read_pipelines
+from cdclake.config import PipelineConfig, load_pipeline
 
 from cdclake_airflow.factory import PROJECT_ROOT, spark_submit
+from cdclake_airflow.isolation import build_isolated
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def build_maintenance_dag(pipeline: PipelineConfig) -> DAG:
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
+        auto_register=False,  # collected from the DAG file's globals if it validates
         tags=["cdclake", "maintenance", pipeline.name],
         default_args={"retries": 2, "retry_delay": dt.timedelta(minutes=2)},
         doc_md=(
@@ -82,7 +84,10 @@ def build_maintenance_dag(pipeline: PipelineConfig) -> DAG:
 
 
 def build_maintenance_dags(directory: Path | None = None) -> dict[str, DAG]:
-    """A maintenance DAG per pipeline with `maintenance.enabled`."""
-    pipelines = read_pipelines(directory).pipelines.values()
-    dags = [build_maintenance_dag(p) for p in pipelines if p.maintenance.enabled]
-    return {dag.dag_id: dag for dag in dags}
+    """A maintenance DAG per pipeline with `maintenance.enabled` whose DAG is valid."""
+    return build_isolated(maintenance_dag, directory).dags
+
+
+def maintenance_dag(pipeline: PipelineConfig) -> DAG | None:
+    """The pipeline's maintenance DAG, None when `maintenance.enabled` is false."""
+    return build_maintenance_dag(pipeline) if pipeline.maintenance.enabled else None

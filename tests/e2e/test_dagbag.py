@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 SCRIPT = """
@@ -18,14 +20,14 @@ print(json.dumps({{"dags": sorted(bag.dags), "errors": errors, "schedules": sche
 """
 
 
-def dagbag(pipelines_dir=None) -> dict:
+def dagbag(pipelines_dir=None, dags=ROOT / "dags") -> dict:
     import json
 
     env = dict(os.environ)
     if pipelines_dir is not None:
         env["CDCLAKE_PIPELINES_DIR"] = str(pipelines_dir)
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(dags=str(ROOT / "dags"))],
+        [sys.executable, "-c", SCRIPT.format(dags=str(dags))],
         env=env, capture_output=True, text=True, check=True, cwd=ROOT,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -85,3 +87,81 @@ def test_each_pipeline_is_maintained_on_its_own_schedule(tmp_path):
     assert bag["schedules"]["cdclake_maintenance__a"] == "@daily"
     assert bag["schedules"]["cdclake_maintenance__b"] == "@weekly"
     assert "cdclake__c" in bag["dags"] and "cdclake_maintenance__c" not in bag["dags"]
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        pytest.param(
+            'schedule: "*/5 * * * *"', 'schedule: "every 5 minutes"',
+            "schedule: 'every 5 minutes' is not a cron expression", id="schedule in words",
+        ),
+        pytest.param(
+            "kafka:\n", "kafka:\n  bootstrp_servers: x\n",
+            "kafka.bootstrp_servers: unknown key (known: bootstrap_servers, properties)",
+            id="unknown key",
+        ),
+        pytest.param(
+            "namespace: demo\n", "namespace: demo\nnamespace: other\n",
+            "namespace: duplicate key (lines", id="duplicate key",
+        ),
+        pytest.param(
+            "namespace: demo\n", "namespace: demo\nmaintenance: {schedule: weekly}\n",
+            "maintenance.schedule: 'weekly' is not a cron expression",
+            id="maintenance schedule",
+        ),
+    ],
+)  # fmt: skip
+def test_a_broken_pipeline_file_never_hides_the_other_pipelines_dags(tmp_path, old, new, expected):
+    good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
+    assert good.count(old) == 1
+    (tmp_path / "a.yaml").write_text(good.replace("name: demo", "name: a"))
+    bad = tmp_path / "b.yaml"
+    bad.write_text(good.replace("name: demo", "name: b").replace(old, new))
+    bag = dagbag(tmp_path)
+    # the good pipeline's DAGs are there, none of the broken one's
+    assert {"cdclake__a", "cdclake_maintenance__a"} <= set(bag["dags"])
+    assert not [d for d in bag["dags"] if d.endswith("__b")]
+    # one import error, of the DAG file without DAGs, naming the broken file and field
+    [(path, message)] = bag["errors"].items()
+    assert os.path.basename(path) == "cdclake_configs.py"
+    assert f"{bad}: {expected}" in message
+
+
+ISOLATED = """
+from dataclasses import replace
+
+from cdclake_airflow.factory import build_pipeline_dag
+from cdclake_airflow.isolation import {use}
+
+
+def build(pipeline):  # pipeline b with a schedule Airflow refuses (cdclake's check bypassed)
+    if pipeline.name == "b":
+        pipeline = replace(pipeline, schedule="every 5 minutes")
+    return build_pipeline_dag(pipeline)
+
+
+{call}
+"""
+
+
+def test_a_dag_airflow_refuses_is_left_out_and_reported_by_the_check(tmp_path):
+    """Whatever Airflow refuses in one pipeline's DAG, the DAG file keeps the others: had
+    it handed Airflow the refused DAG, Airflow would mark all of the file's DAGs broken."""
+    pipelines, dags = tmp_path / "pipelines", tmp_path / "dags"
+    pipelines.mkdir()
+    dags.mkdir()
+    good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
+    for name in ("a", "b", "c"):
+        (pipelines / f"{name}.yaml").write_text(good.replace("name: demo", f"name: {name}"))
+    (dags / "load.py").write_text(
+        ISOLATED.format(use="build_isolated", call="globals().update(build_isolated(build).dags)")
+    )
+    (dags / "check.py").write_text(
+        ISOLATED.format(use="raise_pipeline_errors", call="raise_pipeline_errors([build])")
+    )
+    bag = dagbag(pipelines, dags)
+    assert bag["dags"] == ["cdclake__a", "cdclake__c"]
+    [(path, message)] = bag["errors"].items()
+    assert os.path.basename(path) == "check.py"
+    assert f"{pipelines / 'b.yaml'}: its DAG was refused: AirflowTimetableInvalid:" in message
