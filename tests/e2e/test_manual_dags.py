@@ -16,7 +16,7 @@ from cdclake.kafka import fetch_watermarks
 from cdclake.offsets import SUMMARY_BATCH
 
 from tests.conftest import DEMO_PIPELINE
-from tests.e2e.helpers import run_dag, task_states, xcom_of
+from tests.e2e.helpers import asset_events, run_dag, task_states, xcom_of
 from tests.integration.helpers import assert_lake_equals_source, concurrent_writes, load_all
 
 pytestmark = pytest.mark.e2e
@@ -97,6 +97,7 @@ def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, s
     assert task_states(run)["load__" + NAME] == "success"
     assert_lake_equals_source(e2e, stack.source_dsn)
     assert offsets(e2e, BF) == committed  # never moved backwards
+    assert {k: e["records"] for k, e in asset_events(run).items()} == {target: plan["records"]}
 
     # rebuild: the table is dropped and reloaded from offset 0; new history, same rows
     sql(stack.source_dsn, f"update {BF} set note = 'third' where id = 1")
@@ -108,12 +109,30 @@ def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, s
     history = [s.summary.additional_properties.get(SUMMARY_BATCH, "") for s in ice.snapshots()]
     assert history and all(b.startswith(f"cdclake_backfill/{run.run_id}/") for b in history)
     assert offsets(e2e, BF) == high(e2e, BF)
+    assert set(asset_events(run)) == {target}
 
     # invalid input fails the first task, and nothing is loaded
     run = run_dag("cdclake_backfill", {"pipeline": NAME, "tables": ["inventory.nope"]},
                   state="failed")  # fmt: skip
     states = task_states(run)
     assert states["plan"] == "failed" and states["load__" + NAME] != "success"
+    assert asset_events(run) == {}
+
+
+def test_a_backfill_emits_asset_events_for_the_tables_it_changed_only(stack, pipelines):
+    """A backfill of one of a pipeline's two tables (found by a pattern: their assets are
+    created by the events) emits an event for that table and none for the other."""
+    stack.wait_for_capture()
+    run = run_dag("cdclake_backfill", {
+        "pipeline": PAT_NAME, "tables": [PAT_TABLES[0]], "mode": "replay",
+        "start": "earliest", "end": "latest",
+    })  # fmt: skip
+    plan = xcom_of(run, "plan")
+    assert plan["records"] >= 1
+    events = asset_events(run)
+    assert {k: e["records"] for k, e in events.items()} == {
+        f"lake.{PAT_NAME}.{PAT_TABLES[0].split('.')[1]}": plan["records"]
+    }
 
 
 def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pipelines):
