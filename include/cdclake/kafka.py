@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -10,11 +11,11 @@ from cdclake.exceptions import EndpointError
 from cdclake.offsets import TopicPartition, Watermarks
 
 
-def unreachable(kafka: KafkaConfig, timeout: float, exc: BaseException) -> EndpointError:
-    """The error of a broker that did not answer: the servers the client used (a
-    `bootstrap.servers` property wins over the field), the wait and what to check."""
+def unreachable(kafka: KafkaConfig, why: str) -> EndpointError:
+    """The error of brokers that did not answer: the servers the client used (a
+    `bootstrap.servers` property wins over the field), why and what to check."""
     return EndpointError(
-        f"Kafka at {kafka.servers} did not answer within {timeout:g}s: {exc} -- check that "
+        f"Kafka at {kafka.servers} {why} -- check that "
         "the brokers run there and are reachable from this host (kafka.bootstrap_servers, "
         "or bootstrap.servers and the security settings under kafka.properties); a slow "
         "network may need larger timeouts in the pipeline file"
@@ -25,20 +26,40 @@ def unreachable(kafka: KafkaConfig, timeout: float, exc: BaseException) -> Endpo
 def _metadata(kafka: KafkaConfig, timeout: float | None) -> Iterator[tuple[object, object]]:
     """A planner consumer and the cluster's topic metadata; an unreachable broker is an
     EndpointError naming it. `timeout` defaults to the pipeline's `timeouts.request_s`."""
-    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import Consumer
 
-    timeout = kafka.timeouts.request_s if timeout is None else timeout
+    errors: list = []  # librdkafka's reports on its connections (error_cb)
     consumer = Consumer(
-        {**kafka.client_config(), "group.id": "cdclake-planner", "enable.auto.commit": False}
+        {
+            **kafka.client_config(),
+            "group.id": "cdclake-planner",
+            "enable.auto.commit": False,
+            "error_cb": errors.append,
+        }
     )
     try:
-        try:
-            meta = consumer.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise unreachable(kafka, timeout, exc) from exc
-        yield consumer, meta
+        yield consumer, _topics(kafka, consumer, errors, timeout)
     finally:
         consumer.close()
+
+
+def _topics(kafka: KafkaConfig, consumer, errors: list, timeout: float | None):
+    """The cluster's topic metadata, asked for a second at a time so that brokers that
+    all refused or timed out their connections fail at once, not after `timeout`."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    timeout = kafka.timeouts.request_s if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+        except KafkaException as exc:
+            consumer.poll(0)  # serves error_cb
+            down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
+            if down or time.monotonic() >= deadline:
+                why = next((e for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN), exc)
+                limits = f"connect {kafka.timeouts.connect_s:g}s, request {timeout:g}s"
+                raise unreachable(kafka, f"could not be reached ({limits}): {why}") from exc
 
 
 def list_topics(kafka: KafkaConfig, timeout: float | None = None) -> list[str]:

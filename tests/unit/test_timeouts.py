@@ -1,0 +1,114 @@
+"""The pipeline file's `timeouts:` and where the clients built from a pipeline take them."""
+
+from pathlib import Path
+
+import pytest
+from cdclake.catalog import catalog_endpoint, sqlalchemy_uri
+from cdclake.config import TimeoutsConfig, load_pipeline
+from cdclake.exceptions import ConfigError
+from cdclake.source import describe_dsn
+from cdclake.spark import catalog_spark_conf
+
+PIPELINE = """
+name: shop
+topic_prefix: pg
+kafka: {bootstrap_servers: "top:9092", properties: {security.protocol: SSL}}
+catalog: {name: lake, type: jdbc, uri: "jdbc:postgresql://db:5433/cat", warehouse: wh,
+          properties: {jdbc.user: u, jdbc.password: "p w"}}
+namespace: shop
+tables: [public.orders]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_bound_every_client(tmp_path):
+    p = load_pipeline(write(tmp_path, PIPELINE))
+    assert p.timeouts == TimeoutsConfig(connect_s=10.0, request_s=30.0)
+    assert p.kafka.timeouts is p.timeouts and p.catalog.timeouts is p.timeouts
+    config = p.kafka.client_config()
+    assert config["socket.connection.setup.timeout.ms"] == "10000"
+    assert config["socket.timeout.ms"] == "30000"
+    assert config["security.protocol"] == "SSL"
+
+
+def test_timeouts_are_read_from_the_pipeline_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("REQUEST_S", "45")
+    text = PIPELINE + "timeouts: {connect_s: 2.5, request_s: '${REQUEST_S}'}\n"
+    p = load_pipeline(write(tmp_path, text))
+    assert p.timeouts == TimeoutsConfig(connect_s=2.5, request_s=45.0)
+    assert p.kafka.client_config()["socket.connection.setup.timeout.ms"] == "2500"
+    assert p.kafka.client_config()["socket.timeout.ms"] == "45000"
+    assert "connect_timeout=2&" in sqlalchemy_uri(p.catalog)  # libpq counts whole seconds
+    assert "statement_timeout%3D45000" in sqlalchemy_uri(p.catalog)
+
+
+@pytest.mark.parametrize(
+    "section, field, problem",
+    [
+        ("{connect_s: 0}", "timeouts.connect_s", "> 0"),  # zero waits for nothing
+        ("{request_s: -1}", "timeouts.request_s", "> 0"),  # negative
+        ("{request_s: .inf}", "timeouts.request_s", "> 0"),  # unbounded
+        ("{connect_s: soon}", "timeouts.connect_s", "number of seconds"),  # not a number
+        ("{connect_s: true}", "timeouts.connect_s", "number of seconds"),  # a bool is no number
+        ("{connect_s: [1]}", "timeouts.connect_s", "number of seconds"),  # a list
+        ("{connect: 5}", "timeouts.connect", "unknown key"),  # misspelt key
+        ("[10, 30]", "timeouts", "must be a dict"),  # not a mapping
+    ],
+)
+def test_bad_timeouts_name_file_and_field(tmp_path, section, field, problem):
+    path = write(tmp_path, PIPELINE + f"timeouts: {section}\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert str(err.value).startswith(f"{path}: {field}: ")
+    assert problem in str(err.value)
+
+
+def test_kafka_properties_override_the_servers_named_and_the_timeouts(tmp_path):
+    text = PIPELINE.replace(
+        "{security.protocol: SSL}",
+        "{bootstrap.servers: 'used:9093', socket.timeout.ms: 5000}",
+    )
+    kafka = load_pipeline(write(tmp_path, text)).kafka
+    assert kafka.bootstrap_servers == "top:9092"
+    assert kafka.servers == "used:9093"  # what errors name: what the clients used
+    assert kafka.client_config()["socket.timeout.ms"] == "5000"
+
+
+def test_catalog_clients_take_the_timeouts(tmp_path):
+    p = load_pipeline(write(tmp_path, PIPELINE + "timeouts: {connect_s: 4, request_s: 20}\n"))
+    uri = sqlalchemy_uri(p.catalog)
+    assert uri.startswith("postgresql+psycopg://u:p%20w@db:5433/cat?")
+    assert "connect_timeout=4" in uri
+    conf = catalog_spark_conf(p.catalog)
+    assert conf["spark.sql.catalog.lake.jdbc.loginTimeout"] == "4"
+    assert conf["spark.sql.catalog.lake.jdbc.socketTimeout"] == "20"
+    rest = load_pipeline(
+        write(
+            tmp_path,
+            PIPELINE.replace("type: jdbc", "type: rest").replace(
+                "jdbc:postgresql://db:5433/cat", "http://rest:8181"
+            ),
+        )  # fmt: skip
+    )
+    conf = catalog_spark_conf(rest.catalog)
+    assert conf["spark.sql.catalog.lake.rest.client.connection-timeout-ms"] == "10000"
+    assert conf["spark.sql.catalog.lake.rest.client.socket-timeout-ms"] == "30000"
+    assert catalog_endpoint(rest.catalog) == "rest:8181"
+    assert catalog_endpoint(p.catalog) == "db:5433"
+
+
+@pytest.mark.parametrize(
+    "dsn, named",
+    [
+        ("host=db port=6543 dbname=inv user=u password=secret", "db:6543/inv"),  # key=value
+        ("postgresql://u:secret@db:6543/inv", "db:6543/inv"),  # URI
+        ("host=db dbname=inv password=secret", "db:5432/inv"),  # default port
+    ],
+)
+def test_a_source_dsn_is_named_without_its_password(dsn, named):
+    assert describe_dsn(dsn) == named
