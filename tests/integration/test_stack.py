@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from cdclake.local.procs import pid_alive
 
@@ -17,8 +18,9 @@ pytestmark = pytest.mark.integration
 
 
 # below the kernel's ephemeral range (32768-60999 here): a client socket of another test
-# can take a port inside it at any moment
-PG_PORT = 25452
+# can take a port inside it at any moment; beside the test stack's own ports
+PG_PORT = int(os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")) + 10
+KAFKA_PORT = int(os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")) + 10
 
 
 def cli(state: Path, *args: str) -> subprocess.CompletedProcess:
@@ -26,7 +28,7 @@ def cli(state: Path, *args: str) -> subprocess.CompletedProcess:
         **os.environ,
         "CDCLAKE_STATE_DIR": str(state),
         "CDCLAKE_PG_PORT": str(PG_PORT),
-        "CDCLAKE_KAFKA_PORT": "19112",
+        "CDCLAKE_KAFKA_PORT": str(KAFKA_PORT),
     }
     return subprocess.run([sys.executable, "-m", "cdclake", "local", *args], env=env,
                           capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
@@ -52,7 +54,7 @@ def test_up_is_idempotent_status_lists_endpoints_and_down_leaves_nothing(tmp_pat
         assert first.returncode == 0, first.stderr[-3000:]
         status = json.loads(cli(state, "status", "--json").stdout)
         assert status["postgres"]["dsn"].endswith(f"127.0.0.1:{PG_PORT}/postgres")
-        assert status["kafka"]["bootstrap"] == "127.0.0.1:19112"
+        assert status["kafka"]["bootstrap"] == f"127.0.0.1:{KAFKA_PORT}"
         assert status["catalog"]["uri"] == f"jdbc:postgresql://127.0.0.1:{PG_PORT}/cdclake_catalog"
         assert status["catalog"]["warehouse"] == (state / "warehouse").as_uri()
         assert status["airflow"]["home"] == str(state / "airflow")
@@ -84,3 +86,35 @@ def test_port_taken_by_another_process_is_named(tmp_path):
     assert res.returncode == 2
     assert f"port {PG_PORT} is already in use" in res.stderr
     assert processes_mentioning(str(tmp_path / "other")) == []
+
+
+def customers(status: dict) -> list[int]:
+    with psycopg.connect(status["postgres"]["source_dsn"], connect_timeout=10) as conn:
+        rows = conn.execute("select id from inventory.customers order by id").fetchall()
+    return [r[0] for r in rows]
+
+
+def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
+    """Rows deleted in the source stay deleted through `up` on a running stack and
+    through `down` and `up` (a fresh broker: the lake starts over, the source is kept)."""
+    state = tmp_path / "stack"
+    try:
+        first = cli(state, "up")
+        assert first.returncode == 0, first.stderr[-3000:]
+        status = json.loads(first.stdout)
+        seeded = customers(status)
+        assert 1004 in seeded  # a new database is seeded
+        with psycopg.connect(status["postgres"]["source_dsn"], autocommit=True) as conn:
+            conn.execute("delete from inventory.customers where id = 1004")
+            conn.execute("insert into inventory.customers values (2001, 'A', 'B', 'a@b.c')")
+        expected = sorted({*seeded, 2001} - {1004})
+
+        again = cli(state, "up")  # on the running stack
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert customers(status) == expected
+        assert cli(state, "down").returncode == 0
+        restarted = cli(state, "up")  # the cluster started again, the database kept
+        assert restarted.returncode == 0, restarted.stderr[-3000:]
+        assert customers(json.loads(restarted.stdout)) == expected
+    finally:
+        cli(state, "down")

@@ -160,8 +160,18 @@ class LocalStack:
 
     # ---- parts -----------------------------------------------------------------------
     def _seed_source(self) -> None:
+        """Seed the demo tables into a source database that holds no table yet: never
+        again into one that exists (its rows are the user's now: deleted rows stay
+        deleted). The seed commits whole or not at all, so a seed cut short runs again."""
         self.postgres.ensure_database(self.s.source_db)
-        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+        with psycopg.connect(self.source_dsn) as conn, conn.transaction():
+            if conn.execute(
+                "select 1 from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+                "where c.relkind in ('r', 'p') "
+                "and n.nspname not in ('pg_catalog', 'information_schema') limit 1"
+            ).fetchone():
+                log.info("%s already holds tables; not seeded", self.s.source_db)
+                return
             names = ["inventory.sql", "type_zoo.sql"]
             if conn.execute(
                 "select 1 from pg_available_extensions where name = 'postgis'"
