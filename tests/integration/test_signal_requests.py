@@ -126,6 +126,23 @@ def test_a_valid_request_is_written_with_bound_parameters(stack, sig_pipeline):
     assert doc["data-collections"] == [T.replace(".", r"\.")]
 
 
+@pytest.mark.parametrize("channel", ["source", "kafka"])
+def test_the_cli_refuses_a_filter_that_is_not_read_only(
+    stack, sig_pipeline, tmp_path, capsys, channel
+):
+    from cdclake.cli import main
+
+    pipeline = make_pipeline(tmp_path, f"it_sig_cli_{N}", [T])  # T, with a Kafka signal topic
+    before = signals(stack.source_dsn)
+    code = main(["snapshot", "--pipeline", str(pipeline.path), "--table", T, "--filter",
+                 f"{T}=id > 0 or lo_from_bytea(0, 'x') > 0", "--source-dsn", stack.source_dsn,
+                 "--channel", channel, "--no-follow"])  # fmt: skip
+    assert code == 2
+    message = capsys.readouterr().err
+    assert "lo_from_bytea(), which PostgreSQL marks volatile" in message, message
+    assert signals(stack.source_dsn) == before
+
+
 def test_a_filter_that_is_not_read_only_is_not_sent_to_the_kafka_channel(stack, tmp_path):
     """The Kafka signal channel goes through the same checks: nothing reaches the topic."""
     from cdclake.kafka import fetch_watermarks
