@@ -122,6 +122,8 @@ class Reader:
                 raise self._missing(data, where, key)
             return default
         value = self.interpolate(here, data[key])
+        if default is ... and isinstance(value, str) and not value.strip():
+            raise self.fail(here, "must not be empty")
         if kind is int and isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -297,13 +297,23 @@ LONG_NAME = "p" * 101
         ),
         pytest.param(
             "topic_prefix: pg", "topic_prefix: ''",
-            "topic_prefix: '' must be 1 to 120 of the characters Kafka allows",
+            "topic_prefix: must not be empty",
             id="empty topic prefix",
         ),
         pytest.param(
             "topic_prefix: pg", "topic_prefix: '${PREFIX_UNSET:-}'",
-            "topic_prefix: '' must be",
+            "topic_prefix: must not be empty",
             id="topic prefix empty after interpolation",
+        ),
+        pytest.param(
+            '"k1:9092,k2:9092"', '"${KAFKA_UNSET:-} "',
+            "kafka.bootstrap_servers: must not be empty",
+            id="no bootstrap servers",
+        ),
+        pytest.param(
+            "warehouse: wh}", "warehouse: ''}",
+            "catalog.warehouse: must not be empty",
+            id="empty warehouse (read as the config's directory)",
         ),
         pytest.param(
             "topic_prefix: pg", "topic_prefix: pg/main",
@@ -334,6 +344,11 @@ def test_strict_keys_schedules_and_topic_prefix(tmp_path, old, new, expected):
     with pytest.raises(ConfigError) as err:
         load_pipeline(path)
     assert f"{path}: {expected}" in str(err.value)
+
+
+def test_a_topic_prefix_may_use_every_character_kafka_allows(tmp_path):
+    p = load_pipeline(write(tmp_path, VALID.replace("topic_prefix: pg", "topic_prefix: P.g_1-x")))
+    assert p.topic_for(p.tables[0]) == "P.g_1-x.public.orders"
 
 
 def test_known_keys_are_those_the_parser_reads(tmp_path):
