@@ -11,6 +11,7 @@ from urllib.parse import urlencode, urlsplit
 from cdclake.config import CatalogConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import ConfigError, DataLossError, EndpointError
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
+from cdclake.source import libpq_settings
 
 
 def sqlalchemy_uri(catalog: CatalogConfig) -> str:
@@ -29,11 +30,9 @@ def sqlalchemy_uri(catalog: CatalogConfig) -> str:
     if password:
         auth += ":" + urlquote(password, safe="")
     netloc = f"{auth}@{parts.netloc}" if auth else parts.netloc
-    query = {  # the JDBC URI's own parameters are JDBC's, not libpq's: not passed on
-        "connect_timeout": str(max(2, round(catalog.timeouts.connect_s))),  # libpq: >= 2 s
-        "options": f"-c statement_timeout={int(catalog.timeouts.request_s * 1000)}",
-    }
-    return f"postgresql+psycopg://{netloc}{parts.path}?{urlencode(query, quote_via=urlquote)}"
+    # the JDBC URI's own parameters are JDBC's, not libpq's: not passed on
+    query = urlencode(libpq_settings(catalog.timeouts), quote_via=urlquote)
+    return f"postgresql+psycopg://{netloc}{parts.path}?{query}"
 
 
 def catalog_endpoint(catalog: CatalogConfig) -> str:

@@ -11,7 +11,7 @@ from cdclake.exceptions import EndpointError
 from cdclake.offsets import TopicPartition, Watermarks
 
 
-def unreachable(kafka: KafkaConfig, why: str) -> EndpointError:
+def _unreachable(kafka: KafkaConfig, why: str) -> EndpointError:
     """The error of brokers that did not answer: the servers the client used (a
     `bootstrap.servers` property wins over the field), why and what to check."""
     return EndpointError(
@@ -59,7 +59,7 @@ def _topics(kafka: KafkaConfig, consumer, errors: list, timeout: float | None):
             if down or time.monotonic() >= deadline:
                 why = next((e for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN), exc)
                 limits = f"connect {kafka.timeouts.connect_s:g}s, request {timeout:g}s"
-                raise unreachable(kafka, f"could not be reached ({limits}): {why}") from exc
+                raise _unreachable(kafka, f"could not be reached ({limits}): {why}") from exc
 
 
 def list_topics(kafka: KafkaConfig, timeout: float | None = None) -> list[str]:

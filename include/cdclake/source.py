@@ -33,13 +33,17 @@ def describe_dsn(dsn: str) -> str:
     return f"{where}/{dbname}" if dbname else where
 
 
+def libpq_settings(timeouts: TimeoutsConfig, limit_statements: bool = True) -> dict[str, str]:
+    """The pipeline's timeouts as libpq connection settings: `connect_timeout` (libpq
+    counts whole seconds, 2 at least) and a `statement_timeout` the server applies."""
+    settings = {"connect_timeout": str(max(2, round(timeouts.connect_s)))}
+    if limit_statements:
+        settings["options"] = f"-c statement_timeout={int(timeouts.request_s * 1000)}"
+    return settings
+
+
 def connect_source(
-    dsn: str,
-    timeouts: TimeoutsConfig,
-    *,
-    limit_statements: bool = True,
-    what: str = "source database",
-    **kwargs: Any,
+    dsn: str, timeouts: TimeoutsConfig, *, limit_statements: bool = True, **kwargs: Any
 ) -> psycopg.Connection:
     """A psycopg connection to `dsn` that gives up connecting after `timeouts.connect_s`
     and whose statements the server cancels after `timeouts.request_s` (unless
@@ -51,20 +55,22 @@ def connect_source(
 
     try:
         params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise EndpointError(f"{what}: the connection string is not valid: {exc}") from exc
-    # libpq counts whole seconds, 2 at least
-    wait = params.get("connect_timeout") or max(2, round(timeouts.connect_s))
-    settings: dict[str, Any] = {"connect_timeout": wait}
-    if limit_statements:  # a later -c of the same setting (the DSN's) wins
-        limit = f"-c statement_timeout={int(timeouts.request_s * 1000)}"
-        settings["options"] = f"{limit} {params.get('options', '')}".strip()
+    except psycopg.ProgrammingError:  # its text may quote the password
+        raise EndpointError(
+            "source database: the connection string cannot be read (libpq's "
+            "'host=... port=... dbname=...' or a postgresql:// URI)"
+        ) from None
+    settings = libpq_settings(timeouts, limit_statements)
+    settings["connect_timeout"] = params.get("connect_timeout") or settings["connect_timeout"]
+    if params.get("options"):  # a later -c of the same setting (the DSN's) wins
+        settings["options"] = f"{settings.get('options', '')} {params['options']}".strip()
     try:
         return psycopg.connect(dsn, **settings, **kwargs)
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise EndpointError(
-            f"{what} at {describe_dsn(dsn)} could not be reached (connect timeout {wait}s): "
+            f"source database at {describe_dsn(dsn)} could not be reached (connect timeout "
+            f"{settings['connect_timeout']}s): "
             f"{reason} -- check that PostgreSQL runs there and answers this host, and the "
             "connection string (source.dsn, --source-dsn or the source connection); a slow "
             "network may need a larger timeouts.connect_s in the pipeline file"
