@@ -21,13 +21,7 @@ from enum import StrEnum
 
 from cdclake.config import KafkaConfig, TimeoutsConfig
 from cdclake.exceptions import CdclakeError
-from cdclake.snapshot_filter import (
-    FilterError,
-    check_functions,
-    filter_sql,
-    parse_filter,
-    read_functions,
-)
+from cdclake.snapshot_filter import FilterError, check_in_source, filter_sql, parse_filter
 from cdclake.source import connect_source
 
 log = logging.getLogger(__name__)
@@ -106,11 +100,17 @@ def signal_data(request: SnapshotRequest) -> dict:
     return data
 
 
-def new_signal_id(run_id: str | None = None) -> str:
-    """An id traceable to what sent it (e.g. the DAG run), unique per attempt, 42 to 64
-    characters (Debezium's signal table convention)."""
-    origin = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id or "cli").strip("-")[:44]
-    return f"cdclake-{origin}-{uuid.uuid4().hex}"[:64].ljust(42, "0")
+SIGNAL_ID_CHARS = (42, 64)  # Debezium writes ids of 42 into the signal table; ours fit 64
+
+
+def new_signal_id(run_id: str | None = None, max_chars: int = SIGNAL_ID_CHARS[1]) -> str:
+    """An id traceable to what sent it (e.g. the DAG run), unique per attempt (at least 16
+    random hex digits), 42 to `max_chars` (at most 64) characters."""
+    low, high = SIGNAL_ID_CHARS
+    max_chars = max(low, min(high, max_chars))
+    room = max_chars - len("cdclake--") - 16
+    origin = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id or "cli").strip("-")[:room].strip("-")
+    return f"cdclake-{origin}-{uuid.uuid4().hex}"[:max_chars].ljust(low, "0")
 
 
 def parse_request(
@@ -171,12 +171,13 @@ def _filters_from_json(text: str) -> dict:
 def check_source(
     dsn: str, signal_table: str, request: SnapshotRequest, channel: str = "source",
     timeouts: TimeoutsConfig | None = None,
-) -> None:  # fmt: skip
+) -> int:  # fmt: skip
     """Validate against the source database, writing nothing, every wait bounded: the
     signal table and every table exist, the surrogate key is a column of each, each filter
     calls only functions pg_proc marks immutable and is a valid condition on its table
     (planned with EXPLAIN in a read-only transaction, after the function check), and, for
-    the source channel, the signal fits the signal table's `data` column."""
+    the source channel, the signal fits the signal table's `data` column. Returns how many
+    characters a signal id may have."""
     import psycopg
 
     conn = connect_source(dsn, timeouts or TimeoutsConfig(), autocommit=False)
@@ -187,7 +188,8 @@ def check_source(
             _check_tables(conn, signal_table, request)
             _check_filters(conn, request)
             if channel == "source":
-                _check_signal_fits(conn, signal_table, request)
+                return _check_signal_fits(conn, signal_table, request)
+            return SIGNAL_ID_CHARS[1]
         except psycopg.errors.QueryCanceled:
             raise SignalError(
                 f"source database did not answer within {SOURCE_STATEMENT_TIMEOUT_MS} ms"
@@ -221,42 +223,31 @@ def _check_tables(conn, signal_table: str, request: SnapshotRequest) -> None:
 
 
 def _check_filters(conn, request: SnapshotRequest) -> None:
-    """Functions first (nothing is planned that calls a function not immutable), then
-    EXPLAIN of the condition exactly as Debezium will run it, inside a savepoint."""
-    import psycopg
-    from psycopg import sql
-
     for table, condition in request.filters.items():
         try:
-            parsed = parse_filter(table, condition)
-            check_functions(table, parsed, read_functions(conn, parsed.functions))
+            check_in_source(conn, table, condition)
         except FilterError as exc:
             raise SignalError(str(exc)) from None
-        schema, name = table.split(".", 1)
-        statement = sql.SQL("EXPLAIN SELECT * FROM {}.{} WHERE {}").format(
-            sql.Identifier(schema), sql.Identifier(name), sql.SQL(filter_sql(condition))
-        )
-        try:
-            with conn.transaction():
-                conn.execute(statement)
-        except psycopg.errors.QueryCanceled:
-            raise
-        except psycopg.Error as exc:
-            raise SignalError(
-                f"filter for {table!r} is not a valid condition: {_first_line(exc)}"
-            ) from None
 
 
-def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> None:
-    """The signal table's `data` column is often varchar(2048) (Debezium's examples): a
-    longer signal would fail the INSERT."""
+def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> int:
+    """The signal table's `data` column is often varchar(2048) and its `id` varchar(42)
+    (Debezium's examples): a longer signal would fail the INSERT. The id's length."""
     schema, name = signal_table.split(".", 1)
-    row = conn.execute(
-        "SELECT character_maximum_length FROM information_schema.columns "
-        "WHERE table_schema = %s AND table_name = %s AND column_name = 'data'",
-        (schema, name),
-    ).fetchone()
-    limit = row[0] if row else None
+    limits = dict(
+        conn.execute(
+            "SELECT column_name, character_maximum_length FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s AND column_name IN ('id', 'data')",
+            (schema, name),
+        ).fetchall()
+    )
+    id_chars = limits.get("id") or SIGNAL_ID_CHARS[1]
+    if id_chars < SIGNAL_ID_CHARS[0]:
+        raise SignalError(
+            f"{signal_table}.id holds {id_chars} characters; Debezium writes ids of "
+            f"{SIGNAL_ID_CHARS[0]} (ALTER TABLE {signal_table} ALTER COLUMN id TYPE varchar(64))"
+        )
+    limit = limits.get("data")
     size = len(json.dumps(signal_data(request)))
     if limit is not None and size > limit:
         raise SignalError(
@@ -265,6 +256,7 @@ def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> Non
             f"fewer tables at once, or widen the column (ALTER TABLE {signal_table} ALTER "
             "COLUMN data TYPE text)"
         )
+    return id_chars
 
 
 def _first_line(exc: BaseException) -> str:
@@ -474,8 +466,9 @@ def submit(
         raise SignalError(
             f"{pipeline.path}: source.signal_topic is not set, so the kafka channel is unavailable"
         )
-    check_source(dsn, pipeline.source.signal_table, request, channel, pipeline.timeouts)
-    signal_id = new_signal_id(origin)
+    id_chars = check_source(dsn, pipeline.source.signal_table, request, channel,
+                            pipeline.timeouts)  # fmt: skip
+    signal_id = new_signal_id(origin, id_chars)
     start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
     if channel == "kafka":
         send_to_kafka(pipeline.kafka, pipeline.source.signal_topic, pipeline.topic_prefix,

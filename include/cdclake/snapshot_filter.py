@@ -142,6 +142,30 @@ def check_functions(
             )
 
 
+def check_in_source(conn, table: str, condition: str) -> None:
+    """The whole check against the source database (`conn` in a read-only transaction):
+    functions first, so nothing is planned that calls one not immutable, then EXPLAIN of
+    the condition as Debezium will run it, in a savepoint. A statement timeout
+    (QueryCanceled) is raised as it is."""
+    import psycopg
+    from psycopg import sql
+
+    parsed = parse_filter(table, condition)
+    check_functions(table, parsed, read_functions(conn, parsed.functions))
+    schema, name = table.split(".", 1)
+    statement = sql.SQL("EXPLAIN SELECT * FROM {}.{} WHERE {}").format(
+        sql.Identifier(schema), sql.Identifier(name), sql.SQL(filter_sql(condition))
+    )
+    try:
+        with conn.transaction():
+            conn.execute(statement)
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise FilterError(f"filter for {table!r} is not a valid condition: {first}") from None
+
+
 def read_functions(conn, names: tuple[str, ...]) -> dict[str, FunctionInfo | None]:
     """What pg_proc says about each name: `schema.name` looks in that schema, a bare name
     in every schema (the connector's search_path is not known here), so a name is

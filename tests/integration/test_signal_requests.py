@@ -126,6 +126,30 @@ def test_a_valid_request_is_written_with_bound_parameters(stack, sig_pipeline):
     assert doc["data-collections"] == [T.replace(".", r"\.")]
 
 
+def test_signal_ids_fit_a_signal_table_whose_id_holds_42(stack, sig_pipeline, tmp_path):
+    """Debezium's documentation creates the signal table with id varchar(42)."""
+    import dataclasses
+
+    short, too_short = f"public.sig42_{N}", f"public.sig40_{N}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        for table, chars in ((short, 42), (too_short, 40)):
+            conn.execute(f"create table {table} (id varchar({chars}) primary key, "
+                         "type varchar(32) not null, data varchar(2048))")  # fmt: skip
+    request = parse_request("execute", [T], filters={T: "id > 1"})
+    for table in (short, too_short):
+        pipeline = dataclasses.replace(
+            sig_pipeline, source=dataclasses.replace(sig_pipeline.source, signal_table=table)
+        )
+        if table == too_short:
+            with pytest.raises(SignalError, match="holds 40 characters; Debezium writes ids of 42"):
+                submit(pipeline, stack.source_dsn, request, origin="cdclake_snapshot-manual__x")
+            continue
+        sent = submit(pipeline, stack.source_dsn, request, origin="cdclake_snapshot-manual__x")
+        assert len(sent["signal_id"]) == 42
+        with psycopg.connect(stack.source_dsn) as conn:
+            assert conn.execute(f"select id from {table}").fetchall() == [(sent["signal_id"],)]
+
+
 @pytest.mark.parametrize("channel", ["source", "kafka"])
 def test_the_cli_refuses_a_filter_that_is_not_read_only(
     stack, sig_pipeline, tmp_path, capsys, channel

@@ -74,6 +74,15 @@ def test_signal_ids_are_long_enough_and_unique():
     assert a != b and 42 <= len(a) <= 64 and a.startswith("cdclake-run-1-")
 
 
+@pytest.mark.parametrize("max_chars", [42, 50, 64, 1000])
+def test_signal_ids_fit_the_signal_tables_id_column(max_chars):
+    run = "cdclake_snapshot-manual__2026-11-26T09:00:00.123456+00:00"
+    ids = {new_signal_id(run, max_chars) for _ in range(100)}
+    assert len(ids) == 100  # unique however short
+    assert all(42 <= len(i) <= min(max_chars, 64) for i in ids)
+    assert all(i.startswith("cdclake-cdclake_snapsho") for i in ids)
+
+
 @pytest.mark.parametrize(
     ("filters", "expected"),
     [
