@@ -1,8 +1,9 @@
 """How fresh the lake is, per table: what was last committed and what still waits in Kafka.
 
-Everything comes from the Iceberg snapshots and Kafka's watermarks, so the figures are the
-ones the loader itself acts on: the offsets and batch id are the exactly-once state
-written with the data, not a separate bookkeeping table that could disagree with it.
+Everything comes from the Iceberg snapshots and Kafka (its watermarks, and the first
+record waiting in each partition for "behind source", see `cdclake.lag`), so the figures
+are the ones the loader itself acts on: the offsets and batch id are the exactly-once
+state written with the data, not a separate bookkeeping table that could disagree with it.
 """
 
 from __future__ import annotations
