@@ -242,10 +242,11 @@ def build_snapshot_dag(
         params=params,
         tags=["cdclake"],
         doc_md=(
-            "Validates the request against the pipeline and the source database, sends "
-            "the signal (bound parameters only, id derived from this run), then follows "
-            "Debezium's notifications without holding a worker slot until the snapshot "
-            "completes or aborts."
+            "Validates the request against the pipeline and the source database (a "
+            "filter may only read: columns, literals, operators and functions the source "
+            "marks immutable), sends the signal (bound parameters only, id derived from "
+            "this run), then follows Debezium's notifications without holding a worker "
+            "slot until the snapshot completes or aborts."
         ),
     )
     with dag:
