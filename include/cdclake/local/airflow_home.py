@@ -1,14 +1,33 @@
-"""An AIRFLOW_HOME for the local stack: config, migrated metadata DB, connections."""
+"""An AIRFLOW_HOME for the local stack: config, migrated metadata DB, connections.
+
+The config is what `airflow standalone` (or api-server, scheduler, dag-processor and
+triggerer started one by one) needs: the api-server on loopback at a port of its own
+(`CDCLAKE_AIRFLOW_PORT`, default 8080), the execution API the workers report to at that
+address, the secrets every component must share to trust each other's tokens (random,
+generated once and kept in the file, which only its owner may read), and the simple auth
+manager's `admin` user, whose password Airflow generates into the home on first start.
+"""
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 from cdclake.exceptions import StackError
+
+API_PORT_ENV = "CDCLAKE_AIRFLOW_PORT"
+DEFAULT_API_PORT = 8080
+API_HOST = "127.0.0.1"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+ADMIN_USER = "admin"
+
+# (section, option) of the secrets shared by the components, kept across rewrites
+_SECRETS = (("api_auth", "jwt_secret"), ("api", "secret_key"))
 
 _CFG = """[core]
 dags_folder = {root}/dags
@@ -16,6 +35,9 @@ plugins_folder = {root}/plugins
 load_examples = False
 executor = LocalExecutor
 dags_are_paused_at_creation = True
+execution_api_server_url = {url}/execution/
+simple_auth_manager_users = {admin}:admin
+simple_auth_manager_passwords_file = {home}/{passwords}
 
 [database]
 sql_alchemy_conn = sqlite:///{home}/airflow.db
@@ -25,7 +47,30 @@ base_log_folder = {home}/logs
 
 [dag_processor]
 refresh_interval = 30
+
+[api]
+host = {host}
+port = {port}
+base_url = {url}
+secret_key = {api_secret_key}
+
+[api_auth]
+jwt_secret = {api_auth_jwt_secret}
 """
+
+
+def api_port_from_env() -> int:
+    """The api-server's port: `CDCLAKE_AIRFLOW_PORT`, else 8080."""
+    raw = os.environ.get(API_PORT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_API_PORT
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise StackError(f"{API_PORT_ENV}: {raw!r} is not a TCP port (1-65535)")
+    return int(raw)
+
+
+def api_url(port: int) -> str:
+    return f"http://{API_HOST}:{port}"
 
 
 def airflow_env(home: Path) -> dict[str, str]:
@@ -54,9 +99,60 @@ def connections(pg_port: int, kafka_bootstrap: str, dbname: str) -> dict[str, di
     }
 
 
-def setup_airflow_home(root: Path, home: Path, conns: dict[str, dict]) -> None:
+def render_config(root: Path, home: Path, port: int, kept: dict[str, str]) -> str:
+    """airflow.cfg for `home`; `kept` holds the secrets by `<section>_<option>`."""
+    return _CFG.format(
+        root=root, home=home, host=API_HOST, port=port, url=api_url(port), admin=ADMIN_USER,
+        passwords=PASSWORDS_FILE, **kept,
+    )  # fmt: skip
+
+
+def kept_secrets(cfg: Path) -> dict[str, str]:
+    """The shared secrets of an existing airflow.cfg; new random ones where it has none."""
+    parser = configparser.ConfigParser(interpolation=None)
+    if cfg.exists():
+        try:
+            parser.read(cfg)
+        except configparser.Error as exc:
+            raise StackError(f"{cfg}: cannot be read to keep its secrets: {exc}") from exc
+    return {
+        f"{section}_{option}": parser.get(section, option, fallback="").strip()
+        or secrets.token_urlsafe(48)
+        for section, option in _SECRETS
+    }
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text`, readable by its owner only (it holds secrets)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def write_config(root: Path, home: Path, api_port: int | None = None) -> Path:
+    """airflow.cfg of `home` (api port: `api_port`, else `api_port_from_env()`), its
+    secrets kept from the file it replaces, and the simple auth manager's password file,
+    both readable by their owner only (Airflow appends to the latter, keeping its mode)."""
+    port = api_port if api_port is not None else api_port_from_env()
     home.mkdir(parents=True, exist_ok=True)
-    (home / "airflow.cfg").write_text(_CFG.format(root=root, home=home))
+    cfg = home / "airflow.cfg"
+    write_private(cfg, render_config(root, home, port, kept_secrets(cfg)))
+    passwords = home / PASSWORDS_FILE
+    if passwords.exists():
+        passwords.chmod(0o600)
+    else:
+        write_private(passwords, "")
+    return cfg
+
+
+def setup_airflow_home(
+    root: Path, home: Path, conns: dict[str, dict], api_port: int | None = None
+) -> None:
+    """Write the config, migrate the metadata DB once and import the connections."""
+    write_config(root, home, api_port)
     env = airflow_env(home)
     airflow = str(Path(sys.executable).parent / "airflow")
     marker = home / ".migrated"
