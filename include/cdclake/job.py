@@ -37,6 +37,7 @@ from cdclake.driver_resolve import (
 )
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.kafka import discover
+from cdclake.leases import Leases
 from cdclake.merge import (
     DEAD_LETTERS,
     INTEGER_TYPES,
@@ -182,7 +183,12 @@ def run_batch(
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
                before: Mapping[str, str | None]):  # fmt: skip
     started = time.perf_counter()
-    ranged = _read_by_range(spark, pipeline, plan, read)
+    leases = Leases(spark)  # taken on each table before its data files are written
+    try:
+        ranged = _read_by_range(spark, pipeline, plan, read, leases)
+    except BaseException:
+        leases.close()
+        raise
     rest = dataclasses.replace(plan, ranges=tuple(r for r in plan.ranges if r.topic not in ranged))
     raw = None
     try:
@@ -193,7 +199,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
             scan, rows = RawScan({}, {}, 0), None
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged, before)  # fmt: skip
+                       ranged, before, leases)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
@@ -201,6 +207,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
             raw.unpersist()
         for topic in ranged.values():
             topic.release()
+        leases.close()
 
 
 # Batches the driver does not read, from a `RawSource` (Kafka, or a benchmark's), are
@@ -243,7 +250,8 @@ class _RangedTopic:
             self.write.discard()
 
 
-def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
+                   leases: Leases):  # fmt: skip
     """The topics read and resolved range by range ({} when none is): the driver reads
     the head of each eligible topic's ranges for its schemas (all at once, while it
     looks the lake tables up), then for each topic (as many at a time as tables are
@@ -290,7 +298,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             if new and FILE_WRITES and topic_plan.schema.key_names:
                 # created first: the tasks write its files with its field ids
                 created, write = _create_for_files(spark, pipeline, table, topic_plan,
-                                                   ranges_of[topic])  # fmt: skip
+                                                   ranges_of[topic], leases)  # fmt: skip
                 if write is not None:
                     topic_plan = dataclasses.replace(topic_plan, write=write)
             elif new:
@@ -352,7 +360,7 @@ FILE_WRITES = True
 
 
 def _create_for_files(spark, pipeline: PipelineConfig, table: TableConfig, plan: TopicPlan,
-                      ranges: list[OffsetRange]):  # fmt: skip
+                      ranges: list[OffsetRange], leases: Leases):  # fmt: skip
     """Create a keyed topic's table before its range tasks run, so they can write its
     data files (`file_write`): (its columns, the `FileWrite`), or (None, None) when the
     creation failed (logged; the load creates it, or fails, as for any table), or (its
@@ -372,6 +380,7 @@ def _create_for_files(spark, pipeline: PipelineConfig, table: TableConfig, plan:
     if isinstance(write, str):
         log.info("%s: its rows are written by Spark: %s", qualified, write)
         return known, None
+    leases.take(qualified)  # before the tasks write its files
     return known, write
 
 
@@ -647,9 +656,10 @@ class _Batch:
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
         read_seconds: float, rows=None, ranged: dict[str, _RangedTopic] | None = None,
-        before: Mapping[str, str | None] | None = None,
+        before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
+        self.leases = leases or Leases(spark)  # write leases of the batch's tables
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
@@ -859,6 +869,7 @@ def _load_table(
             if state.exists:
                 apply_table_settings(spark, qualified, state, table.properties,
                                      table.partition_by)  # fmt: skip
+            batch.leases.take(qualified)  # before any data file of it or its ledger
             present = {c.name for c in schema.columns}
             dropped = [n for n in lake_columns if n not in present]
             new_offsets = {**committed, **ends}
@@ -915,6 +926,7 @@ def _load_table(
             if files is not None:
                 result.written_by = "files"
             try:
+                batch.leases.check(qualified)
                 if files:
                     ranged.committing = True  # a commit that fails may still have landed
                     commit_files(spark, qualified, files, before_id, props)
@@ -934,6 +946,7 @@ def _load_table(
                 raise CommitConflictError(
                     f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
                 )
+            batch.leases.done(qualified)
     finally:
         resolved.unpersist()
     clock.lap("write")

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
 from cdclake.kafka import discover
+from cdclake.leases import Leases
 from cdclake.merge import (
     DEAD_LETTERS,
     committed_offsets,
@@ -80,6 +81,8 @@ class TableMaintenance:
     side_tables: dict[str, int] = field(default_factory=dict)
     # rows of the deleted-keys ledger no load needs any more (`prune_deleted_keys`)
     ledger_rows_pruned: int = 0
+    # data files of loads that died before their commit, removed (`leases`)
+    dead_load_files_removed: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -140,11 +143,15 @@ def maintain_pipeline(
     """Maintain every table of the pipeline and the namespace's dead letters; `now_ms`
     anchors the retention windows."""
     pipeline = discover(pipeline)
-    results = [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
-    dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
-    if spark.catalog.tableExists(dead):
-        expired = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
-        log.info("%s: %d snapshot(s) expired", dead, expired)
+    with Leases(spark) as leases:  # its rewrites write data files, as loads do
+        results = [maintain_table(spark, pipeline, t, now_ms, run_id, leases)
+                   for t in pipeline.tables]  # fmt: skip
+        dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
+        if spark.catalog.tableExists(dead):
+            leases.take(dead)
+            expired = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
+            leases.done(dead)
+            log.info("%s: %d snapshot(s) expired", dead, expired)
     return results
 
 
@@ -170,8 +177,9 @@ def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
 
 
 def maintain_table(
-    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str
-) -> TableMaintenance:
+    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str,
+    leases: Leases | None = None,
+) -> TableMaintenance:  # fmt: skip
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
         log.info("%s: does not exist yet; nothing to maintain", qualified)
@@ -179,6 +187,8 @@ def maintain_table(
     settings = pipeline.maintenance
     started = time.monotonic()
     result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
+    if leases is not None:  # sweeps the files of loads that died before their commit
+        result.dead_load_files_removed = leases.take(qualified)
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
     result.snapshots_before = _count_snapshots(spark, qualified)
     result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
@@ -258,6 +268,8 @@ def maintain_table(
     _fresh_table(spark, qualified).updateProperties().set(
         PROPERTY_LAST_RUN, json.dumps(result.to_dict(), sort_keys=True)
     ).commit()
+    if leases is not None:
+        leases.done(qualified)
     log.info(
         "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
         "%d orphan file(s) removed, %d deleted-keys ledger row(s) pruned",

@@ -1,0 +1,371 @@
+"""The Airflow UI as the README tells users to run it: its steps under "In the Airflow UI"
+start `airflow standalone` from the local stack's AIRFLOW_HOME (the README's commands,
+run as written), and a real Chromium driven by Playwright signs in, switches the load DAG
+on and triggers it, then triggers the backfill form with its defaults and the snapshot
+form with a table chosen. The scheduler runs everything (LocalExecutor; the triggerer
+follows the snapshot), each run must succeed, and the lake then equals the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cdclake.compare import compare_pipeline
+from cdclake.kafka import fetch_watermarks
+from cdclake.local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
+from cdclake.local.workload import apply_workload
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; .ci/run installs it
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+README = ROOT / "README.md"
+README_SECTION = "### In the Airflow UI"
+README_URL = "http://127.0.0.1:8080"
+PORTS = range(18600, 18700)
+START_S = 180  # standalone up, every component healthy, the DAGs parsed
+RUN_S = 300  # one DAG run, queued to finished
+UI_MS = 30_000  # one browser step
+SNAPSHOT_TABLE = "inventory.customers"
+DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot")
+
+
+@dataclass(frozen=True)
+class Airflow:
+    base: str
+    home: Path
+    log: Path
+    token: str
+    password: str
+
+    def get(self, path: str) -> dict | None:
+        """GET an API path as admin; None when it does not exist (404)."""
+        req = urllib.request.Request(
+            self.base + path, headers={"Authorization": f"Bearer {self.token}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def run_path(self, dag_id: str, run_id: str) -> str:
+        return f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+
+
+def readme_commands() -> list[str]:
+    """The shell commands of the README's UI steps, as written there."""
+    text = README.read_text()
+    assert README_SECTION in text, f"README.md has no section {README_SECTION!r}"
+    section = text.split(README_SECTION, 1)[1].split("\n#", 1)[0]
+    assert README_URL in section
+    block = re.search(r"```bash\n(.*?)\n\s*```", section, re.S)
+    assert block, f"README.md {README_SECTION}: no bash block"
+    commands = [line.strip() for line in block.group(1).splitlines() if line.strip()]
+    assert commands[-1] == "airflow standalone", commands
+    return commands
+
+
+def free_port() -> int:
+    if os.environ.get("CDCLAKE_TEST_AIRFLOW_PORT"):
+        return int(os.environ["CDCLAKE_TEST_AIRFLOW_PORT"])
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    pytest.fail(f"no free port in {PORTS.start}-{PORTS.stop - 1} for the api-server")
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    """The end of a log, without the line in which Airflow prints a generated password."""
+    if not path.exists():
+        return f"({path} does not exist)"
+    kept = [
+        line for line in path.read_text(errors="replace").splitlines() if "Password" not in line
+    ]
+    return f"--- {path} (last {lines} lines)\n" + "\n".join(kept[-lines:])
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float, log: Path) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except OSError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s\n{log_tail(log)}")
+        time.sleep(2)
+
+
+def api_token(base: str, password: str) -> str:
+    req = urllib.request.Request(
+        f"{base}/auth/token",
+        data=json.dumps({"username": "admin", "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["access_token"]
+
+
+def healthy(base: str) -> bool:
+    with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
+        health = json.loads(resp.read())
+    return all(part["status"] == "healthy" for part in health.values())
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the README's commands and every process they started (one process
+    group), then SIGKILL to whatever of it is left (Airflow's dag-processor may linger)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    time.sleep(2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def airflow(stack, tmp_path_factory) -> Iterator[Airflow]:
+    """The README's commands in bash, from the repository root, in the test stack's
+    environment (CDCLAKE_STATE_DIR and ports, as a user who moved the stack) with the api
+    port moved to a free one."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
+    env.pop("CDCLAKE_PIPELINES_DIR", None)
+    env[API_PORT_ENV] = str(port)
+    log = tmp_path_factory.mktemp("airflow-ui") / "standalone.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            ["bash", "-ec", "\n".join(readme_commands())], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            "airflow standalone healthy",
+            lambda: proc.poll() is None and healthy(base) or proc.poll() is not None,
+            START_S, log,
+        )  # fmt: skip
+        assert proc.poll() is None, f"the README's commands exited {proc.poll()}\n{log_tail(log)}"
+        home = Path(os.environ["AIRFLOW_HOME"])
+        passwords = home / PASSWORDS_FILE
+        password = wait_until(
+            "admin password", lambda: json.loads(passwords.read_text() or "{}").get("admin"),
+            30, log,
+        )  # fmt: skip
+        found = Airflow(base=base, home=home, log=log, token=api_token(base, password),
+                        password=password)  # fmt: skip
+        wait_until(
+            f"DAGs {DAGS} parsed", lambda: all(found.get(f"/api/v2/dags/{d}") for d in DAGS),
+            START_S, log,
+        )  # fmt: skip
+        yield found
+    finally:
+        stop_group(proc)
+
+
+@pytest.fixture
+def page(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+            tab.set_default_timeout(UI_MS)
+            yield tab
+            tab.screenshot(path=tmp_path / "last.png")
+        finally:
+            browser.close()
+
+
+# ---- the UI, as a user clicks through it ---------------------------------------------------
+def sign_in(page, airflow: Airflow) -> None:
+    page.goto(airflow.base + "/")  # Airflow sends the browser to its sign-in page
+    page.get_by_label("Username").fill("admin")
+    page.get_by_label("Password").fill(airflow.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(airflow.base + "/")
+
+
+def open_dag(page, airflow: Airflow, dag_id: str) -> None:
+    page.goto(f"{airflow.base}/dags/{dag_id}")
+    page.get_by_role("button", name="Trigger Dag").wait_for()
+
+
+def switch_on(page, airflow: Airflow, dag_id: str) -> None:
+    """The toggle beside the DAG's name; the API must then show it unpaused."""
+    if airflow.get(f"/api/v2/dags/{dag_id}")["is_paused"]:
+        page.get_by_test_id("toggle-pause").click()
+    wait_until(
+        f"{dag_id} switched on", lambda: not airflow.get(f"/api/v2/dags/{dag_id}")["is_paused"],
+        30, airflow.log,
+    )  # fmt: skip
+
+
+def trigger(page, dag_id: str, fill: Callable[[object], None] | None = None) -> str:
+    """Trigger in the DAG's page, the form (filled by `fill`), Trigger; the run's id from
+    the page the UI opens."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("button", name="Trigger Dag").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.get_by_role("heading", name=f"Trigger Dag - {dag_id}")).to_be_visible()
+    if fill is not None:
+        fill(dialog)
+    button = dialog.get_by_role("button", name="Trigger", exact=True)
+    expect(button).to_be_enabled()
+    button.click()
+    page.wait_for_url(re.compile(rf"/dags/{dag_id}/runs/[^/?#]+"))
+    encoded = re.search(rf"/dags/{dag_id}/runs/([^/?#]+)", page.url).group(1)
+    return urllib.parse.unquote(encoded)
+
+
+def choose_table(table: str) -> Callable[[object], None]:
+    def fill(dialog) -> None:
+        dialog.get_by_role("combobox", name="Select one or multiple values").click()
+        dialog.page.get_by_role("option", name=table, exact=True).click()
+        dialog.get_by_text("Tables", exact=True).click()  # closes the list
+
+    return fill
+
+
+# ---- what the scheduler did ----------------------------------------------------------------
+def run_report(airflow: Airflow, dag_id: str, run_id: str) -> str:
+    """Task states of a run and the end of the log of each task that did not succeed."""
+    tis = airflow.get(airflow.run_path(dag_id, run_id) + "/taskInstances") or {}
+    lines, logs = [], []
+    for ti in tis.get("task_instances", []):
+        lines.append(f"{ti['task_id']}: {ti['state']} (try {ti['try_number']})")
+        if ti["state"] not in ("success", "skipped"):
+            folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+            logs += [log_tail(p, 40) for p in sorted(folder.glob(f"task_id={ti['task_id']}/*"))]
+    return "\n".join([f"{dag_id} {run_id}:", *lines, *logs, log_tail(airflow.log, 30)])
+
+
+def wait_for_run(airflow: Airflow, dag_id: str, run_id: str) -> dict:
+    """The run once finished; fails naming its tasks' states and logs unless it succeeded."""
+    deadline = time.monotonic() + RUN_S
+    run = None
+    while time.monotonic() < deadline:
+        run = airflow.get(airflow.run_path(dag_id, run_id))  # None until created
+        if run is not None and run["state"] in ("success", "failed"):
+            break
+        time.sleep(3)
+    state = run["state"] if run else "not created"
+    if state != "success":
+        raise AssertionError(
+            f"run {state} (waited up to {RUN_S}s)\n{run_report(airflow, dag_id, run_id)}"
+        )
+    return run
+
+
+def wait_until_idle(airflow: Airflow, dag_id: str) -> list[dict]:
+    """Every run of the DAG finished (switching it on schedules one); all must succeed."""
+
+    def finished() -> list[dict] | None:
+        runs = airflow.get(f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"]
+        return None if any(r["state"] in ("queued", "running") for r in runs) else runs or None
+
+    runs = wait_until(f"{dag_id}: runs finished", finished, RUN_S, airflow.log)
+    failed = [r["dag_run_id"] for r in runs if r["state"] != "success"]
+    assert not failed, run_report(airflow, dag_id, failed[0])
+    return runs
+
+
+def xcom(airflow: Airflow, dag_id: str, run_id: str, task_id: str):
+    path = f"{airflow.run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value"
+    entry = airflow.get(path + "?deserialize=true")
+    value = entry["value"] if entry else None
+    return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+
+def high_watermarks(pipeline) -> dict[str, int]:
+    topics = [pipeline.topic_for(t) for t in pipeline.tables]
+    marks = fetch_watermarks(pipeline.kafka, topics)
+    return {f"{topic}/{part}": m.high for (topic, part), m in marks.items()}
+
+
+def assert_lake_equals_source(pipeline, dsn: str) -> None:
+    results = compare_pipeline(pipeline, dsn)
+    diffs = [(r.source, r.missing[:3], r.extra[:3]) for r in results if not r.equal]
+    assert not diffs
+    assert sum(len(r.source_rows) for r in results) > 20
+
+
+# ---- the README's steps --------------------------------------------------------------------
+def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
+    stack, pipeline, airflow, page
+):
+    assert airflow.get("/api/v2/importErrors")["import_errors"] == []
+    apply_workload(stack.source_dsn)  # inserts, updates, deletes, a primary-key change
+    stack.wait_for_capture()
+
+    # 2. sign in; 3. the load DAG switched on and triggered
+    sign_in(page, airflow)
+    open_dag(page, airflow, "cdclake__demo")
+    switch_on(page, airflow, "cdclake__demo")
+    run_id = trigger(page, "cdclake__demo")
+    assert wait_for_run(airflow, "cdclake__demo", run_id)["run_type"] == "manual"
+    wait_until_idle(airflow, "cdclake__demo")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+    # 4. the backfill form's defaults: every table of demo, earliest to latest
+    apply_workload(stack.source_dsn)
+    stack.wait_for_capture()
+    marks = high_watermarks(pipeline)
+    open_dag(page, airflow, "cdclake_backfill")
+    run_id = trigger(page, "cdclake_backfill")
+    wait_for_run(airflow, "cdclake_backfill", run_id)
+    plan = xcom(airflow, "cdclake_backfill", run_id, "plan")
+    assert plan["mode"] == "replay", plan
+    ranges = [r for p in json.loads(plan["plans_json"]) for r in p["ranges"]]
+    assert {f"{r['topic']}/{r['partition']}": r["end"] for r in ranges} == marks
+    assert min(r["start"] for r in ranges) == 0
+    wait_until_idle(airflow, "cdclake__demo")
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+    # 5. the snapshot form with a table chosen; its run triggers the load DAG
+    open_dag(page, airflow, "cdclake_snapshot")
+    run_id = trigger(page, "cdclake_snapshot", choose_table(SNAPSHOT_TABLE))
+    wait_for_run(airflow, "cdclake_snapshot", run_id)
+    sent = xcom(airflow, "cdclake_snapshot", run_id, "send_signal")
+    assert sent["tables"] == [SNAPSHOT_TABLE], sent
+    done = xcom(airflow, "cdclake_snapshot", run_id, "wait_for_snapshot")
+    assert done["status"] == "COMPLETED", done
+    wait_for_run(airflow, "cdclake__demo", f"after-{run_id}")
+    wait_until_idle(airflow, "cdclake__demo")
+    assert_lake_equals_source(pipeline, stack.source_dsn)

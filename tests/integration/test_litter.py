@@ -1,0 +1,165 @@
+"""No litter: the data files of a load killed before its commit are removed by the next
+load (`cdclake.leases`), never those of a load still at work."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from cdclake.exceptions import CommitConflictError
+from cdclake.leases import LEASE_DIR, Leases, process_space
+from cdclake.merge import deleted_keys_table, load_iceberg_table
+from cdclake.range_resolve import local_path
+
+from tests.integration.helpers import (
+    assert_lake_equals_source,
+    load_all,
+    make_pipeline,
+    stray_files,
+)
+from tests.integration.test_faults import start_run, workload
+
+pytestmark = pytest.mark.integration
+
+
+def table_dir(spark, target: str) -> Path:
+    return Path(local_path(str(load_iceberg_table(spark, target).location())))
+
+
+def lease_files(spark, target: str) -> list[str]:
+    root = table_dir(spark, target) / LEASE_DIR
+    return sorted(p.name for p in root.glob("*") if not p.name.startswith("."))
+
+
+def data_files(namespace_dir: Path) -> set[str]:
+    return {str(p) for p in namespace_dir.rglob("*.parquet") if p.parent.name == "data"}
+
+
+def kill_at_first_write(pipeline, namespace_dir: Path) -> bool:
+    """Start `cdclake run`, SIGKILL it the moment a new data file appears under the
+    namespace (the run wrote, and has most likely not committed yet); False when the
+    run finished first."""
+    before = data_files(namespace_dir) if namespace_dir.exists() else set()
+    proc = start_run(pipeline.path)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if namespace_dir.exists() and data_files(namespace_dir) - before:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.005)
+        assert proc.poll() is not None, "the run neither wrote nor ended within 600 s"
+        assert proc.returncode == 0, proc.stderr.read()[-3000:]
+        return False
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_path):
+    rng = random.Random(5)
+    n = uuid.uuid4().hex[:6]
+    table = f"inventory.litter_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {table} (id int primary key, v text)")
+        # a first load above DRIVER_READ_RECORDS: range tasks write its files themselves
+        conn.execute(f"insert into {table} select i, md5(i::text) from generate_series(1, 12000) i")
+    stack.wait_for_capture()
+    pipeline = make_pipeline(tmp_path, f"it_litter_{n}", [table])
+    target = pipeline.qualified_target(pipeline.tables[0])
+    namespace_dir = Path(local_path(os.environ["CDCLAKE_WAREHOUSE"])) / pipeline.namespace
+    left: list[list[str]] = []  # what each killed run left behind
+
+    def killed_runs(times: int) -> None:
+        for _ in range(times):
+            if not kill_at_first_write(pipeline, namespace_dir):
+                continue
+            stray = stray_files(spark, target)
+            # the killed run found the one before it dead and removed its files first
+            assert not left or not set(left[-1]) & set(stray), (left[-1], stray)
+            left.append(stray)
+
+    killed_runs(3)  # the first loads: files of range tasks, then Spark's append
+    load_all(stack, spark, pipeline, f"{n}-a")  # the lake now holds rows to MERGE into
+    assert stray_files(spark, target) == []
+    for _ in range(3):  # MERGEs: Spark's data and delete files
+        workload(stack.source_dsn, table, 3, rng)
+        stack.wait_for_capture()
+        killed_runs(1)
+    assert sum(1 for s in left if s) >= 3, left  # kills that did leave files behind
+
+    workload(stack.source_dsn, table, 2, rng)
+    stack.wait_for_capture()
+    last = start_run(pipeline.path)  # the next load, as a scheduled run starts it
+    assert last.wait(timeout=600) == 0, last.stderr.read()[-3000:]
+    for name in (target, deleted_keys_table(target)):  # and its deleted-keys ledger's
+        if spark.catalog.tableExists(name):
+            assert stray_files(spark, name) == [], name
+    assert lease_files(spark, target) == []  # every dead lease swept, its own released
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
+def test_a_sweep_keeps_the_files_of_a_live_writer(stack, spark, tmp_path):
+    """A dead lease makes the next taker delete unreferenced data files older than the
+    oldest live writer's start, and no younger one; a writer whose lease is gone may not
+    commit."""
+    n = uuid.uuid4().hex[:6]
+    table = f"inventory.swept_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {table} (id int primary key, v text)")
+        conn.execute(f"insert into {table} values (1, 'a'), (2, 'b')")
+    pipeline = make_pipeline(tmp_path, f"it_swept_{n}", [table])
+    load_all(stack, spark, pipeline, n)
+    target = pipeline.qualified_target(pipeline.tables[0])
+    data = table_dir(spark, target) / "data"
+    leases = table_dir(spark, target) / LEASE_DIR
+
+    # a load killed on this host: its lease names a process that exited
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    leases.mkdir(exist_ok=True)
+    dead = f"{uuid.uuid4().hex}_{process_space()}_{gone.pid}-1"
+    (leases / f"{dead}.start").touch()
+    (leases / f"{dead}.live").touch()
+    dead_file = data / f"dead-{n}.parquet"
+    dead_file.write_bytes(b"PAR1 not committed")
+    time.sleep(0.05)
+
+    live = Leases(spark)
+    try:
+        assert live.take(target) == 1  # the dead load's file: no live writer is older
+        assert not dead_file.exists() and not (leases / f"{dead}.start").exists()
+        in_flight = data / f"in-flight-{n}.parquet"  # written by the live writer
+        in_flight.write_bytes(b"PAR1 not committed yet")
+        (leases / f"{dead}.start").touch()  # another dead load
+        later = Leases(spark)
+        try:
+            assert later.take(target) == 0  # younger than the live writer's start: kept
+        finally:
+            later.close()
+        assert in_flight.exists()
+        assert stray_files(spark, target) == [str(in_flight)]
+
+        live.check(target)  # its lease stands: it may commit
+        started = [p for p in leases.glob("*.start") if live.held[target].name in p.name]
+        started[0].unlink()  # a sweep took it for dead
+        with pytest.raises(CommitConflictError, match="write lease"):
+            live.check(target)
+        started[0].touch()
+    finally:
+        live.close()  # not done: its lease ends dead (.live removed)
+    last = Leases(spark)
+    last.take(target)  # now nobody is live: the file is a dead writer's
+    last.done(target)
+    last.close()
+    assert stray_files(spark, target) == []
+    assert lease_files(spark, target) == []
