@@ -265,9 +265,8 @@ def _read_slice(
                     )
                 if time.monotonic() - idle_since > timeout_s:
                     raise RuntimeError(
-                        f"no records from Kafka at {client_config['bootstrap.servers']}: "
-                        f"{topic} partition {partition} at offset {next_offset} (wanted up "
-                        f"to {end - 1}) within {timeout_s:.0f}s"
+                        f"no records from Kafka at {client_config['bootstrap.servers']}: {topic}"
+                        f"[{partition}]@{next_offset} (to {end - 1}) within {timeout_s:.0f}s"
                     )
                 continue
             idle_since = time.monotonic()
