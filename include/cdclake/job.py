@@ -194,7 +194,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
     try:
         if rest.ranges:
             raw, scan, rows = _read(spark, pipeline, rest, read)
-            raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan)
+            raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan, leases)
         else:
             scan, rows = RawScan({}, {}, 0), None
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
@@ -706,7 +706,8 @@ class _Batch:
 
     def dead_letters(self, rows, count: int) -> int:
         with self.dead_letter_lock:  # concurrent commits to the one table would conflict
-            return _dead_letters(self.spark, self.pipeline, self.plan, rows, count)
+            return _dead_letters(self.spark, self.pipeline, self.plan, rows, count,
+                                 self.leases)  # fmt: skip
 
 
 def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
@@ -727,7 +728,7 @@ def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
 
 
 def _handle_broken_envelopes(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan
+    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan, leases: Leases
 ) -> tuple[object, RawScan]:
     """Records that are not JSON-with-schema envelopes: dead-letter them (and take them
     out of the batch), or leave them in `scan.broken` to fail their tables."""
@@ -739,11 +740,12 @@ def _handle_broken_envelopes(
         "topic", "partition", "offset",
         F.col("key_payload").alias("key"), F.col("value_payload").alias("value"), "error",
     )  # fmt: skip
-    _dead_letters(spark, pipeline, plan, dead, scan.broken_count)
+    _dead_letters(spark, pipeline, plan, dead, scan.broken_count, leases)
     return raw.where(F.col("error").isNull()), dataclasses.replace(scan, broken={})
 
 
-def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int) -> int:
+def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int,
+                  leases: Leases) -> int:  # fmt: skip
     from pyspark.sql import functions as F
 
     stamped = rows.select(
@@ -752,8 +754,17 @@ def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count:
         "topic", "partition", "offset", "key", "value", "error",
         F.current_timestamp().alias("recorded_at"),
     )  # fmt: skip
-    ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-    write_dead_letters(spark, f"{pipeline.catalog.name}.{pipeline.namespace}", stamped)
+    namespace = f"{pipeline.catalog.name}.{pipeline.namespace}"
+    ensure_namespace(spark, namespace)
+    dead = f"{namespace}.{DEAD_LETTERS}"
+    # leased once it exists (its first write creates it: a kill then leaves files to
+    # maintenance's orphan removal)
+    leased = spark.catalog.tableExists(dead)
+    if leased:
+        leases.take(dead)
+    write_dead_letters(spark, namespace, stamped)
+    if leased:
+        leases.done(dead)
     log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
     return count
 
