@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 from cdclake.compare import compare_pipeline
 from cdclake.kafka import fetch_watermarks
@@ -260,9 +261,15 @@ def trigger(page, dag_id: str, fill: Callable[[object], None] | None = None) -> 
     return urllib.parse.unquote(encoded)
 
 
-def choose_table(table: str) -> Callable[[object], None]:
+def choose_table(table: str, offered: list[str]) -> Callable[[object], None]:
+    """Tables: the picker must offer `offered` (every table of the pipeline); `table`
+    chosen."""
+
     def fill(dialog) -> None:
         dialog.get_by_role("combobox", name="Select one or multiple values").click()
+        options = dialog.page.get_by_role("option")
+        options.first.wait_for()
+        assert sorted(options.all_inner_texts()) == sorted(offered)
         dialog.page.get_by_role("option", name=table, exact=True).click()
         dialog.get_by_text("Tables", exact=True).click()  # closes the list
 
@@ -300,9 +307,9 @@ def wait_for_run(airflow: Airflow, dag_id: str, run_id: str) -> dict:
         time.sleep(3)
     state = run["state"] if run else "not created"
     if state != "success":
-        raise AssertionError(
-            f"run {state} (waited up to {RUN_S}s)\n{run_report(airflow, dag_id, run_id)}"
-        )
+        finished = state in ("failed", "success")
+        why = f"run {state}" if finished else f"run {state} after {RUN_S}s"
+        raise AssertionError(f"{why}\n{run_report(airflow, dag_id, run_id)}")
     return run
 
 
@@ -372,13 +379,20 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
     # 5. the snapshot form with a table chosen; its run triggers the load DAG
+    topic = pipeline.topic_for(pipeline.table_named(SNAPSHOT_TABLE))
+    before = sum(m.high for m in fetch_watermarks(pipeline.kafka, [topic]).values())
     open_dag(page, airflow, "cdclake_snapshot")
-    run_id = trigger(page, "cdclake_snapshot", choose_table(SNAPSHOT_TABLE))
+    offered = [t.source for t in pipeline.tables]
+    run_id = trigger(page, "cdclake_snapshot", choose_table(SNAPSHOT_TABLE, offered))
     wait_for_run(airflow, "cdclake_snapshot", run_id)
     sent = xcom(airflow, "cdclake_snapshot", run_id, "send_signal")
     assert sent["tables"] == [SNAPSHOT_TABLE], sent
     done = xcom(airflow, "cdclake_snapshot", run_id, "wait_for_snapshot")
     assert done["status"] == "COMPLETED", done
+    after = sum(m.high for m in fetch_watermarks(pipeline.kafka, [topic]).values())
+    with psycopg.connect(stack.source_dsn) as conn:
+        rows = conn.execute(f"select count(*) from {SNAPSHOT_TABLE}").fetchone()[0]
+    assert after - before >= rows > 0  # every row read again by the snapshot
     wait_for_run(airflow, "cdclake__demo", f"after-{run_id}")
     wait_until_idle(airflow, "cdclake__demo")
     assert_lake_equals_source(pipeline, stack.source_dsn)
