@@ -91,6 +91,7 @@ def stray_files(spark, table: str) -> list[str]:
     from cdclake.merge import load_iceberg_table
     from cdclake.range_resolve import local_path
 
+    spark.sql(f"REFRESH TABLE {table}")  # another process may have committed since
     data = Path(local_path(str(load_iceberg_table(spark, table).location()))) / "data"
     named = {local_path(r.file_path) for r in spark.sql(
         f"SELECT file_path FROM {table}.all_files").collect()}  # fmt: skip

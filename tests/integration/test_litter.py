@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +19,7 @@ from cdclake.leases import LEASE_DIR, Leases, process_space
 from cdclake.merge import deleted_keys_table, load_iceberg_table
 from cdclake.range_resolve import local_path
 
+from tests.conftest import ROOT
 from tests.integration.helpers import (
     assert_lake_equals_source,
     load_all,
@@ -38,26 +40,49 @@ def lease_files(spark, target: str) -> list[str]:
     return sorted(p.name for p in root.glob("*") if not p.name.startswith("."))
 
 
-def data_files(namespace_dir: Path) -> set[str]:
-    return {str(p) for p in namespace_dir.rglob("*.parquet") if p.parent.name == "data"}
+def data_files(under: Path) -> set[str]:
+    return {str(p) for p in under.rglob("*.parquet") if p.parent.name == "data"}
 
 
-def kill_at_first_write(pipeline, namespace_dir: Path) -> bool:
-    """Start `cdclake run`, SIGKILL it the moment a new data file appears under the
-    namespace (the run wrote, and has most likely not committed yet); False when the
-    run finished first."""
-    before = data_files(namespace_dir) if namespace_dir.exists() else set()
-    proc = start_run(pipeline.path)
+def start_submit(pipeline, batch: str) -> subprocess.Popen:
+    """spark-submit of jobs/load.py with a plan, as the load DAG's task starts it."""
+    from cdclake.planner import plan_pipeline
+    from cdclake.spark import spark_conf
+
+    conf = [
+        x for k, v in spark_conf(pipeline, secrets=False).items() for x in ("--conf", f"{k}={v}")
+    ]
+    plan = plan_pipeline(pipeline, batch).to_json()
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", *conf,
+         str(ROOT / "jobs" / "load.py"), "--pipeline", str(pipeline.path), "--plan", plan],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+             "PYSPARK_DRIVER_PYTHON": sys.executable},
+        # spark-submit's log would fill a pipe nobody reads while the test watches
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def kill_at_first_write(pipeline, watched: Path, submit: str | None = None) -> bool:
+    """Start `cdclake run` (or, with a batch id, spark-submit of the load job), SIGKILL
+    it the moment a new data file appears under `watched` (the run wrote, and has most
+    likely not committed yet); False when the run finished first. spark-submit alone is
+    killed, as SparkSubmitHook.on_kill does: its driver dies with it."""
+    before = data_files(watched) if watched.exists() else set()
+    proc = start_run(pipeline.path) if submit is None else start_submit(pipeline, submit)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
-            if namespace_dir.exists() and data_files(namespace_dir) - before:
-                os.killpg(proc.pid, signal.SIGKILL)
+            if watched.exists() and data_files(watched) - before:
+                if submit is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return True
             time.sleep(0.005)
         assert proc.poll() is not None, "the run neither wrote nor ended within 600 s"
-        assert proc.returncode == 0, proc.stderr.read()[-3000:]
+        assert proc.returncode == 0, proc.stderr.read()[-3000:] if proc.stderr else submit
         return False
     finally:
         if proc.poll() is None:
@@ -77,33 +102,36 @@ def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_pa
     pipeline = make_pipeline(tmp_path, f"it_litter_{n}", [table])
     target = pipeline.qualified_target(pipeline.tables[0])
     namespace_dir = Path(local_path(os.environ["CDCLAKE_WAREHOUSE"])) / pipeline.namespace
-    left: list[list[str]] = []  # what each killed run left behind
+    left: list[list[str]] = []  # what each killed run left behind (table and ledger)
 
-    def killed_runs(times: int) -> None:
-        for _ in range(times):
-            if not kill_at_first_write(pipeline, namespace_dir):
-                continue
-            stray = stray_files(spark, target)
+    def stray() -> list[str]:
+        names = (target, deleted_keys_table(target))
+        return [f for t in names if spark.catalog.tableExists(t) for f in stray_files(spark, t)]
+
+    def killed_run(watched: Path, submit: str | None = None) -> None:
+        if kill_at_first_write(pipeline, watched, submit):
+            found = stray()
             # the killed run found the one before it dead and removed its files first
-            assert not left or not set(left[-1]) & set(stray), (left[-1], stray)
-            left.append(stray)
+            assert not left or not set(left[-1]) & set(found), (left[-1], found)
+            left.append(found)
 
-    killed_runs(3)  # the first loads: files of range tasks, then Spark's append
+    for _ in range(3):  # first loads: files of range tasks, then Spark's append
+        killed_run(namespace_dir)
     load_all(stack, spark, pipeline, f"{n}-a")  # the lake now holds rows to MERGE into
-    assert stray_files(spark, target) == []
-    for _ in range(3):  # MERGEs: Spark's data and delete files
+    assert stray() == []
+    for r in range(4):  # MERGEs: the ledger's files, Spark's data and delete files
         workload(stack.source_dsn, table, 3, rng)
         stack.wait_for_capture()
-        killed_runs(1)
-    assert sum(1 for s in left if s) >= 3, left  # kills that did leave files behind
+        watched = namespace_dir if r == 0 else table_dir(spark, target) / "data"
+        killed_run(watched, submit=f"{n}-submit-{r}" if r == 3 else None)
+    # kills that did leave files behind (all 7 did when this was written)
+    assert sum(1 for s in left if s) >= 5, left
 
     workload(stack.source_dsn, table, 2, rng)
     stack.wait_for_capture()
     last = start_run(pipeline.path)  # the next load, as a scheduled run starts it
     assert last.wait(timeout=600) == 0, last.stderr.read()[-3000:]
-    for name in (target, deleted_keys_table(target)):  # and its deleted-keys ledger's
-        if spark.catalog.tableExists(name):
-            assert stray_files(spark, name) == [], name
+    assert stray() == []  # of the table and of its deleted-keys ledger
     assert lease_files(spark, target) == []  # every dead lease swept, its own released
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
