@@ -191,3 +191,31 @@ def test_a_sweep_keeps_the_files_of_a_live_writer(stack, spark, tmp_path):
     last.close()
     assert stray_files(spark, target) == []
     assert lease_files(spark, target) == []
+
+
+def test_maintenance_removes_the_files_of_a_dead_load(stack, spark, tmp_path):
+    """Maintenance takes a lease too: a killed load's files go with its run, counted."""
+    from cdclake.maintenance import run_maintenance
+
+    n = uuid.uuid4().hex[:6]
+    table = f"inventory.maintained_{n}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {table} (id int primary key, v text)")
+        conn.execute(f"insert into {table} values (1, 'a')")
+    pipeline = make_pipeline(tmp_path, f"it_maintained_{n}", [table])
+    load_all(stack, spark, pipeline, n)
+    target = pipeline.qualified_target(pipeline.tables[0])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    leases = table_dir(spark, target) / LEASE_DIR
+    leases.mkdir(exist_ok=True)
+    dead = f"{uuid.uuid4().hex}_{process_space()}_{gone.pid}-1"
+    (leases / f"{dead}.start").touch()
+    (leases / f"{dead}.live").touch()
+    left = table_dir(spark, target) / "data" / f"killed-{n}.parquet"
+    left.write_bytes(b"PAR1 not committed")
+
+    figures = run_maintenance(pipeline, spark)["tables"][0]
+    assert figures["dead_load_files_removed"] == 1 and not left.exists()
+    assert stray_files(spark, target) == [] and lease_files(spark, target) == []
+    assert_lake_equals_source(pipeline, stack.source_dsn)
