@@ -135,7 +135,6 @@ class Leases:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
-        self.swept: dict[str, int] = {}  # table -> dead writers' files removed
 
     def __enter__(self) -> Leases:
         return self
@@ -169,9 +168,7 @@ class Leases:
                 self.thread = threading.Thread(target=self._renew, name="cdclake-leases",
                                                daemon=True)  # fmt: skip
                 self.thread.start()
-        removed = self._sweep(held, entries)
-        self.swept[table] = removed
-        return removed
+        return self._sweep(held, entries)
 
     def check(self, table: str) -> None:
         """Raise unless this run may commit to `table`: its lease still stands and was
