@@ -49,7 +49,8 @@ SNAPSHOT_TABLE = "inventory.customers"
 DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot")
 # set by `local env` (or not at all) in the README's steps, whatever the tests' environment
 FROM_LOCAL_ENV = ("AIRFLOW_HOME", "CDCLAKE_KAFKA_BOOTSTRAP", "CDCLAKE_SOURCE_DSN",
-                  "CDCLAKE_PIPELINES_DIR", "VIRTUAL_ENV")  # fmt: skip
+                  "CDCLAKE_CATALOG_URI", "CDCLAKE_WAREHOUSE", "CDCLAKE_PIPELINES_DIR",
+                  "VIRTUAL_ENV")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,7 @@ def stop_group(proc: subprocess.Popen) -> None:
 def airflow(stack, tmp_path_factory) -> Iterator[Airflow]:
     """The README's commands in bash, from the repository root, with the api port moved to
     a free one. The environment is the test stack's as a user who moved the stack has it
-    (CDCLAKE_STATE_DIR and ports); what `local env` exports is left to it. `local env` does
-    not export the catalog's URI and warehouse (the demo pipeline's defaults are the
-    default stack's), so CDCLAKE_CATALOG_URI and CDCLAKE_WAREHOUSE come from the tests."""
+    (CDCLAKE_STATE_DIR and ports); what `local env` exports is left to it."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in FROM_LOCAL_ENV}
     env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW__")}

@@ -84,6 +84,10 @@ class LocalStack:
     def source_dsn(self) -> str:
         return self.postgres.dsn_for(self.s.source_db)
 
+    @property
+    def catalog_uri(self) -> str:
+        return f"jdbc:postgresql://127.0.0.1:{self.s.pg_port}/{self.s.catalog_db}"
+
     def status(self) -> dict[str, Any]:
         pg_port, db = self.s.pg_port, self.s.catalog_db
         return {
@@ -111,7 +115,7 @@ class LocalStack:
             "catalog": {
                 "name": self.s.catalog_name,
                 "type": "jdbc",
-                "uri": f"jdbc:postgresql://127.0.0.1:{pg_port}/{db}",
+                "uri": self.catalog_uri,
                 "sqlalchemy_uri": f"postgresql+psycopg://postgres@127.0.0.1:{pg_port}/{db}",
                 "warehouse": self.warehouse.resolve().as_uri(),
             },
@@ -156,6 +160,9 @@ class LocalStack:
             "CDCLAKE_STATE_DIR": str(self.s.state_dir),
             "CDCLAKE_KAFKA_BOOTSTRAP": self.broker.bootstrap,
             "CDCLAKE_SOURCE_DSN": self.source_dsn,
+            # the demo pipeline's catalog: its defaults name the default stack's
+            "CDCLAKE_CATALOG_URI": self.catalog_uri,
+            "CDCLAKE_WAREHOUSE": self.warehouse.resolve().as_uri(),
         }
 
     # ---- parts -----------------------------------------------------------------------
