@@ -10,7 +10,6 @@ import sys
 import time
 
 from cdclake.exceptions import CdclakeError
-from cdclake.served import MAX_BATCHES
 
 log = logging.getLogger("cdclake")
 
@@ -121,20 +120,6 @@ def _parser() -> argparse.ArgumentParser:
         help="override one size of the scale, e.g. merge_rows=1000,100000",
     )  # fmt: skip
 
-    serve = sub.add_parser(
-        "serve", help="a long-lived load driver for pipelines with spark.served (HTTP)"
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument(
-        "--master", default=None, help="Spark master (default: the first pipeline's spark.master)"
-    )
-    serve.add_argument(
-        "--max-batches", type=int, default=MAX_BATCHES,
-        help=f"batches of different pipelines run at once (default {MAX_BATCHES}); the "
-        "others wait their turn",
-    )  # fmt: skip
-
     archive = sub.add_parser(
         "jvm-archive", help="build the Spark driver's class-data-sharing archive (faster starts)"
     )
@@ -178,10 +163,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         results = run_once(load_pipeline(args.pipeline), args.batch_id)
         print(json.dumps(results, indent=2, sort_keys=True))
         return 0
-    if args.command == "serve":
-        from cdclake.served import serve
-
-        return serve(args.host, args.port, args.master, max_batches=args.max_batches)
     if args.command == "maintain":
         from cdclake.config import load_pipeline
         from cdclake.maintenance import run_maintenance

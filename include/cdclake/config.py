@@ -111,9 +111,6 @@ class SparkConfig:
     conn_id: str = "spark_default"
     master: str = "local[2]"  # used by the CLI; Airflow takes the master from conn_id
     conf: Mapping[str, str] = field(default_factory=dict)
-    # a long-lived load driver (`cdclake serve`) the load tasks send their plans to,
-    # instead of starting spark-submit for each batch: http://host:port
-    served: str | None = None
 
 
 HANDLING_MODES = {
@@ -252,9 +249,6 @@ class PipelineConfig:
         return f"{self.catalog.name}.{self.namespace}.{table.target}"
 
 
-_SERVED_URL = re.compile(r"https?://[^/\s:]+(:\d+)?/?")
-
-
 def load_pipeline(path: str | os.PathLike[str]) -> PipelineConfig:
     """Read and validate one pipeline YAML file. Keys are strict: a duplicate key, or one
     the parse functions below do not read, is an error naming it."""
@@ -352,14 +346,13 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         choices = [e.value for e in OnError]
         raise r.fail("on_error", f"{on_error_raw!r} is not one of {choices}") from None
     spark_raw = r.mapping(raw, "", "spark", required=False)
-    served = r.get(spark_raw, "spark", "served", str, None)
-    if served is not None and not _SERVED_URL.fullmatch(served):
-        raise r.fail("spark.served", f"{served!r} is not an http://host:port address")
+    if "served" in spark_raw:  # pipeline files written for an older cdclake
+        raise r.fail("spark.served", "the served driver was removed; loads run through "
+                     "spark-submit (remove this key)")  # fmt: skip
     spark = SparkConfig(
         conn_id=r.get(spark_raw, "spark", "conn_id", str, "spark_default"),
         master=r.get(spark_raw, "spark", "master", str, "local[2]"),
         conf=r.string_map(spark_raw, "spark", "conf"),
-        served=served.rstrip("/") if served else None,
     )
     source_raw = r.mapping(raw, "", "source", required=False)
     signal_table = r.get(source_raw, "source", "signal_table", str, "public.debezium_signal")

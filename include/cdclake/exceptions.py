@@ -1,17 +1,4 @@
-"""All errors cdclake raises on purpose. One base class so callers can catch ours only.
-And how a running batch learns that it was cancelled (`cancelled`)."""
-
-from __future__ import annotations
-
-import contextvars
-import threading
-
-# set by whoever runs a batch and may cancel it (a served driver, for its request's
-# threads; `job.carried` takes it to the batch's other threads): an event set once the
-# batch is cancelled
-CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "cdclake_cancel", default=None
-)
+"""All errors cdclake raises on purpose. One base class so callers can catch ours only."""
 
 
 class CdclakeError(Exception):
@@ -44,13 +31,3 @@ class StackError(CdclakeError):
 
 class MaintenanceError(CdclakeError):
     """Table maintenance would have changed what a table says it has consumed."""
-
-
-class CancelledError(CdclakeError):
-    """The batch was cancelled (its task went away) while it waited."""
-
-
-def cancelled() -> bool:
-    """Whether the batch this thread works for was cancelled (`CANCEL`)."""
-    event = CANCEL.get()
-    return event is not None and event.is_set()

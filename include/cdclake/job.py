@@ -273,10 +273,9 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
     # catalog's first lookups take a second or two)
     from concurrent.futures import ThreadPoolExecutor
 
-    threading.Thread(target=carried(start_python_workers), args=(spark,), daemon=True).start()
+    threading.Thread(target=start_python_workers, args=(spark,), daemon=True).start()
     with ThreadPoolExecutor(len(eligible)) as pool:
-        head_read = carried(_head_read)
-        heads = {topic: pool.submit(head_read, reader, ranges_of[topic]) for topic in eligible}
+        heads = {topic: pool.submit(_head_read, reader, ranges_of[topic]) for topic in eligible}
         work = {}
         for topic in eligible:
             qualified = pipeline.qualified_target(tables[topic])
@@ -303,7 +302,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
                     topic_plan = dataclasses.replace(topic_plan, write=write)
             elif new:
                 creating = ThreadPoolExecutor(1)
-                created = creating.submit(carried(_create_table), spark, pipeline, table,
+                created = creating.submit(_create_table, spark, pipeline, table,
                                           topic_plan.schema)  # fmt: skip
             level = (ranged_cache_level() if topic_plan.schema.key_names
                      # a changelog: a row per record, not per key
@@ -401,26 +400,6 @@ def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
 
 
 WORKERS_JOB_GROUP = "cdclake-python-workers"
-
-
-def carried(fn: Callable) -> Callable:
-    """`fn`, to run in another thread of the batch with this thread's Spark local
-    properties (the batch's job group: a served driver cancels a batch by it) and context
-    variables (a served driver keeps a batch's log lines to its own task by one). Each
-    call runs in a copy of the context, so threads may run it at once."""
-    import contextvars
-
-    from pyspark import SparkContext
-    from pyspark.util import inheritable_thread_target
-
-    context, target = contextvars.copy_context(), fn
-    if SparkContext._active_spark_context is not None:  # no Spark: nothing to carry
-        target = inheritable_thread_target(fn)
-
-    def run(*args, **kwargs):
-        return context.copy().run(target, *args, **kwargs)
-
-    return run
 
 
 def start_python_workers(spark) -> list[int]:
@@ -559,8 +538,7 @@ def _each(items: list, fn: Callable, threads: int) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max(1, min(threads, len(items) or 1))) as pool:
-        run = carried(fn)
-        futures = [pool.submit(run, item) for item in items]
+        futures = [pool.submit(fn, item) for item in items]
     for f in futures:
         f.result()
 
@@ -605,8 +583,7 @@ def _run_tables(
         outcomes = [_outcome(load, t) for t in tables]
     else:
         with ThreadPoolExecutor(workers, thread_name_prefix="cdclake-load") as pool:
-            run = carried(_outcome)
-            futures = [pool.submit(run, load, t) for t in tables]
+            futures = [pool.submit(_outcome, load, t) for t in tables]
         outcomes = [f.result() for f in futures]
     results, failed = [], []
     for table, (result, exc) in zip(tables, outcomes, strict=True):

@@ -18,7 +18,6 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from cdclake.config import KafkaConfig
-from cdclake.exceptions import CancelledError, cancelled
 from cdclake.offsets import OffsetRange
 
 if TYPE_CHECKING:
@@ -258,11 +257,6 @@ def _read_slice(
             # for: never ask for more than the slice still needs
             msgs = consumer.consume(num_messages=min(2000, end - next_offset), timeout=1.0)
             if not msgs:
-                if cancelled():  # the driver's read of a batch whose task went away
-                    raise CancelledError(
-                        f"cancelled while waiting for {topic} partition {partition} at "
-                        f"offset {next_offset} (wanted up to {end - 1})"
-                    )
                 if time.monotonic() - idle_since > timeout_s:
                     raise RuntimeError(
                         f"no records from Kafka at {client_config['bootstrap.servers']}: {topic}"

@@ -10,16 +10,10 @@ from cdclake.spark import build_session
 
 
 def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict:
-    """Plan the next batch and load it: in the served driver when the pipeline names one
-    (`spark.served`), else in this process."""
+    """Plan the next batch and load it in this process."""
     plan = plan_pipeline(pipeline, batch_id)
     if not plan.ranges:
         return {"pipeline": pipeline.name, "batch_id": plan.batch_id, "tables": []}
-    if pipeline.spark.served:
-        from cdclake.served import submit
-
-        (batch,) = submit(pipeline.spark.served, str(pipeline.path.resolve()), [plan.to_dict()])
-        return {"pipeline": pipeline.name, **batch}
     ranged = resolves_by_range(pipeline, plan.ranges)
     spark = build_session(pipeline, pipeline.spark.master, records=plan.total, ranged=ranged)
     results = run_batch(spark, pipeline, plan)

@@ -85,23 +85,15 @@ def load_task(
     timeout: dt.timedelta,
     driver_options: str | None = None,
     **kwargs,
-):
+) -> SparkSubmitOperator:
     """The task that loads `plans` (a template of a plan's JSON, or of a list of them):
-    spark-submit of jobs/load.py, or, when the pipeline names a served driver
-    (`spark.served`), a Python task that sends the plans there and logs what it does."""
-    path = str(pipeline.path)
-    if pipeline.spark.served:
-        from cdclake_airflow import tasks
-
-        return task(task_id=task_id, execution_timeout=timeout, **kwargs)(tasks.served_load)(
-            pipeline.spark.served, path, plans
-        )
+    spark-submit of jobs/load.py."""
     return spark_submit(
         pipeline,
         driver_options=driver_options,
         task_id=task_id,
         application=LOAD_APPLICATION,
-        application_args=["--pipeline", path, "--plan", plans],
+        application_args=["--pipeline", str(pipeline.path), "--plan", plans],
         name=name,
         timeout=timeout,
         **kwargs,

@@ -30,21 +30,6 @@ def plan(pipeline_path: str, **context) -> str:
     return batch.to_json()
 
 
-def served_load(url: str, pipeline_path: str, plans_json: str) -> list[dict]:
-    """The load task of a pipeline with a served driver (`spark.served`): send the plan
-    (or the backfill's list of plans) there, log the driver's lines as they come, and
-    fail as the batch does."""
-    from cdclake.offsets import plans_from_json
-    from cdclake.served import submit
-
-    plans = [p.to_dict() for p in plans_from_json(plans_json)]
-    log.info("sending %d batch plan(s) to the served driver %s", len(plans), url)
-    batches = submit(url, pipeline_path, plans, on_log=lambda line: log.info("driver: %s", line))
-    for batch in batches:
-        log.info("%s", json.dumps(batch, sort_keys=True))
-    return batches
-
-
 def has_work(plan_json: str) -> bool:
     from cdclake.offsets import BatchPlan
 

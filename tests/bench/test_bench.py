@@ -6,9 +6,7 @@ start and a cold first batch each, about a minute together on the shared 2-core 
 so the smoke run leaves them out; their own parts (the load job's output, the process
 tree's peak memory) are tested here without Spark, and `make bench` runs them. The
 throughput step's batch also runs in a process of its own (`cdclake.bench.batch`, its
-driver JVM as a load of its size starts it), and is part of the smoke run, as is the
-served driver's step (a `cdclake.bench.batch --serve` process loading small batches and
-the recording three times each).
+driver JVM as a load of its size starts it), and is part of the smoke run.
 """
 
 from __future__ import annotations
@@ -204,8 +202,8 @@ def test_stage_seconds_sum_the_tables_and_take_the_batch_read_once():
                       "tables": 3, "parallel_tables": 4}  # fmt: skip
     line = render_stages({"fixed_overhead": {"stages": stages}})
     assert "fixed_overhead: read 2.0s" in line and "resolve 4.0s" in line
-    line = render_stages({"served": {"stages": {"file": stages}}})
-    assert "served file (last): read 2.0s" in line and "write 3.0s" in line
+    line = render_stages({"throughput_merge": {"stages": stages}})
+    assert "throughput_merge: read 2.0s" in line and "write 3.0s" in line
 
 
 BURNING = """
@@ -343,14 +341,6 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
             assert lake_rows(catalog, ns, topic, column=column) == expected
     assert placeholders > 0
 
-    served = details["served"]
-    assert [len(w) for w in served["wall_s"].values()] == [3, 3]
-    assert served["cached_rdds_after"] == 0
-    assert len(served["pss_mib_after_each"]) == 6 and min(served["pss_mib_after_each"]) > 0
-    for topic in topics:  # the served driver's last load of the recording
-        expected = final_state(recorded(recording, topic))
-        assert lake_rows(catalog, served["stages"]["file"]["namespace"], topic) == expected
-
     kafka = details["throughput_kafka"]
     workload = Workload.standard(sizes.kafka_events, sizes.kafka_keys,
                                  prefix=kafka["topic_prefix"], tables=sizes.tables)  # fmt: skip
@@ -364,9 +354,8 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     # (the tables are resolved range by range while they are read: in `read_s`)
     assert stages["read_s"] > 0 and stages["resolve_s"] >= 0 and stages["write_s"] > 0
     # and the CPU of the batch's process tree by part (the JVM plans, runs and writes)
-    for cpu in (details["throughput"]["cpu_s"], *served["cpu_s"].values()):
+    for cpu in (details["throughput"]["cpu_s"], merged["cpu_s"]):
         assert cpu.get("JVM executor tasks", 0) > 0 and cpu.get("Python driver", 0) > 0, cpu
-    assert set(served["cpu_s"]) == {"small", "file"}
     assert "  CPU: " in render_stages(details)
 
     merges = details["merge_scaling"]

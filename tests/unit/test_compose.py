@@ -37,6 +37,10 @@ def test_topology_has_every_production_part(compose):
         "airflow-dag-processor", "airflow-triggerer",
     } <= services  # fmt: skip
     assert "wal_level=logical" in compose["services"]["postgres"]["command"]
+    # loads run through spark-submit from the Airflow workers: no long-lived load driver
+    commands = [svc.get("command") or "" for svc in compose["services"].values()]
+    commands = [c if isinstance(c, str) else " ".join(map(str, c)) for c in commands]
+    assert not [c for c in commands if "cdclake serve" in c]
 
 
 def test_images_are_pinned(compose):

@@ -7,9 +7,6 @@ The events are either a recording (`--recording`) or generated inside the execut
 same decode path as the recorded file. It prints one JSON line: the wall of the load
 (decode, resolve, MERGE, commit; not the JVM's start), its CPU seconds by part of the
 process tree (`cdclake.bench.cpu`) and each table's result.
-
-With `--serve PORT` it is a served driver instead (`cdclake.served`), whose plans over the
-recording's topics are read from the recording and the others from Kafka.
 """
 
 from __future__ import annotations
@@ -32,18 +29,13 @@ from cdclake.spark import build_session
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cdclake.bench.batch")
-    p.add_argument("--pipeline")
-    p.add_argument("--serve", type=int, metavar="PORT", help="serve loads on this port")
+    p.add_argument("--pipeline", required=True)
     p.add_argument("--recording", type=Path, help="a recorded file's directory")
     p.add_argument("--events", type=int, help="events to generate")
     p.add_argument("--keys", type=int)
     p.add_argument("--tables", type=int, default=3)
     p.add_argument("--batch-id", default="bench-batch")
     args = p.parse_args(argv)
-    if args.serve is not None:
-        return _serve(args.serve, args.recording)
-    if args.pipeline is None:
-        p.error("give --pipeline, or --serve")
     pipeline = load_pipeline(args.pipeline)
     if args.recording is not None:
         ranges = tuple(recorded_ranges(args.recording))
@@ -67,22 +59,6 @@ def main(argv: list[str] | None = None) -> int:
                       "results": [r.to_dict() for r in results]}))  # fmt: skip
     spark.stop()
     return 0
-
-
-def _serve(port: int, recording: Path | None) -> int:
-    import logging
-
-    from cdclake.served import serve
-
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    topics = {r.topic for r in recorded_ranges(recording)} if recording else set()
-    read = file_reader(recording) if recording else None
-
-    def source(plan: BatchPlan):
-        return read if plan.ranges and {r.topic for r in plan.ranges} <= topics else None
-
-    return serve(port=port, master="local[2]", source=source)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cdclake.bench.cpu import cpu_parts, cpu_snapshot, render_parts
+from cdclake.bench.cpu import render_parts
 from cdclake.bench.events import Workload, generate_slice, toast_column
 from cdclake.bench.peers import HANDLER_BATCH
 from cdclake.bench.pipeline import bench_pipeline
@@ -52,7 +51,6 @@ STEP_FIGURES = {
     "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
-    "served": ("throughput_served_eps", "fixed_overhead_served_s"),
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
     "memory": ("memory_ratio",),
@@ -74,12 +72,10 @@ TARGETS = {
 
 # batches into each table of the `merge_scaling` step (its figure: their medians)
 MERGE_ROUNDS = 3
-# batches of each kind the `served` step sends (its figures: all but the first)
-SERVED_ROUNDS = 3
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
     "throughput_merge_eps", "throughput_kafka_eps", "peer_one_call_ratio", "naive_ratio",
-    "toast_ratio", "throughput_served_eps", "fixed_overhead_served_s",
+    "toast_ratio",
 )  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
@@ -298,79 +294,6 @@ class Bench:
             "topic_prefix": pipeline.topic_prefix,
         }  # fmt: skip
         self.say(f"throughput from tansu: {events / wall:,.0f} events/s ({wall:.1f}s)")
-
-    # ---- a served driver ----------------------------------------------------------------
-    def served(self) -> None:
-        """The throughput step's recording and a batch like the fixed-overhead step's
-        (events over many tables, from Kafka), each loaded three times into new tables
-        of one pipeline by a served driver (`cdclake.served`) in a process of its own,
-        alternating, the small batch first (it starts the application). The figures are
-        the mean of the second and third of each: a driver that has served batches
-        before, as one serving a schedule has. Wall from the request to the answer."""
-        from cdclake.served import health, submit
-
-        z = self.sizes
-        rec = self.work / "recording"
-        workload = self.details["file_workload"]
-        small = Workload.standard(z.fixed_events, max(4, z.fixed_events // 2),
-                                  prefix=f"benchs{_tag()}", tables=z.fixed_tables,
-                                  partitions=1)  # fmt: skip
-        small_ranges = tuple(produce_workload(self.stack.broker.bootstrap, small))
-        file_ranges = tuple(recorded_ranges(rec))
-        self.jvm_archive()
-        log_path = self.work / "served.log"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "cdclake.bench.batch", "--serve", str(port),
-               "--recording", str(rec)]  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        self.say(f"a served driver on {url}: {z.fixed_events} events over {z.fixed_tables} "
-                 f"tables and the recording, {SERVED_ROUNDS} times each")  # fmt: skip
-        with open(log_path, "w") as log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-            try:
-                wait_for_driver(url, proc, log_path)
-                walls: dict[str, list[float]] = {"small": [], "file": []}
-                memory: list[int] = []  # the driver's summed PSS after each batch, MiB
-                stages: dict[str, dict] = {}
-                cpu: dict[str, dict] = {}  # each kind's last batch's CPU seconds by part
-                for label in ("small", "file") * SERVED_ROUNDS:
-                    wl, ranges = ((small, small_ranges) if label == "small"
-                                  else (workload, file_ranges))  # fmt: skip
-                    n = len(walls[label]) + 1
-                    pipeline = bench_pipeline(self.work, self.stack.s, wl, f"served_{label}_{n}")
-                    plan = BatchPlan(pipeline.name, f"bench-served-{label}-{n}", ranges)
-                    before = cpu_snapshot(proc.pid)
-                    started = time.perf_counter()
-                    (batch,) = submit(url, str(pipeline.path), [plan.to_dict()],
-                                      on_log=lambda line: None)  # fmt: skip
-                    walls[label].append(time.perf_counter() - started)
-                    cpu[label] = cpu_parts(before, cpu_snapshot(proc.pid))
-                    stages[label] = stage_seconds(batch["tables"], pipeline.parallel_tables)
-                    stages[label]["namespace"] = pipeline.namespace
-                    memory.append(round(tree_memory(proc.pid).pss / 2**20))
-                    self.say(f"served {label} batch {n}: {walls[label][-1]:.1f}s, "
-                             f"driver's PSS after it {memory[-1]:,} MiB")  # fmt: skip
-                left = health(url)  # what the batches left cached: nothing
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        file_s, small_s = (sum(walls[k][1:]) / (len(walls[k]) - 1) for k in ("file", "small"))
-        self.figures["throughput_served_eps"] = workload.events / file_s
-        self.figures["fixed_overhead_served_s"] = small_s
-        prefix = small.streams[0].topic.split(".")[0]
-        self.details["served"] = {"wall_s": walls, "stages": stages, "cpu_s": cpu,
-                                  "small_prefix": prefix,
-                                  "cached_rdds_after": left.get("cached_rdds"),
-                                  "pss_mib_after_each": memory}  # fmt: skip
-        self.say(f"served driver: {workload.events / file_s:,.0f} events/s from file "
-                 f"({file_s:.1f}s; its first: {walls['file'][0]:.1f}s), {z.fixed_events} "
-                 f"events over {z.fixed_tables} tables in {small_s:.1f}s (its first, "
-                 f"starting the application: {walls['small'][0]:.1f}s)")  # fmt: skip
 
     # ---- the JVM archive ---------------------------------------------------------------
     def jvm_archive(self) -> None:
@@ -636,14 +559,11 @@ def stage_seconds(tables: list[dict], parallel_tables: int) -> dict:
 def render_stages(details: dict) -> str:
     """A line per step that timed its batch's stages (the report's 'where the time goes')."""
     lines = []
-    served = details.get("served", {}).get("stages", {})
     steps = [
         (step, details.get(step, {}).get("stages"))
         for step in ("throughput", "throughput_merge", "fixed_overhead")
     ]
-    steps += [(f"served {label} (last)", served.get(label)) for label in ("file", "small")]
     cpu = {s: details.get(s, {}).get("cpu_s") for s in ("throughput", "throughput_merge")}
-    cpu |= {f"served {k} (last)": v for k, v in details.get("served", {}).get("cpu_s", {}).items()}
     cores = len(os.sched_getaffinity(0))  # the batches ran on this machine
     for step, stages in steps:
         if not stages:
@@ -665,23 +585,6 @@ def _children_cpu_s() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def wait_for_driver(url: str, proc: subprocess.Popen, log_path: Path, wait_s: float = 60):
-    """Wait until the served driver `proc` (its output in `log_path`) answers at `url`;
-    RuntimeError, with the end of its log, when it exits or does not answer in time."""
-    from cdclake.served import health
-
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the served driver exited: {log_path.read_text()[-2000:]}")
-        try:
-            health(url)
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"the served driver did not answer at {url} in {wait_s:.0f}s")
 
 
 def _tag() -> str:
