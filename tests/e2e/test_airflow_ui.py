@@ -30,6 +30,7 @@ from cdclake.local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
 from cdclake.local.workload import apply_workload
 
 from tests.conftest import ROOT
+from tests.e2e.helpers import api_token
 
 pytestmark = pytest.mark.e2e
 
@@ -126,16 +127,6 @@ def wait_until(what: str, check: Callable[[], object], timeout: float, log: Path
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f}s\n{log_tail(log)}")
         time.sleep(2)
-
-
-def api_token(base: str, password: str) -> str:
-    req = urllib.request.Request(
-        f"{base}/auth/token",
-        data=json.dumps({"username": "admin", "password": password}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())["access_token"]
 
 
 def healthy(base: str) -> bool:

@@ -33,7 +33,7 @@ from cdclake.offsets import SUMMARY_OFFSETS, decode_offsets
 
 from tests.conftest import ROOT
 from tests.e2e.chromium import Chromium, chromium_binary
-from tests.e2e.helpers import asset_events
+from tests.e2e.helpers import api_token, asset_events
 from tests.e2e.test_demo_dag import run_dag
 from tests.integration.helpers import load_all, make_pipeline
 
@@ -367,16 +367,6 @@ def api_server(lake, tmp_path):
         log.close()
 
 
-def login(base: str, password: str) -> str:
-    req = urllib.request.Request(
-        f"{base}/auth/token",
-        data=json.dumps({"username": "admin", "password": password}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())["access_token"]
-
-
 @pytest.mark.skipif(chromium_binary() is None, reason="chromium is not installed")
 def test_screenshot_of_the_page_in_a_real_api_server(lake, api_server, tmp_path):
     base, password = api_server
@@ -385,7 +375,7 @@ def test_screenshot_of_the_page_in_a_real_api_server(lake, api_server, tmp_path)
         browser.open(page_url)  # no cookie yet: Airflow's 401, not the page
         assert "Not authenticated" in browser.evaluate("document.body.innerText")
 
-        browser.set_cookie(base, "_token", login(base, password))
+        browser.set_cookie(base, "_token", api_token(base, password))
         browser.open(page_url)
         text = browser.evaluate("document.body.innerText")
         hrefs = browser.evaluate("[...document.querySelectorAll('a')].map(a => a.href)")
