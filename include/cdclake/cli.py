@@ -190,7 +190,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
         return 0
     if args.command == "jvm-archive":
-        from cdclake.jvm import build_archive
+        from cdclake.jvm_archive import build_archive
 
         print(build_archive(force=args.force))
         return 0

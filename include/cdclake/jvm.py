@@ -23,12 +23,10 @@ events over 10 tables (2 cores):
   records: 1M recorded events took 17.2-19.0 s cold with it, 20.1-22.9 s with both; 2M
   generated events 28.9 and 29.0 s against 29.3 and 31.2 s.
 
-`cdclake jvm-archive` builds the archive for this environment's Spark and Java (a warm-up
-load of generated events into a scratch Hadoop-catalog warehouse, in a spark-submit of its
-own). `driver_java_options` gives a driver the archive when it exists and the JIT for
-its batch. The JVM checks the archive against its own build and class path and runs
-without it when they differ (a warning on stderr), so a stale archive costs the time it
-would have saved, nothing else.
+The archive is built by `cdclake jvm-archive` (cdclake.jvm_archive). `driver_java_options`
+gives a driver the archive when it exists and the JIT for its batch. The JVM checks the
+archive against its own build and class path and runs without it when they differ (a
+warning on stderr), so a stale archive costs the time it would have saved, nothing else.
 
 `CDCLAKE_JVM_ARCHIVE` sets the archive's path, or `off` to never use one; by default it
 lives in the user's cache directory, named after the Spark version, install and Java. A
@@ -43,14 +41,8 @@ import importlib.util
 import logging
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
-
-from cdclake.exceptions import CdclakeError
 
 ARCHIVE_ENV = "CDCLAKE_JVM_ARCHIVE"
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
@@ -65,9 +57,6 @@ RANGED_QUICK_JIT_RECORDS = 2_000_000
 # the job writes its results to stdout: the JVM's own warnings (an archive that does not
 # match) must go to stderr
 _LOG_TO_STDERR = "-Xlog:disable -Xlog:all=warning:stderr"
-# writing the archive warns for every class it leaves out (signed jars, old class files)
-_QUIET = "-Xlog:disable -Xlog:all=error:stderr"
-WARM_UP_EVENTS = 400
 
 log = logging.getLogger(__name__)
 
@@ -142,84 +131,3 @@ def _java() -> str:
         return str(Path(home).resolve())
     found = shutil.which("java")
     return str(Path(found).resolve()) if found else ""
-
-
-def build_archive(archive: Path | None = None, *, force: bool = False) -> Path:
-    """Write the archive (unless it exists and `force` is not set) and return its path.
-    The warm-up's JVM writes it at exit to a temporary file, renamed into place once
-    complete, so a driver starting meanwhile never maps half an archive."""
-    archive = archive or archive_path()
-    if archive is None:
-        raise CdclakeError(f"{ARCHIVE_ENV}=off: no archive to build")
-    if archive.is_file() and not force:
-        log.info("%s exists", archive)
-        return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
-    spark_submit = Path(sys.executable).parent / "spark-submit"
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cdclake-warm-up-") as scratch:
-        from cdclake.spark import spark_conf
-
-        conf = {**spark_conf(_warm_up_pipeline(Path(scratch)), secrets=False),
-                DRIVER_OPTIONS: f"-XX:ArchiveClassesAtExit={partial} {_QUIET}"}  # fmt: skip
-        cmd = [str(spark_submit), "--master", "local[2]"]
-        for k, v in conf.items():
-            cmd += ["--conf", f"{k}={v}"]
-        cmd += [__file__, scratch]
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, ARCHIVE_ENV: "off"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0 or not partial.is_file():
-        partial.unlink(missing_ok=True)
-        raise CdclakeError(
-            f"the warm-up for the JVM archive failed (exit {done.returncode}): "
-            f"{done.stderr[-2000:]}"
-        )
-    os.replace(partial, archive)
-    log.info("wrote %s (%.0f MB) in %.0f s", archive, archive.stat().st_size / 1e6,
-             time.perf_counter() - started)  # fmt: skip
-    return archive
-
-
-def _workload():
-    from cdclake.bench.events import Workload
-
-    return Workload.standard(WARM_UP_EVENTS, WARM_UP_EVENTS // 4, "warmup", tables=2)
-
-
-def _warm_up_pipeline(scratch: Path):
-    """The warm-up's pipeline: its tables in a Hadoop catalog in `scratch`."""
-    from cdclake.config import CatalogConfig, KafkaConfig, PipelineConfig, TableConfig
-
-    return PipelineConfig(
-        name="warmup", path=scratch / "warmup.yaml", topic_prefix="warmup",
-        kafka=KafkaConfig(bootstrap_servers="unused:9092"),  # the events are generated
-        catalog=CatalogConfig("lake", "hadoop", "", (scratch / "warehouse").as_uri()),
-        namespace="warmup",
-        tables=tuple(TableConfig(s.topic.split(".", 1)[1], s.topic.rsplit(".", 1)[1])
-                     for s in _workload().streams),
-    )  # fmt: skip
-
-
-def _warm_up(scratch: Path) -> None:
-    """A load's work in this JVM: create tables from generated events, then MERGE a
-    second batch into them (deletes, tombstones, the deleted-keys ledger)."""
-    from cdclake.bench.sources import generated_reader
-    from cdclake.job import run_batch
-    from cdclake.offsets import BatchPlan, OffsetRange
-    from cdclake.spark import build_session
-
-    workload = _workload()
-    pipeline = _warm_up_pipeline(scratch)
-    spark = build_session(pipeline)
-    half = {(t, p): n // 2 for t, p, n in workload.slices()}
-    for name, bounds in (("create", lambda t, p, n: (0, half[(t, p)])),
-                         ("merge", lambda t, p, n: (half[(t, p)], n))):  # fmt: skip
-        ranges = tuple(OffsetRange(t, p, *bounds(t, p, n)) for t, p, n in workload.slices())
-        run_batch(spark, pipeline, BatchPlan(pipeline.name, name, ranges),
-                  read=generated_reader(workload))  # fmt: skip
-    spark.stop()
-
-
-if __name__ == "__main__":  # spark-submit of the warm-up, by `build_archive`
-    _warm_up(Path(sys.argv[1]))

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cdclake.jvm import ARCHIVE_ENV, DRIVER_OPTIONS, build_archive, driver_java_options
+from cdclake.jvm import ARCHIVE_ENV, DRIVER_OPTIONS, driver_java_options
+from cdclake.jvm_archive import build_archive
 
 pytestmark = pytest.mark.integration
 

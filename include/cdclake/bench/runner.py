@@ -35,10 +35,10 @@ from cdclake.job import run_batch
 from cdclake.jvm import (
     DRIVER_OPTIONS,
     archive_path,
-    build_archive,
     driver_java_options,
     resolves_by_range,
 )
+from cdclake.jvm_archive import build_archive
 from cdclake.local.stack import LocalStack, StackSettings
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.spark import spark_conf
