@@ -9,16 +9,22 @@ import sys
 import time
 from pathlib import Path
 
+# cdclake's own modules do not import Airflow (which reads AIRFLOW_HOME when first
+# imported, below): imported here so that a moved name fails the demo's import test
+from cdclake.compare import compare_pipeline, render_comparison
+from cdclake.config import load_pipeline
+from cdclake.exceptions import CdclakeError
+from cdclake.freshness import render_freshness, status_rows
+from cdclake.jvm import archive_path
+from cdclake.jvm_archive import build_archive
+from cdclake.local.stack import LocalStack, StackSettings
+from cdclake.local.workload import apply_workload
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from cdclake.compare import compare_pipeline, render_comparison
-    from cdclake.config import load_pipeline
-    from cdclake.local.stack import LocalStack, StackSettings
-    from cdclake.local.workload import apply_workload
-
     stack = LocalStack(StackSettings.from_env())
     print("==> bringing the local stack up (PostgreSQL, tansu, Debezium, catalog, Airflow)")
     status = stack.up()
@@ -27,9 +33,6 @@ def main() -> int:
     print(f"    source  {status['postgres']['source_dsn']}")
     print(f"    kafka   {status['kafka']['bootstrap']}")
     print(f"    catalog {status['catalog']['uri']}  warehouse {status['catalog']['warehouse']}")
-
-    from cdclake.exceptions import CdclakeError
-    from cdclake.jvm import archive_path, build_archive
 
     if (archive := archive_path()) is not None:
         print("==> the Spark driver's class-data-sharing archive (built once, ~40 s)")
@@ -70,8 +73,6 @@ def main() -> int:
     print("==> running cdclake__demo again: loads the snapshot's read events")
     if not run_dag(bag, "cdclake__demo"):
         return 1
-
-    from cdclake.freshness import render_freshness, status_rows
 
     print("==> cdclake status: how fresh each lake table is")
     print(render_freshness(status_rows(str(ROOT / "include" / "pipelines" / "demo.yaml"),
