@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stack = LocalStack(StackSettings.from_env())
-    print("==> bringing the local stack up (PostgreSQL, tansu, Debezium, catalog, Airflow)")
+    print("==> bringing the local stack up (PostgreSQL, Kafka, Kafka Connect, catalog, Airflow)")
     status = stack.up()
     os.environ.update(stack.env())  # Airflow reads AIRFLOW_HOME when first imported
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")

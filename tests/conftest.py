@@ -36,7 +36,7 @@ DEMO_PIPELINE = ROOT / "include" / "pipelines" / "demo.yaml"
 
 @pytest.fixture(scope="session")
 def stack():
-    """The local stack (PostgreSQL, tansu, Debezium capture, catalog, Airflow home)."""
+    """The local stack (PostgreSQL, Kafka, Debezium on Kafka Connect, catalog, Airflow home)."""
     from cdclake.local.stack import LocalStack, StackSettings
 
     local = LocalStack(StackSettings.from_env())

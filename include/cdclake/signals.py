@@ -291,7 +291,7 @@ def send_to_kafka(
     """The Kafka signal channel: key = the connector's topic.prefix, partition 0."""
     from confluent_kafka import Producer
 
-    producer = Producer({**kafka.client_config(), "batch.num.messages": 1})
+    producer = Producer(kafka.client_config())
     value = {"id": signal_id, "type": request.action.value, "data": signal_data(request)}
     errors: list = []
     producer.produce(

@@ -9,7 +9,6 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import StackError
-from cdclake.local.procs import stop_daemon
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
@@ -67,9 +66,9 @@ def test_every_handling_mode_loads_what_postgresql_holds(stack, spark, tmp_path)
             assert {c: types[c] for c in LAKE_TYPES[v]} == LAKE_TYPES[v], v
             assert lake.count() == 5  # ids 1, 2, 3, 11, 12 (13 deleted)
         # a connector that stops reading: waiting for it names its slot and ends
-        stop_daemon(captures["a"])
+        stack.connect.pause(captures["a"])
         with pytest.raises(StackError, match=f"slot cdclake_ma{n} read no WAL for 5s"):
             stack.wait_for_capture(timeout=5, prefix=f"ma{n}")
     finally:
-        for pidfile in captures.values():
-            stack.stop_capture(pidfile)
+        for name in captures.values():
+            stack.stop_capture(name)

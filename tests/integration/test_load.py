@@ -1,4 +1,4 @@
-"""The load job on the local stack: real PostgreSQL, Debezium, tansu, Spark and Iceberg."""
+"""The load job on the local stack: real PostgreSQL, Kafka, Debezium on Kafka Connect, Spark and Iceberg."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_offsets_for_a_time_are_found_by_bisecting_records(stack, pipeline):
     from confluent_kafka import Producer
 
     topic = f"it_times_{uuid.uuid4().hex[:6]}"
-    producer = Producer({**pipeline.kafka.client_config(), "batch.num.messages": 1})
+    producer = Producer(pipeline.kafka.client_config())
     for i in range(10):  # record i carries time (i + 1) * 1000
         producer.produce(topic, value=b"x", partition=0, timestamp=(i + 1) * 1000)
         producer.flush(10)
@@ -131,7 +131,7 @@ def test_a_topic_recreated_behind_the_committed_offsets_fails_as_data_loss(stack
     topic = pipeline.topic_for(pipeline.tables[0])
     config = pipeline.kafka.client_config()
     admin = AdminClient(config)
-    producer = Producer({**config, "batch.num.messages": 1})
+    producer = Producer(config)
 
     def produce(ids):
         for i in ids:

@@ -41,7 +41,7 @@ def five_tables(stack):
             conn.execute(f"create table inventory.{name} (id int primary key, body text)")
             conn.execute(f"insert into inventory.{name} values (1, 'one'), (2, 'two')")
     stack.wait_for_capture()
-    producer = Producer({"bootstrap.servers": stack.broker.bootstrap, "batch.num.messages": 1})
+    producer = Producer({"bootstrap.servers": stack.broker.bootstrap})
     for name in names[2:4]:
         topic = f"demo.inventory.{name}"
         key, value = first_value(stack.broker.bootstrap, topic)

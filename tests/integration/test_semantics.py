@@ -122,7 +122,7 @@ def test_undecodable_record_fails_naming_it_or_goes_to_dead_letters(stack, spark
     )
     stack.wait_for_capture()
     topic = f"demo.inventory.notes_{n}"
-    producer = Producer({"bootstrap.servers": stack.broker.bootstrap, "batch.num.messages": 1})
+    producer = Producer({"bootstrap.servers": stack.broker.bootstrap})
     producer.produce(topic, key=b'{"id": 9}', value=b"\x00\x01 not json")
     producer.flush(10)
     sql(stack, f"insert into inventory.notes_{n} values (3, 'three')")

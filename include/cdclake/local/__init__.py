@@ -1,2 +1,2 @@
-"""The local default stack: PostgreSQL, the tansu broker, the Debezium capture process,
+"""The local default stack: PostgreSQL, Apache Kafka (KRaft), Debezium on Kafka Connect,
 an Iceberg JDBC catalog and an AIRFLOW_HOME, all on loopback under one state directory."""

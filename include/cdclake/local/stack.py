@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -20,8 +19,9 @@ import psycopg
 from cdclake.exceptions import StackError
 from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
 from cdclake.local.broker import LocalBroker
+from cdclake.local.connect import LocalConnect, connector_config
 from cdclake.local.postgres import LocalPostgres
-from cdclake.local.procs import log_tail, running, start_daemon, stop_daemon, wait_for
+from cdclake.local.procs import log_tail, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class StackSettings:
     state_dir: Path
     project_root: Path = PROJECT_ROOT
     pg_port: int = 55432
-    kafka_port: int = 19092
+    kafka_port: int = 19092  # and the next one, Kafka's controller
+    connect_port: int = 19094
     topic_prefix: str = "demo"
     source_db: str = "inventory"
     catalog_db: str = "cdclake_catalog"
@@ -41,13 +42,15 @@ class StackSettings:
 
     @classmethod
     def from_env(cls) -> StackSettings:
+        kafka = int(os.environ.get("CDCLAKE_KAFKA_PORT", "19092"))
         return cls(
             # absolute: PostgreSQL is started with its own working directory
             state_dir=Path(
                 os.environ.get("CDCLAKE_STATE_DIR", PROJECT_ROOT / ".cdclake")
             ).absolute(),
             pg_port=int(os.environ.get("CDCLAKE_PG_PORT", "55432")),
-            kafka_port=int(os.environ.get("CDCLAKE_KAFKA_PORT", "19092")),
+            kafka_port=kafka,
+            connect_port=int(os.environ.get("CDCLAKE_CONNECT_PORT", kafka + 2)),
         )
 
     @property
@@ -72,10 +75,9 @@ class LocalStack:
         self.s = settings
         root = settings.state_dir
         self.postgres = LocalPostgres(root / "postgres", settings.pg_port)
-        self.broker = LocalBroker(root / "broker", settings.kafka_port)
-        self.capture_dir = root / "capture"
-        self.capture_pidfile = self.capture_dir / "capture.pid"
-        self.capture_log = self.capture_dir / "capture.log"
+        self.broker = LocalBroker(root / "kafka", settings.kafka_port)
+        self.connect = LocalConnect(root / "connect", settings.connect_port, self.broker.bootstrap)
+        self.capture_log = self.connect.logfile
         self.warehouse = root / "warehouse"
         self.airflow_home = root / "airflow"
 
@@ -104,8 +106,10 @@ class LocalStack:
                 "bootstrap": self.broker.bootstrap,
             },
             "capture": {
-                "running": running(self.capture_pidfile) is not None,
-                "pid": running(self.capture_pidfile),
+                "running": self.connect.pid() is not None,
+                "pid": self.connect.pid(),
+                "connect_url": self.connect.url,
+                "connector": self.s.topic_prefix,
                 "topic_prefix": self.s.topic_prefix,
                 "slot": self.s.slot_name,
                 "notification_topic": self.s.notification_topic,
@@ -133,10 +137,11 @@ class LocalStack:
         self._seed_source()
         self.postgres.ensure_database(self.s.catalog_db)
         if self.broker.start():
-            # tansu keeps topics in memory: a fresh broker means the stream is gone, so
-            # everything derived from it starts over (the source database is kept).
+            # a new Kafka cluster (its storage formatted now): the stream is new, so what
+            # was derived from an earlier one starts over (the source database is kept)
             self._reset_stream_state()
-        self._start_capture()
+        self.connect.start()
+        self._register(self.s.topic_prefix)
         self.warehouse.mkdir(parents=True, exist_ok=True)
         conns = connections(self.s.pg_port, self.broker.bootstrap, self.s.source_db)
         setup_airflow_home(self.s.project_root, self.airflow_home, conns)
@@ -146,7 +151,7 @@ class LocalStack:
 
     def down(self) -> dict[str, bool]:
         stopped = {
-            "capture": stop_daemon(self.capture_pidfile, timeout=30),
+            "capture": self.connect.stop(),
             "kafka": self.broker.stop(),
             "postgres": self.postgres.stop(),
         }
@@ -188,8 +193,6 @@ class LocalStack:
                 conn.execute(resources.files("cdclake").joinpath(f"sql/{name}").read_text())
 
     def _reset_stream_state(self) -> None:
-        stop_daemon(self.capture_pidfile, timeout=30)
-        (self.capture_dir / "offsets.dat").unlink(missing_ok=True)
         with psycopg.connect(self.source_dsn, autocommit=True) as conn:
             row = conn.execute(
                 "select active_pid from pg_replication_slots where slot_name = %s",
@@ -204,7 +207,7 @@ class LocalStack:
             conn.execute(f'drop database if exists "{self.s.catalog_db}" with (force)')
             conn.execute(f'create database "{self.s.catalog_db}"')
         shutil.rmtree(self.warehouse, ignore_errors=True)
-        log.info("fresh broker: capture offsets, replication slot and lake were reset")
+        log.info("a new Kafka cluster: the replication slot and the lake were reset")
 
     def _slot_active(self) -> bool:
         with psycopg.connect(self.source_dsn) as conn:
@@ -214,54 +217,33 @@ class LocalStack:
             ).fetchone()
         return bool(row and row[0])
 
-    def _start_capture(self) -> None:
-        if running(self.capture_pidfile) is not None:
-            return
-        self._launch_capture(self.capture_dir, self.s.topic_prefix)
-
-    def start_capture(self, prefix: str, overrides: Mapping[str, str] | None = None) -> Path:
+    def start_capture(self, prefix: str, overrides: Mapping[str, str] | None = None) -> str:
         """Another connector on the same source with its own slot, offsets and topics
-        (`<prefix>.*`), e.g. with other handling modes. Returns its pid file; stop it with
+        (`<prefix>.*`), e.g. with other handling modes. Returns its name; remove it with
         `stop_capture`, which also drops its replication slot."""
-        directory = self.s.state_dir / f"capture-{prefix}"
-        self._launch_capture(directory, prefix, overrides)
-        return directory / "capture.pid"
+        self._register(prefix, overrides)
+        return prefix
 
-    def stop_capture(self, pidfile: Path) -> None:
-        stop_daemon(pidfile, timeout=30)
-        prefix = pidfile.parent.name.removeprefix("capture-")
-        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
-            conn.execute(
-                "select pg_drop_replication_slot(slot_name) from pg_replication_slots "
-                "where slot_name = %s and not active",
-                (f"cdclake_{prefix}",),
-            )
+    def stop_capture(self, name: str) -> None:
+        self.connect.delete(name)
+        slot = f"cdclake_{name}"
 
-    def _launch_capture(
-        self, directory: Path, prefix: str, overrides: Mapping[str, str] | None = None
-    ) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        settings = {
-            "state_dir": str(directory),
-            "topic_prefix": prefix,
-            "pg_port": self.s.pg_port,
-            "dbname": self.s.source_db,
-            "slot_name": f"cdclake_{prefix}",
-            "schemas": ["inventory", "public"],
-            "notification_topic": f"{prefix}.debezium_notifications",
-            "signal_topic": f"{prefix}-signal",
-            "kafka_bootstrap": self.broker.bootstrap,
-            "overrides": dict(overrides or {}),
-        }
-        settings_file = directory / "settings.json"
-        settings_file.write_text(json.dumps(settings, indent=2))
-        cmd = [sys.executable, "-m", "cdclake.local.capture", "--settings", str(settings_file)]
-        pidfile, logfile = directory / "capture.pid", directory / "capture.log"
-        start_daemon(cmd, pidfile, logfile)
+        def dropped() -> bool:
+            with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+                row = conn.execute("select active from pg_replication_slots where slot_name = %s",
+                                   (slot,)).fetchone()  # fmt: skip
+                if row is not None and not row[0]:
+                    conn.execute("select pg_drop_replication_slot(%s)", (slot,))
+            return row is None or not row[0]
+
+        wait_for(f"replication slot {slot} released", dropped, 60)
+
+    def _register(self, prefix: str, overrides: Mapping[str, str] | None = None) -> None:
+        config = connector_config(prefix, self.s.pg_port, self.s.source_db,
+                                  self.broker.bootstrap, overrides)  # fmt: skip
+        self.connect.register(prefix, config)
 
         def ready() -> bool:
-            if running(pidfile) is None:
-                raise StackError(f"the capture process exited; see {logfile}")
             with psycopg.connect(self.source_dsn, autocommit=True) as conn:
                 row = conn.execute(
                     "select active from pg_replication_slots where slot_name = %s",
@@ -269,7 +251,7 @@ class LocalStack:
                 ).fetchone()
             return bool(row and row[0])
 
-        wait_for("Debezium capture (replication slot active)", ready, 180, logfile)
+        wait_for(f"connector {prefix} (replication slot active)", ready, 180, self.capture_log)
 
     def wait_for_capture(self, timeout: float = 120.0, prefix: str | None = None) -> None:
         """Block until every change committed so far in the source is in Kafka.
@@ -286,8 +268,6 @@ class LocalStack:
         topic = f"{prefix}.message" if prefix else self.s.message_topic
         slot = f"cdclake_{prefix}" if prefix else self.s.slot_name
         logfile = self.capture_log
-        if prefix:
-            logfile = self.s.state_dir / f"capture-{prefix}" / "capture.log"
         with psycopg.connect(self.source_dsn, autocommit=True) as conn:
             (marker_lsn,) = conn.execute(
                 "select pg_logical_emit_message(true, 'cdclake.sync', %s)::text", (marker,)

@@ -1,0 +1,216 @@
+"""Kafka Connect of the local stack: one distributed worker on loopback running the
+Debezium PostgreSQL connector, both from Maven Central (`stack/connect`, `stack/debezium`).
+
+The worker keeps connector configurations and source offsets in Kafka topics, so a
+restarted stack goes on where it stopped. Its REST API asks for HTTP basic
+authentication: the user `cdclake` with a password made once and kept in the state
+directory (readable by its owner only). Connectors are registered over that API with
+the configuration docker-compose uses (`docker/debezium/inventory-connector.json`),
+only endpoints and names changed (`connector_config`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cdclake.exceptions import StackError
+from cdclake.local import maven
+from cdclake.local.broker import java
+from cdclake.local.procs import log_tail, port_in_use, running, start_daemon, stop_daemon, wait_for
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+CONNECTOR_JSON = PROJECT_ROOT / "docker" / "debezium" / "inventory-connector.json"
+USER = "cdclake"
+REQUEST_TIMEOUT_S = 10.0
+AUTH_EXTENSION = "org.apache.kafka.connect.rest.basic.auth.extension"
+JAAS = """KafkaConnect {{
+  {ext}.PropertyFileLoginModule required
+  file="{file}";
+}};
+"""
+LOG4J = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = WARN
+logger.reflections.name = org.reflections
+logger.reflections.level = ERROR
+"""
+
+
+def connector_config(prefix: str, pg_port: int, dbname: str, bootstrap: str,
+                     overrides: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """docker-compose's connector configuration for a source on 127.0.0.1:`pg_port`,
+    topics `<prefix>.*`, slot and publication `cdclake_<prefix>`."""
+    config = json.loads(CONNECTOR_JSON.read_text())
+    config.update({
+        "database.hostname": "127.0.0.1",
+        "database.port": str(pg_port),
+        "database.password": "",  # the local server trusts loopback
+        "database.dbname": dbname,
+        "topic.prefix": prefix,
+        "slot.name": f"cdclake_{prefix}",
+        "publication.name": f"cdclake_{prefix}",
+        # every table, also those created after the connector started
+        "publication.autocreate.mode": "all_tables",
+        "signal.kafka.topic": f"{prefix}-signal",
+        "signal.kafka.bootstrap.servers": bootstrap,
+        "signal.kafka.groupId": f"cdclake-{prefix}-signals",
+        "notification.sink.topic.name": f"{prefix}.debezium_notifications",
+    })  # fmt: skip
+    config.update(overrides or {})
+    return config
+
+
+class LocalConnect:
+    """A Kafka Connect worker with its REST API on 127.0.0.1:`port`."""
+
+    def __init__(self, root: Path, port: int, bootstrap: str) -> None:
+        self.root, self.port, self.bootstrap = root, port, bootstrap
+        self.pidfile = root / "connect.pid"
+        self.logfile = root / "connect.log"
+        self.password_file = root / "password"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def pid(self) -> int | None:
+        return running(self.pidfile)
+
+    def start(self) -> None:
+        if self.pid() is not None:
+            return
+        if port_in_use(self.port):
+            raise StackError(f"port {self.port} (Kafka Connect's REST API) is already in use "
+                             "by another process; stop it or set CDCLAKE_CONNECT_PORT")  # fmt: skip
+        self.root.mkdir(parents=True, exist_ok=True)
+        plugins = self.root / "plugins"
+        plugins.mkdir(exist_ok=True)
+        link = plugins / "debezium-connector-postgres"
+        link.unlink(missing_ok=True)
+        link.symlink_to(maven.jars("debezium"), target_is_directory=True)
+        cmd = java("-Xmx1g", "-Djava.awt.headless=true",
+                   f"-Djava.security.auth.login.config={self._write_jaas()}",
+                   f"-Dlog4j2.configurationFile={self._write('log4j2.properties', LOG4J)}",
+                   "-cp", maven.classpath("connect"),
+                   "org.apache.kafka.connect.cli.ConnectDistributed",
+                   str(self._write_worker(plugins)))  # fmt: skip
+        start_daemon(cmd, self.pidfile, self.logfile)
+        wait_for(f"Kafka Connect on {self.url}", self._ready, 180, self.logfile)
+
+    def stop(self) -> bool:
+        return stop_daemon(self.pidfile, timeout=30)
+
+    def register(self, name: str, config: Mapping[str, str], timeout: float = 120) -> None:
+        """Create or update connector `name`, and wait until it and its task run."""
+        self.request("PUT", f"/connectors/{name}/config", dict(config))
+        wait_for(f"connector {name} running", lambda: self._running(name), timeout,
+                 self.logfile)  # fmt: skip
+
+    def pause(self, name: str) -> None:
+        """Stop the connector's task (its configuration and offsets stay)."""
+        self.request("PUT", f"/connectors/{name}/stop")
+
+    def delete(self, name: str) -> None:
+        self.request("DELETE", f"/connectors/{name}", missing_ok=True)
+
+    def request(self, method: str, path: str, body: Any = None, missing_ok: bool = False):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        token = base64.b64encode(f"{USER}:{self._password()}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            if missing_ok and exc.code == 404:
+                return None
+            detail = exc.read().decode(errors="replace")[:1000]
+            raise StackError(f"Kafka Connect {method} {self.url}{path}: HTTP {exc.code}: "
+                             f"{detail}") from None  # fmt: skip
+        except OSError as exc:
+            raise StackError(f"Kafka Connect {method} {self.url}{path}: {exc}") from None
+        return json.loads(text) if text.strip() else None
+
+    def _running(self, name: str) -> bool:
+        state = self.request("GET", f"/connectors/{name}/status", missing_ok=True)
+        if state is None:
+            return False
+        tasks = state.get("tasks", [])
+        failed = [t for t in [state["connector"], *tasks] if t.get("state") == "FAILED"]
+        if failed:
+            trace = (failed[0].get("trace") or "").strip().splitlines()[:3]
+            raise StackError(f"connector {name} failed: {' '.join(trace)}{log_tail(self.logfile)}")
+        return state["connector"]["state"] == "RUNNING" and any(
+            t.get("state") == "RUNNING" for t in tasks
+        )
+
+    def _ready(self) -> bool:
+        if self.pid() is None:
+            raise StackError(f"Kafka Connect exited; see {self.logfile}")
+        try:
+            self.request("GET", "/connectors")
+            return True
+        except StackError:
+            return False
+
+    def _password(self) -> str:
+        if not self.password_file.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.password_file.touch(mode=0o600)
+            self.password_file.write_text(secrets.token_urlsafe(24))
+        return self.password_file.read_text().strip()
+
+    def _write(self, name: str, text: str) -> Path:
+        path = self.root / name
+        path.touch(mode=0o600)
+        path.write_text(text)
+        return path
+
+    def _write_jaas(self) -> Path:
+        users = self._write("users.properties", f"{USER}={self._password()}\n")
+        return self._write("jaas.conf", JAAS.format(ext=AUTH_EXTENSION, file=users))
+
+    def _write_worker(self, plugins: Path) -> Path:
+        json_converter = "org.apache.kafka.connect.json.JsonConverter"
+        settings = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": "cdclake-connect",
+            "key.converter": json_converter,
+            "value.converter": json_converter,
+            "config.storage.topic": "_connect_configs",
+            "offset.storage.topic": "_connect_offsets",
+            "status.storage.topic": "_connect_status",
+            "config.storage.replication.factor": "1",
+            "offset.storage.replication.factor": "1",
+            "status.storage.replication.factor": "1",
+            "offset.flush.interval.ms": "1000",
+            "listeners": self.url,
+            "rest.advertised.host.name": "127.0.0.1",
+            "rest.advertised.port": str(self.port),
+            "rest.extension.classes": f"{AUTH_EXTENSION}.BasicAuthSecurityRestExtension",
+            "plugin.path": str(plugins),
+            "plugin.discovery": "hybrid_warn",
+            "config.providers": "env",
+            "config.providers.env.class": (
+                "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+            ),
+        }
+        return self._write("worker.properties", "".join(f"{k}={v}\n" for k, v in settings.items()))
