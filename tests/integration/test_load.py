@@ -1,4 +1,4 @@
-"""The load job on the local stack: real PostgreSQL, Kafka, Debezium on Kafka Connect, Spark and Iceberg."""
+"""The load job on the local stack: PostgreSQL, Kafka, Debezium on Kafka Connect, Spark, Iceberg."""
 
 from __future__ import annotations
 
