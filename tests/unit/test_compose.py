@@ -1,9 +1,11 @@
 """docker-compose.yaml checked offline: valid against the Compose Specification schema,
-every referenced file present, every image tag pinned, the pipeline configs valid."""
+every referenced file present, every image tag pinned, the pipeline configs valid, the
+same Kafka and Debezium versions and connector configuration as the local stack."""
 
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,7 @@ def test_compose_file_matches_the_compose_specification(compose):
 def test_topology_has_every_production_part(compose):
     services = set(compose["services"])
     assert {
-        "postgres", "kafka", "connect", "connect-register", "minio", "iceberg-rest",
+        "postgres", "kafka", "connect", "connect-register", "seaweedfs", "iceberg-rest",
         "spark-master", "spark-worker", "airflow-api-server", "airflow-scheduler",
         "airflow-dag-processor", "airflow-triggerer",
     } <= services  # fmt: skip
@@ -80,3 +82,59 @@ def test_compose_pipeline_configs_are_valid(monkeypatch):
         pipeline = load_pipeline(path)
         assert pipeline.catalog.type == "rest"
         assert pipeline.kafka.bootstrap_servers == "kafka:9092"
+
+
+def pom_version(part: str, prop: str) -> str:
+    """The pinned version `prop` of the local stack's POM stack/<part>/pom.xml."""
+    path = ROOT / "stack" / part / "pom.xml"
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    node = ET.parse(path).getroot().find(f"m:properties/m:{prop}", ns)
+    assert node is not None and node.text, f"{path}: no <{prop}> under <properties>"
+    return node.text.strip()
+
+
+def image(compose: dict, service: str) -> tuple[str, str]:
+    name, _, tag = compose["services"][service]["image"].rpartition(":")
+    return name, tag
+
+
+def test_kafka_and_debezium_images_are_the_local_stack_versions(compose):
+    """One source of versions: the POMs the local stack resolves from Maven Central."""
+    assert image(compose, "kafka") == ("apache/kafka", pom_version("kafka", "kafka.version"))
+    assert image(compose, "connect") == (
+        "quay.io/debezium/connect", pom_version("debezium", "debezium.version"))  # fmt: skip
+
+
+def test_no_agpl_object_store(compose):
+    images = [svc.get("image", "") for svc in compose["services"].values()]
+    assert not [i for i in images if "minio" in i.lower()], images
+    rest = compose["services"]["iceberg-rest"]["environment"]
+    assert rest["CATALOG_S3_ENDPOINT"] == "http://seaweedfs:8333"
+    assert "seaweedfs-bucket" in compose["services"]["iceberg-rest"]["depends_on"]
+
+
+# What the local stack changes in docker-compose's connector configuration: its endpoints,
+# names (one connector per prefix beside others on one source) and, since its tests create
+# tables while the connector runs, a publication of all tables.
+LOCAL_OVERRIDES = {
+    "database.hostname", "database.port", "database.password", "database.dbname",
+    "topic.prefix", "slot.name", "publication.name", "publication.autocreate.mode",
+    "signal.kafka.topic", "signal.kafka.bootstrap.servers", "signal.kafka.groupId",
+    "notification.sink.topic.name",
+}  # fmt: skip
+
+
+def test_compose_registers_the_connector_configuration_the_local_stack_uses(compose):
+    from cdclake.local.connect import CONNECTOR_JSON, connector_config
+
+    register = compose["services"]["connect-register"]
+    mounted = {v.split(":")[1]: ROOT / v.split(":")[0] for v in register["volumes"]}
+    command = " ".join(register["command"])
+    sent = next(path for target, path in mounted.items() if f"@{target}" in command)
+    assert sent.resolve() == CONNECTOR_JSON.resolve()
+    composed = json.loads(sent.read_text())
+    assert f"/connectors/{composed['topic.prefix']}/config" in command
+    local = connector_config("demo", 25432, "inventory", "127.0.0.1:19092")
+    assert set(composed) <= set(local), set(composed) - set(local)
+    changed = {k for k in local if composed.get(k) != local[k]}
+    assert changed <= LOCAL_OVERRIDES, changed - LOCAL_OVERRIDES
