@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -257,7 +258,8 @@ class LocalStack:
         """Block until every change committed so far in the source is in Kafka.
 
         Writes a transactional logical-decoding message and waits for it on the
-        connector's message topic: everything committed before it was sent before it.
+        connector's message topic: everything committed before it was sent before it,
+        and is in Kafka once the slot confirms the message's LSN.
         A capture working through a backlog may take longer than `timeout`: the wait
         fails once the connector has read no WAL for `timeout` seconds, or after ten
         times `timeout` in all.
@@ -296,6 +298,12 @@ class LocalStack:
                 msg = consumer.poll(1.0)
                 if msg is not None and not msg.error() and msg.value() is not None:
                     if any(form in msg.value() for form in _encodings(marker)):
+                        # records of other topics may still be on their way: all are in
+                        # Kafka once Connect committed the marker's offset (it commits
+                        # acknowledged records only) and Debezium confirmed it to the slot
+                        confirmed = partial(self._confirmed, slot, marker_lsn)
+                        wait_for(f"slot {slot} confirming the sync marker (WAL {marker_lsn})",
+                                 confirmed, timeout, logfile)  # fmt: skip
                         return
                     continue
                 now = time.monotonic()
@@ -313,6 +321,12 @@ class LocalStack:
                     )
         finally:
             consumer.close()
+
+    def _confirmed(self, slot: str, lsn: str) -> bool:
+        with psycopg.connect(self.source_dsn, autocommit=True) as conn:
+            row = conn.execute("select confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots "
+                               "where slot_name = %s", (lsn, slot)).fetchone()  # fmt: skip
+        return bool(row and row[0])
 
     def _slot_position(self, slot: str) -> tuple[str | None, str | None]:
         """The slot's confirmed flush LSN and how far its walsender has sent WAL."""
