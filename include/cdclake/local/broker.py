@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cdclake.exceptions import StackError
 from cdclake.local import maven
-from cdclake.local.procs import port_in_use, running, start_daemon, stop_daemon, wait_for
+from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_for
 
 HEAP = "-Xmx768m"
 LOG4J = """\
@@ -64,7 +64,7 @@ class LocalBroker:
         if self.pid() is not None:
             return False
         for port in (self.port, self.controller_port):
-            if port_in_use(port):
+            if not port_free(port):
                 raise StackError(f"port {port} is already in use by another process; stop it "
                                  "or choose other ports with CDCLAKE_KAFKA_PORT (Kafka takes "
                                  "that port and the next)")  # fmt: skip

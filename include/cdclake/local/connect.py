@@ -24,7 +24,7 @@ from typing import Any
 from cdclake.exceptions import StackError
 from cdclake.local import maven
 from cdclake.local.broker import java
-from cdclake.local.procs import log_tail, port_in_use, running, start_daemon, stop_daemon, wait_for
+from cdclake.local.procs import log_tail, port_free, running, start_daemon, stop_daemon, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class LocalConnect:
     def start(self) -> None:
         if self.pid() is not None:
             return
-        if port_in_use(self.port):
+        if not port_free(self.port):
             raise StackError(f"port {self.port} (Kafka Connect's REST API) is already in use "
                              "by another process; stop it or set CDCLAKE_CONNECT_PORT")  # fmt: skip
         self.root.mkdir(parents=True, exist_ok=True)

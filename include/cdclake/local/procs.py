@@ -110,6 +110,17 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def port_free(port: int, timeout: float = 15.0) -> bool:
+    """True once nothing listens on `port` (a process just stopped may hold it a moment
+    while its last threads exit), False after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while port_in_use(port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def wait_for(what: str, check: Callable[[], bool], timeout: float, logfile: Path | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

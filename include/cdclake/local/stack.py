@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Mapping
@@ -210,13 +211,14 @@ class LocalStack:
         shutil.rmtree(self.warehouse, ignore_errors=True)
         log.info("a new Kafka cluster: the replication slot and the lake were reset")
 
-    def _slot_active(self) -> bool:
-        with psycopg.connect(self.source_dsn) as conn:
-            row = conn.execute(
-                "select active from pg_replication_slots where slot_name = %s",
-                (self.s.slot_name,),
-            ).fetchone()
-        return bool(row and row[0])
+    def restart_capture(self, kill: bool = False) -> None:
+        """Stop Kafka Connect (SIGKILL when `kill`: what it had not committed is sent
+        again), start it and wait until the connector streams."""
+        if kill and (pid := self.connect.pid()) is not None:
+            os.killpg(pid, signal.SIGKILL)
+        self.connect.stop()
+        self.connect.start()
+        self._register(self.s.topic_prefix)
 
     def start_capture(self, prefix: str, overrides: Mapping[str, str] | None = None) -> str:
         """Another connector on the same source with its own slot, offsets and topics
