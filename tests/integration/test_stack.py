@@ -94,9 +94,32 @@ def customers(status: dict) -> list[int]:
     return [r[0] for r in rows]
 
 
+def stream_ends(status: dict) -> tuple[int, int]:
+    """The customers topic's (earliest, end) offsets, once the capture sent everything."""
+    from cdclake.local.stack import LocalStack, StackSettings
+    from confluent_kafka import Consumer, TopicPartition
+
+    settings = StackSettings(Path(status["state_dir"]), pg_port=PG_PORT, kafka_port=KAFKA_PORT,
+                             connect_port=KAFKA_PORT + 2)  # fmt: skip
+    LocalStack(settings).wait_for_capture()
+    consumer = Consumer({"bootstrap.servers": status["kafka"]["bootstrap"], "group.id": "t"})
+    try:
+        tp = TopicPartition("demo.inventory.customers", 0)
+        return consumer.get_watermark_offsets(tp, timeout=10)
+    finally:
+        consumer.close()
+
+
+def catalog_oid(status: dict) -> int:
+    with psycopg.connect(status["postgres"]["dsn"], connect_timeout=10) as conn:
+        return conn.execute("select oid from pg_database where datname = 'cdclake_catalog'"
+                            ).fetchone()[0]  # fmt: skip
+
+
 def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
     """Rows deleted in the source stay deleted through `up` on a running stack and
-    through `down` and `up` (a fresh broker: the lake starts over, the source is kept)."""
+    through `down` and `up`; Kafka keeps the stream on disk, so `down` and `up` keep the
+    stream and the lake too."""
     state = tmp_path / "stack"
     try:
         first = cli(state, "up")
@@ -112,9 +135,14 @@ def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
         again = cli(state, "up")  # on the running stack
         assert again.returncode == 0, again.stderr[-3000:]
         assert customers(status) == expected
+        stream, catalog = stream_ends(status), catalog_oid(status)
+        assert stream[1] > 0  # the snapshot and the changes above
         assert cli(state, "down").returncode == 0
         restarted = cli(state, "up")  # the cluster started again, the database kept
         assert restarted.returncode == 0, restarted.stderr[-3000:]
         assert customers(json.loads(restarted.stdout)) == expected
+        # the stream and the lake are kept: no new snapshot, no catalog made again
+        assert stream_ends(status) == stream
+        assert catalog_oid(status) == catalog
     finally:
         cli(state, "down")
