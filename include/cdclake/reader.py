@@ -280,8 +280,17 @@ def _read_slice(
                 if offset >= end:
                     next_offset = end
                     break
-                next_offset = offset + 1
                 key, value = msg.key(), msg.value()
+                if value is None and key is not None and offset > next_offset:
+                    # a tombstone right after a gap: the log cleaner of a compacted topic
+                    # removed its delete (Debezium writes the two one after the other).
+                    # It stands in for that delete, so that the tombstone deletes the row
+                    # rather than following a delete of an earlier batch.
+                    offsets.append(offset - 1)
+                    stamps.append(msg.timestamp()[1])
+                    keys.append(key)
+                    values.append(None)
+                next_offset = offset + 1
                 offsets.append(offset)
                 stamps.append(msg.timestamp()[1])
                 keys.append(key)
