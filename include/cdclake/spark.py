@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 POSTGRES_JAR_GLOB = "postgresql-*.jar"
+# The executors' Python and the driver's. spark-submit takes them from these settings
+# before the environment (through Kubernetes, SparkSubmitOperator's env_vars only reach a
+# cluster-mode driver); a cluster whose executors keep Python elsewhere sets its own.
+PYTHON = "spark.pyspark.python"
+DRIVER_PYTHON = "spark.pyspark.driver.python"
 
 
 def iceberg_runtime_jar() -> Path:
@@ -127,6 +132,8 @@ def spark_conf(
         # find little in mostly unique text, and trying them on every column costs the
         # executors more than the ~15% memory it saves while a batch runs
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        PYTHON: sys.executable,
+        DRIVER_PYTHON: sys.executable,
         **catalog_spark_conf(pipeline.catalog),
     }
     if "spark.jars" not in pipeline.spark.conf:
@@ -151,6 +158,10 @@ def build_session(
 ) -> SparkSession:
     """A SparkSession for a load (spark-submit passes its own master and conf); a new
     driver JVM gets the Java options for a batch of `records` records (`spark_conf`)."""
+    # PySpark started in this process takes the executors' Python from the environment
+    # alone: set it from the pipeline's setting, as spark-submit does
+    if PYTHON in pipeline.spark.conf:
+        os.environ["PYSPARK_PYTHON"] = pipeline.spark.conf[PYTHON]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
