@@ -251,6 +251,7 @@ def _read_slice(
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         next_offset = start
+        last = None  # the key of the last record read
         idle_since = time.monotonic()
         while next_offset < end:
             # consume() waits out its timeout while it holds fewer messages than asked
@@ -281,16 +282,18 @@ def _read_slice(
                     next_offset = end
                     break
                 key, value = msg.key(), msg.value()
-                if value is None and key is not None and offset > next_offset:
-                    # a tombstone right after a gap: the log cleaner of a compacted topic
-                    # removed its delete (Debezium writes the two one after the other).
-                    # It stands in for that delete, so that the tombstone deletes the row
-                    # rather than following a delete of an earlier batch.
+                if value is None and key is not None and offset > next_offset and key != last:
+                    # a tombstone right after a gap, not after a record of its key (a
+                    # transaction marker between the two): the log cleaner of a compacted
+                    # topic removed its delete (Debezium writes the two one after the
+                    # other). A tombstone at the delete's offset stands in for it, so that
+                    # this one deletes the row rather than following a delete of an
+                    # earlier batch.
                     offsets.append(offset - 1)
                     stamps.append(msg.timestamp()[1])
                     keys.append(key)
                     values.append(None)
-                next_offset = offset + 1
+                next_offset, last = offset + 1, key
                 offsets.append(offset)
                 stamps.append(msg.timestamp()[1])
                 keys.append(key)
