@@ -3,7 +3,8 @@
 Each part is a POM under `stack/<part>/` that pins its versions; its jars are copied by
 Maven (`dependency:copy-dependencies`) into one folder per POM content under the jar
 cache (`CDCLAKE_JVM_CACHE`, by default `.cdclake/jvm` in the project), once: a changed
-POM resolves into a new folder. Maven comes from the machine (`apt-get install maven`).
+POM resolves into a new folder. Maven comes from the machine, or from Debian's packages
+when it is missing and we run as root.
 """
 
 from __future__ import annotations
@@ -59,13 +60,25 @@ def classpath(*parts: str) -> str:
     return os.pathsep.join(str(jars(p) / "*") for p in parts)
 
 
-def _resolve(source: Path, target: Path) -> None:
+def maven() -> str:
+    """The `mvn` command, installed from Debian's packages when missing and we are root."""
     mvn = shutil.which("mvn")
+    if mvn is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        log.info("Maven not found; installing the Debian package")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "maven"]):
+            subprocess.run(cmd, check=True, env=env, timeout=RESOLVE_TIMEOUT_S)
+        mvn = shutil.which("mvn")
     if mvn is None:
         raise StackError(
             "the local stack's Kafka, Kafka Connect and Iceberg jars come from Maven Central "
             "through Maven, which is not installed: apt-get install maven"
         )
+    return mvn
+
+
+def _resolve(source: Path, target: Path) -> None:
+    mvn = maven()
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [mvn, "-B", "-q", "-f", str(source), f"{DEPENDENCY_PLUGIN}:copy-dependencies",
