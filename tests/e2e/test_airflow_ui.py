@@ -50,8 +50,8 @@ SNAPSHOT_TABLE = "inventory.customers"
 DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot")
 # set by `local env` (or not at all) in the README's steps, whatever the tests' environment
 FROM_LOCAL_ENV = ("AIRFLOW_HOME", "CDCLAKE_KAFKA_BOOTSTRAP", "CDCLAKE_SOURCE_DSN",
-                  "CDCLAKE_CATALOG_URI", "CDCLAKE_WAREHOUSE", "CDCLAKE_PIPELINES_DIR",
-                  "VIRTUAL_ENV")  # fmt: skip
+                  "CDCLAKE_CATALOG_URI", "CDCLAKE_WAREHOUSE", "CDCLAKE_SPARK_JARS",
+                  "CDCLAKE_PIPELINES_DIR", "VIRTUAL_ENV")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -751,6 +751,7 @@ def run_bench(
         raise ValueError(f"unknown step(s) {sorted(unknown)}; steps: {', '.join(STEPS)}")
     stack = LocalStack(StackSettings.from_env())
     stack.up()
+    os.environ.setdefault("CDCLAKE_SPARK_JARS", str(stack.spark_jars))
     bench = Bench(scale, work, stack, sizes)
     if not only or "fixed_overhead" in only:
         # a run that measures a spark-submit builds the archive first, so that every

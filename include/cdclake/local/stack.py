@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from cdclake.exceptions import StackError
+from cdclake.local import maven
 from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
 from cdclake.local.broker import LocalBroker
 from cdclake.local.connect import LocalConnect, connector_config
@@ -92,10 +93,16 @@ class LocalStack:
     def catalog_uri(self) -> str:
         return f"jdbc:postgresql://127.0.0.1:{self.s.pg_port}/{self.s.catalog_db}"
 
+    @property
+    def spark_jars(self) -> Path:
+        """The jars loads add to Spark (stack/spark/pom.xml; CDCLAKE_SPARK_JARS)."""
+        return maven.jars("spark")
+
     def status(self) -> dict[str, Any]:
         pg_port, db = self.s.pg_port, self.s.catalog_db
         return {
             "state_dir": str(self.s.state_dir),
+            "spark_jars": str(self.spark_jars),
             "postgres": {
                 "running": self.postgres.running(),
                 "pid": self.postgres.pid(),
@@ -170,6 +177,7 @@ class LocalStack:
             # the demo pipeline's catalog: its defaults name the default stack's
             "CDCLAKE_CATALOG_URI": self.catalog_uri,
             "CDCLAKE_WAREHOUSE": self.warehouse.resolve().as_uri(),
+            "CDCLAKE_SPARK_JARS": str(self.spark_jars),
         }
 
     # ---- parts -----------------------------------------------------------------------
