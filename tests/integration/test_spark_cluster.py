@@ -117,9 +117,10 @@ def cluster(tmp_path_factory):
     secret = secrets.token_hex(24)
     props = conf_dir / "cluster.properties"
     props.touch(mode=0o600)
-    # the web UIs (on loopback; standalone has no switch for them) offer no kill buttons
+    # the web UIs (on loopback; standalone has no switch for them) offer no kill buttons;
+    # a port taken fails the start instead of moving to the next one
     props.write_text(f"spark.authenticate true\nspark.authenticate.secret {secret}\n"
-                     "spark.ui.killEnabled false\n")  # fmt: skip
+                     "spark.ui.killEnabled false\nspark.port.maxRetries 0\n")  # fmt: skip
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_CONF_DIR": str(conf_dir),
            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_MASTER_HOST": "127.0.0.1"}  # fmt: skip
     spark_class = str(home / "bin" / "spark-class")
