@@ -187,9 +187,17 @@ def build_session(
     builder = SparkSession.builder.appName(f"cdclake-{pipeline.name}")
     if master:
         builder = builder.master(master)
-    for key, value in spark_conf(pipeline, records=records, ranged=ranged).items():
-        builder = builder.config(key, value)
+    conf = spark_conf(pipeline, records=records, ranged=ranged)
+    # a JVM this process starts gets the builder's settings on its command line, which
+    # `ps` shows: secret SQL settings (a catalog's password) are set on the session after
+    # it started, before anything loads the catalog
+    later = {k: v for k, v in conf.items() if is_secret(k) and k.startswith("spark.sql.")}
+    for key, value in conf.items():
+        if key not in later:
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    for key, value in later.items():
+        spark.conf.set(key, value)
     spark.sparkContext.setLogLevel("WARN")
     _import_jvm_names(spark)
     return spark
