@@ -291,15 +291,28 @@ def remove_unreferenced(spark, table: str, older_than_ms: int) -> int:
     location = props.get("write.data.path") or f"{str(ice.location()).rstrip('/')}/data"
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(location)
-    if not path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path):
+    hadoop = None if lists_by_prefix(ice) else path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if hadoop is not None and not hadoop.exists(path):
         return 0
     actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
-    result = actions.deleteOrphanFiles(ice).location(location).olderThan(older_than_ms).execute()
+    result = orphan_files(actions, ice).location(location).olderThan(older_than_ms).execute()
     count, it = 0, result.orphanFileLocations().iterator()
     while it.hasNext():
         log.debug("%s: removed %s", table, it.next())
         count += 1
     return count
+
+
+def lists_by_prefix(ice) -> bool:
+    """Whether the table's files are listed through its own FileIO (an object store's:
+    Spark's Hadoop has no FileSystem for s3://) rather than through Hadoop's."""
+    return not str(ice.io().getClass().getName()).endswith(".HadoopFileIO")
+
+
+def orphan_files(actions, ice):
+    """Iceberg's DeleteOrphanFiles action on `ice`, listing as `lists_by_prefix` says."""
+    action = actions.deleteOrphanFiles(ice)
+    return action.usePrefixListing(True) if lists_by_prefix(ice) else action
 
 
 def _delete(io, path: str) -> None:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
 from cdclake.kafka import discover
-from cdclake.leases import Leases
+from cdclake.leases import Leases, orphan_files
 from cdclake.merge import (
     DEAD_LETTERS,
     committed_offsets,
@@ -170,7 +170,7 @@ def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
         actions.expireSnapshots(_fresh_table(spark, name)).expireOlderThan(
             now_ms - settings.expire_older_than_hours * HOUR_MS
         ).retainLast(max(1, settings.retain_last)).execute()
-    actions.deleteOrphanFiles(_fresh_table(spark, name)).olderThan(
+    orphan_files(actions, _fresh_table(spark, name)).olderThan(
         now_ms - settings.orphan_older_than_hours * HOUR_MS
     ).execute()
     return max(0, before - _count_snapshots(spark, name))
@@ -246,7 +246,7 @@ def maintain_table(
     result.snapshots_expired = max(0, before_expiry - _count_snapshots(spark, qualified))
 
     orphans = (
-        actions.deleteOrphanFiles(_fresh_table(spark, qualified))
+        orphan_files(actions, _fresh_table(spark, qualified))
         .olderThan(now_ms - settings.orphan_older_than_hours * HOUR_MS)
         .execute()
     )

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from cdclake.exceptions import StackError
-from cdclake.local import maven
+from cdclake.local import maven, rest_catalog
 from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
 from cdclake.local.broker import LocalBroker
 from cdclake.local.connect import LocalConnect, connector_config
@@ -155,6 +155,11 @@ class LocalStack:
         conns = connections(self.s.pg_port, self.broker.bootstrap, self.s.source_db)
         setup_airflow_home(self.s.project_root, self.airflow_home, conns)
         status = self.status()
+        if rest_catalog.enabled():  # CDCLAKE_REST_CATALOG=1: the S3 store and REST catalog
+            rest = rest_catalog.stack_rest_catalog(self.s.state_dir)
+            rest.start()
+            status["rest_catalog"] = {"uri": rest.uri, "warehouse": rest.warehouse,
+                                      "s3_endpoint": rest.store.endpoint}  # fmt: skip
         (self.s.state_dir / "stack.json").write_text(json.dumps(status, indent=2))
         return status
 
@@ -163,6 +168,7 @@ class LocalStack:
             "capture": self.connect.stop(),
             "kafka": self.broker.stop(),
             "postgres": self.postgres.stop(),
+            **rest_catalog.stop_stack_rest_catalog(self.s.state_dir),
         }
         return stopped
 
