@@ -39,6 +39,8 @@ pytestmark = pytest.mark.integration
 S3_PORT = int(os.environ.get("CDCLAKE_TEST_S3_PORT", int(PG_PORT) + 30))
 REST_PORT = int(os.environ.get("CDCLAKE_TEST_REST_PORT", int(PG_PORT) + 31))
 SUBMIT_TIMEOUT_S = 600
+# 127.0.0.1 as /proc/net/tcp and tcp6 (an IPv4-mapped address) write it
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,23 @@ def rest_catalog():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def listen_addresses(port: int) -> set[str]:
+    """The local addresses of the sockets listening on `port`."""
+    found = set()
+    for name in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_the_s3_store_and_the_catalog_listen_on_loopback_only(rest_catalog):
+    for port in (rest_catalog.port, rest_catalog.store.port):
+        assert listen_addresses(port) and listen_addresses(port) <= LOOPBACK, port
 
 
 def rest_pipeline(tmp_path: Path, catalog: LocalRestCatalog, name: str, source: str):

@@ -4,15 +4,19 @@ against, from `iceberg-open-api`'s test fixtures; jars from Maven Central, `stac
 keeping its catalog in SQLite under the state directory and the tables' files on the local
 S3 store (`cdclake.local.objectstore`) through Iceberg's S3FileIO.
 
-Limits of that server: it listens on every interface (it takes a port, no host), and it
-requires no authentication of its clients (it hands a token to any). Its S3 access key
-reaches it through its environment; its log (INFO would print its properties, the secret
-among them) is kept at WARN and readable by its owner only.
+The server takes a port, no host, and listens on every interface: it is started through
+`stack/rest-catalog/LoopbackRestCatalog.java` (Java's source launcher, which needs a JDK's
+compiler), the same server on 127.0.0.1 only; with a JRE alone it runs as it is, with a
+warning. It requires no authentication of its clients (it hands a token to any). Its S3
+access key reaches it through its environment; its log (INFO would print its properties,
+the secret among them) is kept at WARN and readable by its owner only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +28,10 @@ from cdclake.local.broker import java
 from cdclake.local.objectstore import REGION, LocalObjectStore
 from cdclake.local.procs import log_tail, port_in_use, running, start_daemon, stop_daemon
 
+log = logging.getLogger(__name__)
+
 MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
+LAUNCHER = maven.STACK / "rest-catalog" / "LoopbackRestCatalog.java"
 HEAP = "-Xmx512m"
 START_TIMEOUT_S = 90
 
@@ -63,7 +70,7 @@ class LocalRestCatalog:
         self.logfile.chmod(0o600)
         cmd = java(HEAP, "-Djava.awt.headless=true",
                    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                   "-cp", maven.classpath("rest-catalog"), MAIN)  # fmt: skip
+                   "-cp", maven.classpath("rest-catalog"), self._main())  # fmt: skip
         started = time.monotonic()
         start_daemon(cmd, self.pidfile, self.logfile, env={**os.environ, **self._settings()})
         self._wait(started + START_TIMEOUT_S)
@@ -71,6 +78,20 @@ class LocalRestCatalog:
 
     def stop(self) -> bool:
         return stop_daemon(self.pidfile, timeout=20)
+
+    def _main(self) -> str:
+        """The loopback launcher when this Java can compile it, else the server's own main."""
+        try:
+            modules = subprocess.run(java("--list-modules"), capture_output=True, text=True,
+                                     timeout=30).stdout  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StackError(f"Java did not run ({exc}): install openjdk-17-jdk-headless") from exc
+        if "jdk.compiler" in modules:
+            return str(LAUNCHER)
+        log.warning("the REST catalog on port %d listens on every interface: its loopback "
+                    "launcher needs a JDK (apt-get install openjdk-17-jdk-headless)",
+                    self.port)  # fmt: skip
+        return MAIN
 
     def _settings(self) -> dict[str, str]:
         """The server's catalog properties (CATALOG_<name>, `__` for `-`, `_` for `.`)."""
