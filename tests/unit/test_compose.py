@@ -34,7 +34,7 @@ def test_compose_file_matches_the_compose_specification(compose):
 def test_topology_has_every_production_part(compose):
     services = set(compose["services"])
     assert {
-        "postgres", "kafka", "connect", "connect-register", "seaweedfs", "iceberg-rest",
+        "postgres", "kafka", "connect", "connect-register", "s3", "iceberg-rest",
         "spark-master", "spark-worker", "airflow-api-server", "airflow-scheduler",
         "airflow-dag-processor", "airflow-triggerer",
     } <= services  # fmt: skip
@@ -105,12 +105,16 @@ def test_kafka_and_debezium_images_are_the_local_stack_versions(compose):
         "quay.io/debezium/connect", pom_version("debezium", "debezium.version"))  # fmt: skip
 
 
-def test_no_agpl_object_store(compose):
+def test_the_object_store_is_the_local_stacks(compose):
+    """The local stack's S3 store and version (Apache-2.0; never MinIO, which is AGPL)."""
+    from cdclake.local.objectstore import VERSION
+
     images = [svc.get("image", "") for svc in compose["services"].values()]
     assert not [i for i in images if "minio" in i.lower()], images
+    assert image(compose, "s3") == ("versity/versitygw", VERSION)
     rest = compose["services"]["iceberg-rest"]["environment"]
-    assert rest["CATALOG_S3_ENDPOINT"] == "http://seaweedfs:8333"
-    assert "seaweedfs-bucket" in compose["services"]["iceberg-rest"]["depends_on"]
+    assert rest["CATALOG_S3_ENDPOINT"] == "http://s3:7070"
+    assert "s3-bucket" in compose["services"]["iceberg-rest"]["depends_on"]
 
 
 # What the local stack changes in docker-compose's connector configuration: its endpoints,
