@@ -50,14 +50,12 @@ from cdclake.merge import (
     build_first_load_sql,
     build_merge_sql,
     commit_empty,
-    commit_files,
     commit_properties,
     conflicts_reported,
     current_snapshot,
     deleted_keys_table,
     ensure_namespace,
     ensure_table,
-    file_write,
     key_filter_sql,
     mark_truncated,
     record_deleted_keys,
@@ -83,7 +81,6 @@ from cdclake.range_resolve import (
     KEYS_COLUMN,
     META_COLUMN,
     AcceptedTopic,
-    FileWrite,
     RangeSummary,
     TopicPlan,
     accept,
@@ -142,8 +139,7 @@ class TableResult:
     resolved_by: str = ""
     # how the rows were written: "merge", or "append" (a table without a key, or a keyed
     # table that held no row, as on a first load: the MERGE's inserts alone, without its
-    # join), or "files" (a first load into a table the batch created, resolved range by
-    # range: the range tasks wrote its data files, `FileWrite`); empty when nothing was
+    # join); empty when nothing was
     written_by: str = ""
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
@@ -185,7 +181,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
     started = time.perf_counter()
     leases = Leases(spark)  # taken on each table before its data files are written
     try:
-        ranged = _read_by_range(spark, pipeline, plan, read, leases)
+        ranged = _read_by_range(spark, pipeline, plan, read)
     except BaseException:
         leases.close()
         raise
@@ -238,21 +234,26 @@ class _RangedTopic:
     rows: object
     known: Mapping[str, str]
     frame: object
-    # the data files its range tasks wrote (`FileWrite`; None: `rows` holds every row,
-    # else only the deleted ones), removed unless a commit of them was tried
-    files: list[str] | None = None
-    write: FileWrite | None = None
-    committing: bool = False
 
     def release(self) -> None:
         self.frame.unpersist()
-        if self.write is not None and not self.committing:
-            self.write.discard()
 
 
-def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-                   leases: Leases):  # fmt: skip
-    """The topics read and resolved range by range ({} when none is): the driver reads
+@dataclass(frozen=True)
+class _FailedTopic:
+    """A topic whose ranges' read or resolve failed (a task, the read of their head):
+    its table's load fails with that error, the other tables load. Nothing reads it
+    again another way: Spark retried the task already, and the next run tries again."""
+
+    error: Exception
+
+    def release(self) -> None:
+        pass
+
+
+def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+    """The topics read and resolved range by range, or whose ranges failed ({} when
+    none is): the driver reads
     the head of each eligible topic's ranges for its schemas (all at once, while it
     looks the lake tables up), then for each topic (as many at a time as tables are
     loaded) one Spark job reads its ranges, a task each, and resolves them into typed
@@ -283,7 +284,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             work[topic] = (tables[topic], table_columns(spark, qualified) if exists else {})
         if not all(known for _, known in work.values()):  # created while ranges resolve
             ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-    done: dict[str, _RangedTopic] = {}
+    done: dict[str, _RangedTopic | _FailedTopic] = {}
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
@@ -294,13 +295,7 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
                 return
             topic_plan, ddl = planned
             new = not known and topic_plan.value_schema is not None
-            if new and FILE_WRITES and topic_plan.schema.key_names:
-                # created first: the tasks write its files with its field ids
-                created, write = _create_for_files(spark, pipeline, table, topic_plan,
-                                                   ranges_of[topic], leases)  # fmt: skip
-                if write is not None:
-                    topic_plan = dataclasses.replace(topic_plan, write=write)
-            elif new:
+            if new:
                 creating = ThreadPoolExecutor(1)
                 created = creating.submit(_create_table, spark, pipeline, table,
                                           topic_plan.schema)  # fmt: skip
@@ -316,20 +311,16 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
         except CdclakeError:  # the rows do not add up: nothing of the batch is written
             if frame is not None:
                 frame.unpersist()
-            if planned is not None and topic_plan.write is not None:
-                topic_plan.write.discard()
             raise
-        except Exception as exc:  # a task failed (a read, a bug): the table on its own
-            log.warning("%s: its ranges failed; read again the general way: %s", topic,
-                        _brief(exc))  # fmt: skip
-            got = None
+        except Exception as exc:  # a read, a task, a bug: its table fails with the error
+            log.error("%s: its ranges failed: %s", topic, _brief(exc))
+            if frame is not None:
+                frame.unpersist()
+            done[topic] = _FailedTopic(exc)
+            return
         finally:
             if creating is not None:
                 creating.shutdown()
-        if got is None and planned is not None and topic_plan.write is not None:
-            topic_plan.write.discard()
-        if got is not None and isinstance(created, dict):  # created before the tasks ran
-            got = dataclasses.replace(got, known=created)
         if got is not None and creating is not None:
             try:  # the rows were typed for the columns it was created with
                 got = dataclasses.replace(got, known=created.result())
@@ -351,36 +342,6 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
             topic.release()
         raise
     return done
-
-
-# A keyed table a big batch creates is written by its range tasks (`FileWrite`) where
-# `merge.file_write` allows, else by Spark from the rows they return.
-FILE_WRITES = True
-
-
-def _create_for_files(spark, pipeline: PipelineConfig, table: TableConfig, plan: TopicPlan,
-                      ranges: list[OffsetRange], leases: Leases):  # fmt: skip
-    """Create a keyed topic's table before its range tasks run, so they can write its
-    data files (`file_write`): (its columns, the `FileWrite`), or (None, None) when the
-    creation failed (logged; the load creates it, or fails, as for any table), or (its
-    columns, None) when Spark writes it (the log says why)."""
-    qualified = pipeline.qualified_target(table)
-    try:
-        known = _create_table(spark, pipeline, table, plan.schema)
-    except CdclakeError:
-        raise
-    except Exception as exc:
-        log.warning("%s: its table could not be created before its ranges resolved: %s",
-                    plan.topic, _headline(exc))  # fmt: skip
-        return None, None
-    columns = dict(plan.columns(toast=False))
-    write = file_write(spark, qualified, sorted({r.partition for r in ranges}), columns,
-                       table.delete_mode is DeleteMode.SOFT)  # fmt: skip
-    if isinstance(write, str):
-        log.info("%s: its rows are written by Spark: %s", qualified, write)
-        return known, None
-    leases.take(qualified)  # before the tasks write its files
-    return known, write
 
 
 def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
@@ -454,14 +415,9 @@ def _head_read(reader, ranges: list[OffsetRange]):
 def _topic_plan(head, table: TableConfig, topic: str,
                 known: dict[str, str]) -> tuple[TopicPlan, str] | None:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
-    (`head`, the future of its `_head_read`), and the schema of their rows; None (the
-    log says why) when the topic must take the general path."""
-    try:
-        found = head.result()
-    except Exception as exc:  # a read that failed: the table on its own, as for a task's
-        log.warning("%s: the head of its ranges could not be read; read again the general "
-                    "way: %s: %s", topic, type(exc).__name__, _brief(exc))  # fmt: skip
-        return None
+    (`head`, the future of its `_head_read`: a read that failed raises), and the schema
+    of their rows; None (the log says why) when the topic must take the general path."""
+    found = head.result()
     why = None
     if found is None:
         why = "no schema at the head of its ranges"
@@ -503,19 +459,10 @@ def _ranged_topic(frame, plan: TopicPlan):
         return None
     rows = frame.where(meta.isNull()).select(*(F.col(f"`{n}`") for n, _ in got.columns))
     total, resolved = found.rows, sum(got.counts.values())
-    write, files = plan.write, None
-    if write is not None:  # the tasks returned the deleted rows and wrote the others
-        deletes = got.counts.get(True, 0)
-        written = sum(s.written or 0 for s in summaries)
-        if total != deletes or written != (resolved if write.soft else resolved - deletes):
-            raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows ({deletes} "
-                               f"deleted) but returned {total} and wrote {written}; nothing "
-                               "was written")  # fmt: skip
-        files = [write.paths[s.partition] for s in summaries if s.written]
-    elif total != resolved:
+    if total != resolved:
         raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but returned "
                            f"{total}; nothing was written")  # fmt: skip
-    return _RangedTopic(got, rows, plan.known, frame, files, write)
+    return _RangedTopic(got, rows, plan.known, frame)
 
 
 def _headline(exc: BaseException, limit: int = 500) -> str:
@@ -632,7 +579,7 @@ class _Batch:
 
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
-        read_seconds: float, rows=None, ranged: dict[str, _RangedTopic] | None = None,
+        read_seconds: float, rows=None, ranged: dict[str, _RangedTopic | _FailedTopic] | None = None,
         before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
@@ -670,6 +617,8 @@ class _Batch:
         from pyspark.sql import functions as F
 
         topic = self.pipeline.topic_for(table)
+        if isinstance(self.ranged.get(topic), _FailedTopic):
+            raise self.ranged[topic].error
         if topic in self.ranged:
             schemas = self.ranged[topic].accepted.schemas
             return _load_table(self, table, self.ranges_of(table), None, schemas)
@@ -876,11 +825,7 @@ def _load_table(
             view = f"cdclake_changes_{table.target}"
             # hard deletes: a ledger of deleted keys keeps re-sent older changes out
             hard = bool(schema.key_names) and not soft
-            # the range tasks wrote the rows to insert into data files (`FileWrite`): what
-            # `resolved` holds are the deleted rows, for the ledger
-            files = ranged.files if ranged is not None else None
-            source = (with_deleted_lsn(spark, qualified, resolved, schema)
-                      if hard and files is None else resolved)  # fmt: skip
+            source = with_deleted_lsn(spark, qualified, resolved, schema) if hard else resolved
             source.createOrReplaceTempView(view)
             if hard and result.deletes:
                 record_deleted_keys(spark, qualified, resolved, schema)
@@ -891,13 +836,7 @@ def _load_table(
             keyed = bool(schema.key_names)
             first_load = keyed and FIRST_LOAD_APPEND and state.empty and not dropped
             query = merge_sql = None
-            if files is not None:
-                if not first_load:
-                    raise CommitConflictError(
-                        f"{qualified}: another run wrote to this table after this batch "
-                        "created it; nothing was written. Plan again."
-                    )
-            elif first_load:
+            if first_load:
                 query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
                                              truncated_below=below)  # fmt: skip
             elif keyed:
@@ -911,19 +850,13 @@ def _load_table(
             else:
                 merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
             result.written_by = "merge" if keyed and not first_load else "append"
-            if files is not None:
-                result.written_by = "files"
             try:
                 batch.leases.check(qualified)
-                if files:
-                    ranged.committing = True  # a commit that fails may still have landed
-                    commit_files(spark, qualified, files, before_id, props)
-                elif files is None:
-                    with commit_properties(spark, props):
-                        if query is not None:
-                            append_to_empty(spark, qualified, query, before_id)
-                        else:
-                            spark.sql(merge_sql)
+                with commit_properties(spark, props):
+                    if query is not None:
+                        append_to_empty(spark, qualified, query, before_id)
+                    else:
+                        spark.sql(merge_sql)
             finally:
                 spark.catalog.dropTempView(view)
             after_id, summary = current_snapshot(spark, qualified)

@@ -18,7 +18,7 @@ from cdclake.offsets import TopicPartition
 from cdclake.resolve import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
 
 if TYPE_CHECKING:
-    from cdclake.range_resolve import FileWrite
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -306,100 +306,6 @@ def append_to_empty(spark, table: str, query: str, snapshot_id: int | None) -> N
     if snapshot_id is not None:
         writer = writer.option("validate-from-snapshot-id", str(snapshot_id))
     writer.overwrite(F.lit(False))
-
-
-# The Spark type of each Iceberg type a range task's Parquet writer writes as Iceberg
-# reads it (`FileWrite`); a table with a column of another type is written by Spark.
-FILE_WRITE_TYPES = {
-    "int": "int", "long": "bigint", "float": "float", "double": "double",
-    "boolean": "boolean", "string": "string", "binary": "binary", "date": "date",
-    "timestamptz": "timestamp", "timestamp": "timestamp_ntz",
-}  # fmt: skip
-FILE_WRITE_CODECS = {"zstd": 3, "snappy": None, "gzip": None, "uncompressed": None}
-# The table properties that change nothing in how a range task writes a data file (or
-# that it follows: the codec and its level); any other `write.` property sends the
-# table to Spark's writer.
-_FILE_WRITE_PROPERTIES = {
-    "write.delete.mode", "write.update.mode", "write.merge.mode", "write.format.default",
-    "write.parquet.compression-codec", "write.parquet.compression-level",
-    "write.distribution-mode", "write.target-file-size-bytes",
-}  # fmt: skip
-
-
-def file_write(spark, table: str, partitions: Sequence[int], columns: Mapping[str, str],
-               soft: bool) -> FileWrite | str:  # fmt: skip
-    """How the range tasks of a first load write `table`'s data files themselves, one
-    per Kafka partition (`FileWrite`), or why they cannot: `table` must have been
-    created by this batch (the caller knows), be unpartitioned and unsorted, keep its
-    data files on a local file system as Parquet with a codec Arrow writes, have no
-    deleted-keys ledger (one left by an older table of the name would keep rows out)
-    and columns of the types in `FILE_WRITE_TYPES`, each among the range rows'
-    (`columns`, name -> Spark type) with that type."""
-    import uuid
-
-    from cdclake.range_resolve import FileWrite, local_path
-
-    ice = load_iceberg_table(spark, table)
-    if not ice.spec().isUnpartitioned():
-        return "a partitioned table"
-    if not ice.sortOrder().isUnsorted():
-        return "a table with a sort order"
-    props = dict(ice.properties())
-    other = sorted(k for k in props if k.startswith("write.") and k not in _FILE_WRITE_PROPERTIES
-                   and not k.startswith("write.metadata."))  # fmt: skip
-    if other:
-        return f"the table property {other[0]}"
-    if props.get("write.format.default", "parquet").lower() != "parquet":
-        return "data files of another format than Parquet"
-    codec = props.get("write.parquet.compression-codec", "zstd").lower()
-    if codec not in FILE_WRITE_CODECS:
-        return f"the Parquet codec {codec}"
-    level = props.get("write.parquet.compression-level")
-    if spark.catalog.tableExists(deleted_keys_table(table)):
-        return "a deleted-keys ledger left by an older table"
-    fields = []
-    for c in ice.schema().columns():
-        name, kind = str(c.name()), str(c.type().toString())
-        spark_type = FILE_WRITE_TYPES.get(kind)
-        if kind.startswith("decimal("):
-            spark_type = kind.replace(" ", "")
-        if spark_type is None or columns.get(name) != spark_type:
-            return f"the column {name} ({kind})"
-        fields.append((name, spark_type, int(c.fieldId()), bool(c.isRequired())))
-    paths = {}
-    for p in partitions:
-        paths[p] = str(ice.locationProvider().newDataLocation(f"{p:05d}-{uuid.uuid4()}.parquet"))
-        if local_path(paths[p]) is None:
-            return f"data files outside the local file system ({paths[p]})"
-    return FileWrite(paths, tuple(fields), soft, codec,
-                     int(level) if level is not None else FILE_WRITE_CODECS[codec])  # fmt: skip
-
-
-def commit_files(spark, table: str, paths: Sequence[str], snapshot_id: int | None,
-                 properties: Mapping[str, str]) -> None:  # fmt: skip
-    """Add the data files a first load's range tasks wrote (`FileWrite`) to `table`,
-    which held no row at `snapshot_id` (None: no snapshot yet), in one commit with
-    `properties` in its summary. Like `append_to_empty`'s, the commit fails if any other
-    commit has added rows since. Each file's metrics (counts, bounds) are read from its
-    footer, as Iceberg's own import of Parquet files reads them."""
-    jvm = spark.sparkContext._jvm
-    iceberg = jvm.org.apache.iceberg
-    ice = load_iceberg_table(spark, table)
-    ice.refresh()
-    config = iceberg.MetricsConfig.forTable(ice)
-    op = ice.newOverwrite()
-    for path in paths:
-        file = ice.io().newInputFile(path)
-        metrics = iceberg.parquet.ParquetUtil.fileMetrics(file, config)
-        data = iceberg.DataFiles.builder(ice.spec()).withInputFile(file)
-        op = op.addFile(data.withFormat(iceberg.FileFormat.PARQUET).withMetrics(metrics).build())
-    if snapshot_id is not None:
-        op = op.validateFromSnapshot(snapshot_id)
-    op = (op.conflictDetectionFilter(iceberg.expressions.Expressions.alwaysTrue())
-          .validateNoConflictingData().validateNoConflictingDeletes())  # fmt: skip
-    for k, v in properties.items():
-        op = op.set(k, v)
-    op.commit()
 
 
 def table_columns(spark, table: str) -> dict[str, str]:

@@ -34,7 +34,7 @@ from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from cdclake.changes import DELETED, TopicSchema, topic_schema
+from cdclake.changes import TopicSchema, topic_schema
 from cdclake.driver_resolve import (
     _DECODE_ERRORS,
     _HEADER,
@@ -84,63 +84,6 @@ HEAD_RECORDS = 100  # records of a range's head read for the topic's schemas
 Schema = tuple[int, str]  # a Connect schema's id and text
 
 
-@dataclass(frozen=True)
-class FileWrite:
-    """A first load whose range tasks write the table's data files themselves: each
-    range's rows that a load would insert (those of keys not deleted; every row with soft
-    deletes) go into one Parquet file at `paths[partition]`, with the table's field ids,
-    and the task returns only the deleted rows (for the deleted-keys ledger) and its
-    summary. The driver commits the files (`merge.commit_files`) once the ranges add up,
-    and removes them when they do not. The rows never pass through Spark's rows, its cache
-    or its writer (`merge.file_write` says when a table is written this way)."""
-
-    paths: Mapping[int, str]  # Kafka partition -> its data file's location (a file: URI)
-    # the table's columns, in its order: name, Spark type, Iceberg field id, required
-    fields: tuple[tuple[str, str, int, bool], ...]
-    soft: bool = False  # deleted keys are written too, flagged
-    compression: str = "zstd"
-    level: int | None = None
-
-    def write(self, partition: int, tables: Sequence[pa.Table]) -> int:
-        """Write the range's rows (`TopicPlan.ddl`'s columns, those to write) into its
-        file; the number of rows (0: no file)."""
-        import os
-
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        rows = sum(t.num_rows for t in tables)
-        if not rows:
-            return 0
-        schema = pa.schema([
-            pa.field(name, arrow_type(type_), nullable=not required,
-                     metadata={b"PARQUET:field_id": str(field_id).encode()})
-            for name, type_, field_id, required in self.fields
-        ])  # fmt: skip
-        parts = []
-        for t in tables:
-            if t.num_rows:
-                cols = [t.column(f.name) for f in schema]
-                cols = [c if c.type == f.type else c.cast(f.type)
-                        for c, f in zip(cols, schema, strict=True)]  # fmt: skip
-                parts.append(pa.Table.from_arrays(cols, schema=schema))
-        where = local_path(self.paths[partition])
-        os.makedirs(os.path.dirname(where), exist_ok=True)
-        pq.write_table(pa.concat_tables(parts), where, compression=self.compression,
-                       compression_level=self.level, store_decimal_as_integer=True)  # fmt: skip
-        return rows
-
-    def discard(self) -> None:
-        """Remove the files the tasks may have written (none is committed)."""
-        import os
-
-        for uri in self.paths.values():
-            try:
-                os.remove(local_path(uri))
-            except FileNotFoundError:
-                pass
-
-
 def local_path(uri: str) -> str | None:
     """The local path of a `file:` URI (or of a bare absolute path); None for any other
     location."""
@@ -167,7 +110,6 @@ class TopicPlan:
     exclude: tuple[str, ...] = ()
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
     key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
-    write: FileWrite | None = None  # the tasks write the table's files (a first load)
 
     @cached_property
     def schema(self) -> TopicSchema:
@@ -232,7 +174,6 @@ class RangeSummary:
     toast: bool = False  # a TOAST placeholder may be among the values (its text was seen)
     truncate: list | None = None  # the range's last truncate: [offset, LSN or None]
     first_lsn: int | None = None  # the lowest LSN of the changes folded
-    written: int | None = None  # the rows written into the range's file (`FileWrite`)
 
     def to_json(self) -> str:
         out = self.__dict__ | {"counts": [[k, v] for k, v in self.counts.items()]}
@@ -469,10 +410,7 @@ class RangeFold:
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (batches of up to `BATCH_ROWS` rows, of `TopicPlan.ddl`),
-        then the summary row. With a `FileWrite`, the rows to write go into the range's
-        file and only the deleted ones are returned."""
-        import pyarrow.compute as pc
-
+        then the summary row."""
         summary = self.summary
         if not self.closed:
             self.close()
@@ -487,7 +425,6 @@ class RangeFold:
                     setattr(summary, f"{side}_schemas", list(self._texts[side].items()))
         if summary.reason is None and not self.changelog:
             columns = result_columns(self.schema, True, summary.toast)
-            write, kept = self.plan.write, []
             try:
                 for table in self._tables(columns):
                     if not summary.toast:
@@ -495,16 +432,9 @@ class RangeFold:
                     summary.max_source_ms = tally(table, summary.counts,
                                                   summary.max_source_ms)  # fmt: skip
                     self._hashes.append(key_hashes(table, self.schema.key_names))
-                    if write is None:
-                        yield from self._out(table)
-                        continue
-                    deleted = table.column(DELETED)
-                    yield from self._out(table.filter(deleted))  # for the ledger
-                    kept.append(table if write.soft else table.filter(pc.invert(deleted)))
+                    yield from self._out(table)
             except Unsupported as why:
                 summary.reason = str(why)
-            if write is not None and summary.reason is None:
-                summary.written = write.write(summary.partition, kept)
         yield from self._out(None, summary)
 
     def _tables(self, columns: list[tuple[str, str]]) -> Iterator[pa.Table]:

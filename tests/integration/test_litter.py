@@ -96,7 +96,7 @@ def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_pa
     table = f"inventory.litter_{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute(f"create table {table} (id int primary key, v text)")
-        # a first load above DRIVER_READ_RECORDS: range tasks write its files themselves
+        # a first load above DRIVER_READ_RECORDS: resolved range by range
         conn.execute(f"insert into {table} select i, md5(i::text) from generate_series(1, 12000) i")
     stack.wait_for_capture()
     pipeline = make_pipeline(tmp_path, f"it_litter_{n}", [table])
@@ -115,7 +115,7 @@ def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_pa
             assert not left or not set(left[-1]) & set(found), (left[-1], found)
             left.append(found)
 
-    for _ in range(3):  # first loads: files of range tasks, then Spark's append
+    for _ in range(3):  # first loads: Spark's append
         killed_run(namespace_dir)
     load_all(stack, spark, pipeline, f"{n}-a")  # the lake now holds rows to MERGE into
     assert stray() == []

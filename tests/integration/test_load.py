@@ -284,8 +284,8 @@ def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stac
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, monkeypatch,
                                                        delete_mode):  # fmt: skip
-    """The same first batch into a new table: written into data files by its range tasks
-    (`FileWrite`), appended by Spark, and MERGEd. The same rows, every column (deleted
+    """The same first batch into a new table: resolved range by range and appended,
+    resolved in the driver and appended, and MERGEd. The same rows, every column (deleted
     keys kept with their flag in soft mode), and the same ledger."""
     import cdclake.job
     from cdclake.merge import deleted_keys_table
@@ -295,15 +295,14 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     pipeline = first_load_table(stack, tmp_path, f"same_{delete_mode}")
     source = pipeline.tables[0].source
     tables = {}
-    for way in ("files", "append", "merge"):
+    for way in ("ranges", "append", "merge"):
         monkeypatch.setattr(cdclake.job, "FIRST_LOAD_APPEND", way != "merge")
-        # read and resolved by range tasks: they write the files of a table it creates
         monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS",
-                            0 if way == "files" else DRIVER_READ_RECORDS)  # fmt: skip
+                            0 if way == "ranges" else DRIVER_READ_RECORDS)  # fmt: skip
         name = f"{pipeline.name}_{way}"
         each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
         results = run_batch(spark, each, plan_pipeline(each, f"it-same-{way}"))
-        assert [r.written_by for r in results] == [way]
+        assert [r.written_by for r in results] == ["merge" if way == "merge" else "append"]
         target = each.qualified_target(each.tables[0])
         ledger = deleted_keys_table(target)
         tables[way] = (
@@ -312,19 +311,18 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
             if spark.catalog.tableExists(ledger) else None,
         )  # fmt: skip
         assert stray_files(spark, target) == []
-    assert tables["files"] == tables["append"] == tables["merge"]
-    rows, ledger = tables["files"]
+    assert tables["ranges"] == tables["append"] == tables["merge"]
+    rows, ledger = tables["ranges"]
     assert len(rows) == (6 if delete_mode == "soft" else 5)
     assert (ledger is not None) == (delete_mode == "hard")
 
 
-def test_the_files_range_tasks_write_hold_every_type_and_take_later_merges(
+def test_a_first_load_resolved_by_range_holds_every_type_and_takes_later_merges(
     stack, spark, tmp_path, monkeypatch
 ):
-    """A first load written by its range tasks (`FileWrite`): the type zoo's columns that
-    its Parquet writer takes (every type the lake maps to a scalar column), equal in the
-    lake as PostgreSQL compares them; their files' metrics let a filter skip them; then
-    updates and deletes MERGEd into those files."""
+    """A first load resolved range by range and appended: the type zoo's columns the lake
+    maps to a scalar column, equal in the lake as PostgreSQL compares them; their files'
+    metrics let a filter skip them; then updates and deletes MERGEd into those files."""
     import uuid
 
     import cdclake.job
@@ -353,7 +351,7 @@ def test_the_files_range_tasks_write_hold_every_type_and_take_later_merges(
     table = pipeline.tables[0]
     target = pipeline.qualified_target(table)
     results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-1"))
-    assert [(r.resolved_by, r.written_by) for r in results] == [("ranges", "files")]
+    assert [(r.resolved_by, r.written_by) for r in results] == [("ranges", "append")]
     assert compare_table(pipeline, table, stack.source_dsn).equal
     assert stray_files(spark, target) == []
     # the footers' metrics: a filter on the key skips files whose bounds exclude it
@@ -371,57 +369,6 @@ def test_the_files_range_tasks_write_hold_every_type_and_take_later_merges(
     results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-2"))
     assert [r.written_by for r in results] == ["merge"]
     assert compare_table(pipeline, table, stack.source_dsn).equal
-
-
-def test_tables_the_range_tasks_cannot_write_say_why(spark):
-    """`file_write` lets the range tasks write a new table's files only where their
-    Parquet writer writes what Iceberg and Spark's writer would; each other table says
-    why, and its rows go through Spark."""
-    import uuid
-
-    from cdclake.merge import deleted_keys_table, file_write
-    from cdclake.range_resolve import local_path
-
-    spark.sql("create namespace if not exists lake.it_file_write")
-    base = "(id bigint not null, v string, amount decimal(12, 2), at timestamp)"
-    columns = {"id": "bigint", "v": "string", "amount": "decimal(12,2)", "at": "timestamp"}
-    cases = {
-        "": None,
-        "PARTITIONED BY (bucket(4, id))": "a partitioned table",
-        "TBLPROPERTIES ('write.parquet.bloom-filter-enabled.column.id'='true')":
-            "the table property write.parquet.bloom-filter-enabled.column.id",
-        "TBLPROPERTIES ('write.parquet.compression-codec'='lz4')": "the Parquet codec lz4",
-        "TBLPROPERTIES ('write.format.default'='orc')": "data files of another format",
-    }  # fmt: skip
-    for clause, why in cases.items():
-        table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
-        spark.sql(f"CREATE TABLE {table} {base} USING iceberg {clause}")
-        got = file_write(spark, table, [0, 1], columns, soft=False)
-        if why is None:
-            assert sorted(got.paths) == [0, 1] and not got.soft
-            assert all(local_path(p).startswith("/") for p in got.paths.values())
-            assert [f[:2] for f in got.fields] == list(columns.items())
-            assert [f[3] for f in got.fields] == [True, False, False, False]
-            assert (got.compression, got.level) == ("zstd", 3)
-        else:
-            assert isinstance(got, str) and got.startswith(why), (clause, got)
-    table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
-    spark.sql(f"CREATE TABLE {table} {base} USING iceberg")
-    spark.sql(f"ALTER TABLE {table} WRITE ORDERED BY id")
-    assert file_write(spark, table, [0], columns, False) == "a table with a sort order"
-    table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
-    spark.sql(f"CREATE TABLE {table} {base} USING iceberg")
-    assert file_write(spark, table, [0], {**columns, "at": "timestamp_ntz"}, False) == (
-        "the column at (timestamptz)"
-    )
-    spark.sql(f"CREATE TABLE {deleted_keys_table(table)} (id bigint) USING iceberg")
-    assert file_write(spark, table, [0], columns, False) == (
-        "a deleted-keys ledger left by an older table"
-    )
-    table = f"lake.it_file_write.t_{uuid.uuid4().hex[:6]}"
-    spark.sql(f"CREATE TABLE {table} (id bigint not null, tags array<string>) USING iceberg")
-    assert file_write(spark, table, [0], {"id": "bigint", "tags": "array<string>"},
-                      False) == "the column tags (list<string>)"  # fmt: skip
 
 
 def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):

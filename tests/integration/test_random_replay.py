@@ -278,19 +278,16 @@ def test_a_key_in_two_partitions_is_read_again_and_resolved_by_key(stack, spark,
                           read=RawSource(lambda kafka: reader))  # fmt: skip
     assert result.resolved_by == "tasks" and result.upserts == 3
     assert lake_names(spark, pipeline) == {1: "second", 2: "two", 3: "three"}
-    # the files each range task wrote for the table (`FileWrite`) went with its ranges
     assert stray_files(spark, pipeline.qualified_target(pipeline.tables[0])) == []
 
 
 @pytest.mark.parametrize("where", ["task", "head"])
-def test_a_topic_whose_ranges_fail_is_read_again_on_its_own(stack, spark, tmp_path, caplog,
-                                                            where):  # fmt: skip
+def test_a_topic_whose_ranges_fail_fails_its_table_with_the_cause(stack, spark, tmp_path,
+                                                                  where):  # fmt: skip
     """A read of the range-by-range path that fails (here the source's first read of the
-    partition in a task, or the driver's read of the ranges' head) costs the batch
-    nothing: the topic is read again the general way and the table loads, with the
-    failure in the log."""
-    import logging
-
+    partition in a task, or the driver's read of the ranges' head) fails the table with
+    that error, nothing written: the topic is not read again another way. The next run
+    loads it."""
     from pyspark import TaskContext
 
     v = value_record
@@ -309,13 +306,16 @@ def test_a_topic_whose_ranges_fail_is_read_again_on_its_own(stack, spark, tmp_pa
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
     topic = pipeline.topic_for(pipeline.tables[0])
     plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
-    with caplog.at_level(logging.WARNING, logger="cdclake.job"):
-        (result,) = run_batch(spark, pipeline, plan, read=RawSource(lambda kafka: reader))
-    assert marker.exists() and result.resolved_by != "ranges" and result.upserts == 4
+    source = RawSource(lambda kafka: reader)
+    with pytest.raises(Exception, match="the broker went away"):
+        run_batch(spark, pipeline, plan, read=source)
+    assert marker.exists()
+    assert not spark.catalog.tableExists(pipeline.qualified_target(pipeline.tables[0])) or (
+        lake_names(spark, pipeline) == {}
+    )
+    (result,) = run_batch(spark, pipeline, plan, read=source)
+    assert result.resolved_by == "ranges" and result.upserts == 4
     assert lake_names(spark, pipeline) == {k: f"n{k}" for k in range(4)}
-    said = {"task": "its ranges failed", "head": "the head of its ranges could not be read"}
-    warned = [r.getMessage() for r in caplog.records if said[where] in r.getMessage()]
-    assert len(warned) == 1 and "RuntimeError: the broker went away" in warned[0], warned
 
 
 @pytest.mark.parametrize("gone", ["delete", "truncate"])
@@ -419,8 +419,7 @@ def test_a_new_table_is_created_while_its_ranges_resolve(stack, spark, tmp_path)
     plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
     (result,) = run_batch(spark, pipeline, plan, read=RawSource(lambda kafka: reader))
     assert seen.exists(), "the table did not exist while the range task ran"
-    # created before the tasks ran, they wrote its data files (`FileWrite`)
-    assert (result.resolved_by, result.written_by, result.upserts) == ("ranges", "files", 5)
+    assert (result.resolved_by, result.written_by, result.upserts) == ("ranges", "append", 5)
     assert lake_names(spark, pipeline) == {k: f"n{k}" for k in range(5)}
     target = pipeline.qualified_target(pipeline.tables[0])
     assert list(load_iceberg_table(spark, target).schema().identifierFieldNames()) == ["id"]

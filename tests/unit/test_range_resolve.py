@@ -875,54 +875,6 @@ def test_a_range_without_key_returns_its_rows_as_it_reads():
     assert [seen for seen, _ in returned[:3]] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
-@pytest.mark.parametrize("seed", range(8))
-def test_range_tasks_that_write_their_files_write_the_rows_they_would_return(tmp_path, seed, soft):
-    """A range task with a `FileWrite` writes into its partition's Parquet file the rows
-    it would have returned that a first load inserts (those of keys not deleted; every
-    row with soft deletes), in the table's columns and with their field ids, and returns
-    only the deleted rows and its summary, which counts the rows written."""
-    import dataclasses
-
-    import pyarrow.parquet as pq
-    from cdclake.changes import METADATA_COLUMNS
-    from cdclake.range_resolve import FileWrite
-
-    parts = history(seed, partitions=2, toast=False, resends=False, truncates=False)
-    plan = plan_of(parts)
-    names = [c.name for c in plan.schema.columns] + list(METADATA_COLUMNS)
-    names += [DELETED] if soft else []
-    types = dict(plan.columns(toast=False))
-    fields = tuple((n, types[n], i, n in plan.schema.key_names)
-                   for i, n in enumerate(names, start=7))  # fmt: skip
-    paths = {p: f"file://{tmp_path}/data/{p}.parquet" for p in parts}
-    write = FileWrite(paths, fields, soft, "zstd", 3)
-
-    out, summaries = range_rows(parts, plan=plan)
-    returned = unpacked(out, accepted(out, parts, plan))
-    out_w, summaries_w = range_rows(parts, plan=dataclasses.replace(plan, write=write))
-    got = accepted(out_w, parts, plan)
-    deleted = unpacked(out_w, got)
-    assert deleted.column(DELETED).to_pylist() == [True] * deleted.num_rows
-    assert deleted.num_rows == got.counts.get(True, 0)
-    assert deleted.sort_by("id").equals(returned.filter(returned[DELETED]).sort_by("id"))
-    kept = returned if soft else returned.filter(pc.invert(returned[DELETED]))
-    assert sum(s.written for s in summaries_w) == kept.num_rows
-    files = [pq.read_table(f"{tmp_path}/data/{p}.parquet") for p in parts
-             if (tmp_path / "data" / f"{p}.parquet").exists()]  # fmt: skip
-    assert sum(f.num_rows for f in files) == kept.num_rows > 0
-    for f in files:
-        assert f.schema.names == names
-        assert [int(x.metadata[b"PARQUET:field_id"]) for x in f.schema] == list(
-            range(7, 7 + len(names))
-        )
-        assert [not x.nullable for x in f.schema] == [n == "id" for n in names]
-    written = pa.concat_tables(pa.Table.from_arrays(f.columns, names=names) for f in files)
-    assert written.sort_by("id").equals(kept.select(names).sort_by("id"))
-    write.discard()
-    assert not list((tmp_path / "data").iterdir())
-
-
 def test_a_file_location_is_a_local_path_only_on_the_local_file_system():
     from cdclake.range_resolve import local_path
 
