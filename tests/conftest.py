@@ -28,6 +28,12 @@ os.environ.update(
     }
 )
 
+# The test stack's Kafka login (SASL/PLAIN; its password made once in the state directory),
+# as `cdclake local env` exports it, for the demo pipeline and the tests' clients.
+from cdclake.local.broker import LocalBroker  # noqa: E402
+
+os.environ.update(LocalBroker(TEST_STATE / "kafka", int(KAFKA_PORT)).client_env())
+
 # The jars loads add to Spark (stack/spark/pom.xml, resolved from Maven Central once).
 if not os.environ.get("CDCLAKE_SPARK_JARS"):
     from cdclake.local.maven import jars

@@ -279,8 +279,7 @@ def _local(args: argparse.Namespace) -> int:
             print(f"{'catalog':10} {status['catalog']['uri']}  {status['catalog']['warehouse']}")
             print(f"{'airflow':10} AIRFLOW_HOME={status['airflow']['home']}")
     elif args.action == "env":
-        for k, v in stack.env().items():
-            print(f"export {k}={v}")
+        print("\n".join(stack.env_exports()))
     elif args.action == "wait":
         stack.wait_for_capture()
     return 0

@@ -58,7 +58,9 @@ class KafkaConfig:
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
 
     def client_config(self) -> dict[str, str]:
-        """librdkafka settings shared by every client cdclake creates; `properties` win."""
+        """librdkafka settings shared by every client cdclake creates; `properties` win,
+        but one whose value is empty is left out (`${VAR:-}` with VAR unset: librdkafka's
+        default holds, e.g. no SASL login for a broker without authentication)."""
         return {
             "bootstrap.servers": self.bootstrap_servers,
             # librdkafka's ranges: at least 1 s to set up a connection, 10 ms to answer
@@ -66,7 +68,7 @@ class KafkaConfig:
                 max(1000, int(self.timeouts.connect_s * 1e3))
             ),
             "socket.timeout.ms": str(min(300_000, max(10, int(self.timeouts.request_s * 1e3)))),
-            **self.properties,
+            **{k: v for k, v in self.properties.items() if v.strip()},
         }
 
     @property

@@ -51,7 +51,9 @@ DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot")
 # set by `local env` (or not at all) in the README's steps, whatever the tests' environment
 FROM_LOCAL_ENV = ("AIRFLOW_HOME", "CDCLAKE_KAFKA_BOOTSTRAP", "CDCLAKE_SOURCE_DSN",
                   "CDCLAKE_CATALOG_URI", "CDCLAKE_WAREHOUSE", "CDCLAKE_SPARK_JARS",
-                  "CDCLAKE_PIPELINES_DIR", "VIRTUAL_ENV")  # fmt: skip
+                  "CDCLAKE_PIPELINES_DIR", "VIRTUAL_ENV", "CDCLAKE_KAFKA_SECURITY_PROTOCOL",
+                  "CDCLAKE_KAFKA_SASL_MECHANISM", "CDCLAKE_KAFKA_USER",
+                  "CDCLAKE_KAFKA_PASSWORD")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from tests.integration.helpers import assert_lake_equals_source, load_all, make_
 pytestmark = pytest.mark.integration
 
 
-def first_value(bootstrap: str, topic: str) -> tuple[bytes, bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t"})
+def first_value(client_config: dict, topic: str) -> tuple[bytes, bytes]:
+    consumer = Consumer({**client_config, "group.id": "t"})
     consumer.assign([TopicPartition(topic, 0, 0)])
     try:
         msg = consumer.poll(10)
@@ -41,10 +41,10 @@ def five_tables(stack):
             conn.execute(f"create table inventory.{name} (id int primary key, body text)")
             conn.execute(f"insert into inventory.{name} values (1, 'one'), (2, 'two')")
     stack.wait_for_capture()
-    producer = Producer({"bootstrap.servers": stack.broker.bootstrap})
+    producer = Producer(stack.broker.client_config())
     for name in names[2:4]:
         topic = f"demo.inventory.{name}"
-        key, value = first_value(stack.broker.bootstrap, topic)
+        key, value = first_value(stack.broker.client_config(), topic)
         assert b'"op":"c"' in value
         producer.produce(topic, key=key, value=value.replace(b'"op":"c"', b'"op":"x"'))
     producer.produce(f"demo.inventory.{names[4]}", key=b'{"id": 9}', value=b"\x00 not json")

@@ -31,10 +31,8 @@ def sql(stack, *statements):
             conn.execute(s)
 
 
-def topic_contains(bootstrap: str, topic: str, needle: bytes) -> bool:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "t", "enable.partition.eof": True}
-    )
+def topic_contains(client_config: dict, topic: str, needle: bytes) -> bool:
+    consumer = Consumer({**client_config, "group.id": "t", "enable.partition.eof": True})
     consumer.assign([TopicPartition(topic, 0, 0)])
     try:
         while True:
@@ -93,7 +91,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
     )
     assert_resolved_in(load_all(stack, spark, pipeline, "sem-2"), *both)
     assert topic_contains(
-        stack.broker.bootstrap, f"demo.inventory.docs_{n}", b"__debezium_unavailable"
+        stack.broker.client_config(), f"demo.inventory.docs_{n}", b"__debezium_unavailable"
     )
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
@@ -122,7 +120,7 @@ def test_undecodable_record_fails_naming_it_or_goes_to_dead_letters(stack, spark
     )
     stack.wait_for_capture()
     topic = f"demo.inventory.notes_{n}"
-    producer = Producer({"bootstrap.servers": stack.broker.bootstrap})
+    producer = Producer(stack.broker.client_config())
     producer.produce(topic, key=b'{"id": 9}', value=b"\x00\x01 not json")
     producer.flush(10)
     sql(stack, f"insert into inventory.notes_{n} values (3, 'three')")
@@ -264,7 +262,7 @@ def test_a_soft_deleted_row_keeps_its_toasted_values(stack, spark, tmp_path, res
     )
     pipeline = make_pipeline(tmp_path, f"it_softdoc_{n}", [{"source": t, "delete_mode": "soft"}])
     assert_resolved_in(load_all(stack, spark, pipeline, "softdoc-1"), resolve_in)
-    assert topic_contains(stack.broker.bootstrap, f"demo.{t}", b"__debezium_unavailable")
+    assert topic_contains(stack.broker.client_config(), f"demo.{t}", b"__debezium_unavailable")
     assert_lake_equals_source(pipeline, stack.source_dsn)
     rows = {r["id"]: r for r in spark.table(f"lake.it_softdoc_{n}.softdocs_{n}").collect()}
     assert rows[1]["_cdc_deleted"] and rows[1]["title"] == "retitled"

@@ -101,8 +101,9 @@ def stream_ends(status: dict) -> tuple[int, int]:
 
     settings = StackSettings(Path(status["state_dir"]), pg_port=PG_PORT, kafka_port=KAFKA_PORT,
                              connect_port=KAFKA_PORT + 2)  # fmt: skip
-    LocalStack(settings).wait_for_capture()
-    consumer = Consumer({"bootstrap.servers": status["kafka"]["bootstrap"], "group.id": "t"})
+    stack = LocalStack(settings)
+    stack.wait_for_capture()
+    consumer = Consumer({**stack.broker.client_config(), "group.id": "t"})
     try:
         tp = TopicPartition("demo.inventory.customers", 0)
         return consumer.get_watermark_offsets(tp, timeout=10)

@@ -119,12 +119,14 @@ def test_the_object_store_is_the_local_stacks(compose):
 
 # What the local stack changes in docker-compose's connector configuration: its endpoints,
 # names (one connector per prefix beside others on one source) and, since its tests create
-# tables while the connector runs, a publication of all tables.
+# tables while the connector runs, a publication of all tables; and the SASL login of
+# Debezium's Kafka signal consumer (the local broker asks for one).
 LOCAL_OVERRIDES = {
     "database.hostname", "database.port", "database.password", "database.dbname",
     "topic.prefix", "slot.name", "publication.name", "publication.autocreate.mode",
     "signal.kafka.topic", "signal.kafka.bootstrap.servers", "signal.kafka.groupId",
-    "notification.sink.topic.name",
+    "notification.sink.topic.name", "signal.consumer.security.protocol",
+    "signal.consumer.sasl.mechanism", "signal.consumer.sasl.jaas.config",
 }  # fmt: skip
 
 
@@ -138,7 +140,13 @@ def test_compose_registers_the_connector_configuration_the_local_stack_uses(comp
     assert sent.resolve() == CONNECTOR_JSON.resolve()
     composed = json.loads(sent.read_text())
     assert f"/connectors/{composed['topic.prefix']}/config" in command
-    local = connector_config("demo", 25432, "inventory", "127.0.0.1:19092")
+    login = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.jaas.config": "${file:/state/connect/kafka-login.properties:sasl.jaas.config}",
+    }
+    local = connector_config("demo", 25432, "inventory", "127.0.0.1:19092", None, login)
+    assert local["signal.consumer.sasl.mechanism"] == "PLAIN"
     assert set(composed) <= set(local), set(composed) - set(local)
     changed = {k for k in local if composed.get(k) != local[k]}
     assert changed <= LOCAL_OVERRIDES, changed - LOCAL_OVERRIDES

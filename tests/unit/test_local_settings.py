@@ -38,3 +38,55 @@ def test_local_env_points_the_demo_pipeline_at_a_moved_stack(monkeypatch, tmp_pa
     assert demo.catalog.uri == "jdbc:postgresql://127.0.0.1:55499/cdclake_catalog"
     assert demo.catalog.warehouse == (tmp_path / "moved" / "warehouse").as_uri()
     assert demo.kafka.bootstrap_servers == "127.0.0.1:19099"
+    # and log in to that stack's Kafka with its SASL password, kept in its state directory
+    password = (tmp_path / "moved" / "kafka" / "password").read_text().strip()
+    assert len(password) >= 24
+    assert (tmp_path / "moved" / "kafka" / "password").stat().st_mode & 0o777 == 0o600
+    client = demo.kafka.client_config()
+    assert client["security.protocol"] == "SASL_PLAINTEXT"
+    assert client["sasl.mechanism"] == "PLAIN"
+    assert (client["sasl.username"], client["sasl.password"]) == ("cdclake", password)
+
+
+def test_local_env_and_status_never_print_the_kafka_password(monkeypatch, tmp_path):
+    """`local env` has the shell read the password from its file; `status` names the file."""
+    import json
+    import subprocess
+
+    from cdclake.local.stack import LocalStack
+
+    monkeypatch.setenv("CDCLAKE_STATE_DIR", str(tmp_path / "s"))
+    stack = LocalStack(StackSettings.from_env())
+    password = stack.broker.password()
+    lines = stack.env_exports()
+    status = json.dumps(stack.status())
+    assert password not in "\n".join(lines) and password not in status
+    assert json.loads(status)["kafka"]["password_file"] == str(stack.broker.password_file)
+    script = "\n".join([*lines, 'printf %s "$CDCLAKE_KAFKA_PASSWORD"'])
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+    assert done.stdout == password
+
+
+def test_a_pipeline_without_the_kafka_login_variables_logs_in_to_nothing(monkeypatch):
+    """The demo pipeline's SASL settings are empty without the variables: left out, so a
+    broker without authentication (docker-compose's) is reached in PLAINTEXT."""
+    from cdclake.config import load_pipeline
+
+    for name in ("CDCLAKE_KAFKA_SECURITY_PROTOCOL", "CDCLAKE_KAFKA_SASL_MECHANISM",
+                 "CDCLAKE_KAFKA_USER", "CDCLAKE_KAFKA_PASSWORD"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for path in (ROOT / "include/pipelines/demo.yaml", ROOT / "docker/pipelines/inventory.yaml"):
+        client = load_pipeline(path).kafka.client_config()
+        assert client["security.protocol"] == "PLAINTEXT"
+        assert not [k for k in client if k.startswith("sasl.")], client
+
+
+def test_the_airflow_connection_cdclake_kafka_carries_the_kafka_login():
+    import json
+
+    from cdclake.local.airflow_home import connections
+
+    login = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_PLAINTEXT",
+             "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}  # fmt: skip
+    extra = connections(1, login, "db")["cdclake_kafka"]["extra"]
+    assert json.loads(extra) == login

@@ -12,6 +12,14 @@ from cdclake.bench.events import Workload
 from cdclake.config import PipelineConfig, load_pipeline
 from cdclake.local.stack import StackSettings
 
+# the stack's SASL login, read from the environment (`cdclake local env`), never written
+KAFKA_LOGIN = {
+    "security.protocol": "${CDCLAKE_KAFKA_SECURITY_PROTOCOL:-PLAINTEXT}",
+    "sasl.mechanism": "${CDCLAKE_KAFKA_SASL_MECHANISM:-}",
+    "sasl.username": "${CDCLAKE_KAFKA_USER:-}",
+    "sasl.password": "${CDCLAKE_KAFKA_PASSWORD:-}",
+}
+
 
 def bench_pipeline(
     work: Path, settings: StackSettings, workload: Workload, label: str,
@@ -23,7 +31,10 @@ def bench_pipeline(
     raw = {
         "name": "bench",
         "topic_prefix": prefix,
-        "kafka": {"bootstrap_servers": f"127.0.0.1:{settings.kafka_port}"},
+        "kafka": {
+            "bootstrap_servers": f"127.0.0.1:{settings.kafka_port}",
+            "properties": KAFKA_LOGIN,
+        },
         "catalog": {
             "name": "lake",
             "type": "jdbc",

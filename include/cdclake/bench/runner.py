@@ -282,7 +282,7 @@ class Bench:
         workload = Workload.standard(events, z.kafka_keys, prefix=f"benchk{_tag()}",
                                      tables=z.tables)  # fmt: skip
         self.say(f"producing {events:,} events to Kafka")
-        ranges = produce_workload(self.stack.broker.bootstrap, workload)
+        ranges = produce_workload(self.stack.broker.client_config(), workload)
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "kafka")
         spark = self.session(pipeline)
         started = time.perf_counter()
@@ -325,7 +325,7 @@ class Bench:
         workload = Workload.standard(z.fixed_events, max(4, z.fixed_events // 2),
                                      prefix=f"benchf{_tag()}", tables=z.fixed_tables,
                                      partitions=1)  # fmt: skip
-        ranges = produce_workload(self.stack.broker.bootstrap, workload)
+        ranges = produce_workload(self.stack.broker.client_config(), workload)
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "fixed")
         plan = BatchPlan(pipeline.name, "bench-fixed", tuple(ranges))
         self.jvm_archive()
@@ -591,18 +591,18 @@ def _tag() -> str:
     return uuid.uuid4().hex[:6]
 
 
-def produce_workload(bootstrap: str, workload: Workload) -> list[OffsetRange]:
+def produce_workload(client_config: dict, workload: Workload) -> list[OffsetRange]:
     """Produce the workload to Kafka, with the producer's default batching."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config)
     futures = admin.create_topics(
         [NewTopic(s.topic, workload.partitions, 1) for s in workload.streams]
     )
     for f in futures.values():
         f.result()
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer = Producer({**client_config, "acks": "all"})
     ranges = []
     for topic, partition, count in workload.slices():
         for cols in generate_slice(workload, topic, partition, 0, count, set()):
@@ -752,6 +752,7 @@ def run_bench(
     stack = LocalStack(StackSettings.from_env())
     stack.up()
     os.environ.setdefault("CDCLAKE_SPARK_JARS", str(stack.spark_jars))
+    os.environ.update(stack.broker.client_env())  # the bench pipelines' Kafka login
     bench = Bench(scale, work, stack, sizes)
     if not only or "fixed_overhead" in only:
         # a run that measures a spark-submit builds the archive first, so that every

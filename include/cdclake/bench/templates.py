@@ -95,19 +95,19 @@ def capture_templates(stack, out: Path = TEMPLATES_FILE) -> list[Template]:
     templates = []
     for table in TABLES:
         topic = f"{stack.s.topic_prefix}.{SCHEMA}.{table}"
-        found = _first_of_each(stack.broker.bootstrap, topic)
+        found = _first_of_each(stack.broker.client_config(), topic)
         templates.extend(found[op] for op in OPS)
     out.write_text(json.dumps([t.__dict__ for t in templates], indent=1) + "\n")
     log.info("wrote %d templates to %s", len(templates), out)
     return templates
 
 
-def _first_of_each(bootstrap: str, topic: str) -> dict[str, Template]:
+def _first_of_each(client_config: dict, topic: str) -> dict[str, Template]:
     """The last record of each kind in the topic (the latest table definition)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "cdclake-bench-templates",
+        {**client_config, "group.id": "cdclake-bench-templates",
          "enable.partition.eof": True, "enable.auto.commit": False}
     )  # fmt: skip
     found: dict[str, Template] = {}

@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from cdclake.exceptions import StackError
@@ -82,7 +83,9 @@ def airflow_env(home: Path) -> dict[str, str]:
     return {**os.environ, "AIRFLOW_HOME": str(home), "PATH": path}
 
 
-def connections(pg_port: int, kafka_bootstrap: str, dbname: str) -> dict[str, dict]:
+def connections(pg_port: int, kafka: Mapping[str, str], dbname: str) -> dict[str, dict]:
+    """The stack's Airflow connections; `cdclake_kafka` carries the librdkafka settings
+    `kafka` (bootstrap servers and SASL login) as its extra."""
     return {
         "spark_default": {"conn_type": "spark", "host": "local[2]"},
         "cdclake_source": {
@@ -94,7 +97,7 @@ def connections(pg_port: int, kafka_bootstrap: str, dbname: str) -> dict[str, di
         },
         "cdclake_kafka": {
             "conn_type": "generic",
-            "extra": json.dumps({"bootstrap.servers": kafka_bootstrap}),
+            "extra": json.dumps(dict(kafka)),
         },
     }
 
@@ -160,9 +163,12 @@ def setup_airflow_home(
         _run([airflow, "db", "migrate"], env, "airflow db migrate")
         marker.write_text("ok\n")
     conn_file = home / "connections.json"
-    conn_file.write_text(json.dumps(conns, indent=2))
+    write_private(conn_file, json.dumps(conns, indent=2))  # it holds the Kafka password
     _run([airflow, "connections", "import", "--overwrite", str(conn_file)], env,
          "airflow connections import")  # fmt: skip
+    db = home / "airflow.db"  # the connections' secrets (the Kafka login) are in it too
+    if db.exists():
+        db.chmod(0o600)
 
 
 def _run(cmd: list[str], env: dict[str, str], what: str) -> None:

@@ -1,12 +1,20 @@
 """Apache Kafka of the local stack: one KRaft node (broker and controller) on loopback,
-its data on disk under the state directory, its jars from Maven Central (`stack/kafka`)."""
+its data on disk under the state directory, its jars from Maven Central (`stack/kafka`).
+
+Clients authenticate with SASL/PLAIN (SASL_PLAINTEXT on 127.0.0.1) as the user `cdclake`,
+whose password is made once and kept in the state directory (readable by its owner only);
+`client_config` is what every client of the stack takes. The controller listener stays
+PLAINTEXT on loopback: only the node itself speaks to it (no other KRaft node exists).
+"""
 
 from __future__ import annotations
 
 import base64
 import os
+import secrets
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from cdclake.exceptions import StackError
@@ -14,6 +22,10 @@ from cdclake.local import maven
 from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_for
 
 HEAP = "-Xmx768m"
+USER = "cdclake"
+PROTOCOL = "SASL_PLAINTEXT"
+MECHANISM = "PLAIN"
+PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
 LOG4J = """\
 status = warn
 appender.out.type = Console
@@ -25,14 +37,28 @@ rootLogger.appenderRef.out.ref = out
 """
 
 
-def broker_ready(bootstrap: str) -> bool:
+def broker_ready(client_config: Mapping[str, str]) -> bool:
     from confluent_kafka.admin import AdminClient
 
     try:
-        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=2)
+        AdminClient({**client_config, "log_level": 0}).list_topics(timeout=2)
         return True
     except Exception:
         return False
+
+
+def jaas(password: str, *users: str) -> str:
+    """The JAAS line of a PLAIN login as `cdclake` (and, on the broker, its users)."""
+    extra = "".join(f' user_{u}="{password}"' for u in users)
+    return f'{PLAIN_LOGIN} required username="{USER}" password="{password}"{extra};'
+
+
+def write_private(path: Path, text: str) -> Path:
+    """`path` holding `text`, readable by its owner only."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
+    return path
 
 
 def java(*args: str) -> list[str]:
@@ -50,10 +76,53 @@ class LocalBroker:
         self.data = root / "data"
         self.pidfile = root / "kafka.pid"
         self.logfile = root / "kafka.log"
+        self.password_file = root / "password"
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def password(self) -> str:
+        """The SASL password of `cdclake`, made once (atomically: the first writer wins)."""
+        if not self.password_file.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".password.{os.getpid()}"
+            write_private(tmp, secrets.token_urlsafe(24))
+            try:
+                os.link(tmp, self.password_file)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return self.password_file.read_text().strip()
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings of a client of this broker: bootstrap servers and SASL."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": PROTOCOL,
+            "sasl.mechanism": MECHANISM,
+            "sasl.username": USER,
+            "sasl.password": self.password(),
+        }
+
+    def java_client_config(self) -> dict[str, str]:
+        """The SASL settings of a Java client (Kafka Connect, Debezium's signal consumer)."""
+        return {
+            "security.protocol": PROTOCOL,
+            "sasl.mechanism": MECHANISM,
+            "sasl.jaas.config": jaas(self.password()),
+        }
+
+    def client_env(self) -> dict[str, str]:
+        """The variables a pipeline's `kafka` settings read (include/pipelines/demo.yaml)."""
+        return {
+            "CDCLAKE_KAFKA_BOOTSTRAP": self.bootstrap,
+            "CDCLAKE_KAFKA_SECURITY_PROTOCOL": PROTOCOL,
+            "CDCLAKE_KAFKA_SASL_MECHANISM": MECHANISM,
+            "CDCLAKE_KAFKA_USER": USER,
+            "CDCLAKE_KAFKA_PASSWORD": self.password(),
+        }
 
     def pid(self) -> int | None:
         return running(self.pidfile)
@@ -87,7 +156,7 @@ class LocalBroker:
     def _ready(self) -> bool:
         if self.pid() is None:
             raise StackError(f"the Kafka broker exited; see {self.logfile}")
-        return broker_ready(self.bootstrap)
+        return broker_ready(self.client_config())
 
     def _format(self, classpath: str, config: Path) -> None:
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -104,11 +173,15 @@ class LocalBroker:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{host}:{controller}",
-            "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
-            "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+            "listeners": f"{PROTOCOL}://{host}:{port},CONTROLLER://{host}:{controller}",
+            "advertised.listeners": f"{PROTOCOL}://{host}:{port}",
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "inter.broker.listener.name": "PLAINTEXT",
+            # clients authenticate; the controller listener serves this node only (loopback)
+            "listener.security.protocol.map": f"{PROTOCOL}:{PROTOCOL},CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": PROTOCOL,
+            "sasl.enabled.mechanisms": MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": MECHANISM,
+            f"listener.name.{PROTOCOL.lower()}.plain.sasl.jaas.config": jaas(self.password(), USER),
             "log.dirs": str(self.data),
             "num.partitions": "1",
             "offsets.topic.replication.factor": "1",
@@ -120,9 +193,8 @@ class LocalBroker:
             "auto.create.topics.enable": "true",
             "log.retention.hours": "-1",  # the local stream is kept until deleted
         }
-        path = self.root / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        return path
+        text = "".join(f"{k}={v}\n" for k, v in settings.items())
+        return write_private(self.root / "server.properties", text)  # it holds the password
 
     def _write_log4j(self) -> Path:
         path = self.root / "log4j2.properties"

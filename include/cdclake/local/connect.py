@@ -4,9 +4,12 @@ Debezium PostgreSQL connector, both from Maven Central (`stack/connect`, `stack/
 The worker keeps connector configurations and source offsets in Kafka topics, so a
 restarted stack goes on where it stopped. Its REST API asks for HTTP basic
 authentication: the user `cdclake` with a password made once and kept in the state
-directory (readable by its owner only). Connectors are registered over that API with
-the configuration docker-compose uses (`docker/debezium/inventory-connector.json`),
-only endpoints and names changed (`connector_config`).
+directory (readable by its owner only). The worker's own clients and its connectors'
+producers, consumers and admin clients log in to Kafka with SASL/PLAIN (`LocalBroker`).
+Connectors are registered over that API with the configuration docker-compose uses
+(`docker/debezium/inventory-connector.json`), only endpoints, names and Kafka logins
+changed (`connector_config`); the login of Debezium's Kafka signal consumer is a
+reference to a file (`${file:...}`), so the password is not in the stored configuration.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from cdclake.exceptions import StackError
 from cdclake.local import maven
-from cdclake.local.broker import java
+from cdclake.local.broker import LocalBroker, java, write_private
 from cdclake.local.procs import log_tail, port_free, running, start_daemon, stop_daemon, wait_for
 
 log = logging.getLogger(__name__)
@@ -54,9 +57,11 @@ logger.reflections.level = ERROR
 
 
 def connector_config(prefix: str, pg_port: int, dbname: str, bootstrap: str,
-                     overrides: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+                     overrides: Mapping[str, str] | None = None,
+                     kafka_login: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     """docker-compose's connector configuration for a source on 127.0.0.1:`pg_port`,
-    topics `<prefix>.*`, slot and publication `cdclake_<prefix>`."""
+    topics `<prefix>.*`, slot and publication `cdclake_<prefix>`; `kafka_login` (Java
+    client settings) is the login of Debezium's Kafka signal consumer."""
     config = json.loads(CONNECTOR_JSON.read_text())
     config.update({
         "database.hostname": "127.0.0.1",
@@ -73,6 +78,8 @@ def connector_config(prefix: str, pg_port: int, dbname: str, bootstrap: str,
         "signal.kafka.groupId": f"cdclake-{prefix}-signals",
         "notification.sink.topic.name": f"{prefix}.debezium_notifications",
     })  # fmt: skip
+    # notifications (the sink channel) go out through the worker's producer, logged in
+    config.update({f"signal.consumer.{k}": v for k, v in (kafka_login or {}).items()})
     config.update(overrides or {})
     return config
 
@@ -80,11 +87,13 @@ def connector_config(prefix: str, pg_port: int, dbname: str, bootstrap: str,
 class LocalConnect:
     """A Kafka Connect worker with its REST API on 127.0.0.1:`port`."""
 
-    def __init__(self, root: Path, port: int, bootstrap: str) -> None:
-        self.root, self.port, self.bootstrap = root, port, bootstrap
+    def __init__(self, root: Path, port: int, broker: LocalBroker) -> None:
+        self.root, self.port, self.broker = root, port, broker
+        self.bootstrap = broker.bootstrap
         self.pidfile = root / "connect.pid"
         self.logfile = root / "connect.log"
         self.password_file = root / "password"
+        self.kafka_login_file = root / "kafka-login.properties"
 
     @property
     def url(self) -> str:
@@ -179,10 +188,14 @@ class LocalConnect:
         return self.password_file.read_text().strip()
 
     def _write(self, name: str, text: str) -> Path:
-        path = self.root / name
-        path.touch(mode=0o600)
-        path.write_text(text)
-        return path
+        return write_private(self.root / name, text)
+
+    def kafka_login(self) -> dict[str, str]:
+        """The Kafka login a connector's own clients take, its JAAS line read from a file
+        by the worker (written at start)."""
+        login = self.broker.java_client_config()
+        jaas = f"${{file:{self.kafka_login_file}:sasl.jaas.config}}"
+        return {**login, "sasl.jaas.config": jaas}
 
     def _write_jaas(self) -> Path:
         users = self._write("users.properties", f"{USER}={self._password()}\n")
@@ -190,8 +203,14 @@ class LocalConnect:
 
     def _write_worker(self, plugins: Path) -> Path:
         json_converter = "org.apache.kafka.connect.json.JsonConverter"
+        login = self.broker.java_client_config()
+        self._write(self.kafka_login_file.name, f"sasl.jaas.config={login['sasl.jaas.config']}\n")
         settings = {
             "bootstrap.servers": self.bootstrap,
+            # the worker's clients, and those of its source tasks (producer, topic admin)
+            # and sink tasks (consumer)
+            **login,
+            **{f"{p}.{k}": v for p in ("producer", "consumer", "admin") for k, v in login.items()},
             "group.id": "cdclake-connect",
             "key.converter": json_converter,
             "value.converter": json_converter,
@@ -208,9 +227,12 @@ class LocalConnect:
             "rest.extension.classes": f"{AUTH_EXTENSION}.BasicAuthSecurityRestExtension",
             "plugin.path": str(plugins),
             "plugin.discovery": "hybrid_warn",
-            "config.providers": "env",
+            "config.providers": "env,file",
             "config.providers.env.class": (
                 "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+            ),
+            "config.providers.file.class": (
+                "org.apache.kafka.common.config.provider.FileConfigProvider"
             ),
         }
         return self._write("worker.properties", "".join(f"{k}={v}\n" for k, v in settings.items()))

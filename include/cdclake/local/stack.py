@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import time
@@ -21,7 +22,7 @@ import psycopg
 from cdclake.exceptions import StackError
 from cdclake.local import maven, rest_catalog
 from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
-from cdclake.local.broker import LocalBroker
+from cdclake.local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
 from cdclake.local.connect import LocalConnect, connector_config
 from cdclake.local.postgres import LocalPostgres
 from cdclake.local.procs import log_tail, wait_for
@@ -79,7 +80,7 @@ class LocalStack:
         root = settings.state_dir
         self.postgres = LocalPostgres(root / "postgres", settings.pg_port)
         self.broker = LocalBroker(root / "kafka", settings.kafka_port)
-        self.connect = LocalConnect(root / "connect", settings.connect_port, self.broker.bootstrap)
+        self.connect = LocalConnect(root / "connect", settings.connect_port, self.broker)
         self.capture_log = self.connect.logfile
         self.warehouse = root / "warehouse"
         self.airflow_home = root / "airflow"
@@ -113,6 +114,10 @@ class LocalStack:
                 "running": self.broker.pid() is not None,
                 "pid": self.broker.pid(),
                 "bootstrap": self.broker.bootstrap,
+                "security_protocol": PROTOCOL,
+                "sasl_mechanism": MECHANISM,
+                "user": USER,
+                "password_file": str(self.broker.password_file),  # never the password
             },
             "capture": {
                 "running": self.connect.pid() is not None,
@@ -152,7 +157,7 @@ class LocalStack:
         self.connect.start()
         self._register(self.s.topic_prefix)
         self.warehouse.mkdir(parents=True, exist_ok=True)
-        conns = connections(self.s.pg_port, self.broker.bootstrap, self.s.source_db)
+        conns = connections(self.s.pg_port, self.broker.client_config(), self.s.source_db)
         setup_airflow_home(self.s.project_root, self.airflow_home, conns)
         status = self.status()
         if rest_catalog.enabled():  # CDCLAKE_REST_CATALOG=1: the S3 store and REST catalog
@@ -178,13 +183,23 @@ class LocalStack:
         return {
             "AIRFLOW_HOME": base["AIRFLOW_HOME"],
             "CDCLAKE_STATE_DIR": str(self.s.state_dir),
-            "CDCLAKE_KAFKA_BOOTSTRAP": self.broker.bootstrap,
+            **self.broker.client_env(),  # bootstrap and SASL login
             "CDCLAKE_SOURCE_DSN": self.source_dsn,
             # the demo pipeline's catalog: its defaults name the default stack's
             "CDCLAKE_CATALOG_URI": self.catalog_uri,
             "CDCLAKE_WAREHOUSE": self.warehouse.resolve().as_uri(),
             "CDCLAKE_SPARK_JARS": str(self.spark_jars),
         }
+
+    def env_exports(self) -> list[str]:
+        """`env` as shell exports; the Kafka password is read from its file by the shell,
+        never printed."""
+        secret = {"CDCLAKE_KAFKA_PASSWORD": self.broker.password_file}
+        return [
+            f'export {k}="$(cat {shlex.quote(str(secret[k]))})"' if k in secret
+            else f"export {k}={v}"
+            for k, v in self.env().items()
+        ]  # fmt: skip
 
     # ---- parts -----------------------------------------------------------------------
     def _seed_source(self) -> None:
@@ -257,7 +272,8 @@ class LocalStack:
 
     def _register(self, prefix: str, overrides: Mapping[str, str] | None = None) -> None:
         config = connector_config(prefix, self.s.pg_port, self.s.source_db,
-                                  self.broker.bootstrap, overrides)  # fmt: skip
+                                  self.broker.bootstrap, overrides,
+                                  self.connect.kafka_login())  # fmt: skip
         self.connect.register(prefix, config)
 
         def ready() -> bool:
@@ -292,7 +308,7 @@ class LocalStack:
             ).fetchone()
         consumer = Consumer(
             {
-                "bootstrap.servers": self.broker.bootstrap,
+                **self.broker.client_config(),
                 "group.id": f"cdclake-sync-{marker}",
                 "enable.auto.commit": False,
             }

@@ -1,0 +1,53 @@
+"""The local stack's Kafka asks every client for a SASL/PLAIN login: a client without
+one, or with a wrong password, gets nothing; the password is in no log nor in the
+connector configuration Kafka Connect keeps and shows."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 5
+
+
+def list_topics(config: dict) -> tuple[set[str] | None, list[KafkaError]]:
+    """The topics a client sees within WAIT_S (None when refused) and its errors."""
+    errors: list[KafkaError] = []
+    admin = AdminClient({**config, "error_cb": errors.append, "log_level": 0})
+    try:
+        return set(admin.list_topics(timeout=WAIT_S).topics), errors
+    except KafkaException as exc:
+        admin.poll(1)  # serves error_cb
+        return None, [*errors, exc.args[0]]
+
+
+def test_a_client_without_the_login_or_with_a_wrong_password_is_refused(stack):
+    topics, _ = list_topics(stack.broker.client_config())
+    assert topics and f"{stack.s.topic_prefix}.inventory.customers" in topics
+
+    anonymous = {"bootstrap.servers": stack.broker.bootstrap}  # PLAINTEXT, no login
+    topics, errors = list_topics(anonymous)
+    assert topics is None, "the broker answered a client without a login"
+
+    wrong = {**stack.broker.client_config(), "sasl.password": "not-the-password"}
+    topics, errors = list_topics(wrong)
+    assert topics is None, "the broker answered a wrong password"
+    assert any(e.code() == KafkaError._AUTHENTICATION and "Invalid username or password"
+               in e.str() for e in errors), errors  # fmt: skip
+
+
+def test_the_password_is_in_no_log_nor_in_the_stored_connector_configuration(stack):
+    password = stack.broker.password()
+    config = stack.connect.request("GET", f"/connectors/{stack.s.topic_prefix}/config")
+    assert config["signal.consumer.sasl.mechanism"] == "PLAIN"
+    assert config["signal.consumer.sasl.jaas.config"].startswith("${file:")
+    assert password not in str(config)
+    for log in (stack.broker.logfile, stack.connect.logfile):
+        assert password not in log.read_text(errors="replace"), log
+    kafka, connect = stack.broker.root, stack.connect.root
+    for secret in (kafka / "password", kafka / "server.properties",
+                   connect / "kafka-login.properties", connect / "worker.properties"):  # fmt: skip
+        assert secret.stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
