@@ -100,6 +100,7 @@ from cdclake.resolve import (
     CHECK_FIRST_TYPE,
     CHECK_TRUNCATE_TYPE,
     REASON,
+    Truncate,
     changelog,
     check_aggregates,
     check_changes,
@@ -579,7 +580,8 @@ class _Batch:
 
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
-        read_seconds: float, rows=None, ranged: dict[str, _RangedTopic | _FailedTopic] | None = None,
+        read_seconds: float, rows=None,
+        ranged: dict[str, _RangedTopic | _FailedTopic] | None = None,
         before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
@@ -754,125 +756,23 @@ def _load_table(
     if not schemas.get("value") and not state.exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
         return result
-
-    schema = topic_schema(
-        [s for _, s in schemas.get("key", [])],
-        [s for _, s in schemas.get("value", [])],
-        table.key,
-        topic,
-        table.exclude,
-        known,
-    )
+    schema = topic_schema([s for _, s in schemas.get("key", [])],
+                          [s for _, s in schemas.get("value", [])],
+                          table.key, topic, table.exclude, known)  # fmt: skip
     clock.lap("state")
-    key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    whole = schemas is found  # no record was set aside: `raw` holds all the topic's records
-    local = in_tasks = None
-    if ranged is not None:
-        got = ranged.accepted
-        in_tasks = ranged.rows, got.counts, got.max_source_ms, got.toast
-    elif whole and batch.rows is not None:  # read by the driver
-        local = _resolve_in_driver(batch.rows, topic, schema, key_schemas, value_schemas)
-    elif whole:
-        in_tasks = _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
-                                     value_schemas, records)  # fmt: skip
-    result.resolved_by = ("ranges" if ranged else "driver" if local else "tasks" if in_tasks
-                          else "spark")  # fmt: skip
-    if local is not None:
-        resolved = arrow_frame(spark, local.rows, local.ddl)
-        truncate, counts, toast = local.truncate, local.counts, local.toast
-        max_ts = local.max_source_ms
-    elif in_tasks is not None:
-        truncate = ranged.accepted.truncate if ranged is not None else None
-        resolved, counts, max_ts, toast = in_tasks
-    else:
-        changes = decode_changes(raw, schema, key_schemas, value_schemas)
-        resolved, truncate, counts, max_ts, toast = _check_and_resolve(
-            batch, topic, schema, changes, result
-        )
+    # no record was set aside: `raw` holds all the topic's records
+    resolved = _resolve_table(batch, topic, table, schema, schemas, schemas is found, raw,
+                              result)  # fmt: skip
     clock.lap("resolve")
-    toast_columns = [c.name for c in toastable(schema)] if toast else []
+    new_offsets = {**committed, **ends}
     try:
-        result.upserts = counts.get(False, 0)
-        result.deletes = counts.get(True, 0)
-        with conflicts_reported(
-            f"{qualified}: another run wrote to this table at the same time; this run's "
-            "batch was not committed to it. Plan again."
-        ):
-            soft = table.delete_mode is DeleteMode.SOFT
-            lake_columns = ensure_table(
-                spark, qualified, schema, table.properties, table.partition_by, soft,
-                existing=known,
-            )  # fmt: skip
-            if state.exists:
-                apply_table_settings(spark, qualified, state, table.properties,
-                                     table.partition_by)  # fmt: skip
-            batch.leases.take(qualified)  # before any data file of it or its ledger
-            present = {c.name for c in schema.columns}
-            dropped = [n for n in lake_columns if n not in present]
-            new_offsets = {**committed, **ends}
-            props = {
-                SUMMARY_OFFSETS: encode_offsets(new_offsets),
-                SUMMARY_BATCH: plan.batch_id,
-                SUMMARY_RECORDS: str(records),
-                SUMMARY_UPSERTS: str(result.upserts),
-                SUMMARY_DELETES: str(result.deletes),
-            }
-            if max_ts is not None:
-                props[SUMMARY_SOURCE_TS] = str(max_ts)
-            # the snapshot the offsets were read from: a commit by anyone else since then
-            # makes the check below fail rather than pass for ours
-            before_id = state.snapshot_id
-            view = f"cdclake_changes_{table.target}"
-            # hard deletes: a ledger of deleted keys keeps re-sent older changes out
-            hard = bool(schema.key_names) and not soft
-            source = with_deleted_lsn(spark, qualified, resolved, schema) if hard else resolved
-            source.createOrReplaceTempView(view)
-            if hard and result.deletes:
-                record_deleted_keys(spark, qualified, resolved, schema)
-            below = state.truncated_below
-            if truncate is not None and truncate.lsn is not None:
-                below = mark_truncated(spark, qualified, truncate.lsn, below)
-            # a keyed table that holds no row takes only the MERGE's inserts: an append
-            keyed = bool(schema.key_names)
-            first_load = keyed and FIRST_LOAD_APPEND and state.empty and not dropped
-            query = merge_sql = None
-            if first_load:
-                query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
-                                             truncated_below=below)  # fmt: skip
-            elif keyed:
-                keys = _key_filter(state, schema, resolved, truncate, counts)
-                merge_sql = build_merge_sql(
-                    qualified, view, schema, toast_columns,
-                    truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-                    dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
-                    truncated_below=below, key_values=keys,
-                )  # fmt: skip
-            else:
-                merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
-            result.written_by = "merge" if keyed and not first_load else "append"
-            try:
-                batch.leases.check(qualified)
-                with commit_properties(spark, props):
-                    if query is not None:
-                        append_to_empty(spark, qualified, query, before_id)
-                    else:
-                        spark.sql(merge_sql)
-            finally:
-                spark.catalog.dropTempView(view)
-            after_id, summary = current_snapshot(spark, qualified)
-            if after_id == before_id:
-                commit_empty(spark, qualified, props)  # nothing changed, offsets still move
-                after_id, summary = current_snapshot(spark, qualified)
-            if summary.get(SUMMARY_OFFSETS) != props[SUMMARY_OFFSETS]:
-                raise CommitConflictError(
-                    f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
-                )
-            batch.leases.done(qualified)
+        after_id = _write_table(batch, table, schema, state, known, new_offsets, resolved,
+                                result)  # fmt: skip
     finally:
-        resolved.unpersist()
+        resolved.rows.unpersist()
     clock.lap("write")
     result.status = "committed"
-    result.truncated = truncate is not None
+    result.truncated = resolved.truncate is not None
     result.snapshot_id = after_id
     for (t, p), o in sorted(new_offsets.items()):
         result.offsets.setdefault(t, {})[str(p)] = o
@@ -881,6 +781,147 @@ def _load_table(
         qualified, records, result.upserts, result.deletes, after_id,
     )  # fmt: skip
     return result
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """A table's resolved rows (persisted: the load unpersists them) and what the resolve
+    found: the last truncate, the rows per deleted flag, the latest source time (epoch
+    ms), and whether rows may hold TOAST placeholders."""
+
+    rows: object
+    truncate: Truncate | None
+    counts: Mapping[bool, int]
+    max_ms: int | None
+    toast: bool
+
+
+def _resolve_table(batch: _Batch, topic: str, table: TableConfig, schema: TopicSchema,
+                   schemas: dict[str, list[tuple[int, str]]], whole: bool, raw,
+                   result: TableResult) -> _Resolved:  # fmt: skip
+    """The topic's changes resolved where they were read: range by range, in the driver,
+    in Spark tasks grouped by key, or by the Spark SQL jobs."""
+    key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    ranged = batch.ranged.get(topic)
+    local = in_tasks = None
+    if ranged is not None:
+        got = ranged.accepted
+        in_tasks = ranged.rows, got.counts, got.max_source_ms, got.toast
+    elif whole and batch.rows is not None:  # read by the driver
+        local = _resolve_in_driver(batch.rows, topic, schema, key_schemas, value_schemas)
+    elif whole:
+        in_tasks = _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
+                                     value_schemas, result.records)  # fmt: skip
+    result.resolved_by = ("ranges" if ranged else "driver" if local else "tasks" if in_tasks
+                          else "spark")  # fmt: skip
+    if local is not None:
+        rows = arrow_frame(batch.spark, local.rows, local.ddl)
+        return _Resolved(rows, local.truncate, local.counts, local.max_source_ms, local.toast)
+    if in_tasks is not None:
+        truncate = ranged.accepted.truncate if ranged is not None else None
+        rows, counts, max_ms, toast = in_tasks
+        return _Resolved(rows, truncate, counts, max_ms, toast)
+    changes = decode_changes(raw, schema, key_schemas, value_schemas)
+    return _Resolved(*_check_and_resolve(batch, topic, schema, changes, result))
+
+
+def _write_table(batch: _Batch, table: TableConfig, schema: TopicSchema, state: TableState,
+                 known: dict[str, str], new_offsets: dict, resolved: _Resolved,
+                 result: TableResult) -> int | None:  # fmt: skip
+    """MERGE (or append) the resolved rows into the table, its new offsets in the same
+    commit; the id of the snapshot that carries them."""
+    spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
+    truncate, counts = resolved.truncate, resolved.counts
+    result.upserts, result.deletes = counts.get(False, 0), counts.get(True, 0)
+    with conflicts_reported(
+        f"{qualified}: another run wrote to this table at the same time; this run's "
+        "batch was not committed to it. Plan again."
+    ):
+        soft = table.delete_mode is DeleteMode.SOFT
+        lake_columns = ensure_table(spark, qualified, schema, table.properties,
+                                    table.partition_by, soft, existing=known)  # fmt: skip
+        if state.exists:
+            apply_table_settings(spark, qualified, state, table.properties,
+                                 table.partition_by)  # fmt: skip
+        batch.leases.take(qualified)  # before any data file of it or its ledger
+        present = {c.name for c in schema.columns}
+        dropped = [n for n in lake_columns if n not in present]
+        props = _summary_properties(batch.plan.batch_id, new_offsets, result, resolved.max_ms)
+        # the snapshot the offsets were read from: a commit by anyone else since then
+        # makes the check below fail rather than pass for ours
+        before_id = state.snapshot_id
+        view = f"cdclake_changes_{table.target}"
+        # hard deletes: a ledger of deleted keys keeps re-sent older changes out
+        hard = bool(schema.key_names) and not soft
+        rows = resolved.rows
+        source = with_deleted_lsn(spark, qualified, rows, schema) if hard else rows
+        source.createOrReplaceTempView(view)
+        if hard and result.deletes:
+            record_deleted_keys(spark, qualified, rows, schema)
+        below = state.truncated_below
+        if truncate is not None and truncate.lsn is not None:
+            below = mark_truncated(spark, qualified, truncate.lsn, below)
+        # a keyed table that holds no row takes only the MERGE's inserts: an append
+        keyed = bool(schema.key_names)
+        first_load = keyed and FIRST_LOAD_APPEND and state.empty and not dropped
+        query = merge_sql = None
+        if first_load:
+            query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
+                                         truncated_below=below)  # fmt: skip
+        elif keyed:
+            toast_columns = [c.name for c in toastable(schema)] if resolved.toast else []
+            merge_sql = build_merge_sql(
+                qualified, view, schema, toast_columns,
+                truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
+                dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
+                truncated_below=below, key_values=_key_filter(state, schema, rows, truncate,
+                                                              counts),
+            )  # fmt: skip
+        else:
+            merge_sql = build_append_sql(qualified, view, schema, soft_delete=soft)
+        result.written_by = "merge" if keyed and not first_load else "append"
+        try:
+            batch.leases.check(qualified)
+            with commit_properties(spark, props):
+                if query is not None:
+                    append_to_empty(spark, qualified, query, before_id)
+                else:
+                    spark.sql(merge_sql)
+        finally:
+            spark.catalog.dropTempView(view)
+        after_id = _check_commit(spark, qualified, before_id, props)
+        batch.leases.done(qualified)
+    return after_id
+
+
+def _summary_properties(batch_id: str, offsets: dict, result: TableResult,
+                        max_ms: int | None) -> dict[str, str]:  # fmt: skip
+    """The snapshot summary a load's commit carries: its offsets, batch and figures."""
+    props = {
+        SUMMARY_OFFSETS: encode_offsets(offsets),
+        SUMMARY_BATCH: batch_id,
+        SUMMARY_RECORDS: str(result.records),
+        SUMMARY_UPSERTS: str(result.upserts),
+        SUMMARY_DELETES: str(result.deletes),
+    }
+    if max_ms is not None:
+        props[SUMMARY_SOURCE_TS] = str(max_ms)
+    return props
+
+
+def _check_commit(spark, qualified: str, before_id: int | None,
+                  props: Mapping[str, str]) -> int | None:  # fmt: skip
+    """The snapshot that carries the batch's offsets: an empty commit carries them when
+    nothing changed; another run's commit in between fails the check."""
+    after_id, summary = current_snapshot(spark, qualified)
+    if after_id == before_id:
+        commit_empty(spark, qualified, props)  # nothing changed, offsets still move
+        after_id, summary = current_snapshot(spark, qualified)
+    if summary.get(SUMMARY_OFFSETS) != props[SUMMARY_OFFSETS]:
+        raise CommitConflictError(
+            f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
+        )
+    return after_id
 
 
 # A keyed table that holds no row is written by an append that checks no other commit
