@@ -105,6 +105,17 @@ def test_kafka_and_debezium_images_are_the_local_stack_versions(compose):
         "quay.io/debezium/connect", pom_version("debezium", "debezium.version"))  # fmt: skip
 
 
+def test_iceberg_versions_are_the_local_stacks(compose):
+    """The REST catalog image and the jars the compose pipeline asks Spark for are the
+    Iceberg version of the local stack's REST catalog and Spark jars."""
+    version = pom_version("spark", "iceberg.version")
+    assert pom_version("rest-catalog", "iceberg.version") == version
+    assert image(compose, "iceberg-rest") == ("apache/iceberg-rest-fixture", version)
+    pipeline = yaml.safe_load((ROOT / "docker" / "pipelines" / "inventory.yaml").read_text())
+    packages = pipeline["spark"]["conf"]["spark.jars.packages"].split(",")
+    assert packages and {p.rsplit(":", 1)[1] for p in packages} == {version}, packages
+
+
 def test_the_object_store_is_the_local_stacks(compose):
     """The local stack's S3 store and version (Apache-2.0; never MinIO, which is AGPL)."""
     from cdclake.local.objectstore import VERSION
