@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cdclake.exceptions import StackError
+from cdclake.local.procs import write_private
 
 API_PORT_ENV = "CDCLAKE_AIRFLOW_PORT"
 DEFAULT_API_PORT = 8080
@@ -123,16 +124,6 @@ def kept_secrets(cfg: Path) -> dict[str, str]:
         or secrets.token_urlsafe(48)
         for section, option in _SECRETS
     }
-
-
-def write_private(path: Path, text: str) -> None:
-    """Replace `path` with `text`, readable by its owner only (it holds secrets)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 def write_config(root: Path, home: Path, api_port: int | None = None) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import os
-import secrets
 import subprocess
 import uuid
 from collections.abc import Mapping
@@ -19,7 +18,15 @@ from pathlib import Path
 
 from cdclake.exceptions import StackError
 from cdclake.local import maven
-from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_for
+from cdclake.local.procs import (
+    port_free,
+    running,
+    secret,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+    write_private,
+)
 
 HEAP = "-Xmx768m"
 USER = "cdclake"
@@ -53,14 +60,6 @@ def jaas(password: str, *users: str) -> str:
     return f'{PLAIN_LOGIN} required username="{USER}" password="{password}"{extra};'
 
 
-def write_private(path: Path, text: str) -> Path:
-    """`path` holding `text`, readable by its owner only."""
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text(text)
-    return path
-
-
 def java(*args: str) -> list[str]:
     home = os.environ.get("JAVA_HOME")
     return [str(Path(home) / "bin" / "java") if home else "java", *args]
@@ -83,18 +82,8 @@ class LocalBroker:
         return f"127.0.0.1:{self.port}"
 
     def password(self) -> str:
-        """The SASL password of `cdclake`, made once (atomically: the first writer wins)."""
-        if not self.password_file.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.root / f".password.{os.getpid()}"
-            write_private(tmp, secrets.token_urlsafe(24))
-            try:
-                os.link(tmp, self.password_file)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
-        return self.password_file.read_text().strip()
+        """The SASL password of `cdclake`, made once."""
+        return secret(self.password_file)
 
     def client_config(self) -> dict[str, str]:
         """librdkafka settings of a client of this broker: bootstrap servers and SASL."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -26,8 +25,17 @@ from typing import Any
 
 from cdclake.exceptions import StackError
 from cdclake.local import maven
-from cdclake.local.broker import LocalBroker, java, write_private
-from cdclake.local.procs import log_tail, port_free, running, start_daemon, stop_daemon, wait_for
+from cdclake.local.broker import LocalBroker, java
+from cdclake.local.procs import (
+    log_tail,
+    port_free,
+    running,
+    secret,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+    write_private,
+)
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +189,7 @@ class LocalConnect:
             return False
 
     def _password(self) -> str:
-        if not self.password_file.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            self.password_file.touch(mode=0o600)
-            self.password_file.write_text(secrets.token_urlsafe(24))
-        return self.password_file.read_text().strip()
+        return secret(self.password_file)
 
     def _write(self, name: str, text: str) -> Path:
         return write_private(self.root / name, text)

@@ -15,6 +15,35 @@ from cdclake.exceptions import StackError
 log = logging.getLogger(__name__)
 
 
+def write_private(path: Path, text: str) -> Path:
+    """Replace `path` with `text`, readable by its owner only (it holds secrets)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path
+
+
+def secret(path: Path) -> str:
+    """The random secret kept in `path`, made once (the first writer wins when several
+    processes make it at once), readable by its owner only."""
+    if not path.exists():
+        import secrets
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = write_private(path.with_name(f".{path.name}.{os.getpid()}.new"),
+                            secrets.token_urlsafe(24))  # fmt: skip
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
+
+
 def read_pid(pidfile: Path) -> int | None:
     try:
         return int(pidfile.read_text().strip())
