@@ -24,7 +24,7 @@ from cdclake.local.procs import (
     secret,
     start_daemon,
     stop_daemon,
-    wait_for,
+    wait_started,
     write_private,
 )
 
@@ -136,16 +136,12 @@ class LocalBroker:
                    f"-Dlog4j2.configurationFile={self._write_log4j()}",
                    "-cp", classpath, "kafka.Kafka", str(config))  # fmt: skip
         start_daemon(cmd, self.pidfile, self.logfile)
-        wait_for(f"Kafka broker on {self.bootstrap}", self._ready, 90, self.logfile)
+        wait_started(f"Kafka broker on {self.bootstrap}", self.pidfile, self.logfile,
+                     lambda: broker_ready(self.client_config()), 90)  # fmt: skip
         return formatted
 
     def stop(self) -> bool:
         return stop_daemon(self.pidfile, timeout=30)
-
-    def _ready(self) -> bool:
-        if self.pid() is None:
-            raise StackError(f"the Kafka broker exited; see {self.logfile}")
-        return broker_ready(self.client_config())
 
     def _format(self, classpath: str, config: Path) -> None:
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

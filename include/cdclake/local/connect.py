@@ -34,6 +34,7 @@ from cdclake.local.procs import (
     start_daemon,
     stop_daemon,
     wait_for,
+    wait_started,
     write_private,
 )
 
@@ -129,7 +130,8 @@ class LocalConnect:
                    "org.apache.kafka.connect.cli.ConnectDistributed",
                    str(self._write_worker(plugins)))  # fmt: skip
         start_daemon(cmd, self.pidfile, self.logfile)
-        wait_for(f"Kafka Connect on {self.url}", self._ready, 180, self.logfile)
+        wait_started(f"Kafka Connect on {self.url}", self.pidfile, self.logfile, self._answers,
+                     180)  # fmt: skip
 
     def stop(self) -> bool:
         return stop_daemon(self.pidfile, timeout=30)
@@ -179,9 +181,7 @@ class LocalConnect:
             t.get("state") == "RUNNING" for t in tasks
         )
 
-    def _ready(self) -> bool:
-        if self.pid() is None:
-            raise StackError(f"Kafka Connect exited; see {self.logfile}")
+    def _answers(self) -> bool:
         try:
             self.request("GET", "/connectors")
             return True

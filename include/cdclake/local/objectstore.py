@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdclake.exceptions import StackError
-from cdclake.local.procs import log_tail, port_in_use, running, start_daemon, stop_daemon
+from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class LocalObjectStore:
             (self.data / bucket).mkdir(parents=True, exist_ok=True)
         if self.pid() is not None:
             return 0.0
-        if port_in_use(self.port):
+        if not port_free(self.port):
             raise StackError(f"port {self.port} (the local S3 store) is already in use by "
                              "another process; stop it or choose another port")  # fmt: skip
         binary = gateway_binary()
@@ -158,23 +158,12 @@ class LocalObjectStore:
                "posix", str(self.data)]  # fmt: skip
         started = time.monotonic()
         start_daemon(cmd, self.pidfile, self.logfile, env=env)
-        self._wait(started + START_TIMEOUT_S)
+        wait_started(f"the S3 store at {self.endpoint}", self.pidfile, self.logfile,
+                     lambda: _answers(self.endpoint), START_TIMEOUT_S, step=0.1)  # fmt: skip
         return time.monotonic() - started
 
     def stop(self) -> bool:
         return stop_daemon(self.pidfile, timeout=20)
-
-    def _wait(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.pid() is None:
-                raise StackError(f"the S3 store at {self.endpoint} exited; see "
-                                 f"{self.logfile}{log_tail(self.logfile)}")  # fmt: skip
-            if _answers(self.endpoint):
-                return
-            time.sleep(0.1)
-        raise StackError(f"the S3 store at {self.endpoint} did not answer within "
-                         f"{START_TIMEOUT_S}s; see {self.logfile}"
-                         f"{log_tail(self.logfile)}")  # fmt: skip
 
 
 def _answers(endpoint: str) -> bool:

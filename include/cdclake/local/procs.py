@@ -150,14 +150,28 @@ def port_free(port: int, timeout: float = 15.0) -> bool:
     return True
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float, logfile: Path | None = None):
+def wait_for(what: str, check: Callable[[], bool], timeout: float, logfile: Path | None = None,
+             step: float = 0.5):  # fmt: skip
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(0.5)
+        time.sleep(step)
     tail = log_tail(logfile) if logfile is not None else ""
     raise StackError(f"{what} was not ready after {timeout:.0f}s{tail}")
+
+
+def wait_started(what: str, pidfile: Path, logfile: Path, answers: Callable[[], bool],
+                 timeout: float, step: float = 0.5) -> None:  # fmt: skip
+    """Wait until the daemon of `pidfile`, just started, `answers`; fail at once, with
+    its log's tail, when it exits first."""
+
+    def ready() -> bool:
+        if running(pidfile) is None:
+            raise StackError(f"{what} exited; see {logfile}{log_tail(logfile)}")
+        return answers()
+
+    wait_for(what, ready, timeout, logfile, step)
 
 
 def log_tail(logfile: Path, lines: int = 30) -> str:

@@ -26,7 +26,7 @@ from cdclake.exceptions import StackError
 from cdclake.local import maven
 from cdclake.local.broker import java
 from cdclake.local.objectstore import REGION, LocalObjectStore
-from cdclake.local.procs import log_tail, port_in_use, running, start_daemon, stop_daemon
+from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class LocalRestCatalog:
         self.store.start(buckets=(self.bucket,))
         if self.pid() is not None:
             return 0.0
-        if port_in_use(self.port):
+        if not port_free(self.port):
             raise StackError(f"port {self.port} (the local REST catalog) is already in use by "
                              "another process; stop it or choose another port")  # fmt: skip
         self.root.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,8 @@ class LocalRestCatalog:
                    "-cp", maven.classpath("rest-catalog"), self._main())  # fmt: skip
         started = time.monotonic()
         start_daemon(cmd, self.pidfile, self.logfile, env={**os.environ, **self._settings()})
-        self._wait(started + START_TIMEOUT_S)
+        wait_started(f"the REST catalog at {self.uri}", self.pidfile, self.logfile,
+                     self._answers, START_TIMEOUT_S, step=0.25)  # fmt: skip
         return time.monotonic() - started
 
     def stop(self) -> bool:
@@ -108,19 +109,12 @@ class LocalRestCatalog:
             "CATALOG_CLIENT_REGION": REGION,
         }
 
-    def _wait(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.pid() is None:
-                raise StackError(f"the REST catalog at {self.uri} exited; see "
-                                 f"{self.logfile}{log_tail(self.logfile)}")  # fmt: skip
-            try:
-                urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2).close()
-                return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.25)
-        raise StackError(f"the REST catalog at {self.uri} did not answer within "
-                         f"{START_TIMEOUT_S}s; see {self.logfile}"
-                         f"{log_tail(self.logfile)}")  # fmt: skip
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2).close()
+            return True
+        except (urllib.error.URLError, OSError):
+            return False
 
 
 # `cdclake local up` starts both with the rest of the stack when CDCLAKE_REST_CATALOG=1
