@@ -27,8 +27,10 @@ def sig_pipeline(stack, tmp_path_factory):
 
 
 def signals(dsn: str) -> int:
+    """Signals sent by clients: Debezium itself adds window rows while any snapshot runs."""
     with psycopg.connect(dsn) as conn:
-        return conn.execute("select count(*) from public.debezium_signal").fetchone()[0]
+        return conn.execute("select count(*) from public.debezium_signal "
+                            "where type not like 'snapshot-window-%'").fetchone()[0]  # fmt: skip
 
 
 MALFORMED = [

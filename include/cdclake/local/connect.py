@@ -142,9 +142,12 @@ class LocalConnect:
         wait_for(f"connector {name} running", lambda: self._running(name), timeout,
                  self.logfile)  # fmt: skip
 
-    def pause(self, name: str) -> None:
-        """Stop the connector's task (its configuration and offsets stay)."""
+    def pause(self, name: str, timeout: float = 60) -> None:
+        """Stop the connector's task (its configuration and offsets stay), and wait until
+        the task is gone: Connect stops it in the background."""
         self.request("PUT", f"/connectors/{name}/stop")
+        wait_for(f"connector {name} stopped", lambda: self._stopped(name), timeout,
+                 self.logfile)  # fmt: skip
 
     def delete(self, name: str) -> None:
         self.request("DELETE", f"/connectors/{name}", missing_ok=True)
@@ -180,6 +183,11 @@ class LocalConnect:
         return state["connector"]["state"] == "RUNNING" and any(
             t.get("state") == "RUNNING" for t in tasks
         )
+
+    def _stopped(self, name: str) -> bool:
+        state = self.request("GET", f"/connectors/{name}/status", missing_ok=True)
+        return state is None or (state["connector"]["state"] == "STOPPED"
+                                 and not state.get("tasks"))  # fmt: skip
 
     def _answers(self) -> bool:
         try:
