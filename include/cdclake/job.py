@@ -36,9 +36,10 @@ from cdclake.driver_resolve import (
     tasks_can_resolve,
 )
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
-from cdclake.kafka import discover
+from cdclake.kafka import discover, raw_records
 from cdclake.leases import Leases
 from cdclake.merge import (
+    DEAD_LETTER_RAW,
     DEAD_LETTERS,
     INTEGER_TYPES,
     KEY_FILTER_TYPES,
@@ -676,11 +677,11 @@ def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count:
                   leases: Leases) -> int:  # fmt: skip
     from pyspark.sql import functions as F
 
-    stamped = rows.select(
+    stamped = _with_raw(spark, pipeline, rows).select(
         F.lit(pipeline.name).alias("pipeline"),
         F.lit(plan.batch_id).alias("batch_id"),
         "topic", "partition", "offset", "key", "value", "error",
-        F.current_timestamp().alias("recorded_at"),
+        F.current_timestamp().alias("recorded_at"), "raw_key", "raw_value", "headers",
     )  # fmt: skip
     namespace = f"{pipeline.catalog.name}.{pipeline.namespace}"
     ensure_namespace(spark, namespace)
@@ -695,6 +696,18 @@ def _dead_letters(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count:
         leases.done(dead)
     log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
     return count
+
+
+def _with_raw(spark, pipeline: PipelineConfig, rows):
+    """Dead-letter rows with their records' key, value and headers as Kafka holds them
+    (read again: the rows kept only what could be parsed of them)."""
+    coordinates = [tuple(r) for r in rows.select("topic", "partition", "offset").collect()]
+    raw = raw_records(pipeline.kafka, coordinates)
+    found = [(*at, key, value, [(k, v) for k, v in headers])
+             for at, (key, value, headers) in raw.items()]  # fmt: skip
+    frame = spark.createDataFrame(found, f"topic string, partition int, offset bigint, "
+                                         f"{DEAD_LETTER_RAW}")  # fmt: skip
+    return rows.join(frame, ["topic", "partition", "offset"], "left")
 
 
 def _check_plan_start(
@@ -1024,24 +1037,45 @@ def _set_aside_misfits(
         }
         return left, marked.where(F.col("_misfit").isNull()).drop("_misfit")
     first = misfits.orderBy("partition", "offset").limit(1).collect()[0]
+    target = batch.pipeline.qualified_target(table)
+    if first._misfit == NOT_AN_ENVELOPE:
+        raise DecodeError(
+            f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
+            f"Nothing of this batch was written to {target}. To go on, set on_error: "
+            "dead_letter (these records are set aside), or remove the transform that "
+            "changed the connector's records."
+        )
     raise DecodeError(
         f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
-        f"Nothing of this batch was written to {batch.pipeline.qualified_target(table)}. To go "
+        f"Nothing of this batch was written to {target}. To go "
         "on, set on_error: dead_letter (these records are set aside), or take the new type: "
         "drop the column from the lake table, load (records of the old type in the same "
         "batch are set aside or fail), and run an incremental snapshot of the table."
     )
 
 
+# a value schema without Debezium's envelope (op, before/after): a record flattened by
+# ExtractNewRecordState, or written to the topic by something else
+NOT_AN_ENVELOPE = (
+    "value is not a Debezium change event envelope (no op and before/after "
+    "fields: a record flattened by a transform such as ExtractNewRecordState?)"
+)
+
+
 def _misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, str]]],
              known: dict[str, str]) -> dict[tuple[str, int], str]:  # fmt: skip
     """(side, schema id) -> why that schema version does not fit the table's columns."""
     rejected: dict[tuple[str, int], str] = {}
+    for sid, text in schemas.get("value", []):
+        try:
+            value_row_fields(parse_connect_schema(text), topic)
+        except DecodeError:
+            rejected[("value", sid)] = NOT_AN_ENVELOPE
     for side in ("key", "value") if not table.key else ("value",):
         versions = [
             (sid, value_row_fields(parse_connect_schema(text), topic) if side == "value"
              else parse_connect_schema(text).fields)
-            for sid, text in schemas.get(side, [])
+            for sid, text in schemas.get(side, []) if (side, sid) not in rejected
         ]  # fmt: skip
         exclude = table.exclude if side == "value" else ()
         types = column_types([f for _, f in versions], known, exclude)

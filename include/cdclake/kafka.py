@@ -160,3 +160,53 @@ def offsets_for_time(
         return out
     finally:
         consumer.close()
+
+
+Raw = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def raw_records(
+    kafka: KafkaConfig, wanted: Iterable[tuple[str, int, int]], timeout: float | None = None
+) -> dict[tuple[str, int, int], Raw]:
+    """The records at (topic, partition, offset) exactly as Kafka holds them: key, value
+    and headers as bytes. A partition is read once, from its first wanted offset to its
+    last; a record Kafka no longer holds is an EndpointError naming it."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    timeout = kafka.timeouts.request_s if timeout is None else timeout
+    by_partition: dict[tuple[str, int], set[int]] = {}
+    for topic, partition, offset in wanted:
+        by_partition.setdefault((topic, partition), set()).add(offset)
+    consumer = Consumer({**kafka.client_config(), "group.id": "cdclake-dead-letters",
+                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    out: dict[tuple[str, int, int], Raw] = {}
+    try:
+        for (topic, partition), offsets in sorted(by_partition.items()):
+            consumer.assign([KafkaTP(topic, partition, min(offsets))])
+            last, idle = max(offsets), time.monotonic() + timeout
+            while time.monotonic() < idle:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    if msg.error().code() == -191:  # end of partition
+                        break
+                    raise EndpointError(f"Kafka at {kafka.servers}: reading {topic}[{partition}]"
+                                        f"@{min(offsets)}: {msg.error()}")  # fmt: skip
+                idle = time.monotonic() + timeout
+                if msg.offset() in offsets:
+                    headers = [(k, v) for k, v in msg.headers() or []]
+                    out[(topic, partition, msg.offset())] = (msg.key(), msg.value(), headers)
+                if msg.offset() >= last:
+                    break
+            missing = sorted(o for o in offsets if (topic, partition, o) not in out)
+            if missing:
+                raise EndpointError(
+                    f"Kafka at {kafka.servers}: {topic} partition {partition} offset "
+                    f"{missing[0]}: the record to set aside could not be read again within "
+                    f"{timeout:g}s (timeouts.request_s)"
+                )
+    finally:
+        consumer.close()
+    return out

@@ -519,6 +519,8 @@ def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> Non
 
 
 DEAD_LETTERS = "_cdclake_dead_letters"
+# each dead letter's record as Kafka held it, to inspect it or produce it again
+DEAD_LETTER_RAW = "raw_key binary, raw_value binary, headers array<struct<key:string,value:binary>>"
 
 
 def write_dead_letters(spark, namespace: str, rows) -> None:
@@ -530,8 +532,11 @@ def write_dead_letters(spark, namespace: str, rows) -> None:
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {table} (pipeline string, batch_id string, topic string, "
         "`partition` int, `offset` bigint, key string, value string, error string, "
-        "recorded_at timestamp) USING iceberg TBLPROPERTIES ('format-version'='2')"
+        f"recorded_at timestamp, {DEAD_LETTER_RAW}) USING iceberg "
+        "TBLPROPERTIES ('format-version'='2')"
     )
+    if "raw_value" not in table_columns(spark, table):  # a table of an older version
+        spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({DEAD_LETTER_RAW})")
     rows.createOrReplaceTempView("cdclake_dead_letters_new")
     try:
         spark.sql(
