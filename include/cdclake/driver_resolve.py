@@ -1152,10 +1152,12 @@ class KeyFold:
         else:
             stale = r.lsn
         deleted = r.is_tombstone or r.op == "d"
+        # a tombstone's row is described by its delete, when the batch holds it
+        at = self.change if r.is_tombstone and self.change is not None else r
         return (deleted, "d" if r.is_tombstone else r.op,
-                None if r.source_ts_ms is None else r.source_ts_ms * 1000,
+                None if at.source_ts_ms is None else at.source_ts_ms * 1000,
                 r.lsn if r.lsn is not None else self.lsn, stale,
-                not deleted or self.after is not None, r.partition, r.offset)  # fmt: skip
+                not deleted or self.after is not None, at.partition, at.offset)  # fmt: skip
 
     def row(self, key: tuple, shape: RowShape) -> dict:
         """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of

@@ -795,16 +795,18 @@ class ColumnarFold:
         own = lsns != _NO_LSN
         lsn = np.where(own, lsns, fold_lsn)
         stale = np.where(tomb, change_lsn, lsns)
-        stamped = res["stamped"][r]
+        # a tombstone's row is described by its delete, when the range holds it
+        at = np.where(tomb & (change >= 0), change, r)
+        stamped = res["stamped"][at]
         meta = (
             deleted.tolist(),
             ["d" if t else _OP_NAMES[o] for t, o in zip(tomb.tolist(), ops.tolist(), strict=True)],
-            _nullable(res["stamps"][r] * 1000, stamped),
+            _nullable(res["stamps"][at] * 1000, stamped),
             _nullable(lsn, lsn != _NO_LSN),
             _nullable(stale, stale != _NO_LSN),
             has_values,
             [partition] * len(offsets),
-            offsets,
+            res["offsets"][at].tolist(),
         )  # fmt: skip
         for name, values in zip(META, meta, strict=True):
             data[name] = values

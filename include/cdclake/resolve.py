@@ -272,6 +272,11 @@ def resolve_latest(
         F.max_by("before", F.when(F.col("op") == "d", F.col("offset"))).alias("last_before"),
         # the LSN of the change a latest tombstone follows (its delete)
         F.max_by("lsn", F.when(~F.col("is_tombstone"), F.col("offset"))).alias("change_lsn"),
+        # that delete, which describes a latest tombstone's row
+        F.max_by(
+            F.struct("partition", "offset", "source_ts_ms"),
+            F.when(~F.col("is_tombstone"), F.col("offset")),
+        ).alias("change"),  # fmt: skip
     ]
     toasty = toastable(schema) if toast else []
     for c in toasty:
@@ -306,11 +311,13 @@ def resolve_latest(
             .alias(c.name)
         )
         flags.append(unresolved.alias(f"{TOAST_PREFIX}{c.name}"))
+    at = F.when(F.col("r.is_tombstone") & F.col("change").isNotNull(), F.col("change"))
+    at = at.otherwise(F.struct("r.partition", "r.offset", "r.source_ts_ms"))
     return latest.select(
         *cols,
         deleted.alias(DELETED),
         F.when(F.col("r.is_tombstone"), F.lit("d")).otherwise(F.col("r.op")).alias(OP),
-        F.timestamp_millis(F.col("r.source_ts_ms")).alias(SOURCE_TS),
+        F.timestamp_millis(at["source_ts_ms"]).alias(SOURCE_TS),
         F.coalesce(F.col("r.lsn"), F.col("lsn_max")).alias(LSN),
         # a re-sent delete must not remove a newer row: a tombstone is checked with the
         # LSN of its delete
@@ -318,7 +325,7 @@ def resolve_latest(
         .otherwise(F.col("r.lsn"))
         .alias(STALE_CHECK_LSN),
         (~deleted | F.col("last_after").isNotNull()).alias(HAS_VALUES),
-        F.col("r.partition").alias(PARTITION),
-        F.col("r.offset").alias(OFFSET),
+        at["partition"].alias(PARTITION),
+        at["offset"].alias(OFFSET),
         *flags,
     )

@@ -31,6 +31,18 @@ def sql(stack, *statements):
             conn.execute(s)
 
 
+def record_at(client_config: dict, topic: str, partition: int, offset: int) -> bytes | None:
+    """The value of the record at `offset`."""
+    consumer = Consumer({**client_config, "group.id": "t"})
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    try:
+        msg = consumer.poll(10)
+        assert msg is not None and not msg.error() and msg.offset() == offset, msg
+        return msg.value()
+    finally:
+        consumer.close()
+
+
 def topic_contains(client_config: dict, topic: str, needle: bytes) -> bool:
     consumer = Consumer({**client_config, "group.id": "t", "enable.partition.eof": True})
     consumer.assign([TopicPartition(topic, 0, 0)])
@@ -306,6 +318,13 @@ def test_a_soft_deleted_row_keeps_its_last_values_whether_or_not_the_lake_held_i
     assert {k for k, r in rows.items() if r["_cdc_deleted"]} == {1, 2, 3, 6}
     got = {k: (r["title"], r["body"], r["qty"]) for k, r in rows.items()}
     assert got == last, {k: (v[0], len(v[1] or ""), v[2]) for k, v in got.items() if v != last[k]}
+    # a deleted row's metadata columns describe its delete, not the tombstone after it
+    for k in (1, 2, 3, 6):
+        r = rows[k]
+        value = record_at(stack.broker.client_config(), f"demo.{t}", r["_cdc_kafka_partition"],
+                          r["_cdc_kafka_offset"])  # fmt: skip
+        assert value is not None and b'"op":"d"' in value, (k, value)
+        assert r["_cdc_op"] == "d" and r["_cdc_source_ts"] is not None, k
 
 
 def test_a_soft_deleted_key_the_lake_never_held_takes_the_row_before_its_delete(
