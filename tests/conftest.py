@@ -76,18 +76,10 @@ def spark(pipeline):
 
 
 @pytest.fixture(params=["driver", "ranges", "tasks", "spark"])
-def resolve_in(request, monkeypatch):
-    """Run the test four times: batches decoded and resolved in the driver (small ones,
-    the default); read and resolved by the same Python code in Spark tasks, a task per
-    Kafka partition (bigger ones); read by Spark tasks, then resolved in tasks grouped by
-    key (what a topic the former cannot take falls back to); and by the Spark SQL jobs
-    (what both fall back to)."""
-    import cdclake.job
-
-    mode = request.param
-    monkeypatch.setattr(cdclake.job, "DRIVER_RESOLVE", mode == "driver")
-    monkeypatch.setattr(cdclake.job, "RANGE_RESOLVE", mode == "ranges")
-    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", mode in ("ranges", "tasks"))
-    if mode != "driver":
-        monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)  # read by Spark tasks
-    return mode
+def resolve_in(request):
+    """Run the test four times, once per `Placement` a batch can be resolved in: in the
+    driver (small batches, the default); range by range in the Spark tasks that read
+    them (bigger ones); in Spark tasks grouped by key (what a topic the former cannot
+    take goes to); and by the Spark SQL jobs (what both go to). Tests pass it to the
+    load (`load_all(..., resolve_in)`)."""
+    return request.param

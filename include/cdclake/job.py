@@ -78,6 +78,7 @@ from cdclake.offsets import (
     TopicPartition,
     encode_offsets,
 )
+from cdclake.placement import Placement
 from cdclake.range_resolve import (
     KEYS_COLUMN,
     META_COLUMN,
@@ -90,7 +91,6 @@ from cdclake.range_resolve import (
 )
 from cdclake.reader import (
     DRIVER_READ_BYTES,
-    DRIVER_READ_RECORDS,
     KAFKA,
     RawSource,
     arrow_frame,
@@ -155,12 +155,12 @@ class TableResult:
 
 
 def run_batch(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable | None = None
-) -> list[TableResult]:
+    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable | None = None,
+    placement: Placement = Placement.AUTO,
+) -> list[TableResult]:  # fmt: skip
     """Load one planned batch. `read` makes the raw records DataFrame of the planned
-    ranges; by default they come from Kafka, read by the driver itself for a batch of at
-    most `DRIVER_READ_RECORDS` records and by Spark tasks above (benchmarks pass a
-    recorded file instead).
+    ranges; by default they come from Kafka (benchmarks pass a recorded file instead).
+    Where they are read and resolved follows `placement`'s rule.
 
     The tables are loaded at the same time by up to `pipeline.parallel_tables` driver
     threads (each table commits on its own, with its own offsets). When a table fails,
@@ -175,15 +175,15 @@ def run_batch(
         _drop_for_rebuild(spark, pipeline, plan)
     conf = batch_conf(sum(r.size for r in plan.ranges), pipeline.spark.conf)
     with batch_settings(spark, conf) as before:
-        return _run_batch(spark, pipeline, plan, read, before)
+        return _run_batch(spark, pipeline, plan, read, before, placement)
 
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-               before: Mapping[str, str | None]):  # fmt: skip
+               before: Mapping[str, str | None], placement: Placement):  # fmt: skip
     started = time.perf_counter()
     leases = Leases(spark)  # taken on each table before its data files are written
     try:
-        ranged = _read_by_range(spark, pipeline, plan, read)
+        ranged = _read_by_range(spark, pipeline, plan, read, placement)
     except BaseException:
         leases.close()
         raise
@@ -191,13 +191,13 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
     raw = None
     try:
         if rest.ranges:
-            raw, scan, rows = _read(spark, pipeline, rest, read)
+            raw, scan, rows = _read(spark, pipeline, rest, read, placement)
             raw, scan = _handle_broken_envelopes(spark, pipeline, plan, raw, scan, leases)
         else:
             scan, rows = RawScan({}, {}, 0), None
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = _Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged, before, leases)  # fmt: skip
+                       ranged, before, leases, placement)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, batch.load, pipeline.parallel_tables, pipeline)
     finally:
@@ -206,12 +206,6 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
         for topic in ranged.values():
             topic.release()
         leases.close()
-
-
-# Batches the driver does not read, from a `RawSource` (Kafka, or a benchmark's), are
-# read and resolved range by range in Spark tasks (`range_resolve`) unless this is off;
-# the topics that cannot be are read again and take the general path.
-RANGE_RESOLVE = True
 
 
 def ranged_cache_level():
@@ -253,7 +247,8 @@ class _FailedTopic:
         pass
 
 
-def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
+                   placement: Placement):  # fmt: skip
     """The topics read and resolved range by range, or whose ranges failed ({} when
     none is): the driver reads
     the head of each eligible topic's ranges for its schemas (all at once, while it
@@ -262,8 +257,8 @@ def _read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Calla
     rows, kept when they add up (`_ranged_topic`)."""
     source = KAFKA if read is None else read
     records = plan.total
-    if (not RANGE_RESOLVE or not isinstance(source, RawSource)
-            or (read is None and records <= DRIVER_READ_RECORDS)):  # fmt: skip
+    if (not placement.by_range or not isinstance(source, RawSource)
+            or placement.driver_reads(records, read is None)):  # fmt: skip
         return {}
     topics = {r.topic for r in plan.ranges}
     tables = {pipeline.topic_for(t): t for t in pipeline.tables}
@@ -492,7 +487,8 @@ def _each(items: list, fn: Callable, threads: int) -> None:
         f.result()
 
 
-def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None):
+def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
+          placement: Placement):  # fmt: skip
     """The batch's raw records, their scan, and the records as the driver holds them
     (an Arrow table, or None).
 
@@ -500,7 +496,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     (no Spark job, no Python worker to start) and are scanned in Python. Otherwise the
     records are read by Spark tasks (or by `read`), cached, and scanned by a Spark job."""
     records = sum(r.size for r in plan.ranges)
-    if read is None and records <= DRIVER_READ_RECORDS:
+    if placement.driver_reads(records, read is None):
         rows = read_local(pipeline.kafka, plan.ranges)
         if rows is not None:
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
@@ -584,8 +580,10 @@ class _Batch:
         read_seconds: float, rows=None,
         ranged: dict[str, _RangedTopic | _FailedTopic] | None = None,
         before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
+        placement: Placement = Placement.AUTO,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
+        self.placement = placement
         self.leases = leases or Leases(spark)  # write leases of the batch's tables
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)
@@ -1085,17 +1083,10 @@ def _misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, 
     return rejected
 
 
-# Tables of a batch the driver read are decoded, checked and resolved in the driver
-# (`driver_resolve`) unless this is off; they go through the Spark jobs when it cannot.
-DRIVER_RESOLVE = True
-
-
 def _resolve_in_driver(rows, topic: str, schema: TopicSchema, key_schemas: dict,
                        value_schemas: dict) -> DriverResolved | None:  # fmt: skip
     """The topic's records resolved in the driver, or None when the Spark jobs must do it
     (a record that cannot be applied, a value the driver does not decode as Spark does)."""
-    if not DRIVER_RESOLVE:
-        return None
     import pyarrow.compute as pc
 
     mine = rows.filter(pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"])))
@@ -1106,19 +1097,13 @@ def _resolve_in_driver(rows, topic: str, schema: TopicSchema, key_schemas: dict,
         return None
 
 
-# Batches the driver did not read are resolved by the same Python code in Spark tasks,
-# the records grouped by their Kafka key, unless this is off or the table cannot be
-# (`tasks_can_resolve`, a possible truncate); then by the Spark SQL jobs.
-TASK_RESOLVE = True
-
-
 def _resolve_in_tasks(batch: _Batch, raw, topic: str, table: TableConfig, schema: TopicSchema,
                       key_schemas: dict, value_schemas: dict, records: int):  # fmt: skip
     """(resolved rows, persisted; counts; latest source ms; TOAST flags) from Spark tasks
     running the driver's resolve over each key's records, or None when the Spark SQL jobs
     must do it. Every record of a key has the same Kafka key text, so a shuffle by that
     text puts all of a key's records of the batch in one task."""
-    if not TASK_RESOLVE:
+    if not batch.placement.in_tasks:
         return None
     why = tasks_can_resolve(schema, key_schemas, table.key)
     if why is None and topic in batch.scan.truncates:

@@ -13,6 +13,7 @@ import yaml
 from cdclake.compare import compare_pipeline
 from cdclake.config import PipelineConfig, load_pipeline
 from cdclake.job import run_batch
+from cdclake.placement import Placement
 from cdclake.planner import plan_pipeline
 
 from tests.conftest import DEMO_PIPELINE
@@ -28,15 +29,16 @@ def make_pipeline(tmp_path: Path, name: str, tables: list, **fields) -> Pipeline
     return load_pipeline(path)
 
 
-def load_all(stack, spark, pipeline: PipelineConfig, batch: str) -> list:
-    """Wait for the capture, then load until nothing is left."""
+def load_all(stack, spark, pipeline: PipelineConfig, batch: str, placement: str = "auto") -> list:
+    """Wait for the capture, then load until nothing is left, resolving where
+    `placement` (a `Placement` value) says."""
     stack.wait_for_capture()
     results = []
     for i in range(10):
         plan = plan_pipeline(pipeline, f"{batch}-{i}")
         if not plan.ranges:
             return results
-        results.extend(run_batch(spark, pipeline, plan))
+        results.extend(run_batch(spark, pipeline, plan, placement=Placement(placement)))
     raise AssertionError("still loading after 10 batches")
 
 

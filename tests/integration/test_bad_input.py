@@ -109,7 +109,7 @@ def test_each_bad_record_fails_its_table_naming_topic_partition_and_offset(
     pipeline = make_pipeline(tmp_path, name, [t for t, _, _ in bad_tables.values()])
     caplog.set_level(logging.ERROR, logger="cdclake.job")
     with pytest.raises(Exception):  # noqa: B017 - each table's own error is checked below
-        load_all(stack, spark, pipeline, "bad-fail")
+        load_all(stack, spark, pipeline, "bad-fail", resolve_in)
     failures = " | ".join(r.getMessage() for r in caplog.records if "load failed" in r.getMessage())
     for kind, (_, topic, (offset, _, _)) in bad_tables.items():
         if kind in APPLIED:
@@ -129,7 +129,7 @@ def test_each_bad_record_goes_to_the_dead_letters_with_its_raw_bytes(
     name = f"it_bad_dead_{resolve_in}_{uuid.uuid4().hex[:4]}"
     pipeline = make_pipeline(tmp_path, name, [t for t, _, _ in bad_tables.values()],
                              on_error="dead_letter")  # fmt: skip
-    load_all(stack, spark, pipeline, "bad-dead")
+    load_all(stack, spark, pipeline, "bad-dead", resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     rows = spark.sql(f"select * from lake.{name}._cdclake_dead_letters").collect()
     got = {(r.topic, r.offset): r for r in rows}

@@ -212,7 +212,7 @@ def test_a_table_loaded_before_compaction_drops_the_rows_deleted_since(
     reader makes a tombstone right after a gap stand in for its delete)."""
     befores, _, marks = compacted
     before = befores[resolve_in]
-    results = load_all(stack, spark, before, f"{before.name}-b")
+    results = load_all(stack, spark, before, f"{before.name}-b", resolve_in)
     used = {r.resolved_by for r in results if r.resolved_by}
     assert used == {resolve_in}, used
     assert committed(before) == {(before.topic_for(before.tables[0]), 0): marks.high}

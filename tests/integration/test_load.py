@@ -11,8 +11,8 @@ from cdclake.exceptions import CommitConflictError, EndpointError
 from cdclake.job import run_batch
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.placement import Placement
 from cdclake.planner import plan_pipeline
-from cdclake.reader import DRIVER_READ_RECORDS
 
 pytestmark = pytest.mark.integration
 
@@ -156,13 +156,12 @@ def test_a_topic_recreated_behind_the_committed_offsets_fails_as_data_loss(stack
         plan_pipeline(pipeline, "gone-2")
 
 
-def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path, monkeypatch):
+def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path):
     """Small batches are read by the driver, big ones by Spark tasks: both give the same
     raw rows and scan on the real broker, and a load through the tasks also ends with the
     lake equal to the source."""
     import uuid
 
-    import cdclake.job
     from cdclake.reader import read_local, read_ranges
     from cdclake.scan import scan_raw, scan_rows
 
@@ -185,8 +184,7 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path, monkey
     assert local.num_rows == sum(r.size for r in plan.ranges)
     assert scan_rows(local) == scan_raw(frame)
 
-    monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)  # every batch through tasks
-    results = load_all(stack, spark, pipeline, name)
+    results = load_all(stack, spark, pipeline, name, "ranges")  # every batch through tasks
     assert {r.status for r in results} == {"committed"}
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
@@ -297,11 +295,11 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     tables = {}
     for way in ("ranges", "append", "merge"):
         monkeypatch.setattr(cdclake.job, "FIRST_LOAD_APPEND", way != "merge")
-        monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS",
-                            0 if way == "ranges" else DRIVER_READ_RECORDS)  # fmt: skip
         name = f"{pipeline.name}_{way}"
         each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
-        results = run_batch(spark, each, plan_pipeline(each, f"it-same-{way}"))
+        placement = Placement.RANGES if way == "ranges" else Placement.AUTO
+        results = run_batch(spark, each, plan_pipeline(each, f"it-same-{way}"),
+                            placement=placement)  # fmt: skip
         assert [r.written_by for r in results] == ["merge" if way == "merge" else "append"]
         target = each.qualified_target(each.tables[0])
         ledger = deleted_keys_table(target)
@@ -325,13 +323,11 @@ def test_a_first_load_resolved_by_range_holds_every_type_and_takes_later_merges(
     metrics let a filter skip them; then updates and deletes MERGEd into those files."""
     import uuid
 
-    import cdclake.job
     import psycopg
     from cdclake.compare import compare_table
 
     from tests.integration.helpers import make_pipeline, stray_files
 
-    monkeypatch.setattr(cdclake.job, "DRIVER_READ_RECORDS", 0)
     columns = (
         "c_bool, c_bit1, c_bit8, c_varbit, c_int2, c_int4, c_int8, c_real, c_double, c_num, "
         "c_num_free, c_money, c_char, c_varchar, c_text, c_ts0, c_ts3, c_ts6, c_tstz, c_date, "
@@ -350,7 +346,8 @@ def test_a_first_load_resolved_by_range_holds_every_type_and_takes_later_merges(
     pipeline = make_pipeline(tmp_path, f"it_zoo_files_{n}", [source])
     table = pipeline.tables[0]
     target = pipeline.qualified_target(table)
-    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-1"))
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-1"),
+                        placement=Placement.RANGES)  # fmt: skip
     assert [(r.resolved_by, r.written_by) for r in results] == [("ranges", "append")]
     assert compare_table(pipeline, table, stack.source_dsn).equal
     assert stray_files(spark, target) == []
@@ -366,7 +363,8 @@ def test_a_first_load_resolved_by_range_holds_every_type_and_takes_later_merges(
                      "c_tstz = c_tstz + interval '1 microsecond' where id > 1000")  # fmt: skip
         conn.execute(f"delete from {source} where id = (select min(id) from {source})")
     stack.wait_for_capture()
-    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-2"))
+    results = run_batch(spark, pipeline, plan_pipeline(pipeline, "it-zoo-files-2"),
+                        placement=Placement.RANGES)  # fmt: skip
     assert [r.written_by for r in results] == ["merge"]
     assert compare_table(pipeline, table, stack.source_dsn).equal
 

@@ -12,6 +12,7 @@ import pytest
 from cdclake.job import run_batch
 from cdclake.merge import KeyRange
 from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.placement import Placement
 from cdclake.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row
 
 from tests.debezium_records import PAIR_COLUMNS, key_record, pair_key, value_record
@@ -46,13 +47,13 @@ def records_source(records, start: int = 0) -> RawSource:
     return RawSource(lambda kafka: reader)
 
 
-def load_one(spark, pipeline, name: str, raw, start: int, end: int):
+def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: str = "auto"):
     """Run one batch of `raw` (offsets start..end of the pipeline's one table's topic): a
     raw DataFrame, or a `RawSource`."""
     topic = pipeline.topic_for(pipeline.tables[0])
     plan = BatchPlan(pipeline.name, name, (OffsetRange(topic, 0, start, end),))
     read = raw if isinstance(raw, RawSource) else lambda spark, kafka, ranges: raw
-    return run_batch(spark, pipeline, plan, read=read)
+    return run_batch(spark, pipeline, plan, read=read, placement=Placement(placement))
 
 
 def merge_key_filters(monkeypatch) -> list:
@@ -158,7 +159,6 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     deleted, whichever batch held its last change."""
     import cdclake.job
 
-    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve in ("ranges", "tasks"))
     used = set()
     filtered = []
     if key_filter:
@@ -180,7 +180,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         else:
             raw = raw_frame(spark, topic, records[start:end], start)
         used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
-                                                     start, end))  # fmt: skip
+                                                     start, end, resolve))  # fmt: skip
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
         rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()
@@ -219,14 +219,11 @@ def _resent_batches(gone: str):
 
 @pytest.mark.parametrize("resolve", ["ranges", "tasks", "spark"])
 def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
-    stack, spark, tmp_path, monkeypatch, resolve
+    stack, spark, tmp_path, resolve
 ):
     """The connector restarts and re-sends a delete (and its tombstone) of a key that was
     inserted again after it: the batch's latest record of the key is the tombstone,
     which is checked with the LSN of its delete, so the newer row stays."""
-    import cdclake.job
-
-    monkeypatch.setattr(cdclake.job, "TASK_RESOLVE", resolve in ("ranges", "tasks"))
     v = value_record
     deleted = [(key_record(1), v("d", item(1, "a"), None, lsn=120)), (key_record(1), None)]
     batches = [
@@ -245,7 +242,7 @@ def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
         else:
             raw = raw_frame(spark, topic, batch, start)
         used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
-                                                     start, end))  # fmt: skip
+                                                     start, end, resolve))  # fmt: skip
         assert lake_names(spark, pipeline) == {1: "again"}, f"after batch {i}"
         start = end
     assert used == {resolve}, used

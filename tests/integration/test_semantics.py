@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from cdclake.catalog import load_catalog, table_state
 from cdclake.exceptions import DecodeError
+from cdclake.placement import Placement
 from cdclake.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -87,7 +88,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
     # in tasks, only the table keyed by its Kafka key (events has a configured key); range
     # by range, both (its topic has one partition)
     both = (resolve_in, "spark") if resolve_in == "tasks" else (resolve_in,)
-    assert_resolved_in(load_all(stack, spark, pipeline, "sem-1"), *both)
+    assert_resolved_in(load_all(stack, spark, pipeline, "sem-1", resolve_in), *both)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
     # unchanged TOASTed columns: from the table (doc 1), from the same batch (doc 4)
@@ -101,7 +102,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
         f"update inventory.events_{n} set amount = amount * 2 where event_id = 2",
         f"delete from inventory.events_{n} where event_id = 3",
     )
-    assert_resolved_in(load_all(stack, spark, pipeline, "sem-2"), *both)
+    assert_resolved_in(load_all(stack, spark, pipeline, "sem-2", resolve_in), *both)
     assert topic_contains(
         stack.broker.client_config(), f"demo.inventory.docs_{n}", b"__debezium_unavailable"
     )
@@ -115,7 +116,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
         insert_doc.format(n=n, i=10, big=BIG),
         f"update inventory.docs_{n} set title = 'ten' where id = 10",
     )
-    results = load_all(stack, spark, pipeline, "sem-3")
+    results = load_all(stack, spark, pipeline, "sem-3", resolve_in)
     assert any(r.truncated for r in results)
     # a truncate needs the whole topic: not resolved in tasks grouped by key; a range
     # starts its fold again after it
@@ -273,7 +274,7 @@ def test_a_soft_deleted_row_keeps_its_toasted_values(stack, spark, tmp_path, res
         f"delete from {t} where id = 1",
     )
     pipeline = make_pipeline(tmp_path, f"it_softdoc_{n}", [{"source": t, "delete_mode": "soft"}])
-    assert_resolved_in(load_all(stack, spark, pipeline, "softdoc-1"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "softdoc-1", resolve_in), resolve_in)
     assert topic_contains(stack.broker.client_config(), f"demo.{t}", b"__debezium_unavailable")
     assert_lake_equals_source(pipeline, stack.source_dsn)
     rows = {r["id"]: r for r in spark.table(f"lake.it_softdoc_{n}.softdocs_{n}").collect()}
@@ -298,7 +299,7 @@ def test_a_soft_deleted_row_keeps_its_last_values_whether_or_not_the_lake_held_i
         f"insert into {t} select i, 'title ' || i, {BIG}, i from generate_series(1, 5) i",
     )
     pipeline = make_pipeline(tmp_path, f"it_softlast_{n}", [{"source": t, "delete_mode": "soft"}])
-    load_all(stack, spark, pipeline, "softlast-1")
+    load_all(stack, spark, pipeline, "softlast-1", resolve_in)
     lake_table = f"lake.it_softlast_{n}.softlast_{n}"
     assert spark.table(lake_table).count() == 5
     sql(
@@ -312,7 +313,7 @@ def test_a_soft_deleted_row_keeps_its_last_values_whether_or_not_the_lake_held_i
     with psycopg.connect(stack.source_dsn) as conn:
         last = {r[0]: r[1:] for r in conn.execute(f"select id, title, body, qty from {t}")}
     sql(stack, f"delete from {t} where id in (1, 2, 3, 6)")
-    assert_resolved_in(load_all(stack, spark, pipeline, "softlast-2"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "softlast-2", resolve_in), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)  # the live rows
     rows = {r["id"]: r for r in spark.table(lake_table).collect()}
     assert {k for k, r in rows.items() if r["_cdc_deleted"]} == {1, 2, 3, 6}
@@ -367,8 +368,8 @@ def test_a_soft_deleted_key_the_lake_never_held_takes_the_row_before_its_delete(
     for batch, (lo, hi) in enumerate([(never_loaded, held), (held, deleted)]):
         ranges = tuple(OffsetRange(t, p, lo[t, p], end) for (t, p), end in hi.items()
                        if end > lo[t, p])  # fmt: skip
-        results = run_batch(spark, pipeline, BatchPlan(pipeline.name, f"softfull-b{batch}",
-                                                       ranges))  # fmt: skip
+        plan = BatchPlan(pipeline.name, f"softfull-b{batch}", ranges)
+        results = run_batch(spark, pipeline, plan, placement=Placement(resolve_in))
         assert {r.status for r in results} == {"committed"}
     assert_resolved_in(results, resolve_in)
     written = {r.table: r.written_by for r in results}
@@ -437,7 +438,7 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path, r
     # no key to group by: not resolved in tasks, but returned range by range (a row per
     # change, the truncate's too)
     where = {"tasks": "spark"}.get(resolve_in, resolve_in)
-    assert_resolved_in(load_all(stack, spark, pipeline, "log-1"), where)
+    assert_resolved_in(load_all(stack, spark, pipeline, "log-1", resolve_in), where)
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     rows = [
         (r["_cdc_op"], r["a"], r["note"], None if r["body"] is None else len(r["body"]))
@@ -453,7 +454,7 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path, r
     assert "__debezium_unavailable" not in str(lake.collect())
 
     sql(stack, f"insert into {t} values (5, 'five', 'y')")  # the next batch appends only it
-    again = load_all(stack, spark, pipeline, "log-2")
+    again = load_all(stack, spark, pipeline, "log-2", resolve_in)
     assert [r.records for r in again] == [1] and lake.count() == 9
 
 
@@ -473,13 +474,13 @@ def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="replica identity"):
             sql(stack, change)
     pipeline = make_pipeline(tmp_path, f"it_nothing_{n}", [t])
-    assert_resolved_in(load_all(stack, spark, pipeline, "nothing-1"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "nothing-1", resolve_in), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     lake_table = f"lake.it_nothing_{n}.nothing_{n}"
     assert sorted(r.id for r in spark.table(lake_table).collect()) == [1, 2, 3, 4, 5]
 
     sql(stack, f"truncate {t}", f"insert into {t} values (10, 'after')")
-    results = load_all(stack, spark, pipeline, "nothing-2")
+    results = load_all(stack, spark, pipeline, "nothing-2", resolve_in)
     assert any(r.truncated for r in results)
     assert_resolved_in(results, "spark" if resolve_in == "tasks" else resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)

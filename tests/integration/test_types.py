@@ -28,7 +28,7 @@ def test_type_zoo_insert_update_delete(stack, spark, tmp_path, resolve_in):
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute("delete from inventory.type_zoo where id >= 100")  # an earlier run's
     pipeline = make_pipeline(tmp_path, f"it_zoo_{uuid.uuid4().hex[:6]}", ["inventory.type_zoo"])
-    assert_resolved_in(load_all(stack, spark, pipeline, "zoo-1"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "zoo-1", resolve_in), resolve_in)
     assert zoo_equal(pipeline, stack.source_dsn)
 
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -49,14 +49,14 @@ def test_type_zoo_insert_update_delete(stack, spark, tmp_path, resolve_in):
         )
         conn.execute("update inventory.type_zoo set c_text = 'big unchanged' where id = 101")
         conn.execute("delete from inventory.type_zoo where id = 102")
-    assert_resolved_in(load_all(stack, spark, pipeline, "zoo-2"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "zoo-2", resolve_in), resolve_in)
     assert zoo_equal(pipeline, stack.source_dsn)
 
     # the comparison can fail: change the source without loading
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute("update inventory.type_zoo set c_interval = c_interval + interval '1 us'")
     assert not zoo_equal(pipeline, stack.source_dsn)
-    load_all(stack, spark, pipeline, "zoo-3")
+    load_all(stack, spark, pipeline, "zoo-3", resolve_in)
     assert zoo_equal(pipeline, stack.source_dsn)
 
 
@@ -77,7 +77,7 @@ def test_infinite_dates_and_timestamps_load_as_the_ends_of_the_range(
             "'2024-02-29 01:02:03.456789+00'), (4, NULL, NULL, NULL, NULL)"
         )
     pipeline = make_pipeline(tmp_path, f"it_inf_{n}", [t])
-    assert_resolved_in(load_all(stack, spark, pipeline, "inf"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "inf", resolve_in), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     rows = {
         r["id"]: r
@@ -105,7 +105,7 @@ def test_postgis_geometry_and_geography(stack, spark, tmp_path, resolve_in):
         )
         conn.execute("delete from inventory.geo_zoo where id = 102")
     pipeline = make_pipeline(tmp_path, f"it_geo_{uuid.uuid4().hex[:6]}", ["inventory.geo_zoo"])
-    assert_resolved_in(load_all(stack, spark, pipeline, "geo"), resolve_in)
+    assert_resolved_in(load_all(stack, spark, pipeline, "geo", resolve_in), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     types = dict(lake.dtypes)
