@@ -36,7 +36,8 @@ status: venv
 
 SCALE ?= 1
 bench: venv
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m cdclake bench --scale $(SCALE)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m cdclake bench --scale $(SCALE) \
+		$(if $(BASELINE),--baseline $(BASELINE))
 
 lint: venv
 	$(VENV)/bin/ruff check .

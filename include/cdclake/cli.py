@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
         "--size", action="append", default=[], metavar="NAME=N[,N]",
         help="override one size of the scale, e.g. merge_rows=1000,100000",
     )  # fmt: skip
+    bench.add_argument(
+        "--baseline", metavar="REV", help="also run revision REV's benchmark; print both"
+    )
 
     archive = sub.add_parser(
         "jvm-archive", help="build the Spark driver's class-data-sharing archive (faster starts)"
@@ -187,7 +190,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         overrides = dict(item.split("=", 1) for item in args.size)
         sizes = Sizes.at_scale(args.scale).replace(overrides)
-        run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
+        report = run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
+        if args.baseline:
+            _bench_baseline(args, report)
         return 0
     if args.command == "jvm-archive":
         from cdclake.jvm_archive import build_archive
@@ -283,3 +288,22 @@ def _local(args: argparse.Namespace) -> int:
     elif args.action == "wait":
         stack.wait_for_capture()
     return 0
+
+
+def _bench_baseline(args, report: dict) -> None:
+    """Run revision `args.baseline`'s benchmark with the same steps and sizes, add its
+    figures to the report and print both columns."""
+    import json
+    from pathlib import Path
+
+    from cdclake.bench.baseline import render_side_by_side, run_baseline
+    from cdclake.local.stack import StackSettings
+
+    same = ["--scale", str(args.scale), *(["--only", *args.only] if args.only else [])]
+    for item in args.size:
+        same += ["--size", item]
+    state_dir = StackSettings.from_env().state_dir
+    base = run_baseline(args.baseline, Path(args.work), state_dir, same)
+    report["baseline"] = {"revision": args.baseline, "figures": base["figures"]}
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(render_side_by_side(args.baseline, base["figures"], report["figures"]))
