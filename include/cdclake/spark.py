@@ -241,7 +241,7 @@ SMALL_BATCH_CONF = {
 }
 SMALL_BATCH_PARTITIONS = 1
 # A batch that evaluates its expressions interpreted compiles them from the moment one of
-# its tables is a MERGE target of more rows than this (`_Batch.compile_for`): the MERGE
+# its tables is a MERGE target of more rows than this (`Batch.compile_for`): the MERGE
 # scans the key and LSN of every row of the target, whatever the batch's size.
 # 10,000 changes, warm session, medians interpreted / compiled: into 100k rows 2.13 / 2.11 s,
 # 1M rows 2.36 / 2.15 s, 3M rows 2.77 / 2.25 s; into 10M rows 4.9 / 3.8 s.
@@ -280,7 +280,7 @@ def batch_settings(
     """Set `conf` on the session for one batch and put the old values back afterwards;
     yields the old values (None: unset). Session settings are shared by every thread:
     set them before the tables' threads start, never inside one (but for the one-way
-    switch of `_Batch.compile_for`, which changes how fast, not what, a query computes)."""
+    switch of `Batch.compile_for`, which changes how fast, not what, a query computes)."""
     old = {k: spark.conf.get(k, None) for k in conf}
     for k, v in conf.items():
         spark.conf.set(k, v)

@@ -232,11 +232,11 @@ def test_a_commit_between_the_read_and_a_first_load_fails_the_load(
 ):
     """Another run's rows committed after this batch found the table empty: appending
     would put a key in twice, so the commit is refused and nothing of the batch lands."""
-    import cdclake.job
+    import cdclake.write
 
     pipeline = first_load_table(stack, tmp_path, "raced")
     target = pipeline.qualified_target(pipeline.tables[0])
-    ensure_table = cdclake.job.ensure_table
+    ensure_table = cdclake.write.ensure_table
 
     def and_another_writer(spark, table, *args, **kwargs):
         columns = ensure_table(spark, table, *args, **kwargs)
@@ -247,7 +247,7 @@ def test_a_commit_between_the_read_and_a_first_load_fails_the_load(
             spark.sql(f"INSERT INTO {table} SELECT {', '.join(values)}")
         return columns
 
-    monkeypatch.setattr(cdclake.job, "ensure_table", and_another_writer)
+    monkeypatch.setattr(cdclake.write, "ensure_table", and_another_writer)
     with pytest.raises(CommitConflictError, match="another run wrote to this table"):
         run_batch(spark, pipeline, plan_pipeline(pipeline, "it-raced-1"))
     rows = spark.sql(f"SELECT id, v FROM {target}").collect()
@@ -285,7 +285,7 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     """The same first batch into a new table: resolved range by range and appended,
     resolved in the driver and appended, and MERGEd. The same rows, every column (deleted
     keys kept with their flag in soft mode), and the same ledger."""
-    import cdclake.job
+    import cdclake.write
     from cdclake.merge import deleted_keys_table
 
     from tests.integration.helpers import make_pipeline, stray_files
@@ -294,7 +294,7 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     source = pipeline.tables[0].source
     tables = {}
     for way in ("ranges", "append", "merge"):
-        monkeypatch.setattr(cdclake.job, "FIRST_LOAD_APPEND", way != "merge")
+        monkeypatch.setattr(cdclake.write, "FIRST_LOAD_APPEND", way != "merge")
         name = f"{pipeline.name}_{way}"
         each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
         placement = Placement.RANGES if way == "ranges" else Placement.AUTO

@@ -59,16 +59,16 @@ def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: s
 def merge_key_filters(monkeypatch) -> list:
     """Every MERGE filtered by key as one into a big table is (`KEY_FILTER_ROWS` 0): the
     list the `key_values` of each MERGE built go into, in order."""
-    import cdclake.job
+    import cdclake.write
 
-    monkeypatch.setattr(cdclake.job, "KEY_FILTER_ROWS", 0)
-    build, filtered = cdclake.job.build_merge_sql, []
+    monkeypatch.setattr(cdclake.write, "KEY_FILTER_ROWS", 0)
+    build, filtered = cdclake.write.build_merge_sql, []
 
     def spy(*args, **kwargs):
         filtered.append(kwargs.get("key_values"))
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(cdclake.job, "build_merge_sql", spy)
+    monkeypatch.setattr(cdclake.write, "build_merge_sql", spy)
     return filtered
 
 
@@ -157,14 +157,14 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     source's are; with `resolve="spark"` every batch goes through the Spark SQL jobs.
     With soft deletes every deleted key's row keeps the value it had when it was
     deleted, whichever batch held its last change."""
-    import cdclake.job
+    import cdclake.write
 
     used = set()
     filtered = []
     if key_filter:
         filtered = merge_key_filters(monkeypatch)
         if key_filter == "range":
-            monkeypatch.setattr(cdclake.job, "KEY_FILTER_KEYS", 0)
+            monkeypatch.setattr(cdclake.write, "KEY_FILTER_KEYS", 0)
     rng = random.Random(seed)
     records, states, gones = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
@@ -438,7 +438,7 @@ def test_a_table_that_cannot_be_created_while_its_ranges_resolve_fails_its_load(
         tmp_path, name, [{"source": "public.items", "partition_by": ["no_such_column"]}]
     )
     target = pipeline.qualified_target(pipeline.tables[0])
-    with caplog.at_level(logging.WARNING, logger="cdclake.job"):
+    with caplog.at_level(logging.WARNING, logger="cdclake.ranged"):
         with pytest.raises(Exception, match="no_such_column") as failed:
             load_one(spark, pipeline, f"{name}-0", records_source(records), 0, len(records))
     assert any(target in n for n in failed.value.__notes__), failed.value.__notes__

@@ -5,9 +5,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cdclake.batch import TableResult
 from cdclake.config import CatalogConfig, KafkaConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError
-from cdclake.job import TableResult, _run_tables
+from cdclake.job import _run_tables
 
 PIPELINE = PipelineConfig(
     name="p", path=Path("p.yaml"), topic_prefix="pg", kafka=KafkaConfig("k:9092"),

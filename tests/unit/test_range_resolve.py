@@ -644,7 +644,7 @@ def test_the_job_takes_a_topic_only_when_its_rows_add_up(spark):
     gone missing stops the batch before anything is written; a key found in two
     partitions sends the topic the general way."""
     from cdclake.exceptions import CdclakeError
-    from cdclake.job import _ranged_topic
+    from cdclake.ranged import _ranged_topic
 
     v, plan = value_record, items_plan()
     records = [(key_record(k), v("c", None, item(k, "n"), lsn=100 + k)) for k in range(5)]
@@ -737,7 +737,7 @@ def test_the_placeholder_search_finds_what_match_substring_finds():
 def test_the_python_workers_start_ahead_of_the_range_tasks(spark):
     """A job of one task per core, in a group of its own, imports the range tasks'
     modules; the thread's later jobs are not of the group."""
-    from cdclake.job import WORKERS_JOB_GROUP, start_python_workers
+    from cdclake.ranged import WORKERS_JOB_GROUP, start_python_workers
 
     sc = spark.sparkContext
     tracker = sc.statusTracker()
@@ -766,8 +766,8 @@ def _worker_pid(batches):
 def test_the_range_tasks_run_in_the_workers_started_ahead(spark):
     """The range tasks' `mapInArrow` over `range_plan` takes the workers the start job
     left idle (Spark pools workers per environment: an RDD job's would be of no use)."""
-    from cdclake.job import start_python_workers
     from cdclake.offsets import OffsetRange
+    from cdclake.ranged import start_python_workers
     from cdclake.reader import range_plan
 
     started = set(start_python_workers(spark))
@@ -808,9 +808,9 @@ def test_workers_that_cannot_start_ahead_are_logged_not_raised(caplog):
     class Session:
         sparkContext = Context()
 
-    from cdclake.job import start_python_workers
+    from cdclake.ranged import start_python_workers
 
-    with caplog.at_level("INFO", logger="cdclake.job"):
+    with caplog.at_level("INFO", logger="cdclake.ranged"):
         start_python_workers(Session())
     assert "not started ahead of the range tasks: the context was stopped" in caplog.text
 

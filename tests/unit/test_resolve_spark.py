@@ -7,9 +7,9 @@ from decimal import Decimal, localcontext
 import pytest
 from cdclake.changes import decode_changes, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.job import scan_raw
 from cdclake.reader import RAW_SCHEMA, SchemaIds, record_row
 from cdclake.resolve import check_changes, find_invalid, resolve_latest
+from cdclake.scan import scan_raw
 from cdclake.spark import SMALL_BATCH_CONF, batch_settings
 
 from tests.debezium_records import decimal_b64, key_record, unscaled_b64, value_record
@@ -282,15 +282,15 @@ def test_a_small_batch_compiles_from_its_first_big_merge_target_on(spark, monkey
     """A small batch evaluates interpreted, but a MERGE scans every row of its target:
     from the first table above `COMPILE_TARGET_ROWS` on, the batch compiles again (the
     settings before it back), one way only; a batch that compiled anyway changes nothing."""
-    import cdclake.job
-    from cdclake.job import _Batch
+    import cdclake.batch
+    from cdclake.batch import Batch
 
-    monkeypatch.setattr(cdclake.job, "COMPILE_TARGET_ROWS", 100)
+    monkeypatch.setattr(cdclake.batch, "COMPILE_TARGET_ROWS", 100)
     mode = "spark.sql.codegen.factoryMode"
     outside = {k: spark.conf.get(k, None) for k in SMALL_BATCH_CONF}
     with batch_settings(spark, SMALL_BATCH_CONF) as before:
         assert dict(before) == outside
-        batch = _Batch(spark, None, None, None, None, 0.0, before=before)
+        batch = Batch(spark, None, None, None, None, 0.0, before=before)
         batch.compile_for("lake.small", 100)  # not above the threshold
         assert spark.conf.get(mode) == "NO_CODEGEN"
         batch.compile_for("lake.big", 101)
@@ -299,7 +299,7 @@ def test_a_small_batch_compiles_from_its_first_big_merge_target_on(spark, monkey
         assert spark.conf.get(mode, None) == outside[mode]
     assert {k: spark.conf.get(k, None) for k in SMALL_BATCH_CONF} == outside
     with batch_settings(spark, {}) as before:  # a big batch: compiled already
-        batch = _Batch(spark, None, None, None, None, 0.0, before=before)
+        batch = Batch(spark, None, None, None, None, 0.0, before=before)
         spark.conf.set(mode, "NO_CODEGEN")  # (set by hand: compile_for leaves it)
         batch.compile_for("lake.big", 10**9)
         assert spark.conf.get(mode) == "NO_CODEGEN"

@@ -1,0 +1,117 @@
+"""What the tables of one batch share, and what each table's load gives back."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from cdclake.config import PipelineConfig, TableConfig
+from cdclake.deadletters import set_aside
+from cdclake.leases import Leases
+from cdclake.offsets import (
+    BatchPlan,
+    OffsetRange,
+)
+from cdclake.placement import Placement
+from cdclake.resolve import Truncate
+from cdclake.scan import RawScan
+from cdclake.spark import (
+    COMPILE_TARGET_ROWS,
+    restore_settings,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TableResult:
+    table: str
+    topic: str
+    status: str  # committed | already_committed | skipped
+    records: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    dead_letters: int = 0
+    truncated: bool = False
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    # where the changes were decoded and resolved: "driver" (a small batch, in Python),
+    # "tasks" (the same Python code in Spark tasks, records grouped by key) or "spark"
+    # (Spark SQL jobs); empty when the table had nothing to load
+    resolved_by: str = ""
+    # how the rows were written: "merge", or "append" (a table without a key, or a keyed
+    # table that held no row, as on a first load: the MERGE's inserts alone, without its
+    # join); empty when nothing was
+    written_by: str = ""
+    snapshot_id: int | None = None
+    # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
+    # its tables), then this table's `state` (table state and schema check), `resolve`
+    # (decode, check, resolve) and `write` (table DDL, deleted-keys ledger, MERGE or append,
+    # commit)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A table's resolved rows (persisted: the load unpersists them) and what the resolve
+    found: the last truncate, the rows per deleted flag, the latest source time (epoch
+    ms), and whether rows may hold TOAST placeholders."""
+
+    rows: object
+    truncate: Truncate | None
+    counts: Mapping[bool, int]
+    max_ms: int | None
+    toast: bool
+
+
+class Batch:
+    """What the tables of one batch share: the session, the raw records and their scan,
+    and a lock for the dead-letter table every table writes to."""
+
+    def __init__(
+        self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
+        read_seconds: float, rows=None,
+        ranged: dict[str, object] | None = None,
+        before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
+        placement: Placement = Placement.AUTO,
+    ) -> None:  # fmt: skip
+        self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
+        self.placement = placement
+        self.leases = leases or Leases(spark)  # write leases of the batch's tables
+        self.rows = rows  # the raw records as an Arrow table, when the driver read them
+        self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)
+        self.read_seconds = read_seconds  # reading the raw records and their scan
+        self.dead_letter_lock = threading.Lock()
+        # the session settings a small batch changed (`batch_conf`), with their values
+        # before it: put back by `compile_for`
+        self.interpreted = dict(before or {})
+        self.settings_lock = threading.Lock()
+
+    def compile_for(self, table: str, target_rows: int) -> None:
+        """Compile the batch's expressions from now on (the settings before the batch
+        back) when `table`, a MERGE target of `target_rows` rows, is big enough that
+        its scan costs more interpreted than compiling does (`COMPILE_TARGET_ROWS`).
+        One way only, so the tables loading meanwhile never switch back; what a query
+        computes is the same either way."""
+        if target_rows <= COMPILE_TARGET_ROWS or not self.interpreted:
+            return
+        with self.settings_lock:
+            if not self.interpreted:
+                return
+            restore_settings(self.spark, self.interpreted)
+            self.interpreted = {}
+        log.info("%s: a MERGE target of %d rows; the batch's expressions are compiled from "
+                 "now on", table, target_rows)  # fmt: skip
+
+    def ranges_of(self, table: TableConfig) -> list[OffsetRange]:
+        topic = self.pipeline.topic_for(table)
+        return [r for r in self.plan.ranges if r.topic == topic]
+
+    def dead_letters(self, rows, count: int) -> int:
+        with self.dead_letter_lock:  # concurrent commits to the one table would conflict
+            return set_aside(self.spark, self.pipeline, self.plan, rows, count,
+                                 self.leases)  # fmt: skip

@@ -1,0 +1,127 @@
+"""Records a table cannot take: records that are not envelopes, schema versions that do not
+fit the table; they fail their table naming topic, partition and offset, or go to the dead
+letters with the record as Kafka held it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from cdclake.batch import Batch, TableResult
+from cdclake.changes import (
+    column_types,
+    misfit,
+    value_row_fields,
+)
+from cdclake.config import OnError, PipelineConfig, TableConfig
+from cdclake.deadletters import set_aside
+from cdclake.debezium import parse_connect_schema
+from cdclake.exceptions import DecodeError
+from cdclake.leases import Leases
+from cdclake.offsets import (
+    BatchPlan,
+)
+from cdclake.scan import RawScan
+
+log = logging.getLogger(__name__)
+
+
+def handle_broken_envelopes(
+    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan, leases: Leases
+) -> tuple[object, RawScan]:
+    """Records that are not JSON-with-schema envelopes: dead-letter them (and take them
+    out of the batch), or leave them in `scan.broken` to fail their tables."""
+    from pyspark.sql import functions as F
+
+    if pipeline.on_error is not OnError.DEAD_LETTER or not scan.broken_count:
+        return raw, scan
+    dead = raw.where(F.col("error").isNotNull()).select(
+        "topic", "partition", "offset",
+        F.col("key_payload").alias("key"), F.col("value_payload").alias("value"), "error",
+    )  # fmt: skip
+    set_aside(spark, pipeline, plan, dead, scan.broken_count, leases)
+    return raw.where(F.col("error").isNull()), dataclasses.replace(scan, broken={})
+
+
+def set_aside_misfits(
+    batch: Batch,
+    table: TableConfig,
+    topic: str,
+    schemas: dict[str, list[tuple[int, str]]],
+    known: dict[str, str],
+    raw,
+    result: TableResult,
+):
+    """Records whose schema version does not fit the table's columns (an incompatible
+    type change in the source, e.g. text -> integer): fail naming the first of them, or
+    dead-letter them all and go on with the rest. Returns the schemas and records left."""
+    from pyspark.sql import functions as F
+
+    rejected = misfits(table, topic, schemas, known)
+    if not rejected:
+        return schemas, raw
+    reason = None
+    for (side, sid), text in rejected.items():
+        cond = F.col(f"{side}_schema_id") == F.lit(sid)
+        reason = F.when(cond, F.lit(text)) if reason is None else reason.when(cond, F.lit(text))
+    marked = raw.withColumn("_misfit", reason)
+    unfit = marked.where(F.col("_misfit").isNotNull())
+    if batch.pipeline.on_error is OnError.DEAD_LETTER:
+        dead = unfit.select(
+            "topic", "partition", "offset",
+            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
+            F.col("_misfit").alias("error"),
+        )  # fmt: skip
+        result.dead_letters += batch.dead_letters(dead, dead.count())
+        left = {
+            side: [(sid, t) for sid, t in versions if (side, sid) not in rejected]
+            for side, versions in schemas.items()
+        }
+        return left, marked.where(F.col("_misfit").isNull()).drop("_misfit")
+    first = unfit.orderBy("partition", "offset").limit(1).collect()[0]
+    target = batch.pipeline.qualified_target(table)
+    if first._misfit == NOT_AN_ENVELOPE:
+        raise DecodeError(
+            f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
+            f"Nothing of this batch was written to {target}. To go on, set on_error: "
+            "dead_letter (these records are set aside), or remove the transform that "
+            "changed the connector's records."
+        )
+    raise DecodeError(
+        f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
+        f"Nothing of this batch was written to {target}. To go "
+        "on, set on_error: dead_letter (these records are set aside), or take the new type: "
+        "drop the column from the lake table, load (records of the old type in the same "
+        "batch are set aside or fail), and run an incremental snapshot of the table."
+    )
+
+
+# a value schema without Debezium's envelope (op, before/after): a record flattened by
+# ExtractNewRecordState, or written to the topic by something else
+NOT_AN_ENVELOPE = (
+    "value is not a Debezium change event envelope (no op and before/after "
+    "fields: a record flattened by a transform such as ExtractNewRecordState?)"
+)
+
+
+def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, str]]],
+             known: dict[str, str]) -> dict[tuple[str, int], str]:  # fmt: skip
+    """(side, schema id) -> why that schema version does not fit the table's columns."""
+    rejected: dict[tuple[str, int], str] = {}
+    for sid, text in schemas.get("value", []):
+        try:
+            value_row_fields(parse_connect_schema(text), topic)
+        except DecodeError:
+            rejected[("value", sid)] = NOT_AN_ENVELOPE
+    for side in ("key", "value") if not table.key else ("value",):
+        versions = [
+            (sid, value_row_fields(parse_connect_schema(text), topic) if side == "value"
+             else parse_connect_schema(text).fields)
+            for sid, text in schemas.get(side, []) if (side, sid) not in rejected
+        ]  # fmt: skip
+        exclude = table.exclude if side == "value" else ()
+        types = column_types([f for _, f in versions], known, exclude)
+        for sid, fields in versions:
+            if (reason := misfit(fields, types, exclude)) is not None:
+                rejected[(side, sid)] = reason
+    return rejected
