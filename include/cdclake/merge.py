@@ -14,60 +14,23 @@ from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.config import partition_field
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
+from cdclake.merge_sql import (
+    DELETED_AT,
+    PIPELINE_PROPERTIES,
+    RESERVED_PROPERTIES,
+    TABLE_PROPERTIES,
+    _properties_sql,
+    _sql_text,
+    build_create_sql,
+    pipeline_properties_value,
+    quote,
+)
 from cdclake.offsets import TopicPartition
-from cdclake.resolve import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
 
 if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
-
-TABLE_PROPERTIES = {
-    "format-version": "2",
-    "write.delete.mode": "merge-on-read",
-    "write.update.mode": "merge-on-read",
-    "write.merge.mode": "merge-on-read",
-    "write.metadata.delete-after-commit.enabled": "true",
-    "write.metadata.previous-versions-max": "50",
-}
-
-
-def quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def build_create_sql(
-    table: str,
-    schema: TopicSchema,
-    properties: Mapping[str, str],
-    partition_by: Sequence[str] = (),
-    soft_delete: bool = False,
-) -> str:
-    cols = [f"{quote(c.name)} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns]
-    cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
-    if soft_delete:
-        cols.append(f"{DELETED} boolean")
-    props = _properties_sql(
-        {
-            **TABLE_PROPERTIES,
-            **properties,
-            PIPELINE_PROPERTIES: pipeline_properties_value(properties),
-        }
-    )
-    partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
-    return (
-        f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg{partitioned} "
-        f"TBLPROPERTIES ({props})"
-    )
-
-
-def _sql_text(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
-
-
-def _properties_sql(properties: Mapping[str, str]) -> str:
-    return ", ".join(f"'{_sql_text(k)}'='{_sql_text(v)}'" for k, v in properties.items())
-
 
 # What Iceberg raises when another writer got to a table first (creating, evolving or
 # committing to it).
@@ -89,206 +52,6 @@ def conflicts_reported(message: str, names: Sequence[str] = ICEBERG_CONFLICTS) -
         if any(name in str(exc) for name in names):
             raise CommitConflictError(message) from exc
         raise
-
-
-def written_columns(schema: TopicSchema) -> list[str]:
-    """The columns a batch writes into its table: the source's, then the metadata ones."""
-    return [c.name for c in schema.columns] + list(METADATA_COLUMNS)
-
-
-def build_append_sql(
-    table: str, source_view: str, schema: TopicSchema, soft_delete: bool = False
-) -> str:
-    """Append every change (tables without a key: an append-only changelog)."""
-    names = written_columns(schema)
-    if soft_delete:
-        names.append(DELETED)
-    cols = ", ".join(quote(n) for n in names)
-    return f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {source_view}"
-
-
-def build_merge_sql(
-    table: str,
-    source_view: str,
-    schema: TopicSchema,
-    toast_columns: Sequence[str] = (),
-    truncate_lsn: int | None = None,
-    truncate: bool = False,
-    dropped_columns: Sequence[str] = (),
-    soft_delete: bool = False,
-    deleted_lsn: bool = False,
-    truncated_below: int | None = None,
-    key_values: Mapping[str, Sequence] | None = None,
-) -> str:
-    """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
-    when both have one); TOAST placeholders keep the table's value; a truncate deletes
-    every row it did not see again. With `deleted_lsn` the source carries the LSN at
-    which an earlier batch hard-deleted the key (`DELETED_AT`), and a change that is not
-    newer than that delete (a re-sent one) does not insert the row again; likewise no
-    change older than an already loaded truncate (`truncated_below`) writes a row.
-
-    `key_values`, the values of key columns in the source (integer or text columns, no
-    truncate), also go into the join condition as a filter on the table alone, one `IN`
-    list per column, or for an integer column the range of its values (`KeyRange`):
-    Spark pushes it into the table's scan, so only rows with those values reach the join
-    instead of the whole table (a MERGE with inserts is an outer join that cannot
-    broadcast the source). A row outside it matches no source row, as its value of some
-    key column is in no source key, so the outcome is the same."""
-    names = written_columns(schema)
-    after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
-    if key_values is not None:
-        on += key_filter_sql(schema, key_values, truncate)
-    fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
-    if after_truncate:
-        fresh = f"({fresh}{after_truncate})"
-
-    def value(n: str) -> str:
-        """What an update writes into column `n`."""
-        if n in toast_columns:
-            flag = f"s.{quote(TOAST_PREFIX + n)}"
-            return f"CASE WHEN {flag} THEN t.{quote(n)} ELSE s.{quote(n)} END"
-        if n == LSN:
-            return f"coalesce(s.{LSN}, t.{LSN})"
-        return f"s.{quote(n)}"
-
-    def assign(n: str) -> str:
-        return f"t.{quote(n)} = {value(n)}"
-
-    # columns the source dropped stay in the table; rows written from now on hold NULL
-    gone = [f"t.{quote(n)} = NULL" for n in dropped_columns]
-    updates = ", ".join([assign(n) for n in names] + gone)
-    insert_cols = ", ".join(quote(n) for n in names)
-    insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
-    if soft_delete:
-        # deleted rows stay, flagged, with the last values they had: the batch's when it
-        # holds a row after of the key (an insert or update before the delete), else the
-        # table's (a delete alone carries no values)
-        marks = [assign(n) for n in METADATA_COLUMNS]
-        kept = [(c.name, value(c.name)) for c in schema.columns
-                if c.name not in schema.key_names]  # fmt: skip
-        kept += [(n, "NULL") for n in dropped_columns]
-        values = [f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END"
-                  for n, v in kept]  # fmt: skip
-        on_delete = f"UPDATE SET t.{DELETED} = true, {', '.join(marks + values)}"
-        updates += f", t.{DELETED} = false"
-        insert_cols += f", {DELETED}"
-        insert_vals += ", false"
-    else:
-        on_delete = "DELETE"
-    sql = (
-        f"MERGE INTO {table} t USING {source_view} s ON {on} "
-        f"WHEN MATCHED AND s.{DELETED} AND {fresh} THEN {on_delete} "
-        f"WHEN MATCHED AND {fresh} THEN UPDATE SET {updates} "
-        f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
-    )
-    if soft_delete:  # remember keys deleted before they were ever loaded, too
-        sql += (
-            f" WHEN NOT MATCHED AND s.{DELETED} THEN INSERT ({insert_cols}) "
-            f"VALUES ({insert_vals.removesuffix(', false')}, true)"
-        )
-    if truncate:
-        gone_rows = f"UPDATE SET t.{DELETED} = true" if soft_delete else "DELETE"
-        if truncate_lsn is None:
-            sql += f" WHEN NOT MATCHED BY SOURCE THEN {gone_rows}"
-        else:
-            below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
-            sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
-    return sql
-
-
-INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
-KEY_FILTER_TYPES = (*INTEGER_TYPES, "string")
-
-
-@dataclass(frozen=True)
-class KeyRange:
-    """The lowest and highest value of an integer key column among a batch's rows."""
-
-    low: int
-    high: int
-
-
-def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyRange],
-                   truncate: bool = False) -> str:  # fmt: skip
-    """` AND t.<column> IN (...)` for each key column of `key_values` with its values
-    (NULLs match nothing and are left out), or ` AND t.<column> BETWEEN <low> AND
-    <high>` for an integer one with a `KeyRange`. Any of the key columns will do: a row
-    whose value of one of them is outside the batch's matches no change."""
-    if truncate:  # WHEN NOT MATCHED BY SOURCE must see every row
-        raise ValueError("a key filter cannot go with a truncate")
-    types = {k.name: k.type for k in schema.key}
-    if not key_values or not set(key_values) <= set(types):
-        raise ValueError(f"a key filter takes some of the key columns {sorted(types)}, "
-                         f"not {sorted(key_values)}")  # fmt: skip
-    parts = []
-    for name, values in key_values.items():
-        kind = types[name]
-        if kind not in KEY_FILTER_TYPES:
-            raise ValueError(f"no key filter on {name!r} of type {kind}")
-        if isinstance(values, KeyRange):
-            if kind not in INTEGER_TYPES:
-                raise ValueError(f"no key range on {name!r} of type {kind}")
-            parts.append(f" AND t.{quote(name)} BETWEEN {int(values.low)} AND {int(values.high)}")
-            continue
-        if kind == "string":
-            items = [_string_literal(v) for v in values if v is not None]
-        else:
-            items = [str(int(v)) for v in values if v is not None]
-        if not items:
-            raise ValueError(f"a key filter needs a value of {name!r}")
-        parts.append(f" AND t.{quote(name)} IN ({', '.join(items)})")
-    return "".join(parts)
-
-
-def _string_literal(value: str) -> str:
-    """A SQL literal of `value`: quoted, or where a backslash or quote is in it (whose
-    reading depends on `spark.sql.parser.escapedStringLiterals`) its UTF-8 bytes in hex,
-    cast to a string."""
-    data = value.encode("utf-8")  # a lone surrogate: ValueError, no filter
-    if "\\" in value or "'" in value:
-        return f"CAST(X'{data.hex()}' AS STRING)"
-    return f"'{value}'"
-
-
-def _insert_conditions(truncated_below: int | None, deleted_lsn: bool) -> tuple[str, str]:
-    """What a change must pass to write a row: newer than an already loaded truncate
-    (`AND …`, or empty), and the whole condition for a key the table does not hold (not a
-    delete, and newer than an earlier hard delete of the key)."""
-    after_truncate = ""
-    if truncated_below is not None:
-        after_truncate = (
-            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{STALE_CHECK_LSN} > {int(truncated_below)})"
-        )
-    insert_when = f"NOT s.{DELETED}{after_truncate}"
-    if deleted_lsn:
-        insert_when += (
-            f" AND (s.{STALE_CHECK_LSN} IS NULL OR s.{DELETED_AT} IS NULL "
-            f"OR s.{STALE_CHECK_LSN} > s.{DELETED_AT})"
-        )
-    return after_truncate, insert_when
-
-
-def build_first_load_sql(
-    source_view: str,
-    schema: TopicSchema,
-    soft_delete: bool = False,
-    deleted_lsn: bool = False,
-    truncated_below: int | None = None,
-) -> str:
-    """The rows `build_merge_sql`'s MERGE writes into a table that holds no row: every
-    change is then not matched, so only its inserts apply (a truncate's `NOT MATCHED BY
-    SOURCE` has nothing to delete). A query of the table's columns, for
-    `append_to_empty`."""
-    names = written_columns(schema)
-    _, insert_when = _insert_conditions(truncated_below, deleted_lsn)
-    cols = ", ".join(f"s.{quote(n)}" for n in names)
-    if soft_delete:  # deleted keys are written too, flagged
-        return (
-            f"SELECT {cols}, s.{DELETED} AS {DELETED} FROM {source_view} s "
-            f"WHERE ({insert_when}) OR s.{DELETED}"
-        )
-    return f"SELECT {cols} FROM {source_view} s WHERE {insert_when}"
 
 
 def append_to_empty(spark, table: str, query: str, snapshot_id: int | None) -> None:
@@ -427,7 +190,6 @@ def ensure_table(
 
 
 DELETED_KEYS_PREFIX = "_cdclake_deleted_keys__"
-DELETED_AT = "_cdc_deleted_at_lsn"
 
 
 TRUNCATED_BELOW = "cdclake.truncated-below-lsn"
@@ -652,28 +414,6 @@ def table_state(spark, table: str) -> TableState:
         properties=properties,
         partition_fields=fields,
     )
-
-
-# What Iceberg keeps in a table's metadata rather than among its properties: a table
-# created with one of them does not list it, and setting it means something else (an
-# upgrade of the format, say). The pipeline's value of one takes effect at creation only.
-# (Iceberg's `TableProperties.RESERVED_PROPERTIES`.)
-RESERVED_PROPERTIES = frozenset({
-    "format-version", "uuid", "snapshot-count", "current-snapshot-id",
-    "current-snapshot-summary", "current-snapshot-timestamp-ms", "current-schema",
-    "default-partition-spec", "default-sort-order",
-})  # fmt: skip
-
-
-# Which table properties the pipeline file set (a JSON list of their names), kept on the
-# table so that one removed from the file can be unset at the next load; properties set
-# any other way are never touched.
-PIPELINE_PROPERTIES = "cdclake.pipeline-properties"
-
-
-def pipeline_properties_value(wanted: Mapping[str, str]) -> str:
-    """`PIPELINE_PROPERTIES`'s value for a pipeline's table properties (`wanted`)."""
-    return json.dumps(sorted(k for k in wanted if k not in RESERVED_PROPERTIES))
 
 
 def property_changes(current: Mapping[str, str],

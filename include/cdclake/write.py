@@ -13,24 +13,26 @@ from cdclake.changes import (
 from cdclake.config import DeleteMode, TableConfig
 from cdclake.exceptions import CommitConflictError
 from cdclake.merge import (
-    INTEGER_TYPES,
-    KEY_FILTER_TYPES,
-    KeyRange,
     TableState,
     append_to_empty,
     apply_table_settings,
-    build_append_sql,
-    build_first_load_sql,
-    build_merge_sql,
     commit_empty,
     commit_properties,
     conflicts_reported,
     current_snapshot,
     ensure_table,
-    key_filter_sql,
     mark_truncated,
     record_deleted_keys,
     with_deleted_lsn,
+)
+from cdclake.merge_sql import (
+    INTEGER_TYPES,
+    KEY_FILTER_TYPES,
+    KeyRange,
+    build_append_sql,
+    build_first_load_sql,
+    build_merge_sql,
+    key_filter_sql,
 )
 from cdclake.offsets import (
     SUMMARY_BATCH,

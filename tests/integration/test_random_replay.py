@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cdclake.job import run_batch
-from cdclake.merge import KeyRange
+from cdclake.merge_sql import KeyRange
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement
 from cdclake.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row

@@ -2,7 +2,7 @@
 
 import pytest
 from cdclake.changes import Column, TopicSchema
-from cdclake.merge import KeyRange, build_merge_sql, key_filter_sql
+from cdclake.merge_sql import KeyRange, build_merge_sql, key_filter_sql
 
 ID = Column("id", "bigint", False)
 ONE_KEY = TopicSchema(key=(ID,), columns=(ID, Column("name", "string")))
