@@ -10,17 +10,11 @@ from dataclasses import asdict, dataclass, field
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.deadletters import set_aside
 from cdclake.leases import Leases
-from cdclake.offsets import (
-    BatchPlan,
-    OffsetRange,
-)
+from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement
 from cdclake.resolve import Truncate
 from cdclake.scan import RawScan
-from cdclake.spark import (
-    COMPILE_TARGET_ROWS,
-    restore_settings,
-)
+from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
 log = logging.getLogger(__name__)
 

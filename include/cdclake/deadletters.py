@@ -9,9 +9,7 @@ from cdclake.config import PipelineConfig
 from cdclake.kafka import raw_records
 from cdclake.leases import Leases
 from cdclake.merge import DEAD_LETTER_RAW, DEAD_LETTERS, ensure_namespace, write_dead_letters
-from cdclake.offsets import (
-    BatchPlan,
-)
+from cdclake.offsets import BatchPlan
 
 log = logging.getLogger(__name__)
 

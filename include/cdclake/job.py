@@ -12,9 +12,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 
 from cdclake.batch import Batch, TableResult
-from cdclake.changes import (
-    topic_schema,
-)
+from cdclake.changes import topic_schema
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.kafka import discover
@@ -26,21 +24,10 @@ from cdclake.merge import (
     table_columns,
     table_state,
 )
-from cdclake.offsets import (
-    SUMMARY_BATCH,
-    BatchPlan,
-    OffsetRange,
-    PlanMode,
-    TopicPartition,
-)
+from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
 from cdclake.placement import Placement
 from cdclake.ranged import FailedTopic, read_by_range
-from cdclake.reader import (
-    DRIVER_READ_BYTES,
-    KAFKA,
-    arrow_frame,
-    read_local,
-)
+from cdclake.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
 from cdclake.scan import RawScan, scan_raw, scan_rows
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (

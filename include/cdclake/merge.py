@@ -8,7 +8,6 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
@@ -26,9 +25,6 @@ from cdclake.merge_sql import (
     quote,
 )
 from cdclake.offsets import TopicPartition
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema
 from cdclake.resolve import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
-
-if TYPE_CHECKING:
-    pass
-
 
 TABLE_PROPERTIES = {
     "format-version": "2",

@@ -10,21 +10,11 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from cdclake.changes import (
-    TopicSchema,
-)
+from cdclake.changes import TopicSchema
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
 from cdclake.exceptions import CdclakeError
-from cdclake.merge import (
-    conflicts_reported,
-    ensure_namespace,
-    ensure_table,
-    table_columns,
-)
-from cdclake.offsets import (
-    BatchPlan,
-    OffsetRange,
-)
+from cdclake.merge import conflicts_reported, ensure_namespace, ensure_table, table_columns
+from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement
 from cdclake.range_resolve import (
     KEYS_COLUMN,
@@ -36,15 +26,9 @@ from cdclake.range_resolve import (
     head_schemas,
     range_task,
 )
-from cdclake.reader import (
-    KAFKA,
-    RawSource,
-    range_plan,
-)
+from cdclake.reader import KAFKA, RawSource, range_plan
 from cdclake.setaside import misfits
-from cdclake.spark import (
-    cache_level,
-)
+from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
 

@@ -8,19 +8,13 @@ import dataclasses
 import logging
 
 from cdclake.batch import Batch, TableResult
-from cdclake.changes import (
-    column_types,
-    misfit,
-    value_row_fields,
-)
+from cdclake.changes import column_types, misfit, value_row_fields
 from cdclake.config import OnError, PipelineConfig, TableConfig
 from cdclake.deadletters import set_aside
 from cdclake.debezium import parse_connect_schema
 from cdclake.exceptions import DecodeError
 from cdclake.leases import Leases
-from cdclake.offsets import (
-    BatchPlan,
-)
+from cdclake.offsets import BatchPlan
 from cdclake.scan import RawScan
 
 log = logging.getLogger(__name__)

@@ -6,12 +6,7 @@ from __future__ import annotations
 import logging
 
 from cdclake.batch import Batch, Resolved, TableResult
-from cdclake.changes import (
-    DELETED,
-    SOURCE_TS,
-    TopicSchema,
-    decode_changes,
-)
+from cdclake.changes import DELETED, SOURCE_TS, TopicSchema, decode_changes
 from cdclake.config import OnError, TableConfig
 from cdclake.driver_resolve import (
     RAW_COLUMNS,
@@ -24,9 +19,7 @@ from cdclake.driver_resolve import (
     task_ddl,
     tasks_can_resolve,
 )
-from cdclake.reader import (
-    arrow_frame,
-)
+from cdclake.reader import arrow_frame
 from cdclake.resolve import (
     CHECK_FIRST_TYPE,
     CHECK_TRUNCATE_TYPE,
@@ -38,9 +31,7 @@ from cdclake.resolve import (
     read_check,
     resolve_latest,
 )
-from cdclake.spark import (
-    cache_level,
-)
+from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
 

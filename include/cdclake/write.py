@@ -7,9 +7,7 @@ import logging
 from collections.abc import Mapping
 
 from cdclake.batch import Batch, Resolved, TableResult
-from cdclake.changes import (
-    TopicSchema,
-)
+from cdclake.changes import TopicSchema
 from cdclake.config import DeleteMode, TableConfig
 from cdclake.exceptions import CommitConflictError
 from cdclake.merge import (
@@ -43,9 +41,7 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     encode_offsets,
 )
-from cdclake.resolve import (
-    toastable,
-)
+from cdclake.resolve import toastable
 
 log = logging.getLogger(__name__)
 
