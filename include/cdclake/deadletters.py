@@ -15,7 +15,9 @@ log = logging.getLogger(__name__)
 
 
 def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int,
-                  leases: Leases) -> int:  # fmt: skip
+              leases: Leases) -> int:  # fmt: skip
+    """Write `count` records set aside (`rows`: topic, partition, offset, key and value
+    payload text, error) to the pipeline's dead-letter table, once each."""
     from pyspark.sql import functions as F
 
     stamped = _with_raw(spark, pipeline, rows).select(
@@ -43,9 +45,7 @@ def _with_raw(spark, pipeline: PipelineConfig, rows):
     """Dead-letter rows with their records' key, value and headers as Kafka holds them
     (read again: the rows kept only what could be parsed of them)."""
     coordinates = [tuple(r) for r in rows.select("topic", "partition", "offset").collect()]
-    raw = raw_records(pipeline.kafka, coordinates)
-    found = [(*at, key, value, [(k, v) for k, v in headers])
-             for at, (key, value, headers) in raw.items()]  # fmt: skip
+    found = [(*at, *record) for at, record in raw_records(pipeline.kafka, coordinates).items()]
     frame = spark.createDataFrame(found, f"topic string, partition int, offset bigint, "
                                          f"{DEAD_LETTER_RAW}")  # fmt: skip
     return rows.join(frame, ["topic", "partition", "offset"], "left")

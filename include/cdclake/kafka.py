@@ -196,7 +196,7 @@ def raw_records(
                                         f"@{min(offsets)}: {msg.error()}")  # fmt: skip
                 idle = time.monotonic() + timeout
                 if msg.offset() in offsets:
-                    headers = [(k, v) for k, v in msg.headers() or []]
+                    headers = list(msg.headers() or [])
                     out[(topic, partition, msg.offset())] = (msg.key(), msg.value(), headers)
                 if msg.offset() >= last:
                     break
