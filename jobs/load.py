@@ -10,10 +10,10 @@ import argparse
 import json
 import sys
 
-from cdclake.config import load_pipeline
 from cdclake.job import run_batch
 from cdclake.lifecycle import run_job
 from cdclake.offsets import plans_from_json
+from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import build_session
 
 

@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 
-from cdclake.config import load_pipeline
 from cdclake.lifecycle import run_job
 from cdclake.maintenance import run_maintenance
+from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import build_session
 
 

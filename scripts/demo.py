@@ -12,13 +12,13 @@ from pathlib import Path
 # cdclake's own modules do not import Airflow (which reads AIRFLOW_HOME when first
 # imported, below): imported here so that a moved name fails the demo's import test
 from cdclake.compare import compare_pipeline, render_comparison
-from cdclake.config import load_pipeline
 from cdclake.exceptions import CdclakeError
 from cdclake.freshness import render_freshness, status_rows
 from cdclake.jvm import archive_path
 from cdclake.jvm_archive import build_archive
 from cdclake.local.stack import LocalStack, StackSettings
 from cdclake.local.workload import apply_workload
+from cdclake.pipeline_file import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -60,7 +60,7 @@ def stack():
 
 @pytest.fixture(scope="session")
 def pipeline():
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
 
     return load_pipeline(DEMO_PIPELINE)
 

@@ -153,22 +153,22 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "local":
         return _local(args)
     if args.command == "plan":
-        from cdclake.config import load_pipeline
+        from cdclake.pipeline_file import load_pipeline
         from cdclake.planner import plan_pipeline
 
         plan = plan_pipeline(load_pipeline(args.pipeline), args.batch_id)
         print(plan.to_json())
         return 0
     if args.command == "run":
-        from cdclake.config import load_pipeline
+        from cdclake.pipeline_file import load_pipeline
         from cdclake.runner import run_once
 
         results = run_once(load_pipeline(args.pipeline), args.batch_id)
         print(json.dumps(results, indent=2, sort_keys=True))
         return 0
     if args.command == "maintain":
-        from cdclake.config import load_pipeline
         from cdclake.maintenance import run_maintenance
+        from cdclake.pipeline_file import load_pipeline
 
         print(json.dumps(run_maintenance(load_pipeline(args.pipeline)), indent=2, sort_keys=True))
         return 0
@@ -178,7 +178,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _snapshot(args)
     if args.command == "compare":
         from cdclake.compare import compare_pipeline, render_comparison
-        from cdclake.config import load_pipeline
+        from cdclake.pipeline_file import load_pipeline
 
         results = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
         print(render_comparison(results))
@@ -213,7 +213,7 @@ def _backfill(args: argparse.Namespace) -> int:
     import uuid
 
     from cdclake.backfill import describe, parse_request, plan_pipeline_backfill, run_backfill
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
 
     pipeline = load_pipeline(args.pipeline)
     request = parse_request(
@@ -238,7 +238,7 @@ def _backfill(args: argparse.Namespace) -> int:
 def _snapshot(args: argparse.Namespace) -> int:
     import os
 
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
     from cdclake.signals import SignalError, follow_snapshot, parse_request, submit
 
     pipeline = load_pipeline(args.pipeline)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
 from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
-from cdclake.config import partition_field
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.merge_sql import (
     DELETED_AT,
@@ -25,6 +24,7 @@ from cdclake.merge_sql import (
     quote,
 )
 from cdclake.offsets import TopicPartition
+from cdclake.pipeline_file import partition_field
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
-from cdclake.config import read_pipelines
 from cdclake.exceptions import CdclakeError
 from cdclake.freshness import (
     COLUMNS,
@@ -36,6 +35,7 @@ from cdclake.freshness import (
     freshness_cells,
     pipeline_freshness,
 )
+from cdclake.pipeline_file import read_pipelines
 from fastapi import FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select

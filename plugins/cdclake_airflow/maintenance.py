@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 
 from airflow.sdk import DAG, task
-from cdclake.config import PipelineConfig, load_pipeline
+from cdclake.config import PipelineConfig
+from cdclake.pipeline_file import load_pipeline
 
 from cdclake_airflow.factory import PROJECT_ROOT, spark_submit
 from cdclake_airflow.isolation import build_isolated

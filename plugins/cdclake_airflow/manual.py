@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
-from cdclake.config import PipelineConfig, read_pipelines
+from cdclake.config import PipelineConfig
+from cdclake.pipeline_file import read_pipelines
 
 from cdclake_airflow.factory import load_task, tables_alias
 

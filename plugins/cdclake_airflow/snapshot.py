@@ -49,7 +49,7 @@ class SnapshotTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from cdclake.config import load_pipeline
+        from cdclake.pipeline_file import load_pipeline
         from cdclake.signals import SnapshotProgress, notification_consumer, poll_notification
 
         pipeline = load_pipeline(self.pipeline_path)

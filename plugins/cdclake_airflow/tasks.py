@@ -14,8 +14,8 @@ DRIVER_OPTIONS_XCOM = "driver_java_options"
 
 def plan(pipeline_path: str, **context) -> str:
     """Next batch plan as JSON; the batch id names the DAG run so commits can be traced."""
-    from cdclake.config import load_pipeline
     from cdclake.jvm import driver_java_options, resolves_by_range
+    from cdclake.pipeline_file import load_pipeline
     from cdclake.planner import plan_pipeline
 
     pipeline = load_pipeline(pipeline_path)
@@ -55,9 +55,9 @@ def emit_changed(outlet_events, pipeline, reports) -> list[str]:
 
 def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
     """Per-table figures, and an asset event for each table the batch changed."""
-    from cdclake.config import load_pipeline
     from cdclake.kafka import discover
     from cdclake.offsets import BatchPlan
+    from cdclake.pipeline_file import load_pipeline
     from cdclake.report import report_pipeline
 
     pipeline = discover(load_pipeline(pipeline_path))  # the figures' tables and the events'
@@ -81,7 +81,7 @@ def _pipeline_path(paths: dict[str, str], name: str) -> str:
 def backfill_plan(paths: dict[str, str], **context) -> dict:
     """Validate the form against the pipeline and Kafka; the plans of the backfill."""
     from cdclake.backfill import describe, parse_request, plan_pipeline_backfill
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
 
     params = context["params"]
     path = _pipeline_path(paths, params["pipeline"])
@@ -122,9 +122,9 @@ def choose_load(plan: dict) -> list[str]:
 
 def backfill_report(plan: dict, **context) -> list[dict]:
     """The backfilled tables' figures, and an asset event for each table it changed."""
-    from cdclake.config import load_pipeline
     from cdclake.kafka import discover
     from cdclake.offsets import plans_from_json
+    from cdclake.pipeline_file import load_pipeline
     from cdclake.report import report_pipeline
 
     pipeline = discover(load_pipeline(plan["pipeline_path"]))
@@ -162,7 +162,7 @@ def source_dsn(pipeline) -> str:
 
 def snapshot_send(paths: dict[str, str], **context) -> dict:
     """Validate everything, then send the signal; what the sensor needs to follow it."""
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
     from cdclake.signals import parse_request, submit
 
     params = context["params"]

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 import yaml
 from cdclake.catalog import load_catalog, table_state
-from cdclake.config import load_pipeline
 from cdclake.kafka import fetch_watermarks
 from cdclake.offsets import SUMMARY_BATCH
+from cdclake.pipeline_file import load_pipeline
 
 from tests.conftest import DEMO_PIPELINE
 from tests.e2e.helpers import asset_events, run_dag, task_states, xcom_of

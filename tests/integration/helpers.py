@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 from cdclake.compare import compare_pipeline
-from cdclake.config import PipelineConfig, load_pipeline
+from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
+from cdclake.pipeline_file import load_pipeline
 from cdclake.placement import Placement
 from cdclake.planner import plan_pipeline
 

@@ -19,7 +19,6 @@ import psycopg
 import pytest
 import yaml
 from cdclake.compare import compare_pipeline
-from cdclake.config import load_pipeline
 from cdclake.local.objectstore import (
     ACCESS_KEY_ENV,
     REGION,
@@ -28,6 +27,7 @@ from cdclake.local.objectstore import (
     S3Credentials,
 )
 from cdclake.local.rest_catalog import LocalRestCatalog
+from cdclake.pipeline_file import load_pipeline
 from cdclake.planner import plan_pipeline
 from cdclake.spark import spark_conf
 

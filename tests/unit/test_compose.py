@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cdclake.config import load_pipeline
+from cdclake.pipeline_file import load_pipeline
 
 from tests.conftest import ROOT
 

@@ -1,8 +1,9 @@
 from pathlib import Path
 
 import pytest
-from cdclake.config import DeleteMode, OnError, load_pipeline, read_pipelines
+from cdclake.config import DeleteMode, OnError
 from cdclake.exceptions import ConfigError
+from cdclake.pipeline_file import load_pipeline, read_pipelines
 
 VALID = """
 name: shop

@@ -100,7 +100,7 @@ def test_the_load_task_takes_its_driver_options_from_the_plan(monkeypatch):
     options from the plan task's XCom, unless the pipeline sets them."""
     import dataclasses
 
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
     from cdclake_airflow.factory import build_pipeline_dag
     from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM
 

@@ -24,8 +24,8 @@ def test_local_env_points_the_demo_pipeline_at_a_moved_stack(monkeypatch, tmp_pa
     """`eval "$(cdclake local env)"` is all the README's Airflow steps give the shell: on a
     stack moved to other ports and another state directory, the demo pipeline must reach
     that stack's catalog and warehouse, not the default stack's."""
-    from cdclake.config import load_pipeline
     from cdclake.local.stack import LocalStack
+    from cdclake.pipeline_file import load_pipeline
 
     monkeypatch.setenv("CDCLAKE_STATE_DIR", str(tmp_path / "moved"))
     monkeypatch.setenv("CDCLAKE_PG_PORT", "55499")
@@ -70,7 +70,7 @@ def test_local_env_and_status_never_print_the_kafka_password(monkeypatch, tmp_pa
 def test_a_pipeline_without_the_kafka_login_variables_logs_in_to_nothing(monkeypatch):
     """The demo pipeline's SASL settings are empty without the variables: left out, so a
     broker without authentication (docker-compose's) is reached in PLAINTEXT."""
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
 
     for name in ("CDCLAKE_KAFKA_SECURITY_PROTOCOL", "CDCLAKE_KAFKA_SASL_MECHANISM",
                  "CDCLAKE_KAFKA_USER", "CDCLAKE_KAFKA_PASSWORD"):  # fmt: skip

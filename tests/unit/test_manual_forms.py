@@ -15,7 +15,7 @@ from tests.conftest import DEMO_PIPELINE
 
 @pytest.fixture(scope="module")
 def dags(tmp_path_factory):
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
     from cdclake_airflow.manual import build_backfill_dag, build_snapshot_dag
 
     pipelines = {"demo": load_pipeline(DEMO_PIPELINE)}
@@ -103,7 +103,7 @@ def test_well_formed_values_pass_the_field(dags, form, name, value):
 def test_the_tables_picker_offers_listed_tables_when_kafka_does_not_answer(tmp_path):
     """A pattern's tables come from Kafka's topics; an unreachable broker costs at most the
     bound, and the listed tables are still offered."""
-    from cdclake.config import load_pipeline
+    from cdclake.pipeline_file import load_pipeline
     from cdclake_airflow.manual import build_snapshot_dag, picker_tables
 
     raw = yaml.safe_load(DEMO_PIPELINE.read_text())

@@ -4,8 +4,8 @@
 from pathlib import Path
 
 import pytest
-from cdclake.config import load_pipeline
 from cdclake.exceptions import ConfigError
+from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import SPARK_JARS_ENV, SparkJar, spark_conf
 
 JDBC = """

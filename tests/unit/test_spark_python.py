@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from cdclake.config import load_pipeline
+from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import DRIVER_PYTHON, PYTHON, spark_conf
 
 from tests.conftest import DEMO_PIPELINE

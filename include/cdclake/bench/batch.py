@@ -21,9 +21,9 @@ from pathlib import Path
 from cdclake.bench.cpu import cpu_parts, cpu_snapshot
 from cdclake.bench.events import Workload
 from cdclake.bench.sources import file_reader, generated_reader, recorded_ranges
-from cdclake.config import load_pipeline
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import build_session
 
 

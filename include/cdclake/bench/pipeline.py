@@ -9,8 +9,9 @@ from pathlib import Path
 import yaml
 
 from cdclake.bench.events import Workload
-from cdclake.config import PipelineConfig, load_pipeline
+from cdclake.config import PipelineConfig
 from cdclake.local.stack import StackSettings
+from cdclake.pipeline_file import load_pipeline
 
 # the stack's SASL login, read from the environment (`cdclake local env`), never written
 KAFKA_LOGIN = {

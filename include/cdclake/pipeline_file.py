@@ -1,0 +1,375 @@
+"""Pipeline files read into `PipelineConfig`: strict keys, every value checked, every error
+naming the file and the field, so a broken YAML shows up in the Airflow UI (as a DAG
+import error) with enough information to fix it."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from cdclake.config import (
+    HANDLING_MODES,
+    IDENTIFIER,
+    ORPHAN_MIN_HOURS,
+    CatalogConfig,
+    ConnectorModes,
+    DeleteMode,
+    KafkaConfig,
+    MaintenanceConfig,
+    OnError,
+    PipelineConfig,
+    SourceConfig,
+    SparkConfig,
+    TableConfig,
+    TimeoutsConfig,
+)
+from cdclake.config_reader import SCHEDULE_PRESETS, Reader, load_yaml, schedule_problem
+from cdclake.exceptions import ConfigError
+
+_GLOB = re.compile(r"^[A-Za-z0-9_*?]+$")
+# at most 100: Airflow DAG ids (cdclake_maintenance__<name>) have at most 250 characters
+_PIPELINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,99}$")
+# what Kafka allows in a topic name; the prefix leaves room for ".<schema>.<table>"
+_TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,120}$")
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate one pipeline YAML file. Keys are strict: a duplicate key, or one
+    the parse functions below do not read, is an error naming it."""
+    path = Path(path).resolve()
+    reader = Reader(path)
+    raw = load_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a YAML mapping at the top level")
+    pipeline = _parse_pipeline(reader, reader.strict("", raw))
+    reader.refuse_unknown()
+    return pipeline
+
+
+def pipelines_dir() -> Path:
+    """`CDCLAKE_PIPELINES_DIR`, else include/pipelines/ beside this package."""
+    env = os.environ.get("CDCLAKE_PIPELINES_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "pipelines"
+
+
+@dataclass(frozen=True)
+class PipelineSet:
+    """The pipelines of a directory's YAML files, by name, and the files that could not be
+    read, each with the ConfigError naming its file and field. One broken file does not
+    take the others with it."""
+
+    pipelines: dict[str, PipelineConfig]
+    errors: dict[Path, ConfigError]
+
+    def raise_errors(self) -> None:
+        """One ConfigError naming every broken file, if there is any."""
+        if self.errors:
+            raise ConfigError("\n".join(str(e) for e in self.errors.values()))
+
+
+def read_pipelines(directory: str | os.PathLike[str] | None = None) -> PipelineSet:
+    """Every `*.yaml` of `directory` (default `pipelines_dir()`), in name order. A file
+    that does not parse, or whose `name` an earlier file already has, is an error of the
+    set; a missing directory is too."""
+    directory = Path(directory) if directory is not None else pipelines_dir()
+    if not directory.is_dir():
+        error = ConfigError(f"{directory}: pipelines directory does not exist")
+        return PipelineSet({}, {directory: error})
+    pipelines: dict[str, PipelineConfig] = {}
+    errors: dict[Path, ConfigError] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            pipeline = load_pipeline(path)
+        except ConfigError as exc:
+            errors[path] = exc
+            continue
+        if pipeline.name in pipelines:
+            errors[path] = ConfigError(
+                f"{pipeline.path}: name: {pipeline.name!r} is already used by "
+                f"{pipelines[pipeline.name].path}"
+            )
+            continue
+        pipelines[pipeline.name] = pipeline
+    return PipelineSet(pipelines, errors)
+
+
+def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
+    name = r.get(raw, "", "name", str)
+    if not _PIPELINE_NAME.match(name):
+        raise r.fail(
+            "name", f"{name!r} must be lower-case letters, digits and underscores (at most 100)"
+        )
+    topic_prefix = r.get(raw, "", "topic_prefix", str)
+    if not _TOPIC_PREFIX.match(topic_prefix) or topic_prefix in (".", ".."):
+        raise r.fail(
+            "topic_prefix",
+            f"{topic_prefix!r} must be 1 to 120 of the characters Kafka allows in a topic name "
+            "(letters, digits, '.', '_', '-'), as the connector's topic.prefix",
+        )
+    timeouts = _parse_timeouts(r, r.mapping(raw, "", "timeouts", required=False))
+    kafka_raw = r.mapping(raw, "", "kafka")
+    kafka = KafkaConfig(
+        bootstrap_servers=r.get(kafka_raw, "kafka", "bootstrap_servers", str),
+        properties=r.string_map(kafka_raw, "kafka", "properties"),
+        timeouts=timeouts,
+    )
+    catalog = replace(_parse_catalog(r, r.mapping(raw, "", "catalog")), timeouts=timeouts)
+    namespace = r.get(raw, "", "namespace", str)
+    if not IDENTIFIER.match(namespace):
+        raise r.fail("namespace", f"{namespace!r} is not a valid identifier")
+    max_records = r.get(raw, "", "max_records_per_batch", int, 1_000_000)
+    if max_records <= 0:
+        raise r.fail("max_records_per_batch", "must be greater than 0")
+    parallel_tables = r.get(raw, "", "parallel_tables", int, 4)
+    if parallel_tables <= 0:
+        raise r.fail("parallel_tables", "must be greater than 0")
+    on_error_raw = r.get(raw, "", "on_error", str, OnError.FAIL.value)
+    try:
+        on_error = OnError(on_error_raw)
+    except ValueError:
+        choices = [e.value for e in OnError]
+        raise r.fail("on_error", f"{on_error_raw!r} is not one of {choices}") from None
+    spark_raw = r.mapping(raw, "", "spark", required=False)
+    if "served" in spark_raw:  # pipeline files written for an older cdclake
+        raise r.fail("spark.served", "the served driver was removed; loads run through "
+                     "spark-submit (remove this key)")  # fmt: skip
+    spark = SparkConfig(
+        conn_id=r.get(spark_raw, "spark", "conn_id", str, "spark_default"),
+        master=r.get(spark_raw, "spark", "master", str, "local[2]"),
+        conf=r.string_map(spark_raw, "spark", "conf"),
+    )
+    source_raw = r.mapping(raw, "", "source", required=False)
+    signal_table = r.get(source_raw, "source", "signal_table", str, "public.debezium_signal")
+    parts = signal_table.split(".")
+    if len(parts) != 2 or not all(IDENTIFIER.match(p) for p in parts):
+        raise r.fail("source.signal_table", f"{signal_table!r} must be '<schema>.<table>'")
+    source = SourceConfig(
+        conn_id=r.get(source_raw, "source", "conn_id", str, "cdclake_source"),
+        dsn=r.get(source_raw, "source", "dsn", str, None) or None,
+        signal_table=signal_table,
+        signal_topic=r.get(source_raw, "source", "signal_topic", str, None) or None,
+        notification_topic=r.get(source_raw, "source", "notification_topic", str, None) or None,
+    )
+    tables = _parse_tables(r, raw)
+    return PipelineConfig(
+        name=name,
+        path=r.path,
+        topic_prefix=topic_prefix,
+        kafka=kafka,
+        catalog=catalog,
+        namespace=namespace,
+        tables=tuple(t for t in tables if not _is_glob(t.source)),
+        patterns=tuple(t for t in tables if _is_glob(t.source)),
+        max_records_per_batch=max_records,
+        parallel_tables=parallel_tables,
+        schedule=_schedule(r, "schedule", r.get(raw, "", "schedule", str, None)),
+        on_error=on_error,
+        spark=spark,
+        source=source,
+        connector=_parse_connector(r, r.mapping(raw, "", "connector", required=False)),
+        maintenance=_parse_maintenance(r, r.mapping(raw, "", "maintenance", required=False)),
+        timeouts=timeouts,
+    )
+
+
+def _schedule(r: Reader, where: str, schedule: str | None) -> str | None:
+    """`schedule` if Airflow accepts it as a DAG's schedule (null: manual runs only)."""
+    problem = None if schedule is None else schedule_problem(schedule)
+    if problem is not None:
+        raise r.fail(
+            where,
+            f"{schedule!r} is not a cron expression ('*/5 * * * *') or one of "
+            f"{', '.join(SCHEDULE_PRESETS)} or null: {problem}",
+        )
+    return schedule
+
+
+def _parse_connector(r: Reader, raw: Mapping[str, Any]) -> ConnectorModes:
+    """The handling modes, each by its field name or the connector's dotted property name."""
+    modes: dict[str, str] = {}
+    for name, choices in HANDLING_MODES.items():
+        dotted = name.replace("_", ".")
+        if name in raw and dotted in raw:
+            raise r.fail(f"connector.{dotted}", f"give connector.{name} or {dotted}, not both")
+        key = dotted if dotted in raw else name
+        value = r.get(raw, "connector", key, str, None)
+        if value is None:
+            continue
+        if value not in choices:
+            raise r.fail(f"connector.{key}", f"{value!r} is not one of {list(choices)}")
+        modes[name] = value
+    return ConnectorModes(**modes)
+
+
+def _parse_timeouts(r: Reader, raw: Mapping[str, Any]) -> TimeoutsConfig:
+    seconds: dict[str, float] = {}
+    for name in (f.name for f in fields(TimeoutsConfig)):
+        value = r.get(raw, "timeouts", name, object, getattr(TimeoutsConfig, name))
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not number > 0 or math.isinf(number):
+            raise r.fail(f"timeouts.{name}", f"must be a number of seconds > 0, got {value!r}")
+        seconds[name] = number
+    return TimeoutsConfig(**seconds)
+
+
+_MAINTENANCE_MINIMUM = {
+    "expire_older_than_hours": 0,
+    "retain_last": 1,
+    "target_file_size_bytes": 1_048_576,
+    "min_input_files": 1,
+    "delete_file_threshold": 1,
+    "orphan_older_than_hours": ORPHAN_MIN_HOURS,
+}
+
+
+def _parse_maintenance(r: Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
+    defaults = MaintenanceConfig()
+    enabled = r.get(raw, "maintenance", "enabled", bool, defaults.enabled)
+    schedule = r.get(raw, "maintenance", "schedule", str, None)  # present but null: manual
+    if "schedule" not in raw:
+        schedule = defaults.schedule
+    schedule = _schedule(r, "maintenance.schedule", schedule)
+    numbers: dict[str, int] = {}
+    for name, minimum in _MAINTENANCE_MINIMUM.items():
+        value = r.get(raw, "maintenance", name, int, getattr(defaults, name))
+        if value < minimum:
+            why = (
+                " (younger unreferenced files may belong to a load that is still committing)"
+                if name == "orphan_older_than_hours"
+                else ""
+            )
+            raise r.fail(f"maintenance.{name}", f"must be at least {minimum}, got {value}{why}")
+        numbers[name] = value
+    return MaintenanceConfig(enabled=enabled, schedule=schedule, **numbers)
+
+
+def _parse_catalog(r: Reader, raw: Mapping[str, Any]) -> CatalogConfig:
+    name = r.get(raw, "catalog", "name", str)
+    if not IDENTIFIER.match(name):
+        raise r.fail("catalog.name", f"{name!r} is not a valid identifier")
+    kind = r.get(raw, "catalog", "type", str)
+    if kind not in ("jdbc", "rest"):
+        raise r.fail("catalog.type", f"{kind!r} is not one of ['jdbc', 'rest']")
+    warehouse = r.get(raw, "catalog", "warehouse", str)
+    if "://" not in warehouse:  # a local path, relative to the config file
+        warehouse = (r.path.parent / warehouse).resolve().as_uri()
+    return CatalogConfig(
+        name=name,
+        type=kind,
+        uri=r.get(raw, "catalog", "uri", str),
+        warehouse=warehouse,
+        properties=r.string_map(raw, "catalog", "properties"),
+    )
+
+
+_TRANSFORM = re.compile(
+    r"^(?:(?P<column>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<time>years|months|days|hours|year|month|day|hour)"
+    r"\((?P<time_column>[A-Za-z_][A-Za-z0-9_]*)\)"
+    r"|(?P<sized>bucket|truncate)"
+    r"\(\s*(?P<width>\d+)\s*,\s*(?P<sized_column>[A-Za-z_][A-Za-z0-9_]*)\s*\))$"
+)
+
+
+def partition_field(spec: str) -> tuple[str, str]:
+    """A `partition_by` entry (`_TRANSFORM`, as the config accepts it) as Iceberg names
+    its field's transform and column: "bucket(16, id)" -> ("bucket[16]", "id"),
+    "days(ts)" -> ("day", "ts"), "kind" -> ("identity", "kind")."""
+    found = _TRANSFORM.match(spec)
+    if found is None:
+        raise ValueError(f"{spec!r} is not a column or an Iceberg transform")
+    if found["column"]:
+        return "identity", found["column"]
+    if found["time"]:
+        return found["time"].removesuffix("s"), found["time_column"]
+    return f"{found['sized']}[{found['width']}]", found["sized_column"]
+
+
+def _names(r: Reader, item: Mapping[str, Any], where: str, key: str) -> list[str]:
+    names = r.get(item, where, key, list, [])
+    for name in names:
+        if not isinstance(name, str) or not IDENTIFIER.match(name):
+            raise r.fail(f"{where}.{key}", f"{name!r} is not a column name")
+    return names
+
+
+def _is_glob(source: str) -> bool:
+    return "*" in source or "?" in source
+
+
+def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
+    items = r.get(raw, "", "tables", list)
+    if not items:
+        raise r.fail("tables", "must list at least one table")
+    tables: list[TableConfig] = []
+    for i, item in enumerate(items):
+        where = f"tables[{i}]"
+        if isinstance(item, str):
+            item = {"source": item}
+        if not isinstance(item, dict):
+            raise r.fail(where, "must be a string '<schema>.<table>' or a mapping")
+        r.strict(where, item)
+        source = r.get(item, where, "source", str)
+        parts = source.split(".")
+        if _is_glob(source):
+            if len(parts) != 2 or not all(_GLOB.match(p) for p in parts):
+                raise r.fail(
+                    f"{where}.source",
+                    f"{source!r} must be '<schema>.<table>' (a pattern may use * and ?)",
+                )
+            if "target" in item:
+                raise r.fail(
+                    f"{where}.target",
+                    "a pattern's tables keep their own names; list a table by name to rename it",
+                )
+        elif len(parts) != 2 or not all(IDENTIFIER.match(p) for p in parts):
+            raise r.fail(f"{where}.source", f"{source!r} must be '<schema>.<table>'")
+        target = "" if _is_glob(source) else r.get(item, where, "target", str, parts[1])
+        if target and not IDENTIFIER.match(target):
+            raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
+        key = _names(r, item, where, "key")
+        exclude = _names(r, item, where, "exclude")
+        clash = sorted(set(key) & set(exclude))
+        if clash:
+            raise r.fail(f"{where}.exclude", f"key column(s) {clash} cannot be excluded")
+        mode_raw = r.get(item, where, "delete_mode", str, DeleteMode.HARD.value)
+        try:
+            delete_mode = DeleteMode(mode_raw)
+        except ValueError:
+            choices = [m.value for m in DeleteMode]
+            raise r.fail(f"{where}.delete_mode", f"{mode_raw!r} is not one of {choices}") from None
+        partition_by = r.get(item, where, "partition_by", list, [])
+        for i_part, spec in enumerate(partition_by):
+            if not isinstance(spec, str) or not _TRANSFORM.match(spec):
+                raise r.fail(
+                    f"{where}.partition_by[{i_part}]",
+                    f"{spec!r} is not a column or an Iceberg transform such as "
+                    "'bucket(16, id)', 'truncate(4, name)', 'days(ts)'",
+                )
+        tables.append(
+            TableConfig(
+                source=source,
+                target=target,
+                key=tuple(key),
+                exclude=tuple(exclude),
+                delete_mode=delete_mode,
+                partition_by=tuple(partition_by),
+                properties=r.string_map(item, where, "properties"),
+            )
+        )
+    seen: dict[str, str] = {}
+    for t in tables:
+        if _is_glob(t.source):
+            continue
+        if t.target in seen:
+            raise r.fail("tables", f"{seen[t.target]} and {t.source} both land in {t.target!r}")
+        seen[t.target] = t.source
+    return tuple(tables)
