@@ -110,52 +110,9 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
-        frame = creating = created = planned = None
-        try:
-            planned = _topic_plan(heads[topic], table, topic, known)
-            if planned is None:
-                return
-            topic_plan, ddl = planned
-            new = not known and topic_plan.value_schema is not None
-            if new:
-                creating = ThreadPoolExecutor(1)
-                created = creating.submit(_create_table, spark, pipeline, table,
-                                          topic_plan.schema)  # fmt: skip
-            level = (ranged_cache_level() if topic_plan.schema.key_names
-                     # a changelog: a row per record, not per key
-                     else cache_level(sum(r.size for r in ranges_of[topic])))  # fmt: skip
-            frame = (
-                range_plan(spark, ranges_of[topic])
-                .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
-                .persist(level)
-            )
-            got = _ranged_topic(frame, topic_plan)
-        except CdclakeError:  # the rows do not add up: nothing of the batch is written
-            if frame is not None:
-                frame.unpersist()
-            raise
-        except Exception as exc:  # a read, a task, a bug: its table fails with the error
-            log.error("%s: its ranges failed: %s", topic, _brief(exc))
-            if frame is not None:
-                frame.unpersist()
-            done[topic] = FailedTopic(exc)
-            return
-        finally:
-            if creating is not None:
-                creating.shutdown()
-        if got is not None and creating is not None:
-            try:  # the rows were typed for the columns it was created with
-                got = dataclasses.replace(got, known=created.result())
-            except CdclakeError:
-                frame.unpersist()
-                raise
-            except Exception as exc:  # the load creates it, or fails, as for any table
-                log.warning("%s: its table could not be created while its ranges resolved: "
-                            "%s", topic, _headline(exc))  # fmt: skip
+        got = _resolve_topic(spark, pipeline, reader, table, known, heads[topic], ranges_of[topic])
         if got is not None:
             done[topic] = got
-        elif frame is not None:
-            frame.unpersist()
 
     try:
         _each(list(work), resolve, pipeline.parallel_tables)
@@ -164,6 +121,60 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
             topic.release()
         raise
     return done
+
+
+def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
+                   known: dict[str, str], head, ranges: list[OffsetRange]):  # fmt: skip
+    """One topic's ranges read and resolved by a Spark job (`head`: the future of their
+    head read): its rows when they add up, a FailedTopic when a read or a task failed,
+    or None (the log says why) when the topic takes the general path."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    topic = ranges[0].topic
+    frame = creating = created = planned = None
+    try:
+        planned = _topic_plan(head, table, topic, known)
+        if planned is None:
+            return None
+        topic_plan, ddl = planned
+        new = not known and topic_plan.value_schema is not None
+        if new:
+            creating = ThreadPoolExecutor(1)
+            created = creating.submit(_create_table, spark, pipeline, table,
+                                      topic_plan.schema)  # fmt: skip
+        level = (ranged_cache_level() if topic_plan.schema.key_names
+                 # a changelog: a row per record, not per key
+                 else cache_level(sum(r.size for r in ranges)))  # fmt: skip
+        frame = (
+            range_plan(spark, ranges)
+            .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
+            .persist(level)
+        )
+        got = _ranged_topic(frame, topic_plan)
+    except CdclakeError:  # the rows do not add up: nothing of the batch is written
+        if frame is not None:
+            frame.unpersist()
+        raise
+    except Exception as exc:  # a read, a task, a bug: its table fails with the error
+        log.error("%s: its ranges failed: %s", topic, _brief(exc))
+        if frame is not None:
+            frame.unpersist()
+        return FailedTopic(exc)
+    finally:
+        if creating is not None:
+            creating.shutdown()
+    if got is not None and creating is not None:
+        try:  # the rows were typed for the columns it was created with
+            got = dataclasses.replace(got, known=created.result())
+        except CdclakeError:
+            frame.unpersist()
+            raise
+        except Exception as exc:  # the load creates it, or fails, as for any table
+            log.warning("%s: its table could not be created while its ranges resolved: "
+                        "%s", topic, _headline(exc))  # fmt: skip
+    if got is None and frame is not None:
+        frame.unpersist()
+    return got
 
 
 def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
