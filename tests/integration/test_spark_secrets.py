@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = """
 import sys
 from pathlib import Path
-from cdclake.config import load_pipeline
+from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import build_session
 
 pipeline = load_pipeline(Path(sys.argv[1]))
