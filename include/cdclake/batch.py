@@ -30,9 +30,9 @@ class TableResult:
     dead_letters: int = 0
     truncated: bool = False
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
-    # where the changes were decoded and resolved: "driver" (a small batch, in Python),
-    # "tasks" (the same Python code in Spark tasks, records grouped by key) or "spark"
-    # (Spark SQL jobs); empty when the table had nothing to load
+    # where the changes were decoded and resolved: "driver" (a small batch), "ranges" (in
+    # the Spark task that read each Kafka partition's range) or "tasks" (in Spark tasks
+    # over all the records of their keys); empty when the table had nothing to load
     resolved_by: str = ""
     # how the rows were written: "merge", or "append" (a table without a key, or a keyed
     # table that held no row, as on a first load: the MERGE's inserts alone, without its
@@ -60,6 +60,11 @@ class Resolved:
     counts: Mapping[bool, int]
     max_ms: int | None
     toast: bool
+    cached: object = None  # the persisted frame the rows come from, when not the rows
+
+    def release(self) -> None:
+        """Unpersist the rows (once written)."""
+        (self.rows if self.cached is None else self.cached).unpersist()
 
 
 class Batch:

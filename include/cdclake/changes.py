@@ -1,11 +1,10 @@
-"""Transform: raw Kafka records of one topic -> typed change rows.
+"""The shape of one topic's changes: the lake columns its schemas in the batch decode into.
 
-The schemas seen in the batch are known on the driver (they are few), so each record's
-payload is parsed by `from_json` with its own schema's type and decoded into one unified
-row type for the topic: the latest schema's columns, plus columns that only older
-records carry. A column keeps the lake table's type; widening changes (int -> bigint,
-float -> double, more decimal digits) promote it. Records whose schema does not fit
-(e.g. text -> integer) fail with the column and the two types, or go to the dead letters.
+The schemas seen in the batch are known on the driver (they are few). They unify into one
+row type for the topic: the latest schema's columns, plus columns that only older records
+carry. A column keeps the lake table's type; widening changes (int -> bigint, float ->
+double, more decimal digits) promote it. Records whose schema does not fit (e.g. text ->
+integer) fail with the column and the two types, or go to the dead letters.
 """
 
 from __future__ import annotations
@@ -15,10 +14,8 @@ from dataclasses import dataclass
 
 from cdclake.debezium import (
     ConnectField,
-    decode_column,
     lake_type,
     parse_connect_schema,
-    parse_type,
 )
 from cdclake.exceptions import DecodeError
 
@@ -170,148 +167,3 @@ def topic_schema(
         Column(c.name, c.type, c.name not in key_names) for c in columns
     )
     return TopicSchema(key=key, columns=columns)
-
-
-def _struct_ddl(fields: Sequence[ConnectField]) -> str:
-    return ",".join(f"`{f.name}`:{parse_type(f)}" for f in fields)
-
-
-def _decoded_row(parsed, fields: Sequence[ConnectField], columns: Sequence[Column]):
-    """Struct of all unified columns from a parsed row struct (null stays null)."""
-    from pyspark.sql import functions as F
-
-    by_name = {f.name: f for f in fields}
-    parts = []
-    for c in columns:
-        f = by_name.get(c.name)
-        if f is None:
-            parts.append(F.lit(None).cast(c.type).alias(c.name))
-        else:
-            parts.append(decode_column(parsed[f.name], f).cast(c.type).alias(c.name))
-    return F.when(parsed.isNull(), F.lit(None)).otherwise(F.struct(*parts))
-
-
-def _unfit_columns(present, decoded, fields: Sequence[ConnectField], columns: Sequence[Column]):
-    """Names of columns whose value was in the payload (`present`: the row parsed with
-    every field as text, which any JSON value but null gives) but did not survive
-    parsing or decoding (`decoded`: a value of another JSON type, which `from_json`
-    turns into NULL, an overflow, malformed text): such a record must fail or go to the
-    dead letters, never load NULL."""
-    from pyspark.sql import functions as F
-
-    by_name = {f.name: f for f in fields}
-    checks = []
-    for c in columns:
-        f = by_name.get(c.name)
-        if f is None:
-            continue
-        checks.append(F.when(present[f.name].isNotNull() & decoded[c.name].isNull(), F.lit(c.name)))
-    if not checks:
-        return F.array().cast("array<string>")
-    return F.filter(F.array(*checks), lambda x: x.isNotNull())
-
-
-def decode_changes(
-    raw, schema: TopicSchema, key_schemas: Mapping[int, str], value_schemas: Mapping[int, str]
-):
-    """Raw records of one topic -> one row per record with key, after, before and metadata.
-
-    Output columns: `key` (struct of key columns), `after`, `before` (structs of all
-    columns), `op`, `is_tombstone`, source timestamp and LSN, Kafka partition and offset.
-    """
-    from pyspark.sql import functions as F
-
-    key_cols = schema.key
-    # Parse each payload once, into a column per schema (NULL unless it is the record's):
-    # the decoding below refers to the parsed struct many times, inside CASE branches,
-    # where Spark does not share a common subexpression, so an inline from_json would
-    # parse the same text again for every reference.
-    parsed_cols = []
-    for i, (sid, text) in enumerate(value_schemas.items()):
-        fields = value_row_fields(parse_connect_schema(text), "value")
-        ddl = (
-            f"struct<before:struct<{_struct_ddl(fields)}>,after:struct<{_struct_ddl(fields)}>,"
-            "op:string,ts_ms:bigint,source:struct<ts_ms:bigint,lsn:bigint>>"
-        )
-        cond = F.col("value_schema_id") == F.lit(sid)
-        parsed_cols.append(F.when(cond, F.from_json(F.col("value_payload"), ddl)).alias(f"_v{i}"))
-        # the row after with every field as text: which values the payload holds
-        texts = ",".join(f"`{f.name}`:string" for f in fields)
-        present = F.from_json(F.col("value_payload"), f"struct<after:struct<{texts}>>")
-        parsed_cols.append(F.when(cond, present["after"]).alias(f"_a{i}"))
-    for i, (sid, text) in enumerate(key_schemas.items()):
-        fields = parse_connect_schema(text).fields
-        cond = F.col("key_schema_id") == F.lit(sid)
-        ddl = f"struct<{_struct_ddl(fields)}>"
-        parsed_cols.append(F.when(cond, F.from_json(F.col("key_payload"), ddl)).alias(f"_k{i}"))
-    raw = raw.select(
-        "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
-        "key_schema_id", "value_schema_id", *parsed_cols,
-    )  # fmt: skip
-
-    value_cases = None
-    for i, (sid, text) in enumerate(value_schemas.items()):
-        env = parse_connect_schema(text)
-        fields = value_row_fields(env, "value")
-        parsed = F.col(f"_v{i}")
-        decoded = F.struct(
-            _decoded_row(parsed["before"], fields, schema.columns).alias("before"),
-            _decoded_row(parsed["after"], fields, schema.columns).alias("after"),
-            parsed["op"].alias("op"),
-            parsed["source"]["ts_ms"].alias("source_ts_ms"),
-            parsed["source"]["lsn"].alias("lsn"),
-        )
-        cond = F.col("value_schema_id") == F.lit(sid)
-        value_cases = (F.when(cond, decoded) if value_cases is None
-                       else value_cases.when(cond, decoded))  # fmt: skip
-
-    key_cases = None
-    for i, (sid, text) in enumerate(key_schemas.items()):
-        fields = parse_connect_schema(text).fields
-        parsed = F.col(f"_k{i}")
-        decoded = _decoded_row(parsed, fields, key_cols)
-        cond = F.col("key_schema_id") == F.lit(sid)
-        key_cases = F.when(cond, decoded) if key_cases is None else key_cases.when(cond, decoded)
-
-    if value_cases is None:  # tombstones only: a typed NULL
-        row = ",".join(f"`{c.name}`:{c.type}" for c in schema.columns)
-        value_cases = F.lit(None).cast(
-            f"struct<before:struct<{row}>,after:struct<{row}>,op:string,source_ts_ms:bigint,"
-            "lsn:bigint>"
-        )
-    value_expr = value_cases
-    if key_cases is None:  # no Kafka key (table without primary key): a typed NULL
-        key_type = ",".join(f"`{k.name}`:{k.type}" for k in key_cols)
-        key_cases = F.lit(None).cast(f"struct<{key_type}>")
-    parsed_names = [f"_{side}{i}" for i in range(len(value_schemas)) for side in "va"]
-    df = raw.select(
-        "partition", "offset", "timestamp", "is_tombstone", "key_payload", "value_payload",
-        "value_schema_id", *parsed_names,
-        (key_cases if key_cases is not None else F.lit(None)).alias("key"),
-        value_expr.alias("value"),
-    )  # fmt: skip
-    # which columns did not survive decoding: the parsed value against the decoded one,
-    # computed once above (decoding again here would double its cost)
-    unfit = None
-    for i, (sid, text) in enumerate(value_schemas.items()):
-        fields = value_row_fields(parse_connect_schema(text), "value")
-        check = _unfit_columns(F.col(f"_a{i}"), F.col("value.after"), fields, schema.columns)
-        cond = F.col("value_schema_id") == F.lit(sid)
-        unfit = F.when(cond, check) if unfit is None else unfit.when(cond, check)
-    if unfit is None:
-        unfit = F.lit(None).cast("array<string>")
-    return df.select(
-        "partition",
-        "offset",
-        "timestamp",
-        "is_tombstone",
-        "key_payload",
-        "value_payload",
-        "key",
-        F.col("value.after").alias("after"),
-        F.col("value.before").alias("before"),
-        F.col("value.op").alias("op"),
-        F.col("value.source_ts_ms").alias("source_ts_ms"),
-        F.col("value.lsn").alias("lsn"),
-        unfit.alias("unfit"),
-    )

@@ -1,18 +1,18 @@
-"""Decode, check and resolve a small batch's changes in the driver, in Python.
+"""Decode, check and resolve one topic's changes, in Python: the CDC rules written once.
 
-A batch the driver read itself (at most `DRIVER_READ_RECORDS` records) is already in
-the driver's memory. Planning and running Spark jobs to decode, check and resolve a few
-thousand records costs far more than the work itself (about 1 s of Catalyst planning and
-py4j calls per table), so such a batch is resolved here: the result is the rows
-`resolve_latest` (or `changelog`, for a table without a key) gives, as an Arrow table
-the MERGE reads as a local relation. The rules are those of `resolve.py`.
+`resolve_rows` takes raw records (the reader's Arrow rows) and gives the resolved rows the
+MERGE reads: each key's latest change in Kafka order (`KeyFold`: the LSN re-send guard, a
+tombstone following its delete, TOAST placeholders taking the key's last real value), or
+for a table without a key every change (`changelog_rows`), after the last truncate.
+It runs in the driver for a batch the driver read (`DRIVER_READ_RECORDS`), and in Spark
+tasks for a bigger one (`resolve_task`), over all of a key's records of the batch.
 
-Only what this module does exactly as the Spark jobs do is done here. Anything else
-raises `Unsupported` and the table goes through the Spark jobs, which fail or set aside
-records as always: a record that cannot be applied (not an envelope, unknown operation,
-no key, a value that does not fit its column), a value of an unexpected JSON type or out
-of its type's range, a nested struct kept as JSON text, or a key column that is not a
-plain scalar.
+A record that cannot be applied (its payload is not a Debezium envelope of its schema,
+its operation is unknown, it has no key, a value does not fit its column) raises
+`BadRecord` while decoding. The batch is then decoded again record by record, each
+change's values whole, and each such record comes back in `DriverResolved.bad` with its
+reason, to fail the table or go to the dead letters; the other records resolve as if it
+were not there.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from cdclake.debezium import (
     decimal_params,
     parse_connect_schema,
 )
+from cdclake.exceptions import DecodeError
 from cdclake.resolve import (
     HAS_VALUES,
     ROW_OPS,
@@ -79,7 +80,11 @@ if TYPE_CHECKING:
 
 
 class Unsupported(Exception):
-    """This table's records need the Spark jobs (the message says why)."""
+    """What a fold cannot take (the message says why)."""
+
+
+class BadRecord(Unsupported):
+    """A record that cannot be applied (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class DriverResolved:
     counts: dict[bool, int]  # rows per deleted flag
     max_source_ms: int | None  # the latest source timestamp of the rows
     toast: bool  # the rows carry the TOAST flags (a placeholder was in the batch)
+    # records that cannot be applied: (partition, offset, reason), in Kafka order
+    bad: tuple[tuple[int, int, str], ...] = ()
 
 
 # ---- values ----------------------------------------------------------------------------
@@ -111,7 +118,7 @@ _FLOAT_TEXTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 def _integer(value, field: ConnectField, bounds: tuple[int, int]) -> int:
     if type(value) is not int or not bounds[0] <= value <= bounds[1]:
-        raise Unsupported(f"field {field.name!r}: {value!r} is not a {field.type}")
+        raise BadRecord(f"field {field.name!r}: {value!r} is not a {field.type}")
     return value
 
 
@@ -119,7 +126,7 @@ def _number(value, field: ConnectField) -> float:
     if isinstance(value, str) and value in _FLOAT_TEXTS:
         return _FLOAT_TEXTS[value]
     if type(value) not in (int, float):
-        raise Unsupported(f"field {field.name!r}: {value!r} is not a number")
+        raise BadRecord(f"field {field.name!r}: {value!r} is not a number")
     return float(value)
 
 
@@ -128,29 +135,29 @@ def _float32(value: float) -> float:
     try:
         return struct.unpack("f", struct.pack("f", value))[0]
     except (OverflowError, struct.error):
-        raise Unsupported(f"{value!r} is out of a 32-bit float's range") from None
+        raise BadRecord(f"{value!r} is out of a 32-bit float's range") from None
 
 
 def _unbase64(value, field: ConnectField) -> bytes:
     if not isinstance(value, str):
-        raise Unsupported(f"field {field.name!r}: {value!r} is not base64 text")
+        raise BadRecord(f"field {field.name!r}: {value!r} is not base64 text")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise Unsupported(f"field {field.name!r}: {value[:40]!r} is not base64") from None
+        raise BadRecord(f"field {field.name!r}: {value[:40]!r} is not base64") from None
 
 
 def _time_text(micros: int) -> str:
-    """Microseconds since midnight -> 'HH:MM:SS.ffffff' (as `debezium.time_text`)."""
+    """Microseconds since midnight -> 'HH:MM:SS.ffffff' ."""
     if not 0 <= micros < 100 * 3_600_000_000:
-        raise Unsupported(f"time of day {micros} µs is out of range")
+        raise BadRecord(f"time of day {micros} µs is out of range")
     seconds, frac = divmod(micros, 1_000_000)
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{frac:06d}"
 
 
 def _ranged(value: int, low: int, high: int, what: str) -> int:
     if not low <= value <= high:
-        raise Unsupported(f"{what} {value} is out of the lake's range")
+        raise BadRecord(f"{what} {value} is out of the lake's range")
     return value
 
 
@@ -165,7 +172,7 @@ def _decimal(field: ConnectField) -> Callable[[Any], Any]:
         if raw_scale < 0:
             unscaled *= 10**-raw_scale
         if abs(unscaled) >= limit:  # Spark makes it NULL: a value that does not fit
-            raise Unsupported(f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
+            raise BadRecord(f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
                               "fit its decimal type")  # fmt: skip
         return Decimal(f"{unscaled}E{-max(raw_scale, 0)}")
 
@@ -175,7 +182,7 @@ def _decimal(field: ConnectField) -> Callable[[Any], Any]:
 def _variable_scale(field: ConnectField) -> Callable[[Any], Any]:
     def decode(value):
         if not isinstance(value, dict):
-            raise Unsupported(f"field {field.name!r}: {value!r} is not a variable-scale decimal")
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a variable-scale decimal")
         scale, digits64 = value.get("scale"), value.get("value")
         if digits64 is None:
             return None
@@ -196,13 +203,13 @@ def _zoned(field: ConnectField) -> Callable[[Any], Any]:
         if value == "-infinity":
             return _MIN_MICROS
         if not isinstance(value, str):
-            raise Unsupported(f"field {field.name!r}: {value!r} is not a zoned timestamp")
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a zoned timestamp")
         try:
             parsed = dt.datetime.fromisoformat(value)
         except ValueError:
-            raise Unsupported(f"field {field.name!r}: {value!r} is not a timestamp") from None
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a timestamp") from None
         if parsed.tzinfo is None:
-            raise Unsupported(f"field {field.name!r}: {value!r} has no time zone")
+            raise BadRecord(f"field {field.name!r}: {value!r} has no time zone")
         return (parsed - _EPOCH) // _MICRO
 
     return decode
@@ -222,8 +229,8 @@ def _infinity(values: tuple[int, int], top: int, bottom: int, scale: int, field:
 
 def decoder(field: ConnectField) -> Callable[[Any], Any]:
     """A function from the JSON value of `field` (not None) to the value of its lake type
-    as Arrow takes it (dates as days, timestamps as microseconds), as `decode_column`
-    gives it; `Unsupported` where the Spark jobs must decide."""
+    as Arrow takes it (dates as days, timestamps as microseconds); `BadRecord` for a value
+    that does not fit."""
     lg = field.logical
     if lg == DECIMAL:
         return _decimal(field)
@@ -250,7 +257,7 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
 
         def geo(value):
             if not isinstance(value, dict):
-                raise Unsupported(f"field {field.name!r}: {value!r} is not a geometry")
+                raise BadRecord(f"field {field.name!r}: {value!r} is not a geometry")
             wkb, srid = value.get("wkb"), value.get("srid")
             return {"wkb": None if wkb is None else _unbase64(wkb, field),
                     "srid": None if srid is None else _integer(srid, field, _INT32)}  # fmt: skip
@@ -282,7 +289,7 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
         ])  # fmt: skip
     if kind == "struct":  # kept as JSON text (a point's x, y, wkb, srid)
         return lambda v: _json_text(v, field)
-    raise Unsupported(f"field {field.name!r}: Connect type {kind} is decoded by Spark only")
+    raise DecodeError(f"field {field.name!r}: Connect type {kind} has no lake type")
 
 
 class _Slow(Exception):
@@ -414,7 +421,7 @@ def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callab
 
     def decode(value):
         if not isinstance(value, kind):
-            raise Unsupported(f"field {field.name!r}: {value!r:.60} is not {what}")
+            raise BadRecord(f"field {field.name!r}: {value!r:.60} is not {what}")
         return value if convert is None else convert(value)
 
     return decode
@@ -443,7 +450,7 @@ def _json_string(text: str) -> str:
 
 def _java_double(value: float, field: ConnectField) -> str:
     if not math.isfinite(value):
-        raise Unsupported(f"field {field.name!r}: {value} in a nested value")
+        raise BadRecord(f"field {field.name!r}: {value} in a nested value")
     if value == 0:
         return "-0.0" if math.copysign(1, value) < 0 else "0.0"
     if 1e-3 <= abs(value) < 1e7:
@@ -463,7 +470,7 @@ def _row_decoder(fields: Sequence[ConnectField], columns: Sequence[Column]):
         if parsed is None:
             return None
         if not isinstance(parsed, dict):
-            raise Unsupported(f"{parsed!r:.60} is not a row")
+            raise BadRecord(f"{parsed!r:.60} is not a row")
         row = {}
         for name, fn in plan:
             value = parsed.get(name) if fn is not None else None
@@ -682,14 +689,14 @@ class _Envelopes:
         where = _where(partition, offset)
         envelope = _json(text, where)
         if not isinstance(envelope, dict):
-            raise Unsupported(f"{where}: value is not an envelope")
+            raise BadRecord("value is not a Debezium envelope matching its schema")
         source = envelope.get("source")
         if source is not None and not isinstance(source, dict):
-            raise Unsupported(f"{where}: source is not a struct")
+            raise BadRecord("source is not a struct")
         source = source or {}
         for name in ("ts_ms", "lsn"):
             if source.get(name) is not None and type(source[name]) is not int:
-                raise Unsupported(f"{where}: source.{name} is not an integer")
+                raise BadRecord(f"source.{name} is not an integer")
         generic = self.rows.generic
         return (generic(envelope.get("after")), generic(envelope.get("before")),
                 envelope.get("op"), source.get("ts_ms"), source.get("lsn"), None)  # fmt: skip
@@ -793,7 +800,7 @@ def _json(text: str | None, where: str):
     try:
         return json.loads(text)
     except ValueError:
-        raise Unsupported(f"{where}: the payload is not JSON") from None
+        raise BadRecord("the payload is not JSON") from None
 
 
 def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
@@ -848,7 +855,7 @@ def decode_records(
         if key_sid is not None:
             decode_key = keys.get(key_sid)
             if decode_key is None:
-                raise Unsupported(f"{_where(partition, offset)}: key schema {key_sid} is "
+                raise BadRecord(f"key schema {key_sid} is "
                                   "not among the batch's")  # fmt: skip
             key = decode_key(key_text, partition, offset)
         if value_sid is None:
@@ -858,7 +865,7 @@ def decode_records(
             if value_sid != sid:  # the envelopes' fast path, inlined (`_Envelopes`)
                 decode = values.get(value_sid)
                 if decode is None:
-                    raise Unsupported(f"{_where(partition, offset)}: value schema "
+                    raise BadRecord(f"value schema "
                                       f"{value_sid} is not among the batch's")  # fmt: skip
                 sid = value_sid
                 unparsed = headers_only and decode.header is not None
@@ -896,11 +903,11 @@ def decode_records(
         if not tombstone:
             op = change.op
             if op.__class__ is not str or op not in _OPS:
-                raise Unsupported(f"{_where(partition, offset)}: operation {op!r}")
+                raise BadRecord(f"unknown operation {op}")
             values_of_key = change.ident
             if (op != TRUNCATE and values_of_key
                     and values_of_key.count(None) == len(values_of_key)):  # fmt: skip
-                raise Unsupported(f"{_where(partition, offset)}: record has no key")
+                raise BadRecord("record has no key")
         append(change)
     return changes
 
@@ -1007,15 +1014,18 @@ def _after_truncate(changes: Sequence[_Change], truncate: Truncate | None) -> li
     return [c for c in rows if kept(c)]
 
 
-_SCALAR_KEYS = ("int", "bigint", "string", "binary", "boolean", "date", "timestamp",
-                "timestamp_ntz")  # fmt: skip
+_SCALAR_KEYS = ("int", "bigint", "float", "double", "string", "binary", "boolean", "date",
+                "timestamp", "timestamp_ntz")  # fmt: skip
 
 
 def check_key_types(schema: TopicSchema) -> None:
-    """Keys of other types are left to the Spark jobs (their grouping there is Spark's)."""
+    """A key column is a plain value (not an array, a map or a struct)."""
     for k in schema.key:
         if k.type not in _SCALAR_KEYS and not k.type.startswith("decimal("):
-            raise Unsupported(f"key column {k.name!r} is {k.type}")
+            raise DecodeError(
+                f"key column {k.name!r} is {k.type}: a key column must hold "
+                "plain values; set the table's `key` to other columns"
+            )
 
 
 def resolve_changes(
@@ -1039,7 +1049,7 @@ def resolve_changes(
     found = any(is_placeholder(c.after.get(col.name), col)
                 for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
     if found and flags is False:
-        raise Unsupported("a TOAST placeholder the raw scan did not see")
+        raise RuntimeError("a TOAST placeholder the raw scan did not see")
     toast = found if flags is None else flags
     toast_cols = toasty if toast else []
     toast_of = ToastColumns(toast_cols)
@@ -1283,7 +1293,7 @@ def arrow_type(ddl: str) -> pa.DataType:
             name, _, type_ = part.partition(":")
             fields.append(pa.field(name.strip("`"), arrow_type(type_)))
         return pa.struct(fields)
-    raise Unsupported(f"type {ddl} has no Arrow form here")
+    raise DecodeError(f"type {ddl} has no Arrow form here")
 
 
 def columns_ddl(columns: Sequence[tuple[str, str]]) -> str:
@@ -1323,7 +1333,7 @@ def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) 
             else:
                 arrays.append(pa.array(values, type=kind))
         except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise Unsupported(f"column {name!r} ({type_}): {exc}") from None
+            raise DecodeError(f"column {name!r} ({type_}): {exc}") from None
         fields.append(pa.field(name, kind))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
@@ -1335,20 +1345,47 @@ def resolve_rows(
     value_schemas: Mapping[int, str],
     flags: bool | None = None,
 ) -> DriverResolved:
-    """Raw rows of one topic -> the resolved rows and what the checks found (`flags`: see
-    `resolve_changes`)."""
+    """Raw rows of one topic -> the resolved rows, what the checks found and the records
+    that cannot be applied (`flags`: see `resolve_changes`)."""
     keyed = bool(schema.key_names)
+    check_key_types(schema)
+    bad: list[tuple[int, int, str]] = []
     with cycles_uncollected():
-        changes = decode_records(rows, schema, key_schemas, value_schemas)
-        if keyed:
-            out, truncate, toast = resolve_changes(changes, schema, flags)
-        else:
-            out, truncate, toast = changelog_rows(changes, schema), None, False
+        try:
+            out, truncate, toast = _resolve(
+                decode_records(rows, schema, key_schemas, value_schemas), schema, flags
+            )
+        except BadRecord:  # find each record that cannot be applied, and leave it out
+            changes = decode_each(rows, schema, key_schemas, value_schemas, bad)
+            out, truncate, toast = _resolve(changes, schema, flags)
     columns = result_columns(schema, keyed, toast)
     table = rows_table(out, columns)
     counts: dict[bool, int] = {}
     latest_ms = tally(table, counts, None)
-    return DriverResolved(table, columns_ddl(columns), truncate, counts, latest_ms, toast)
+    return DriverResolved(table, columns_ddl(columns), truncate, counts, latest_ms, toast,
+                          tuple(bad))  # fmt: skip
+
+
+def _resolve(changes: list[_Change], schema: TopicSchema, flags: bool | None):
+    if schema.key_names:
+        return resolve_changes(changes, schema, flags)
+    return changelog_rows(changes, schema), None, False
+
+
+def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, str],
+                value_schemas: Mapping[int, str], bad: list) -> list[_Change]:  # fmt: skip
+    """The changes of the records that can be applied, each decoded alone and whole;
+    each other record's (partition, offset, reason) is appended to `bad`."""
+    decoders = row_decoders(schema, key_schemas, value_schemas)
+    changes = []
+    for i in range(rows.num_rows):
+        one = rows.slice(i, 1)
+        try:
+            [change] = decode_records(one, schema, key_schemas, value_schemas, decoders)
+            changes.append(settle(change))
+        except BadRecord as why:
+            bad.append((one["partition"][0].as_py(), one["offset"][0].as_py(), str(why)))
+    return changes
 
 
 @contextmanager
@@ -1385,31 +1422,28 @@ def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> in
 
 # ---- the same in Spark tasks, for batches the driver did not read -------------------------
 
-UNSUPPORTED_MARK = "cdclake-unsupported: "
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                "value_schema_id", "value_payload")  # fmt: skip
 TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
+# a column of what `resolve_task` returns: NULL on a resolved row; on a row that only
+# reports, the reason of a record that cannot be applied, or `TRUNCATE_MARK`
+REASON = "_cdc_reason"
+TRUNCATE_MARK = "truncate"
 
 
-def tasks_can_resolve(schema: TopicSchema, key_schemas: Mapping[int, str], table_key) -> str | None:
-    """Why the records of a topic cannot be resolved in tasks grouped by their Kafka key
-    (None when they can). Every record of a key must have the same key text: so the
+def grouped_by_kafka_key(schema: TopicSchema, key_schemas: Mapping[int, str], table_key) -> bool:
+    """Whether all the records of a key in the batch have the same Kafka key text: the
     key is the Kafka key (not a configured one) and has one schema in the batch."""
-    if not schema.key_names:
-        return "the table has no key"
-    if table_key:
-        return "the table's key is configured, not the Kafka key"
-    if len(key_schemas) != 1:
-        return f"the batch has {len(key_schemas)} key schemas"
-    return None
+    return bool(schema.key_names) and not table_key and len(key_schemas) == 1
 
 
 def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
                  value_schemas: Mapping[int, str], toast: bool):  # fmt: skip
     """A `mapInArrow` function: the raw records of some keys (all of each key's records
-    in the batch) -> their resolved rows, with the TOAST flags when `toast`. A task that
-    meets what only the Spark jobs decide fails with `UNSUPPORTED_MARK` in its error."""
+    in the batch) -> their resolved rows (with the TOAST flags when `toast`), then a row
+    for each record that cannot be applied and for a truncate (`REASON`)."""
     key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
+    columns = task_columns(schema, toast)
 
     def task(batches):
         import pyarrow as pa
@@ -1418,17 +1452,22 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
         if not parts:
             return
         rows = pa.Table.from_batches(parts)
-        try:
-            done = resolve_rows(rows, schema, key_schemas, value_schemas, flags=toast)
-        except Unsupported as why:
-            raise RuntimeError(f"{UNSUPPORTED_MARK}{why}") from None
-        if done.truncate is not None:  # the raw scan said there was none
-            raise RuntimeError(f"{UNSUPPORTED_MARK}a truncate the raw scan did not see")
-        yield from done.rows.to_batches()
+        done = resolve_rows(rows, schema, key_schemas, value_schemas,
+                            flags=toast if schema.key_names else None)  # fmt: skip
+        yield from done.rows.append_column(
+            REASON, pa.nulls(done.rows.num_rows, pa.string())).to_batches()  # fmt: skip
+        marks = [{PARTITION: p, OFFSET: o, REASON: why} for p, o, why in done.bad]
+        if done.truncate is not None:
+            t = done.truncate
+            marks.append({PARTITION: t.partition, OFFSET: t.offset, LSN: t.lsn,
+                          REASON: TRUNCATE_MARK})  # fmt: skip
+        if marks:
+            yield from rows_table([{**dict.fromkeys(n for n, _ in columns), **m} for m in marks],
+                                  columns).to_batches()  # fmt: skip
 
     return task
 
 
-def task_ddl(schema: TopicSchema, toast: bool) -> str:
-    """The Spark schema of what `resolve_task` returns."""
-    return columns_ddl(result_columns(schema, True, toast))
+def task_columns(schema: TopicSchema, toast: bool) -> list[tuple[str, str]]:
+    """(name, Spark type) of what `resolve_task` returns."""
+    return [*result_columns(schema, bool(schema.key_names), toast), (REASON, "string")]

@@ -288,7 +288,7 @@ def _load_table(
         after_id = write_table(batch, table, schema, state, known, new_offsets, resolved,
                                 result)  # fmt: skip
     finally:
-        resolved.rows.unpersist()
+        resolved.release()
     clock.lap("write")
     result.status = "committed"
     result.truncated = resolved.truncate is not None

@@ -19,22 +19,19 @@ class Placement(Enum):
     2. A bigger one is read and resolved range by range, in the Spark task that reads
        each Kafka partition's range.
     3. A topic whose ranges cannot be (a schema change inside a range, a re-sent
-       change, more keys than `RANGE_KEYS` in one range) is read again by Spark tasks and
-       resolved by the same Python code after a shuffle by Kafka key.
-    4. A topic that cannot be grouped by its Kafka key (a configured key, several key
-       schemas, a truncate), or that holds a record the Python code does not decide (a
-       bad record, a value it does not decode), is resolved by the Spark SQL jobs.
+       change, more keys than `RANGE_KEYS` in one range, a record that cannot be applied)
+       is read again by Spark tasks and resolved by the same code after a shuffle by
+       Kafka key; a topic that cannot be grouped by its Kafka key (a configured key,
+       several key schemas, a truncate) is resolved in one task.
 
     The other members ask for one step of the rule: `DRIVER` is step 1 (a bigger batch:
-    step 4); `RANGES` starts at step 2, `TASKS` at step 3 and `SPARK` at step 4, each
-    going on down the rule for what its step cannot take.
+    step 3); `RANGES` starts at step 2 and `TASKS` at step 3.
     """
 
     AUTO = "auto"
     DRIVER = "driver"
     RANGES = "ranges"
     TASKS = "tasks"
-    SPARK = "spark"
 
     def driver_reads(self, records: int, from_kafka: bool) -> bool:
         """Step 1: the driver reads (and resolves) a batch of `records` records."""
@@ -49,7 +46,3 @@ class Placement(Enum):
         """Step 2: Spark tasks read and resolve a big batch range by range."""
         return self in (Placement.AUTO, Placement.RANGES)
 
-    @property
-    def in_tasks(self) -> bool:
-        """Step 3: Spark tasks resolve a topic's records after a shuffle by key."""
-        return self in (Placement.AUTO, Placement.RANGES, Placement.TASKS)

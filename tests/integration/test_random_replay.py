@@ -140,10 +140,10 @@ def generate(rng: random.Random, steps: int, keys: int):
     "seed, key_filter, resolve, delete_mode",
     [(0, False, "tasks", "hard"), (1, False, "tasks", "hard"), (2, False, "tasks", "hard"),
      (3, False, "tasks", "hard"), (4, True, "tasks", "hard"), (5, True, "tasks", "hard"),
-     (6, False, "spark", "hard"), (7, True, "spark", "hard"), (8, False, "ranges", "hard"),
+     (6, False, "tasks", "hard"), (7, True, "tasks", "hard"), (8, False, "ranges", "hard"),
      (9, False, "ranges", "hard"), (10, False, "ranges", "hard"), (11, True, "ranges", "hard"),
      (12, "range", "ranges", "hard"), (13, "range", "tasks", "hard"),
-     (14, False, "ranges", "soft"), (15, True, "tasks", "soft"), (16, False, "spark", "soft"),
+     (14, False, "ranges", "soft"), (15, True, "tasks", "soft"), (16, False, "tasks", "soft"),
      (17, "range", "ranges", "soft")],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
@@ -151,10 +151,9 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
     into a big table does (`"range"`: the range of the key's values, as a MERGE of more
-    changes does). The batches (read by Spark, as big ones are) are resolved by
-    the Python code in tasks grouped by key, and a batch with a truncate by the Spark SQL
-    jobs; with `resolve="ranges"` they are read and resolved range by range, as a Kafka
-    source's are; with `resolve="spark"` every batch goes through the Spark SQL jobs.
+    changes does). The batches (read by Spark, as big ones are) are resolved in tasks
+    grouped by key (a batch with a truncate in one task); with `resolve="ranges"` they
+    are read and resolved range by range, as a Kafka source's are.
     With soft deletes every deleted key's row keeps the value it had when it was
     deleted, whichever batch held its last change."""
     import cdclake.write
@@ -194,7 +193,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         assert any(f for f in filtered), filtered
         ranged = {isinstance(v, KeyRange) for f in filtered if f for v in f.values()}
         assert ranged == {key_filter == "range"}, filtered
-    assert resolve in used and used <= {resolve, "spark"}, used
+    assert resolve in used and used <= {resolve, "tasks"}, used
 
 
 def _resent_batches(gone: str):
@@ -217,7 +216,7 @@ def _resent_batches(gone: str):
     return batches, [{2: "b"}, {2: "b"}, {2: "b"}, {1: "again", 2: "b"}]
 
 
-@pytest.mark.parametrize("resolve", ["ranges", "tasks", "spark"])
+@pytest.mark.parametrize("resolve", ["ranges", "tasks"])
 def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     stack, spark, tmp_path, resolve
 ):

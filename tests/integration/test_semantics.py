@@ -85,10 +85,9 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
         f"it_sem_{n}",
         [f"inventory.docs_{n}", {"source": f"inventory.events_{n}", "key": ["event_id"]}],
     )
-    # in tasks, only the table keyed by its Kafka key (events has a configured key); range
-    # by range, both (its topic has one partition)
-    both = (resolve_in, "spark") if resolve_in == "tasks" else (resolve_in,)
-    assert_resolved_in(load_all(stack, spark, pipeline, "sem-1", resolve_in), *both)
+    # events has a configured key: in tasks, resolved in one task; range by range, as
+    # docs (its topic has one partition)
+    assert_resolved_in(load_all(stack, spark, pipeline, "sem-1", resolve_in), resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
     # unchanged TOASTed columns: from the table (doc 1), from the same batch (doc 4)
@@ -102,7 +101,7 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
         f"update inventory.events_{n} set amount = amount * 2 where event_id = 2",
         f"delete from inventory.events_{n} where event_id = 3",
     )
-    assert_resolved_in(load_all(stack, spark, pipeline, "sem-2", resolve_in), *both)
+    assert_resolved_in(load_all(stack, spark, pipeline, "sem-2", resolve_in), resolve_in)
     assert topic_contains(
         stack.broker.client_config(), f"demo.inventory.docs_{n}", b"__debezium_unavailable"
     )
@@ -118,9 +117,9 @@ def test_toast_truncate_and_keyless_tables(stack, spark, tmp_path, resolve_in):
     )
     results = load_all(stack, spark, pipeline, "sem-3", resolve_in)
     assert any(r.truncated for r in results)
-    # a truncate needs the whole topic: not resolved in tasks grouped by key; a range
-    # starts its fold again after it
-    assert_resolved_in(results, "spark" if resolve_in == "tasks" else resolve_in)
+    # a truncate needs the whole topic: resolved in one task; a range starts its fold
+    # again after it
+    assert_resolved_in(results, resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
 
 
@@ -435,10 +434,8 @@ def test_table_without_key_is_an_append_only_changelog(stack, spark, tmp_path, r
         f"insert into {t} values (4, 'four', null)",
     )
     pipeline = make_pipeline(tmp_path, f"it_log_{n}", [t])
-    # no key to group by: not resolved in tasks, but returned range by range (a row per
-    # change, the truncate's too)
-    where = {"tasks": "spark"}.get(resolve_in, resolve_in)
-    assert_resolved_in(load_all(stack, spark, pipeline, "log-1", resolve_in), where)
+    # no key: a row per change, the truncate's too
+    assert_resolved_in(load_all(stack, spark, pipeline, "log-1", resolve_in), resolve_in)
     lake = spark.table(pipeline.qualified_target(pipeline.tables[0]))
     rows = [
         (r["_cdc_op"], r["a"], r["note"], None if r["body"] is None else len(r["body"]))
@@ -482,7 +479,7 @@ def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_
     sql(stack, f"truncate {t}", f"insert into {t} values (10, 'after')")
     results = load_all(stack, spark, pipeline, "nothing-2", resolve_in)
     assert any(r.truncated for r in results)
-    assert_resolved_in(results, "spark" if resolve_in == "tasks" else resolve_in)
+    assert_resolved_in(results, resolve_in)
     assert_lake_equals_source(pipeline, stack.source_dsn)
     assert [(r.id, r.body) for r in spark.table(lake_table).collect()] == [(10, "after")]
 

@@ -1,15 +1,17 @@
-"""The driver's decode, check and resolve (small batches) against the Spark jobs, on
-records shaped like the connector's: the same rows, or `Unsupported` where the Spark jobs
-must decide."""
+"""The one decode, check and resolve, on records shaped like the connector's: random
+histories against a change-by-change statement of the rules (`reference`), histories
+with known results, every type, records that cannot be applied, and the same code in
+Spark tasks."""
 
 import base64
+import json
 import random
+import re
 from decimal import Decimal
 
 import pyarrow as pa
 import pytest
-from cdclake.changes import DELETED, OFFSET, OP, Column, topic_schema
-from cdclake.changes import decode_changes as spark_decode
+from cdclake.changes import DELETED, OFFSET, OP, PARTITION, Column, topic_schema
 from cdclake.debezium import (
     DECIMAL as DECIMAL_LOGICAL,
 )
@@ -25,29 +27,25 @@ from cdclake.debezium import (
 )
 from cdclake.driver_resolve import (
     RAW_COLUMNS,
-    UNSUPPORTED_MARK,
-    Unsupported,
+    REASON,
+    TRUNCATE_MARK,
+    BadRecord,
     _Rows,
     _Slow,
     _Unparsed,
     arrow_type,
     column_decoder,
+    columns_ddl,
     columns_table,
     decoder,
+    grouped_by_kafka_key,
     resolve_rows,
     resolve_task,
-    task_ddl,
-    tasks_can_resolve,
+    task_columns,
 )
+from cdclake.exceptions import DecodeError
 from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import (
-    HAS_VALUES,
-    TOAST_PLACEHOLDER,
-    TOAST_PREFIX,
-    changelog,
-    check_changes,
-    resolve_latest,
-)
+from cdclake.resolve import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 from cdclake.scan import scan_rows
 
 from tests.debezium_records import (
@@ -81,20 +79,27 @@ def topic_of(rows: pa.Table, key: tuple[str, ...] = ()) -> tuple:
     return topic_schema(list(keys.values()), list(values.values()), key, TOPIC), keys, values
 
 
+def resolved(spark, rows: pa.Table, key: tuple[str, ...] = ()):
+    """(the resolved rows as sorted dicts, as the MERGE reads them; the result)."""
+    local = resolve_rows(rows, *topic_of(rows, key))
+    return ordered(arrow_frame(spark, local.rows, local.ddl)), local
+
+
 def both(spark, rows: pa.Table, key: tuple[str, ...] = ()):
-    """(Spark's rows, the driver's rows, the driver's result), rows as sorted dicts."""
-    schema, keys, values = topic_of(rows, key)
-    changes = spark_decode(arrow_frame(spark, rows), schema, keys, values)
-    check = check_changes(changes, schema)
-    check.raise_invalid(TOPIC)
-    if schema.key_names:
-        spark_rows = resolve_latest(changes, schema, check.truncate)
-    else:
-        spark_rows = changelog(changes, schema)
-    local = resolve_rows(rows, schema, keys, values)
-    assert local.truncate == (check.truncate if schema.key_names else None)
-    mine = arrow_frame(spark, local.rows, local.ddl)  # also what the MERGE reads
-    return ordered(spark_rows), ordered(mine), local
+    """(the resolved rows as the reference of another fold, the same, the result)."""
+    mine, local = resolved(spark, rows, key)
+    return mine, [dict(r) for r in mine], local
+
+
+def same(want, got, toast: bool):
+    """Equal rows; a fold may leave out the TOAST flags when it met no placeholder: a
+    flag that is False counts as absent (`toast`: whether `got` carries them)."""
+
+    def bare(rows):
+        return [{k: v for k, v in r.items() if not (k.startswith(TOAST_PREFIX) and v is False)}
+                for r in rows]  # fmt: skip
+
+    assert bare(got) == bare(want)
 
 
 def ordered(frame) -> list[dict]:
@@ -106,17 +111,66 @@ def ordered(frame) -> list[dict]:
                            if f.dataType.typeName() == "timestamp" else F.col(f"`{f.name}`")
                            for f in frame.schema.fields])  # fmt: skip
     return sorted((r.asDict(recursive=True) for r in frame.collect()),
-                  key=lambda r: (r[OFFSET], r["_cdc_kafka_partition"]))  # fmt: skip
+                  key=lambda r: (r[OFFSET], r[PARTITION]))  # fmt: skip
 
 
-def same(spark_rows, mine, toast: bool):
-    """Equal rows; without placeholders the driver leaves out the TOAST flags, which
-    Spark's rows must then all have False."""
-    if not toast:
-        for r in spark_rows:
-            for name in [n for n in r if n.startswith(TOAST_PREFIX)]:
-                assert r.pop(name) is False, r
-    assert mine == spark_rows
+def reference(parts: dict[int, list]) -> dict[int, tuple]:
+    """The rules stated change by change, for histories whose keys each stay in one
+    partition: key -> (deleted, partition and offset of the change its row describes,
+    its name (None for a deleted key), whether that name is left to the table)."""
+    changes = []
+    for p, records in parts.items():
+        for o, (k, v) in enumerate(records):
+            key = None if k is None else json.loads(k)["payload"]["id"]
+            payload = None if v is None else json.loads(v)["payload"]
+            changes.append((p, o, key, payload))
+    truncates = [(o, p, c["source"]["lsn"]) for p, o, _, c in changes if c and c["op"] == "t"]
+    if truncates:
+        t_offset, t_partition, t_lsn = max(truncates)
+
+        def after_truncate(p, o, c):
+            if p == t_partition:
+                return o > t_offset
+            lsn = c and c["source"]["lsn"]
+            return t_lsn is None or lsn is None or lsn > t_lsn
+
+        changes = [x for x in changes if after_truncate(x[0], x[1], x[3])]
+    out = {}
+    for key in {x[2] for x in changes if x[2] is not None}:
+        seen, prev_stale, kept = None, True, []
+        for p, o, _, c in sorted(
+            x for x in changes if x[2] == key and not (x[3] or {}).get("op") == "t"
+        ):
+            lsn = None if c is None else c["source"]["lsn"]
+            stale = lsn is not None and seen is not None and lsn <= seen
+            dropped = prev_stale if c is None else stale
+            prev_stale = stale
+            if lsn is not None and (seen is None or lsn > seen):
+                seen = lsn
+            if not dropped:
+                kept.append((p, o, c))
+        if not kept:
+            continue
+        p, o, c = kept[-1]
+        deleted = c is None or c["op"] == "d"
+        if c is None:  # a tombstone's row is described by its delete, when kept
+            p, o = next(((q, n) for q, n, d in reversed(kept) if d is not None), (p, o))
+        name, left = None, False
+        if not deleted:
+            name = c["after"]["name"]
+            if name == TOAST_PLACEHOLDER:
+                real = [d["after"]["name"] for _, _, d in kept if d and d["after"]]
+                real = [n for n in real if n not in (None, TOAST_PLACEHOLDER)]
+                name, left = (real[-1], False) if real else (None, True)
+        out[key] = (deleted, p, o, name, left)
+    return out
+
+
+def as_reference(rows: list[dict]) -> dict[int, tuple]:
+    flag = f"{TOAST_PREFIX}name"
+    return {r["id"]: (r[DELETED], r[PARTITION], r[OFFSET], None if r[DELETED] else r["name"],
+                      bool(r.get(flag)) and not r[DELETED])
+            for r in rows}  # fmt: skip
 
 
 def item(i, name, price="1.00", blob=b"\x01"):
@@ -175,10 +229,10 @@ def history(seed: int, partitions: int = 1, toast: bool = True, resends: bool = 
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_random_histories_resolve_as_in_spark(spark, seed):
-    rows = raw_table(history(seed, partitions=1 + seed % 2))
-    spark_rows, mine, local = both(spark, rows)
-    same(spark_rows, mine, local.toast)
+def test_random_histories_resolve_as_the_rules_say(spark, seed):
+    parts = history(seed, partitions=1 + seed % 2)
+    mine, local = resolved(spark, raw_table(parts))
+    assert as_reference(mine) == reference(parts)
     assert sum(local.counts.values()) == len(mine)
     assert local.counts.get(True, 0) == sum(r[DELETED] for r in mine)
 
@@ -201,8 +255,7 @@ def test_a_deleted_keys_row_holds_no_placeholder(spark):
         (key_record(3), None),
         (key_record(4), v("u", None, item(4, "four"), lsn=106)),
     ]  # fmt: skip
-    spark_rows, mine, local = both(spark, raw_table({0: records}))
-    same(spark_rows, mine, local.toast)
+    mine, local = resolved(spark, raw_table({0: records}))
     rows = {r["id"]: r for r in mine}
     assert rows[1][DELETED] and rows[2][DELETED] and rows[3][DELETED] and not rows[4][DELETED]
     assert (rows[1]["name"], rows[1]["blob"]) == ("a", b"\x07")
@@ -215,7 +268,6 @@ def test_a_deleted_keys_row_holds_no_placeholder(spark):
 
 
 def test_a_history_resolves_to_the_expected_rows(spark):
-    """Not only equal to Spark: right."""
     v = value_record
     records = [
         (key_record(1), v("c", None, item(1, "a"), lsn=100)),  # 0
@@ -227,8 +279,7 @@ def test_a_history_resolves_to_the_expected_rows(spark):
         (key_record(1), v("u", None, item(1, "b", "-2.50"), lsn=101)),  # 6 re-sent
         (key_record(4), None),  # 7 lone tombstone
     ]
-    spark_rows, mine, local = both(spark, raw_table({0: records}))
-    same(spark_rows, mine, local.toast)
+    mine, local = resolved(spark, raw_table({0: records}))
     got = {r["id"]: r for r in mine}
     assert set(got) == {1, 2, 3}
     assert got[1]["name"] == "b" and got[1]["price"] == Decimal("3.00") and got[1][OFFSET] == 2
@@ -264,8 +315,7 @@ def test_a_truncate_drops_what_came_before(spark):
         (None, v("t", None, None, lsn=101)),
         (key_record(2), v("c", None, item(2, "b"), lsn=102)),
     ]
-    spark_rows, mine, local = both(spark, raw_table({0: records}))
-    same(spark_rows, mine, local.toast)
+    mine, local = resolved(spark, raw_table({0: records}))
     assert [r["id"] for r in mine] == [2]
     assert (local.truncate.offset, local.truncate.lsn) == (1, 101)
 
@@ -279,8 +329,7 @@ def test_a_table_without_key_keeps_every_change(spark):
         (None, None),
         (None, v("t", None, None, lsn=103)),
     ]
-    spark_rows, mine, _ = both(spark, raw_table({0: records}))
-    assert mine == spark_rows
+    mine, _ = resolved(spark, raw_table({0: records}))
     assert [r[OP] for r in mine] == ["c", "u", "d", "t"]
     assert mine[1]["name"] == "a"  # the placeholder took the value before
 
@@ -337,7 +386,7 @@ def typed(i: int, **overrides) -> dict:
     return row
 
 
-def test_every_type_decodes_as_in_spark(spark):
+def test_every_type_decodes_to_its_lake_value(spark):
     v = value_record
     records = [
         (key_record(1), v("c", None, typed(1), columns=TYPED)),
@@ -358,8 +407,7 @@ def test_every_type_decodes_as_in_spark(spark):
             {"x": -9.999999e6, "y": 1e22, "s": 'a"b\n\u0001ü/', "o": {"k": {}}},
         ])
     ]  # fmt: skip
-    spark_rows, mine, local = both(spark, raw_table({0: records}))
-    same(spark_rows, mine, local.toast)
+    mine, local = resolved(spark, raw_table({0: records}))
     got = {r["id"]: r for r in mine}
     assert got[1]["t_ms"] == "12:34:56.789000" and got[1]["t_us"] == "24:00:00.000000"
     assert got[1]["vs"] == "1" + "0" * 42 + ".001" and got[1]["d_neg"] == Decimal(-12300)
@@ -374,19 +422,33 @@ def test_every_type_decodes_as_in_spark(spark):
 @pytest.mark.parametrize(
     "value, why",
     [
-        (value_record("c", None, item(1, "a", blob="%%%")), "not base64"),
-        (value_record("x", None, item(1, "a")), "operation"),
-        (value_record("c", None, item(1, "a", price="100000000.00")), "does not fit"),
-        (value_record("c", None, {**item(1, "a"), "name": 5}), "is not text"),
+        (value_record("c", None, item(1, "a", blob="%%%")), "field 'blob': '%%%' is not base64"),
+        (value_record("x", None, item(1, "a")), "unknown operation x"),
+        (value_record("c", None, item(1, "a", price="100000000.00")), "field 'price': .*does not"),
+        (value_record("c", None, {**item(1, "a"), "name": 5}), "field 'name': 5 is not text"),
         (b'{"schema":{"type":"struct","fields":[{"type":"string","field":"op"},'
-         b'{"type":"struct","field":"after","fields":[]}]},"payload":[1]}', "not an envelope"),
+         b'{"type":"struct","field":"after","fields":[]}]},"payload":[1]}',
+         "not a Debezium envelope"),
     ],
 )  # fmt: skip
-def test_what_spark_must_decide_is_left_to_it(value, why):
-    rows = raw_table({0: [(key_record(1), value)]})
-    schema, keys, values = topic_of(rows)
-    with pytest.raises(Unsupported, match=why):
-        resolve_rows(rows, schema, keys, values)
+def test_a_record_that_cannot_be_applied_is_named_and_left_out(value, why):
+    """Between good records, in a batch decoded fast until it meets the bad one."""
+    good = [(key_record(2), value_record("c", None, item(2, "b"), lsn=5)),
+            (key_record(3), value_record("c", None, item(3, "c"), lsn=6))]  # fmt: skip
+    rows = raw_table({0: [good[0], (key_record(1), value), good[1]]})
+    done = resolve_rows(rows, *topic_of(rows))
+    [(partition, offset, reason)] = done.bad
+    assert (partition, offset) == (0, 1) and re.search(why, reason), reason
+    assert sorted(r["id"] for r in done.rows.to_pylist()) == [2, 3]
+
+
+def test_a_bad_value_in_a_superseded_change_is_left_out_with_it():
+    v = value_record
+    rows = raw_table({0: [(key_record(1), v("c", None, item(1, "a", blob="%%%"), lsn=5)),
+                          (key_record(1), v("u", None, item(1, "b"), lsn=6))]})  # fmt: skip
+    done = resolve_rows(rows, *topic_of(rows))
+    assert [b[:2] for b in done.bad] == [(0, 0)]
+    assert [(r["id"], r["name"]) for r in done.rows.to_pylist()] == [(1, "b")]
 
 
 def test_a_key_value_comes_from_the_key_then_the_row_after_then_before():
@@ -401,11 +463,9 @@ def test_a_key_value_comes_from_the_key_then_the_row_after_then_before():
     assert _identifier(())(None, {"a": 1}, None) == ()
 
 
-def test_a_record_whose_key_holds_no_value_is_left_to_spark():
+def test_a_record_whose_key_holds_no_value_cannot_be_applied():
     rows = raw_table({0: [(key_record(None), value_record("u", None, None, lsn=5))]})
-    schema, keys, values = topic_of(rows)
-    with pytest.raises(Unsupported, match="partition 0 offset 0: record has no key"):
-        resolve_rows(rows, schema, keys, values)
+    assert resolve_rows(rows, *topic_of(rows)).bad == ((0, 0, "record has no key"),)
 
 
 def test_arrow_types_of_the_lake_types():
@@ -417,50 +477,64 @@ def test_arrow_types_of_the_lake_types():
     assert arrow_type("struct<wkb:binary,srid:int>") == pa.struct(
         [("wkb", pa.binary()), ("srid", pa.int32())]
     )
-    with pytest.raises(Unsupported, match="interval"):
+    with pytest.raises(DecodeError, match="interval"):
         arrow_type("interval")
 
 
-def tasks_resolve(spark, rows: pa.Table, toast: bool):
-    """The driver's resolve run in Spark tasks, the records shuffled by their Kafka key."""
+def tasks_resolve(spark, rows: pa.Table, toast: bool, tasks: int = 3):
+    """The resolve run in Spark tasks, the records shuffled by their Kafka key: (resolved
+    rows, reporting rows)."""
+    from pyspark.sql import functions as F
+
     schema, keys, values = topic_of(rows)
     task = resolve_task(schema, keys, values, toast)
-    return (
-        arrow_frame(spark, rows).select(*RAW_COLUMNS).repartition(3, "key_payload")
-        .mapInArrow(task, task_ddl(schema, toast))
+    frame = (
+        arrow_frame(spark, rows).select(*RAW_COLUMNS).repartition(tasks, "key_payload")
+        .mapInArrow(task, columns_ddl(task_columns(schema, toast)))
     )  # fmt: skip
+    return (ordered(frame.where(F.col(REASON).isNull()).drop(REASON)),
+            frame.where(F.col(REASON).isNotNull()).collect())  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_tasks_grouped_by_key_resolve_as_in_spark(spark, seed):
+def test_tasks_grouped_by_key_resolve_as_the_driver(spark, seed):
     """Each task holds every record of its keys, so the tasks' rows are the driver's; a
-    truncate needs the whole topic, and a task that meets one says so."""
+    truncate needs the whole topic (one task), whose row reports it."""
     rows = raw_table(history(seed, partitions=1 + seed % 2))
     scan = scan_rows(rows)
-    frame = tasks_resolve(spark, rows, toast=TOPIC in scan.toasts)
-    spark_rows, _, local = both(spark, rows)
-    if local.truncate is not None:
-        with pytest.raises(Exception, match=UNSUPPORTED_MARK):
-            frame.collect()
-        return
-    same(spark_rows, ordered(frame), TOPIC in scan.toasts)
-    assert len(spark_rows) == sum(local.counts.values())
+    mine, local = resolved(spark, rows)
+    one = local.truncate is not None
+    got, reported = tasks_resolve(spark, rows, TOPIC in scan.toasts, tasks=1 if one else 3)
+    assert got == [r if TOPIC in scan.toasts else
+                   {k: x for k, x in r.items() if not k.startswith(TOAST_PREFIX)}
+                   for r in mine]  # fmt: skip
+    assert [(r[REASON], r[PARTITION], r[OFFSET]) for r in reported] == (
+        [(TRUNCATE_MARK, local.truncate.partition, local.truncate.offset)] if one else []
+    )
+
+
+def test_tasks_report_the_records_that_cannot_be_applied(spark):
+    rows = raw_table({0: [(key_record(1), value_record("x", None, item(1, "a"))),
+                          (key_record(2), value_record("c", None, item(2, "b")))]})  # fmt: skip
+    got, reported = tasks_resolve(spark, rows, toast=False)
+    assert [r["id"] for r in got] == [2]
+    assert [(r[REASON], r[OFFSET]) for r in reported] == [("unknown operation x", 0)]
 
 
 def test_a_task_that_meets_a_placeholder_the_scan_missed_says_so(spark):
     records = [(key_record(1), value_record("u", None, item(1, TOAST_PLACEHOLDER), lsn=5))]
     with pytest.raises(Exception, match="placeholder the raw scan did not see"):
-        tasks_resolve(spark, raw_table({0: records}), toast=False).collect()
+        tasks_resolve(spark, raw_table({0: records}), toast=False)
 
 
-def test_tasks_refuse_what_a_key_shuffle_cannot_group():
+def test_only_a_key_of_one_kafka_schema_groups_by_kafka_key():
     rows = raw_table({0: [(key_record(1), value_record("c", None, item(1, "a")))]})
     keyed, keys, values = topic_of(rows)
-    assert tasks_can_resolve(keyed, keys, ()) is None
+    assert grouped_by_kafka_key(keyed, keys, ())
     keyless = topic_schema([], list(values.values()), (), TOPIC)
-    assert "no key" in tasks_can_resolve(keyless, {}, ())
-    assert "configured" in tasks_can_resolve(keyed, keys, ("name",))
-    assert "2 key schemas" in tasks_can_resolve(keyed, {**keys, 99: "{}"}, ())
+    assert not grouped_by_kafka_key(keyless, {}, ())
+    assert not grouped_by_kafka_key(keyed, keys, ("name",))
+    assert not grouped_by_kafka_key(keyed, {**keys, 99: "{}"}, ())
 
 
 def _field(logical: str, kind: str, **params: str) -> ConnectField:
@@ -504,7 +578,7 @@ _DECIDED_ALONE = {"infinity", "-infinity", "2024-05-01 12:34:56Z",
 def test_columns_decode_as_their_values_do(field, good, bad):
     """A whole column decoded at once (`column_decoder`) gives what each value gives
     decoded alone (`decoder`); a column with a value it does not take is left to the
-    value-by-value decode (`_Slow`), which decides (here: `Unsupported`)."""
+    value-by-value decode (`_Slow`), which decides (here: `BadRecord`)."""
     kind = arrow_type(lake_type(field))
     fast, one = column_decoder(field, kind), decoder(field)
     assert fast is not None
@@ -520,7 +594,7 @@ def test_columns_decode_as_their_values_do(field, good, bad):
         if isinstance(value, str) and value in _DECIDED_ALONE:
             assert one(value) is not None
         else:
-            with pytest.raises(Unsupported):
+            with pytest.raises(BadRecord):
                 one(value)
 
 

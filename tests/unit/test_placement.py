@@ -10,17 +10,15 @@ SMALL, BIG = DRIVER_READ_RECORDS, DRIVER_READ_RECORDS + 1
 
 
 @pytest.mark.parametrize(
-    "placement, small_in_driver, by_range, in_tasks",
-    [(Placement.AUTO, True, True, True), (Placement.DRIVER, True, False, False),
-     (Placement.RANGES, False, True, True), (Placement.TASKS, False, False, True),
-     (Placement.SPARK, False, False, False)],
+    "placement, small_in_driver, by_range",
+    [(Placement.AUTO, True, True), (Placement.DRIVER, True, False),
+     (Placement.RANGES, False, True), (Placement.TASKS, False, False)],
 )  # fmt: skip
-def test_each_placement_takes_its_steps_of_the_rule(placement, small_in_driver, by_range,
-                                                    in_tasks):  # fmt: skip
+def test_each_placement_takes_its_steps_of_the_rule(placement, small_in_driver, by_range):
     assert placement.driver_reads(SMALL, from_kafka=True) is small_in_driver
     assert placement.driver_reads(BIG, from_kafka=True) is False  # never a big batch
     assert placement.driver_reads(SMALL, from_kafka=False) is False  # another source
-    assert (placement.by_range, placement.in_tasks) == (by_range, in_tasks)
+    assert placement.by_range is by_range
 
 
 def test_a_placement_is_named_by_its_value():

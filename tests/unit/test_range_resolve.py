@@ -1,6 +1,6 @@
-"""Ranges read and resolved whole in one task each (big batches) against the Spark jobs:
-the same rows once the ranges' results are put together, or the reason the topic must
-take the general path."""
+"""Ranges read and resolved whole in one task each (big batches) against the resolve of
+all the records at once: the same rows once the ranges' results are put together, or the
+reason the topic must take the general path."""
 
 import random
 import time
@@ -127,16 +127,16 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast, resends):
     assert len(summaries) == len(parts)
     assert toast or not any(s.toast for s in summaries)
     got = accepted(out, parts)
-    spark_rows, _, local = both(spark, raw_table(parts))
+    want, _, local = both(spark, raw_table(parts))
     if isinstance(got, str):  # only where the other partitions hold changes before it
         assert local.truncate is not None and len(parts) > 1 and "truncate" in got, got
         return
     assert isinstance(got, AcceptedTopic), got
     assert got.truncate == local.truncate
     rows = unpacked(out, got)
-    assert sum(got.counts.values()) == rows.num_rows == len(spark_rows)
+    assert sum(got.counts.values()) == rows.num_rows == len(want)
     assert got.counts == local.counts and got.max_source_ms == local.max_source_ms
-    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+    same(want, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
 def folded(parts: dict[int, list], partition: int, columnar: bool, batch: int = 7,
@@ -307,7 +307,7 @@ def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
 @pytest.mark.parametrize("columnar", [True, False], ids=["columns", "change by change"])
 @pytest.mark.parametrize("batch", [2, 3, 50])
 def test_a_truncate_starts_the_range_again(spark, columnar, batch):
-    """The changes before a range's last truncate are dropped, as the Spark jobs drop
+    """The changes before a range's last truncate are dropped, as the resolve of all the records drop
     them, in whichever read batch it falls; the topic keeps the truncate for the MERGE."""
     v = value_record
     records = [
@@ -330,15 +330,15 @@ def test_a_truncate_starts_the_range_again(spark, columnar, batch):
     out, _ = range_rows(parts, batch=batch)
     got = accepted(out, parts)
     assert isinstance(got, AcceptedTopic), got
-    spark_rows, _, local = both(spark, raw_table(parts))
+    want, _, local = both(spark, raw_table(parts))
     assert got.truncate == local.truncate and got.truncate.offset == 5
-    same(spark_rows, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
+    same(want, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_random_histories_with_truncates_resolve_as_in_spark(spark, seed):
     """One partition, one to three truncates anywhere in a random history, read batches
-    of 1 to 9 records: the rows and the truncate of the Spark jobs."""
+    of 1 to 9 records: the rows and the truncate of the resolve of all the records."""
     rnd = random.Random(seed)
     records = history(200 + seed, toast=seed % 2 == 0, resends=seed % 3 != 0,
                       truncates=False)[0]  # fmt: skip
@@ -349,11 +349,11 @@ def test_random_histories_with_truncates_resolve_as_in_spark(spark, seed):
     out, (summary,) = range_rows(parts, batch=rnd.randint(1, 9))
     got = accepted(out, parts)
     assert isinstance(got, AcceptedTopic), got
-    spark_rows, _, local = both(spark, raw_table(parts))
+    want, _, local = both(spark, raw_table(parts))
     assert got.truncate == local.truncate is not None
     rows = unpacked(out, got)
-    assert got.counts == local.counts and rows.num_rows == len(spark_rows)
-    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+    assert got.counts == local.counts and rows.num_rows == len(want)
+    same(want, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
 @pytest.mark.parametrize("kafka_key", [False, True], ids=["no Kafka key", "Kafka key"])
@@ -371,14 +371,14 @@ def test_a_configured_key_resolves_range_by_range_as_in_spark(spark, seed, kafka
     out, summaries = range_rows(parts, batch=1 + seed % 5, plan=plan)
     assert all(s.reason is None for s in summaries), summaries
     got = accepted(out, parts, plan=plan)
-    spark_rows, _, local = both(spark, raw_table(parts), key=("id",))
+    want, _, local = both(spark, raw_table(parts), key=("id",))
     if isinstance(got, str):
         assert len(parts) > 1, got
         return
     assert got.key_names == ("id",) and got.truncate == local.truncate
     rows = unpacked(out, got)
-    assert got.counts == local.counts and rows.num_rows == len(spark_rows)
-    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+    assert got.counts == local.counts and rows.num_rows == len(want)
+    same(want, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
 def test_a_truncate_with_other_partitions_is_taken_when_they_hold_nothing_before_it():
@@ -444,10 +444,10 @@ def test_a_range_that_starts_with_a_lone_tombstone_keeps_every_row(spark):
     got = accepted(out, {0: records})
     assert isinstance(got, AcceptedTopic), got
     rows = unpacked(out, got)
-    spark_rows, _, _ = both(spark, raw_table({0: records}))
-    assert sorted(rows.column("id").to_pylist()) == list(range(5)) == [r["id"] for r in spark_rows]
+    want, _, _ = both(spark, raw_table({0: records}))
+    assert sorted(rows.column("id").to_pylist()) == list(range(5)) == [r["id"] for r in want]
     assert got.counts == {False: 5}
-    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
+    same(want, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
 def test_a_key_folds_across_batches_and_streams_of_many_rows(spark):
@@ -507,8 +507,8 @@ def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark
     got = accepted(out, {0: records})
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[3]["name"] == "first3" and rows[3][f"{TOAST_PREFIX}name"] is False
-    spark_rows, _, _ = both(spark, raw_table({0: records}))
-    same(spark_rows, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
+    want, _, _ = both(spark, raw_table({0: records}))
+    same(want, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
 
 
 def test_a_value_that_does_not_fit_is_seen_only_in_a_change_that_is_written():
@@ -817,7 +817,7 @@ def test_workers_that_cannot_start_ahead_are_logged_not_raised(caplog):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_table_without_key_is_returned_range_by_range_as_its_changelog(spark, seed):
-    """Every change a row, as the Spark jobs' changelog gives them: inserts, updates
+    """Every change a row, as the resolve of all the records' changelog gives them: inserts, updates
     (with placeholders), deletes, truncates and snapshot reads, over two partitions,
     several read batches each."""
     v = value_record
@@ -846,10 +846,10 @@ def test_a_table_without_key_is_returned_range_by_range_as_its_changelog(spark, 
     assert isinstance(got, AcceptedTopic), got
     assert got.key_names == () and not got.toast
     rows = unpacked(out, got)
-    spark_rows, mine, local = both(spark, raw_table(parts))
-    assert rows.num_rows == len(spark_rows) == sum(got.counts.values())
+    want, mine, local = both(spark, raw_table(parts))
+    assert rows.num_rows == len(want) == sum(got.counts.values())
     assert got.counts == local.counts and got.max_source_ms == local.max_source_ms
-    same(spark_rows, ordered(arrow_frame(spark, rows, got.ddl)), False)
+    same(want, ordered(arrow_frame(spark, rows, got.ddl)), False)
     assert TOAST_PLACEHOLDER not in str(rows.to_pylist())
 
 
