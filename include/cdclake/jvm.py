@@ -21,7 +21,8 @@ events over 10 tables (2 cores):
   to, 24% slower: its break-even, between the two sizes, is near 300,000 records. A
   batch that resolves range by range (`resolves_by_range`) keeps C1 alone up to 2M
   records: 1M recorded events took 17.2-19.0 s cold with it, 20.1-22.9 s with both; 2M
-  generated events 28.9 and 29.0 s against 29.3 and 31.2 s.
+  generated events 28.9 and 29.0 s against 29.3 and 31.2 s. (The Spark SQL jobs have
+  since gone; these limits were not measured again without them.)
 
 The archive is built by `cdclake jvm-archive` (cdclake.jvm_archive). `driver_java_options`
 gives a driver the archive when it exists and the JIT for its batch. The JVM checks the
@@ -92,8 +93,7 @@ def resolves_by_range(pipeline, ranges=None) -> bool:
     """A big batch of the pipeline's is resolved range by range, unless a topic's ranges
     hold what they cannot take: no table with a configured `key` has its topic in more
     than one partition of the batch's `ranges` (a table without a primary key sends no
-    Kafka key, so its keys spread over the partitions and the Spark SQL jobs group
-    them). Without `ranges`, no table may have a configured key."""
+    Kafka key, so its keys spread over the partitions and one task groups them). Without `ranges`, no table may have a configured key."""
     keyed = {pipeline.topic_for(t) for t in pipeline.tables if t.key}
     if not keyed:
         return True

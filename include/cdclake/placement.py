@@ -45,4 +45,3 @@ class Placement(Enum):
     def by_range(self) -> bool:
         """Step 2: Spark tasks read and resolve a big batch range by range."""
         return self in (Placement.AUTO, Placement.RANGES)
-

@@ -307,8 +307,9 @@ def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
 @pytest.mark.parametrize("columnar", [True, False], ids=["columns", "change by change"])
 @pytest.mark.parametrize("batch", [2, 3, 50])
 def test_a_truncate_starts_the_range_again(spark, columnar, batch):
-    """The changes before a range's last truncate are dropped, as the resolve of all the records drop
-    them, in whichever read batch it falls; the topic keeps the truncate for the MERGE."""
+    """The changes before a range's last truncate are dropped, as the resolve of all the
+    records drops them, in whichever read batch it falls; the topic keeps the truncate for
+    the MERGE."""
     v = value_record
     records = [
         (key_record(1), v("c", None, item(1, "a"), lsn=10)),
