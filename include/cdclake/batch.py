@@ -12,7 +12,7 @@ from cdclake.deadletters import set_aside
 from cdclake.leases import Leases
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement
-from cdclake.resolve import Truncate
+from cdclake.rules import Truncate
 from cdclake.scan import RawScan
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 

@@ -93,7 +93,8 @@ def resolves_by_range(pipeline, ranges=None) -> bool:
     """A big batch of the pipeline's is resolved range by range, unless a topic's ranges
     hold what they cannot take: no table with a configured `key` has its topic in more
     than one partition of the batch's `ranges` (a table without a primary key sends no
-    Kafka key, so its keys spread over the partitions and one task groups them). Without `ranges`, no table may have a configured key."""
+    Kafka key, so its keys spread over the partitions and one task groups them).
+    Without `ranges`, no table may have a configured key."""
     keyed = {pipeline.topic_for(t) for t in pipeline.tables if t.key}
     if not keyed:
         return True

@@ -34,37 +34,41 @@ from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from cdclake.changes import TopicSchema, topic_schema
-from cdclake.driver_resolve import (
-    _DECODE_ERRORS,
-    _HEADER,
-    META,
-    NO_TOAST,
-    NULL_ROW,
-    KeyFold,
-    RowShape,
-    ToastColumns,
-    Unsupported,
+from cdclake.arrow_rows import (
     arrow_type,
-    by_column,
-    changelog_rows,
-    check_key_types,
     columns_ddl,
-    columns_decoder,
     columns_table,
     cycles_uncollected,
-    decode_records,
-    folds_table,
-    is_placeholder,
-    placeholder_of,
     result_columns,
-    row_decoders,
     rows_table,
     tally,
 )
+from cdclake.changes import TopicSchema, topic_schema
 from cdclake.exceptions import CdclakeError
+from cdclake.json_records import (
+    DECODE_ERRORS,
+    HEADER,
+    NULL_ROW,
+    by_column,
+    columns_decoder,
+    decode_records,
+    row_decoders,
+)
+from cdclake.json_values import Unsupported
 from cdclake.reader import RangeReader
-from cdclake.resolve import TOAST_PREFIX, TRUNCATE, Truncate, toastable
+from cdclake.resolve import (
+    META,
+    NO_TOAST,
+    KeyFold,
+    RowShape,
+    ToastColumns,
+    changelog_rows,
+    check_key_types,
+    folds_table,
+    is_placeholder,
+    placeholder_of,
+)
+from cdclake.rules import TOAST_PREFIX, TRUNCATE, Truncate, toastable
 from cdclake.scan import TOAST_TEXTS
 
 if TYPE_CHECKING:
@@ -206,7 +210,7 @@ class RangeFold:
         self.closed = False  # read whole (`close`)
         self.columnar: ColumnarFold | None = None
         # a configured key is read from the rows: folded change by change
-        self._want_columnar = (columnar and not follow_toast and _HEADER is not None
+        self._want_columnar = (columnar and not follow_toast and HEADER is not None
                                and not plan.key)  # fmt: skip
         self.summary = RangeSummary(plan.topic, partition)
         self.schema: TopicSchema | None = None
@@ -502,7 +506,7 @@ _HEADS: list = []
 
 def _envelope_heads():
     """A decoder of an envelope's operation, source LSN and time, its rows after and
-    before kept as raw JSON (a JSON null as `NULL_ROW`), as `_HEADER` decodes them but
+    before kept as raw JSON (a JSON null as `NULL_ROW`), as `HEADER` decodes them but
     into a struct whose fields `_HEAD_FIELDS` reads at once; and the head a tombstone is
     given."""
     if not _HEADS:
@@ -576,7 +580,7 @@ class ColumnarFold:
             heads = [tomb if t is None else header(t) for t in payloads]
             named, lsns, stamps, afters = (zip(*map(_HEAD_FIELDS, heads), strict=True)
                                           if heads else ((),) * 4)  # fmt: skip
-        except (*_DECODE_ERRORS, KeyError, TypeError, ValueError, OverflowError):
+        except (*DECODE_ERRORS, KeyError, TypeError, ValueError, OverflowError):
             raise Irregular("a key or an envelope msgspec does not take") from None
         try:
             ops = list(map(_HEAD_OPS.__getitem__, named))

@@ -1,46 +1,476 @@
-"""The CDC rules every resolve follows (`driver_resolve`, `range_resolve`), and the names
-they share.
+"""Decode, check and resolve one topic's changes, in Python: the CDC rules written once.
 
-Rules (the semantics the tests pin down):
-- Per key, Kafka order decides. A record whose source LSN is not above an LSN already
-  seen for its key is a re-sent duplicate (Debezium is at-least-once) and is skipped; a
-  tombstone shares the fate of the delete just before it, and is a no-op when that
-  delete was in an earlier batch. Records without an LSN
-  (incremental snapshot reads) are never skipped.
-- A truncate removes every row loaded before it: records of the batch before it are
-  dropped and the MERGE deletes table rows whose LSN is below the truncate's.
-- An unchanged TOASTed column arrives as a placeholder; it takes the last real value of
-  the batch for that key, or else keeps the value already in the table.
+`resolve_rows` takes raw records (the reader's Arrow rows) and gives the resolved rows the
+MERGE reads: each key's latest change in Kafka order (`KeyFold`: the LSN re-send guard, a
+tombstone following its delete, TOAST placeholders taking the key's last real value), or
+for a table without a key every change (`changelog_rows`), after the last truncate.
+It runs in the driver for a batch the driver read (`DRIVER_READ_RECORDS`), and in Spark
+tasks for a bigger one (`resolve_task`), over all of a key's records of the batch.
+
+A record that cannot be applied (its payload is not a Debezium envelope of its schema,
+its operation is unknown, it has no key, a value does not fit its column) raises
+`BadRecord` while decoding. The batch is then decoded again record by record, each
+change's values whole, and each such record comes back in `TopicResolved.bad` with its
+reason, to fail the table or go to the dead letters; the other records resolve as if it
+were not there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from cdclake.changes import Column, TopicSchema
+from cdclake.arrow_rows import (
+    columns_ddl,
+    columns_table,
+    cycles_uncollected,
+    result_columns,
+    rows_table,
+    tally,
+)
+from cdclake.changes import (
+    DELETED,
+    LSN,
+    OFFSET,
+    OP,
+    PARTITION,
+    SOURCE_TS,
+    Column,
+    TopicSchema,
+)
+from cdclake.exceptions import DecodeError
+from cdclake.json_records import Change, by_column, decode_records, row_decoders, settle
+from cdclake.json_values import BadRecord
+from cdclake.rules import (
+    HAS_VALUES,
+    STALE_CHECK_LSN,
+    TOAST_PLACEHOLDER,
+    TOAST_PREFIX,
+    TRUNCATE,
+    Truncate,
+    toastable,
+)
 
-ROW_OPS = ("c", "u", "d", "r")
-TRUNCATE = "t"
-TOAST_PLACEHOLDER = "__debezium_unavailable_value"
-TOAST_PREFIX = "_cdc_toast_"
-STALE_CHECK_LSN = "_cdc_check_lsn"
-# a keyed table's resolved row carries values of the batch: false only for a deleted key
-# whose batch holds no row after of it (its columns are then NULL, and a soft delete keeps
-# the values the table has)
-HAS_VALUES = "_cdc_has_values"
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
-class Truncate:
-    """The last truncate of a batch: where it is in Kafka and in the WAL."""
+class TopicResolved:
+    """What the checks and the resolve of one topic's records found."""
 
-    partition: int
-    offset: int
-    lsn: int | None
+    rows: pa.Table  # the shape of `resolve_latest` / `changelog`
+    ddl: str  # the rows' Spark schema
+    truncate: Truncate | None
+    counts: dict[bool, int]  # rows per deleted flag
+    max_source_ms: int | None  # the latest source timestamp of the rows
+    toast: bool  # the rows carry the TOAST flags (a placeholder was in the batch)
+    # records that cannot be applied: (partition, offset, reason), in Kafka order
+    bad: tuple[tuple[int, int, str], ...] = ()
 
 
-def toastable(schema: TopicSchema) -> list[Column]:
-    """The columns that may hold a TOAST placeholder (of a type Debezium sends one in)."""
-    keys = set(schema.key_names)
-    return [c for c in schema.columns
-            if c.name not in keys and c.type in ("string", "binary", "array<string>")]  # fmt: skip
+# ---- resolve ---------------------------------------------------------------------------
+
+
+# a TOAST placeholder as a value of each type `toastable` columns have (`is_placeholder`)
+_PLACEHOLDERS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode(),
+                 "array<string>": [TOAST_PLACEHOLDER]}  # fmt: skip
+
+
+class ToastColumns:
+    """The `toastable` columns as `KeyFold.add` reads them: (name, placeholder) pairs,
+    and a getter of all their values of a row at once."""
+
+    __slots__ = ("pairs", "values", "all_real")
+
+    def __init__(self, columns: Sequence[Column]) -> None:
+        from operator import itemgetter
+
+        self.pairs = tuple((c.name, _PLACEHOLDERS[c.type]) for c in columns)
+        names = [n for n, _ in self.pairs]
+        get = itemgetter(*names) if names else None
+        self.values = (lambda row: (get(row),)) if len(names) == 1 else get
+        marks = tuple({repr(p): p for _, p in self.pairs}.values())
+        if len(marks) == 1:  # one type of TOAST column (most tables)
+            mark = marks[0]
+            self.all_real = lambda values: None not in values and mark not in values
+        else:
+            self.all_real = lambda values: (
+                None not in values and not any(m in values for m in marks)
+            )
+
+    def __bool__(self) -> bool:
+        return bool(self.pairs)
+
+
+NO_TOAST = ToastColumns(())
+
+
+def placeholder_of(column: Column):
+    """A TOAST placeholder as a value of the column's type (None: it holds none)."""
+    return _PLACEHOLDERS.get(column.type)
+
+
+def is_placeholder(value, column: Column) -> bool:
+    """`toast_test`, with NULL as False (columns of other types hold no placeholder)."""
+    return value is not None and value == _PLACEHOLDERS.get(column.type)
+
+
+def last_truncate(changes: Sequence[Change]) -> Truncate | None:
+    """The truncate with the highest offset."""
+    found = [c for c in changes if not c.is_tombstone and c.op == TRUNCATE]
+    if not found:
+        return None
+    last = max(found, key=lambda c: (c.offset, c.partition))
+    return Truncate(last.partition, last.offset, last.lsn)
+
+
+def _after_truncate(changes: Sequence[Change], truncate: Truncate | None) -> list[Change]:
+    rows = [c for c in changes if c.op != TRUNCATE]
+    if truncate is None:
+        return rows
+
+    def kept(c: Change) -> bool:
+        if c.partition == truncate.partition:
+            return c.offset > truncate.offset
+        return truncate.lsn is None or c.lsn is None or c.lsn > truncate.lsn
+
+    return [c for c in rows if kept(c)]
+
+
+_SCALAR_KEYS = ("int", "bigint", "float", "double", "string", "binary", "boolean", "date",
+                "timestamp", "timestamp_ntz")  # fmt: skip
+
+
+def check_key_types(schema: TopicSchema) -> None:
+    """A key column is a plain value (not an array, a map or a struct)."""
+    for k in schema.key:
+        if k.type not in _SCALAR_KEYS and not k.type.startswith("decimal("):
+            raise DecodeError(
+                f"key column {k.name!r} is {k.type}: a key column must hold "
+                "plain values; set the table's `key` to other columns"
+            )
+
+
+def resolve_changes(
+    changes: Sequence[Change], schema: TopicSchema, flags: bool | None = None
+) -> tuple[list[dict], Truncate | None, bool]:
+    """`resolve_latest`'s rows (dicts of its columns), the truncate, and whether the rows
+    carry the TOAST flags: when a placeholder was among the values, or as `flags` says
+    (False: there must be no placeholder)."""
+    check_key_types(schema)
+    truncate = last_truncate(changes)
+    toasty = toastable(schema)
+    rows = []
+    for c in _after_truncate(changes, truncate):
+        key = c.ident
+        if c.is_tombstone and all(v is None for v in key):
+            continue  # a tombstone without key carries nothing
+        rows.append((key, c))
+    groups: dict[tuple, list[Change]] = {}
+    for key, c in sorted(rows, key=lambda kc: (kc[1].partition, kc[1].offset)):
+        groups.setdefault(key, []).append(c)
+    found = any(is_placeholder(c.after.get(col.name), col)
+                for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
+    if found and flags is False:
+        raise RuntimeError("a TOAST placeholder the raw scan did not see")
+    toast = found if flags is None else flags
+    toast_cols = toasty if toast else []
+    toast_of = ToastColumns(toast_cols)
+    out, shape = [], RowShape(schema, toast_of)
+    for key, group in groups.items():
+        fold = KeyFold()
+        for c in group:
+            fold.add(c, toast_of)
+        if fold.r is not None:
+            out.append(fold.row(key, shape))
+    return out, truncate, toast
+
+
+class KeyFold:
+    """One key's changes folded in Kafka order into what its resolved row needs:
+    `drop_stale` (a change whose LSN is not above every earlier one's is a re-send; a
+    tombstone goes with the change before it) and `resolve_latest` over the changes
+    kept. Holds one key's latest state, not its changes."""
+
+    __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real", "base")
+
+    def __init__(self) -> None:
+        self.seen: int | None = None  # the highest LSN of the key's changes so far
+        self.prev_stale = True  # a first tombstone follows nothing and is dropped
+        self.r: Change | None = None  # the kept change with the highest offset
+        self.lsn: int | None = None  # the highest LSN of the kept changes
+        self.change: Change | None = None  # the kept change (not tombstone), highest offset
+        self.after: Change | None = None  # the kept change with a row, highest offset
+        # the last real value of each TOAST column: the one of highest offset among
+        # `real` (column -> (offset, value)) and `base`, the kept change of highest
+        # offset whose every TOAST column held a real value (most changes)
+        self.real: dict[str, tuple[int, Any]] = {}
+        self.base: Change | None = None
+
+    def add(self, c: Change, toast: ToastColumns = NO_TOAST) -> None:
+        """The next change of the key (Kafka order); `toast`: the columns whose last
+        real value a TOAST placeholder takes."""
+        stale = c.lsn is not None and self.seen is not None and c.lsn <= self.seen
+        dropped = self.prev_stale if c.is_tombstone else stale
+        self.prev_stale = stale
+        if c.lsn is not None and (self.seen is None or c.lsn > self.seen):
+            self.seen = c.lsn
+        if dropped:
+            return
+        # `max` by offset keeps the first of equal offsets (of different partitions)
+        if self.r is None or c.offset > self.r.offset:
+            self.r = c
+        if c.lsn is not None and (self.lsn is None or c.lsn > self.lsn):
+            self.lsn = c.lsn
+        if not c.is_tombstone and (self.change is None or c.offset > self.change.offset):
+            self.change = c
+        after = c.after
+        if after is None:
+            return
+        if self.after is None or c.offset > self.after.offset:
+            self.after = c
+            if not toast:
+                return
+            try:
+                values = toast.values(after)
+            except KeyError:  # a column the row does not have
+                values = None
+            if values is not None and toast.all_real(values):
+                # every column's value is real, of the highest offset yet: it is each
+                # column's last real value
+                self.base = c
+                if self.real:
+                    self.real = {}
+                return
+        real, offset, base = self.real, c.offset, self.base
+        for name, placeholder in toast.pairs:
+            value = after.get(name)
+            if value is not None and value != placeholder:
+                held = real.get(name)
+                top = -1 if held is None else held[0]
+                if base is not None and base.offset > top:
+                    top = base.offset
+                if offset > top:
+                    real[name] = (offset, value)
+
+    def _real(self, name: str):
+        """The last real value of a TOAST column, as (offset, value), or None."""
+        held, base = self.real.get(name), self.base
+        if base is not None and (held is None or base.offset > held[0]):
+            return base.offset, base.after[name]
+        return held
+
+    def values(self) -> dict | None:
+        """The row the key's resolved values come from (decoded whole): the kept change's
+        row after, or for a deleted key the last kept row after, else its delete's row
+        before (all its columns with `REPLICA IDENTITY FULL`, the key's alone by default;
+        `meta` says the row has no values, so a MERGE keeps the table's, and only a key
+        the lake does not hold takes them)."""
+        r = self.r
+        assert r is not None, "no change of the key was kept"
+        if r.is_tombstone or r.op == "d":
+            if self.after is not None:
+                return settle(self.after).after
+            delete = self.change  # a tombstone's is the delete before it
+            return None if delete is None or delete.op != "d" else settle(delete).before
+        return settle(r).after
+
+    def meta(self) -> tuple:
+        """The resolved row's `META` columns."""
+        r = self.r
+        if r.is_tombstone:
+            # a re-sent delete must not remove a newer row: a tombstone is checked with
+            # the LSN of its delete
+            stale = None if self.change is None else self.change.lsn
+        else:
+            stale = r.lsn
+        deleted = r.is_tombstone or r.op == "d"
+        # a tombstone's row is described by its delete, when the batch holds it
+        at = self.change if r.is_tombstone and self.change is not None else r
+        return (deleted, "d" if r.is_tombstone else r.op,
+                None if at.source_ts_ms is None else at.source_ts_ms * 1000,
+                r.lsn if r.lsn is not None else self.lsn, stale,
+                not deleted or self.after is not None, at.partition, at.offset)  # fmt: skip
+
+    def row(self, key: tuple, shape: RowShape) -> dict:
+        """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
+        the shape's columns (those `add` was given)."""
+        after = self.values()
+        if after is None:
+            row = dict.fromkeys(shape.names)
+        else:
+            row = {name: after.get(name) for name in shape.names}
+        row.update(zip(shape.key_names, key, strict=True))
+        row.update(zip(META, self.meta(), strict=True))
+        for name, mark, flag in shape.toast:  # `toastable` columns: never a key column
+            # a deleted key's row (written with soft deletes) takes the value too; the
+            # flag tells the MERGE to keep the table's value
+            placeholder = row[name] is not None and row[name] == mark
+            held = self._real(name) if placeholder else None
+            unresolved = placeholder and held is None
+            if unresolved:
+                row[name] = None
+            elif placeholder:
+                row[name] = held[1]
+            row[flag] = unresolved
+        return row
+
+
+# the columns of a resolved row after the table's, as `KeyFold.meta` gives them
+META = (DELETED, OP, SOURCE_TS, LSN, STALE_CHECK_LSN, HAS_VALUES, PARTITION, OFFSET)
+
+
+def folds_table(folds: Sequence[tuple[tuple, KeyFold]], shape: RowShape,
+                columns: Sequence[tuple[str, str]]) -> pa.Table:  # fmt: skip
+    """The resolved rows of (key, fold) pairs as `rows_table` makes them of their
+    `KeyFold.row`s, built column by column; for a shape without TOAST flags."""
+    assert not shape.toast, "the TOAST flags take `KeyFold.row`"
+    data = by_column([fold.values() for _, fold in folds], shape.names)
+    for i, name in enumerate(shape.key_names):
+        data[name] = [key[i] for key, _ in folds]
+    metas = [fold.meta() for _, fold in folds]
+    for i, name in enumerate(META):
+        data[name] = [m[i] for m in metas]
+    return columns_table(data, columns)
+
+
+class RowShape:
+    """What `KeyFold.row` writes: the schema's columns, its key, and the TOAST columns
+    whose flags it carries (name, placeholder, flag column)."""
+
+    __slots__ = ("names", "key_names", "toast")
+
+    def __init__(self, schema: TopicSchema, toast: ToastColumns = NO_TOAST) -> None:
+        self.names = tuple(c.name for c in schema.columns)
+        self.key_names = schema.key_names
+        self.toast = tuple((name, mark, f"{TOAST_PREFIX}{name}") for name, mark in toast.pairs)
+
+
+def changelog_rows(changes: Sequence[Change], schema: TopicSchema) -> list[dict]:
+    """`changelog`'s rows: every change of a table without a key."""
+    out = []
+    for c in changes:
+        if c.is_tombstone:
+            continue
+        settle(c)
+        deleted = c.op == "d"
+        data = c.before if deleted else (c.after if c.op != TRUNCATE else None)
+        row: dict[str, Any] = {}
+        for col in schema.columns:
+            value = None if data is None else data.get(col.name)
+            if is_placeholder(value, col):
+                value = None if c.before is None else c.before.get(col.name)
+            row[col.name] = value
+        row[DELETED] = deleted
+        row[OP] = c.op
+        row[SOURCE_TS] = None if c.source_ts_ms is None else c.source_ts_ms * 1000
+        row[LSN] = c.lsn
+        row[PARTITION] = c.partition
+        row[OFFSET] = c.offset
+        out.append(row)
+    return out
+
+
+def resolve_rows(
+    rows: pa.Table,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+    flags: bool | None = None,
+) -> TopicResolved:
+    """Raw rows of one topic -> the resolved rows, what the checks found and the records
+    that cannot be applied (`flags`: see `resolve_changes`)."""
+    keyed = bool(schema.key_names)
+    check_key_types(schema)
+    bad: list[tuple[int, int, str]] = []
+    with cycles_uncollected():
+        try:
+            out, truncate, toast = _resolve(
+                decode_records(rows, schema, key_schemas, value_schemas), schema, flags
+            )
+        except BadRecord:  # find each record that cannot be applied, and leave it out
+            changes = decode_each(rows, schema, key_schemas, value_schemas, bad)
+            out, truncate, toast = _resolve(changes, schema, flags)
+    columns = result_columns(schema, keyed, toast)
+    table = rows_table(out, columns)
+    counts: dict[bool, int] = {}
+    latest_ms = tally(table, counts, None)
+    return TopicResolved(table, columns_ddl(columns), truncate, counts, latest_ms, toast,
+                          tuple(bad))  # fmt: skip
+
+
+def _resolve(changes: list[Change], schema: TopicSchema, flags: bool | None):
+    if schema.key_names:
+        return resolve_changes(changes, schema, flags)
+    return changelog_rows(changes, schema), None, False
+
+
+def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, str],
+                value_schemas: Mapping[int, str], bad: list) -> list[Change]:  # fmt: skip
+    """The changes of the records that can be applied, each decoded alone and whole;
+    each other record's (partition, offset, reason) is appended to `bad`."""
+    decoders = row_decoders(schema, key_schemas, value_schemas)
+    changes = []
+    for i in range(rows.num_rows):
+        one = rows.slice(i, 1)
+        try:
+            [change] = decode_records(one, schema, key_schemas, value_schemas, decoders)
+            changes.append(settle(change))
+        except BadRecord as why:
+            bad.append((one["partition"][0].as_py(), one["offset"][0].as_py(), str(why)))
+    return changes
+
+
+# ---- the same in Spark tasks, for batches the driver did not read -------------------------
+
+RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
+               "value_schema_id", "value_payload")  # fmt: skip
+TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
+# a column of what `resolve_task` returns: NULL on a resolved row; on a row that only
+# reports, the reason of a record that cannot be applied, or `TRUNCATE_MARK`
+REASON = "_cdc_reason"
+TRUNCATE_MARK = "truncate"
+
+
+def grouped_by_kafka_key(schema: TopicSchema, key_schemas: Mapping[int, str], table_key) -> bool:
+    """Whether all the records of a key in the batch have the same Kafka key text: the
+    key is the Kafka key (not a configured one) and has one schema in the batch."""
+    return bool(schema.key_names) and not table_key and len(key_schemas) == 1
+
+
+def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
+                 value_schemas: Mapping[int, str], toast: bool):  # fmt: skip
+    """A `mapInArrow` function: the raw records of some keys (all of each key's records
+    in the batch) -> their resolved rows (with the TOAST flags when `toast`), then a row
+    for each record that cannot be applied and for a truncate (`REASON`)."""
+    key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
+    columns = task_columns(schema, toast)
+
+    def task(batches):
+        import pyarrow as pa
+
+        parts = [b for b in batches if b.num_rows]
+        if not parts:
+            return
+        rows = pa.Table.from_batches(parts)
+        done = resolve_rows(rows, schema, key_schemas, value_schemas,
+                            flags=toast if schema.key_names else None)  # fmt: skip
+        yield from done.rows.append_column(
+            REASON, pa.nulls(done.rows.num_rows, pa.string())).to_batches()  # fmt: skip
+        marks = [{PARTITION: p, OFFSET: o, REASON: why} for p, o, why in done.bad]
+        if done.truncate is not None:
+            t = done.truncate
+            marks.append({PARTITION: t.partition, OFFSET: t.offset, LSN: t.lsn,
+                          REASON: TRUNCATE_MARK})  # fmt: skip
+        if marks:
+            yield from rows_table([{**dict.fromkeys(n for n, _ in columns), **m} for m in marks],
+                                  columns).to_batches()  # fmt: skip
+
+    return task
+
+
+def task_columns(schema: TopicSchema, toast: bool) -> list[tuple[str, str]]:
+    """(name, Spark type) of what `resolve_task` returns."""
+    return [*result_columns(schema, bool(schema.key_names), toast), (REASON, "string")]

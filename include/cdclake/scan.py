@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cdclake.resolve import TOAST_PLACEHOLDER
+from cdclake.rules import TOAST_PLACEHOLDER
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,29 +1,29 @@
 """A topic's changes resolved where they were read: range by range, in the driver, or in
 Spark tasks over all of each key's records (`placement`); the same rules everywhere
-(`driver_resolve`). Records that cannot be applied fail the table or go to the dead
+(`resolve`). Records that cannot be applied fail the table or go to the dead
 letters."""
 
 from __future__ import annotations
 
 import logging
 
+from cdclake.arrow_rows import columns_ddl
 from cdclake.batch import Batch, Resolved, TableResult
 from cdclake.changes import DELETED, LSN, OFFSET, PARTITION, SOURCE_TS, TopicSchema
 from cdclake.config import OnError, TableConfig
-from cdclake.driver_resolve import (
+from cdclake.exceptions import DecodeError
+from cdclake.reader import arrow_frame
+from cdclake.resolve import (
     RAW_COLUMNS,
     REASON,
     TASK_RECORDS,
     TRUNCATE_MARK,
-    columns_ddl,
     grouped_by_kafka_key,
     resolve_rows,
     resolve_task,
     task_columns,
 )
-from cdclake.exceptions import DecodeError
-from cdclake.reader import arrow_frame
-from cdclake.resolve import Truncate
+from cdclake.rules import Truncate
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     encode_offsets,
 )
-from cdclake.resolve import toastable
+from cdclake.rules import toastable
 
 log = logging.getLogger(__name__)
 

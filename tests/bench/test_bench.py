@@ -33,7 +33,7 @@ from cdclake.bench.runner import (
 from cdclake.bench.sources import _file_name, recorded_ranges
 from cdclake.catalog import load_catalog
 from cdclake.reader import split_envelope
-from cdclake.resolve import TOAST_PLACEHOLDER
+from cdclake.rules import TOAST_PLACEHOLDER
 
 pytestmark = pytest.mark.integration
 

@@ -367,7 +367,7 @@ def test_a_toast_placeholder_the_raw_scan_misses_is_still_filled_in(
     """Topics whose payloads hold no placeholder text resolve without the placeholder
     aggregates; a placeholder the scan did not see must still take the last real value."""
     import cdclake.scan
-    from cdclake.resolve import TOAST_PLACEHOLDER
+    from cdclake.rules import TOAST_PLACEHOLDER
 
     if not scan_sees_it:
         monkeypatch.setattr(cdclake.scan, "TOAST_TEXTS", ("no payload holds this",))

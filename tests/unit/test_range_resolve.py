@@ -26,10 +26,10 @@ from cdclake.range_resolve import (
     range_task,
 )
 from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
+from cdclake.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import ITEM_COLUMNS, PAIR_COLUMNS, key_record, pair_key, value_record
-from tests.unit.test_driver_resolve import (
+from tests.unit.test_resolve import (
     TOAST_B64,
     TOPIC,
     both,

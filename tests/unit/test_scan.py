@@ -5,7 +5,7 @@ import base64
 import pyarrow as pa
 import pytest
 from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import TOAST_PLACEHOLDER
+from cdclake.rules import TOAST_PLACEHOLDER
 from cdclake.scan import scan_raw, scan_rows
 
 from tests.debezium_records import ITEM_COLUMNS, key_record, value_record

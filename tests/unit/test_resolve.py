@@ -11,6 +11,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
+from cdclake.arrow_rows import arrow_type, columns_ddl, columns_table
 from cdclake.changes import DELETED, OFFSET, OP, PARTITION, Column, topic_schema
 from cdclake.debezium import (
     DECIMAL as DECIMAL_LOGICAL,
@@ -25,27 +26,20 @@ from cdclake.debezium import (
 from cdclake.debezium import (
     ZONED_TIMESTAMP as ZONED_LOGICAL,
 )
-from cdclake.driver_resolve import (
+from cdclake.exceptions import DecodeError
+from cdclake.json_records import _Rows, _Unparsed
+from cdclake.json_values import BadRecord, Slow, column_decoder, decoder
+from cdclake.reader import RawRows, arrow_frame
+from cdclake.resolve import (
     RAW_COLUMNS,
     REASON,
     TRUNCATE_MARK,
-    BadRecord,
-    _Rows,
-    _Slow,
-    _Unparsed,
-    arrow_type,
-    column_decoder,
-    columns_ddl,
-    columns_table,
-    decoder,
     grouped_by_kafka_key,
     resolve_rows,
     resolve_task,
     task_columns,
 )
-from cdclake.exceptions import DecodeError
-from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
+from cdclake.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 from cdclake.scan import scan_rows
 
 from tests.debezium_records import (
@@ -452,7 +446,7 @@ def test_a_bad_value_in_a_superseded_change_is_left_out_with_it():
 
 
 def test_a_key_value_comes_from_the_key_then_the_row_after_then_before():
-    from cdclake.driver_resolve import _identifier
+    from cdclake.json_records import _identifier
 
     ident = _identifier(("a", "b"))
     assert ident({"a": 1, "b": 2}, {"a": 7, "b": 8}, None) == (1, 2)
@@ -578,7 +572,7 @@ _DECIDED_ALONE = {"infinity", "-infinity", "2024-05-01 12:34:56Z",
 def test_columns_decode_as_their_values_do(field, good, bad):
     """A whole column decoded at once (`column_decoder`) gives what each value gives
     decoded alone (`decoder`); a column with a value it does not take is left to the
-    value-by-value decode (`_Slow`), which decides (here: `BadRecord`)."""
+    value-by-value decode (`Slow`), which decides (here: `BadRecord`)."""
     kind = arrow_type(lake_type(field))
     fast, one = column_decoder(field, kind), decoder(field)
     assert fast is not None
@@ -589,7 +583,7 @@ def test_columns_decode_as_their_values_do(field, good, bad):
         got = fast(column)
         assert got.type == kind and got.equals(expected), (column, got, expected)
     for value in bad:
-        with pytest.raises(_Slow):
+        with pytest.raises(Slow):
             fast([*good, value, None])
         if isinstance(value, str) and value in _DECIDED_ALONE:
             assert one(value) is not None

@@ -1,0 +1,459 @@
+"""Debezium JSON-with-schema records (the reader's raw rows: schema ids and payload text)
+-> changes (`Change`: key, rows after and before, operation, source position), typed by
+msgspec where it can and decoded field by field where it cannot (`decode_records`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from cdclake.arrow_rows import arrow_type
+from cdclake.changes import (
+    Column,
+    TopicSchema,
+    value_row_fields,
+)
+from cdclake.debezium import (
+    ConnectField,
+    parse_connect_schema,
+)
+from cdclake.json_values import BadRecord, Slow, Source, column_decoder, row_decoder, typed_fields
+from cdclake.rules import (
+    ROW_OPS,
+    TRUNCATE,
+    toastable,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class _Rows:
+    """The rows of one Connect schema's payloads, typed by msgspec: a plain text,
+    boolean, integer or double column is checked in C (`typed_fields`), the others are
+    decoded after: those in `eager` at once (`finish`), the rest (`deferred`) only for
+    the changes whose values are written (`settle`); `generic` decodes a row parsed as
+    plain JSON field by field, which decides as always (`Unsupported`)."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
+                 eager: Collection[str] | None = None) -> None:  # fmt: skip
+        self.generic = row_decoder(fields, columns)
+        self.fields = {f.name: f for f in fields}
+        self.later, self.deferred, self.type = [], [], None
+        if _DECODE is not None:
+            types, later = typed_fields(fields, columns)
+            self.type = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
+            self.types = types
+            for name, fn in later:
+                now = eager is None or name in eager
+                (self.later if now else self.deferred).append((name, fn))
+
+    def finish(self, row: dict | None, deferred: bool = False) -> dict | None:
+        """The row with its `eager` columns decoded (or its `deferred` ones)."""
+        if row is not None:
+            for name, fn in self.deferred if deferred else self.later:
+                value = row.get(name)
+                if value is not None:
+                    row[name] = fn(value)
+        return row
+
+    def settle(self, change: Change) -> None:
+        self.finish(change.after, deferred=True)
+        self.finish(change.before, deferred=True)
+
+
+class _Unparsed:
+    """A value schema's rows kept as raw JSON (`msgspec.Raw`) by `decode_records`'
+    headers-only decode, parsed and decoded whole (as `_Envelopes` would) when the
+    change is settled."""
+
+    __slots__ = ("column_decoders", "parse", "rows", "struct", "typed")
+
+    def __init__(self, rows: _Rows) -> None:
+        self.rows = rows
+        self.typed = self.struct = self.parse = None  # built when first needed
+        # (column name, lake type) -> (its value decoder, its `column_decoder` or None),
+        # for the columns whose values need converting
+        self.column_decoders: dict[tuple[str, str], tuple[Callable | None, Callable | None]] = {}
+
+    def settle(self, change: Change) -> None:
+        change.after = self.row(change.after, change.partition, change.offset)
+        change.before = self.row(change.before, change.partition, change.offset)
+
+    def _typed(self):
+        if self.typed is None:
+            from msgspec.json import Decoder
+
+            self.typed = Decoder(self.rows.type).decode
+        return self.typed
+
+    def row(self, raw, partition: int, offset: int) -> dict | None:
+        """One row (raw JSON, or None) of the record at `partition` and `offset`, decoded
+        whole."""
+        if raw is None:
+            return None
+        rows = self.rows
+        try:
+            row = self._typed()(raw)
+        except DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
+            return rows.generic(_json(bytes(raw).decode(), _where(partition, offset)))
+        rows.finish(row)
+        return rows.finish(row, deferred=True)
+
+    def columns(self, raws: list, partition: int, offsets: list[int],
+                columns: Sequence[Column]) -> dict[str, list | pa.Array]:  # fmt: skip
+        """Rows (raw JSON, or None; of the records at `partition` and `offsets`) decoded
+        as `row` decodes each, by column: name -> the values, or an Arrow array of the
+        column's lake type for those `column_decoder` decodes a column at a time."""
+        from operator import attrgetter
+
+        import msgspec
+
+        rows = self.rows
+        if self.struct is None:  # the row's typed fields as a struct's, all None if absent
+            self.struct = msgspec.defstruct("Columns", [
+                (name, kind, None) for name, kind in rows.types.items()
+            ], gc=False)  # fmt: skip
+            self.parse = msgspec.json.Decoder(self.struct).decode
+        parse, blank = self.parse, self.struct()
+        try:
+            parsed = [blank if raw is None else parse(raw) for raw in raws]
+        except DECODE_ERRORS:  # a row that `generic` decides: each row as `row` does
+            decoded = [self.row(raw, partition, offset)
+                       for raw, offset in zip(raws, offsets, strict=True)]  # fmt: skip
+            return by_column(decoded, (c.name for c in columns))
+        names = [c.name for c in columns if c.name in rows.types]
+        if len(names) == 1:
+            values = {names[0]: [getattr(r, names[0]) for r in parsed]}
+        else:
+            by_row = map(attrgetter(*names), parsed)
+            values = dict(zip(names, zip(*by_row, strict=True), strict=True))
+        out: dict[str, list | pa.Array] = {}
+        for c in columns:
+            name = c.name
+            column = values.get(name)
+            if column is None:  # not a field of this schema's rows
+                out[name] = [None] * len(raws)
+                continue
+            fn, fast = self._column_decoders(name, c.type)
+            if fn is not None:
+                try:
+                    if fast is None:
+                        raise Slow
+                    column = fast(column)
+                except Slow:
+                    column = [None if v is None else fn(v) for v in column]
+            out[name] = column
+        return out
+
+    def _column_decoders(self, name: str, type_: str) -> tuple[Callable | None, Callable | None]:
+        """The value decoder of a column that needs converting (None: its values are
+        as parsed) and its `column_decoder`, built once per column and lake type."""
+        found = self.column_decoders.get((name, type_))
+        if found is None:
+            rows = self.rows
+            fn = dict(rows.later + rows.deferred).get(name)
+            fast = None if fn is None else column_decoder(rows.fields[name], arrow_type(type_))
+            found = self.column_decoders[(name, type_)] = (fn, fast)
+        return found
+
+
+def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:
+    """Decoded rows (None: no row, all its values None) as the values of each column
+    named."""
+    return {name: [None if r is None else r.get(name) for r in rows] for name in names}
+
+
+def columns_decoder(value_schema: str, columns: Sequence[Column]):
+    """A decoder of the rows (raw JSON, as `_Unparsed.row` takes them) of a value schema
+    into its `columns` only: the other fields are parsed past, not decoded."""
+    fields = value_row_fields(parse_connect_schema(value_schema), "value")
+    return _Unparsed(_Rows(fields, columns)).row
+
+
+class _Envelopes:
+    """A value schema's envelopes: `typed` (msgspec) parses one straight into typed rows
+    (`_Rows`) and a source of integer `ts_ms` and `lsn`; a payload it refuses (a value of
+    another JSON type, NaN, ...) goes to `generic`, which parses it as plain JSON and
+    decodes it field by field into (after, before, op, source ts_ms, source lsn, None)."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
+                 eager: Collection[str] | None = None) -> None:  # fmt: skip
+        self.rows = _Rows(fields, columns, eager)
+        self.pending = self.rows if self.rows.deferred else None
+        self.typed = self.header = self.unparsed = None
+        if _DECODE is not None:
+            import msgspec
+
+            row = self.rows.type
+            envelope = msgspec.defstruct("Envelope", [
+                ("before", row | None, None), ("after", row | None, None),
+                ("op", Any, None), ("source", Source | None, None),
+            ])  # fmt: skip
+            self.typed = msgspec.json.Decoder(envelope).decode
+            # the operation and source only: the rows are kept as raw JSON, decoded by
+            # `unparsed` when the change is settled
+            self.header = HEADER
+            self.unparsed = _Unparsed(self.rows)
+
+    def generic(self, text: str, partition: int, offset: int):
+        """An envelope `typed` refused (`decode_records` calls `typed` itself)."""
+        where = _where(partition, offset)
+        envelope = _json(text, where)
+        if not isinstance(envelope, dict):
+            raise BadRecord("value is not a Debezium envelope matching its schema")
+        source = envelope.get("source")
+        if source is not None and not isinstance(source, dict):
+            raise BadRecord("source is not a struct")
+        source = source or {}
+        for name in ("ts_ms", "lsn"):
+            if source.get(name) is not None and type(source[name]) is not int:
+                raise BadRecord(f"source.{name} is not an integer")
+        generic = self.rows.generic
+        return (generic(envelope.get("after")), generic(envelope.get("before")),
+                envelope.get("op"), source.get("ts_ms"), source.get("lsn"), None)  # fmt: skip
+
+
+class _Keys:
+    """A key schema's payloads -> rows (`_Rows`), else parsed as plain JSON and decoded
+    field by field."""
+
+    def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column]) -> None:
+        self.rows = _Rows(fields, columns)
+        self.typed = None
+        if _DECODE is not None:
+            from msgspec.json import Decoder
+
+            self.typed = Decoder(self.rows.type | None).decode
+
+    def __call__(self, text: str | None, partition: int, offset: int):
+        if self.typed is not None and text is not None:
+            try:
+                row = self.typed(text)
+            except DECODE_ERRORS:
+                pass
+            else:
+                return self.rows.finish(row) if self.rows.later else row
+        return self.rows.generic(_json(text, _where(partition, offset)))
+
+
+def _where(partition: int, offset: int) -> str:
+    return f"partition {partition} offset {offset}"
+
+
+# ---- records ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Change:
+    partition: int
+    offset: int
+    is_tombstone: bool
+    key: dict | None
+    after: dict | None
+    before: dict | None
+    op: str | None
+    source_ts_ms: int | None
+    lsn: int | None
+    ident: tuple = ()  # the key's values: from its key, else its row after, else before
+    # what decodes the rest of its rows when it is settled: a `_Rows` (deferred columns)
+    # or an `_Unparsed` (rows still raw JSON)
+    pending: Any = None
+
+
+def settle(change: Change) -> Change:
+    """The change with every column of its rows decoded."""
+    rows = change.pending
+    if rows is not None:
+        change.pending = None
+        rows.settle(change)
+    return change
+
+
+def _fast_json():
+    """msgspec's JSON decoder (3× `json.loads` here), when installed; its errors (a
+    payload it refuses, or one not of the expected types)."""
+    try:
+        from msgspec import DecodeError, ValidationError
+        from msgspec.json import Decoder
+    except ImportError:
+        return None, ()
+    return Decoder().decode, (DecodeError, ValidationError)
+
+
+_DECODE, DECODE_ERRORS = _fast_json()
+
+
+def _header_decoder():
+    """A decoder of an envelope's operation and source, its rows kept as raw JSON (a
+    JSON null as `NULL_ROW`)."""
+    if _DECODE is None:
+        return None, None
+    import msgspec
+
+    header = msgspec.defstruct("Header", [
+        ("before", msgspec.Raw, None), ("after", msgspec.Raw, None),
+        ("op", Any, None), ("source", Source | None, None),
+    ])  # fmt: skip
+    return msgspec.json.Decoder(header).decode, msgspec.Raw(b"null")
+
+
+HEADER, NULL_ROW = _header_decoder()
+
+
+def _json(text: str | None, where: str):
+    if text is None:
+        return None
+    if _DECODE is not None:
+        try:
+            return _DECODE(text)
+        except DECODE_ERRORS:
+            pass  # e.g. NaN, which `json` takes as Jackson may write it
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise BadRecord("the payload is not JSON") from None
+
+
+def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
+                 value_schemas: Mapping[int, str]) -> tuple[dict, dict]:  # fmt: skip
+    """The row decoders of each key and value schema (by id). A value's key and
+    TOASTable columns are decoded at once, the others once the change is to be written
+    (`settle`): a change that a later one replaces never needs them."""
+    eager = {*schema.key_names, *(c.name for c in toastable(schema))}
+    values = {
+        sid: _Envelopes(
+            value_row_fields(parse_connect_schema(text), "value"), schema.columns, eager
+        )  # fmt: skip
+        for sid, text in value_schemas.items()
+    }
+    keys = {sid: _Keys(parse_connect_schema(text).fields, schema.key)
+            for sid, text in key_schemas.items()}  # fmt: skip
+    return keys, values
+
+
+def decode_records(
+    rows: pa.Table | pa.RecordBatch,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+    decoders: tuple[dict, dict] | None = None,
+    headers_only: bool = False,
+) -> list[Change]:
+    """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
+    `decode_changes` makes them; every record must be one that can be applied (a record
+    that `invalid_reason` would name is left to the Spark jobs). `decoders` (from
+    `row_decoders`) saves building them again for each call.
+
+    `headers_only`: each record's key, operation and source are decoded and checked,
+    but its rows are only parsed as far as to find their end and are decoded when the
+    change is settled (`settle`): a change that a later one replaces never is, so a
+    value that does not fit its column in such a change is never seen (as for the
+    deferred columns). A fold that never reads a change's rows (no TOAST columns to
+    follow) saves most of the decode this way."""
+    keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
+    cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
+                        "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
+    ident = _identifier(schema.key_names)
+    changes: list[Change] = []
+    append = changes.append
+    sid = decode = typed = plain = rest = None
+    unparsed = False  # the rows are kept raw (`headers_only`)
+    for partition, offset, tombstone, key_sid, key_text, value_sid, value_text in zip(
+        cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
+        cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
+    ):  # fmt: skip
+        key = None
+        if key_sid is not None:
+            decode_key = keys.get(key_sid)
+            if decode_key is None:
+                raise BadRecord(f"key schema {key_sid} is "
+                                  "not among the batch's")  # fmt: skip
+            key = decode_key(key_text, partition, offset)
+        if value_sid is None:
+            change = Change(partition, offset, bool(tombstone), key,
+                             None, None, None, None, None, ident(key, None, None))  # fmt: skip
+        else:
+            if value_sid != sid:  # the envelopes' fast path, inlined (`_Envelopes`)
+                decode = values.get(value_sid)
+                if decode is None:
+                    raise BadRecord(f"value schema "
+                                      f"{value_sid} is not among the batch's")  # fmt: skip
+                sid = value_sid
+                unparsed = headers_only and decode.header is not None
+                if unparsed:
+                    typed, plain, rest = decode.header, True, decode.unparsed
+                else:
+                    typed, plain, rest = decode.typed, not decode.rows.later, decode.pending
+            e = None
+            if typed is not None:
+                try:
+                    e = typed(value_text)
+                except DECODE_ERRORS:
+                    pass
+            if e is not None:
+                after, before, op, source = e.after, e.before, e.op, e.source
+                if not plain:
+                    after, before = decode.rows.finish(after), decode.rows.finish(before)
+                ts = lsn = None
+                if source is not None:
+                    ts, lsn = source.get("ts_ms"), source.get("lsn")
+                if unparsed:
+                    after = None if after == NULL_ROW else after
+                    before = None if before == NULL_ROW else before
+                    change = Change(partition, offset, bool(tombstone), key, after, before,
+                                     op, ts, lsn, ident(key, None, None), rest)  # fmt: skip
+                    if None in change.ident:  # the key lacks a value: look in the rows
+                        change.ident = ident(key, settle(change).after, change.before)
+                else:
+                    change = Change(partition, offset, bool(tombstone), key, after, before,
+                                     op, ts, lsn, ident(key, after, before), rest)  # fmt: skip
+            else:
+                after, before, op, ts, lsn, pending = decode.generic(value_text, partition, offset)
+                change = Change(partition, offset, bool(tombstone), key, after, before, op,
+                                 ts, lsn, ident(key, after, before), pending)  # fmt: skip
+        if not tombstone:
+            op = change.op
+            if op.__class__ is not str or op not in _OPS:
+                raise BadRecord(f"unknown operation {op}")
+            values_of_key = change.ident
+            if (op != TRUNCATE and values_of_key
+                    and values_of_key.count(None) == len(values_of_key)):  # fmt: skip
+                raise BadRecord("record has no key")
+        append(change)
+    return changes
+
+
+_OPS = frozenset((*ROW_OPS, TRUNCATE))
+
+
+def _identifier(names: Sequence[str]) -> Callable[[dict | None, dict | None, dict | None], tuple]:
+    """A function of a change's key, row after and row before to its key's values: each
+    from the key, else from the row after, else from the row before."""
+    if not names:
+        return lambda key, after, before: ()
+    from operator import itemgetter
+
+    get = itemgetter(*names)
+    one = len(names) == 1
+
+    def ident(key, after, before) -> tuple:
+        if key is not None:
+            try:
+                found = (get(key),) if one else get(key)
+            except KeyError:  # a key field missing from the payload
+                found = None
+            if found is not None and None not in found:
+                return found
+        return tuple([_first_value(name, key, after, before) for name in names])
+
+    return ident
+
+
+def _first_value(name: str, *sides: dict | None):
+    for side in sides:
+        if side is not None and side.get(name) is not None:
+            return side[name]
+    return None

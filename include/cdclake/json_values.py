@@ -1,0 +1,469 @@
+"""Debezium's JSON-converter values -> the values of their lake columns, as Arrow takes them
+(dates as days, timestamps as microseconds, decimals as `Decimal`): by value (`decoder`)
+and a column at a time where it pays (`column_decoder`). A value that does not fit its
+column raises `BadRecord`, naming its field."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import math
+import struct
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from cdclake.changes import (
+    Column,
+)
+from cdclake.debezium import (
+    CONNECT_DATE,
+    CONNECT_TIME,
+    CONNECT_TIMESTAMP,
+    DATE,
+    DECIMAL,
+    GEOGRAPHY,
+    GEOMETRY,
+    INFINITY_DAYS,
+    INFINITY_MICROS,
+    INFINITY_MILLIS,
+    MICRO_TIME,
+    MICRO_TIMESTAMP,
+    NANO_TIME,
+    NANO_TIMESTAMP,
+    TIME,
+    TIMESTAMP,
+    VARIABLE_SCALE_DECIMAL,
+    ZONED_TIMESTAMP,
+    ConnectField,
+    decimal_params,
+)
+from cdclake.exceptions import DecodeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class Unsupported(Exception):
+    """What a fold cannot take (the message says why)."""
+
+
+class BadRecord(Unsupported):
+    """A record that cannot be applied (the message says why)."""
+
+
+# ---- values ----------------------------------------------------------------------------
+
+_EPOCH_DAY = dt.date(1970, 1, 1).toordinal()
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICRO = dt.timedelta(microseconds=1)
+# the ends of the range Spark and Iceberg share, which ±infinity loads as (debezium.py)
+_MAX_DAY = dt.date(9999, 12, 31).toordinal() - _EPOCH_DAY
+_MIN_DAY = dt.date(1, 1, 1).toordinal() - _EPOCH_DAY
+_MAX_MICROS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC) - _EPOCH) // _MICRO
+_MIN_MICROS = (dt.datetime(1, 1, 1, tzinfo=dt.UTC) - _EPOCH) // _MICRO
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_FLOAT_TEXTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _integer(value, field: ConnectField, bounds: tuple[int, int]) -> int:
+    if type(value) is not int or not bounds[0] <= value <= bounds[1]:
+        raise BadRecord(f"field {field.name!r}: {value!r} is not a {field.type}")
+    return value
+
+
+def _number(value, field: ConnectField) -> float:
+    if isinstance(value, str) and value in _FLOAT_TEXTS:
+        return _FLOAT_TEXTS[value]
+    if type(value) not in (int, float):
+        raise BadRecord(f"field {field.name!r}: {value!r} is not a number")
+    return float(value)
+
+
+def _float32(value: float) -> float:
+    """The value a float column holds (Spark parses JSON into a 32-bit float)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except (OverflowError, struct.error):
+        raise BadRecord(f"{value!r} is out of a 32-bit float's range") from None
+
+
+def _unbase64(value, field: ConnectField) -> bytes:
+    if not isinstance(value, str):
+        raise BadRecord(f"field {field.name!r}: {value!r} is not base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRecord(f"field {field.name!r}: {value[:40]!r} is not base64") from None
+
+
+def _time_text(micros: int) -> str:
+    """Microseconds since midnight -> 'HH:MM:SS.ffffff' ."""
+    if not 0 <= micros < 100 * 3_600_000_000:
+        raise BadRecord(f"time of day {micros} µs is out of range")
+    seconds, frac = divmod(micros, 1_000_000)
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{frac:06d}"
+
+
+def _ranged(value: int, low: int, high: int, what: str) -> int:
+    if not low <= value <= high:
+        raise BadRecord(f"{what} {value} is out of the lake's range")
+    return value
+
+
+def _decimal(field: ConnectField) -> Callable[[Any], Any]:
+    precision, _ = decimal_params(field)
+    raw_scale = int(field.param("scale", "0") or 0)
+    limit = 10**precision  # on the digits of the lake's unscaled value
+
+    def decode(value):
+        # integers only: Decimal arithmetic rounds to 28 digits
+        unscaled = int.from_bytes(_unbase64(value, field), "big", signed=True)
+        if raw_scale < 0:
+            unscaled *= 10**-raw_scale
+        if abs(unscaled) >= limit:  # Spark makes it NULL: a value that does not fit
+            raise BadRecord(f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
+                              "fit its decimal type")  # fmt: skip
+        return Decimal(f"{unscaled}E{-max(raw_scale, 0)}")
+
+    return decode
+
+
+def _variable_scale(field: ConnectField) -> Callable[[Any], Any]:
+    def decode(value):
+        if not isinstance(value, dict):
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a variable-scale decimal")
+        scale, digits64 = value.get("scale"), value.get("value")
+        if digits64 is None:
+            return None
+        scale = _integer(scale, field, _INT32)
+        unscaled = int.from_bytes(_unbase64(digits64, field), "big", signed=True)
+        digits = str(abs(unscaled)).rjust(scale + 1, "0")
+        sign = "-" if unscaled < 0 else ""
+        cut = len(digits) - scale
+        return sign + (digits[:cut] + "." + digits[cut:] if scale > 0 else digits)
+
+    return decode
+
+
+def _zoned(field: ConnectField) -> Callable[[Any], Any]:
+    def decode(value):
+        if value == "infinity":
+            return _MAX_MICROS
+        if value == "-infinity":
+            return _MIN_MICROS
+        if not isinstance(value, str):
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a zoned timestamp")
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a timestamp") from None
+        if parsed.tzinfo is None:
+            raise BadRecord(f"field {field.name!r}: {value!r} has no time zone")
+        return (parsed - _EPOCH) // _MICRO
+
+    return decode
+
+
+def _infinity(values: tuple[int, int], top: int, bottom: int, scale: int, field: ConnectField):
+    def decode(value):
+        value = _integer(value, field, _INT64)
+        if value == values[0]:
+            return top
+        if value == values[1]:
+            return bottom
+        return _ranged(value * scale, bottom, top, f"field {field.name!r}:")
+
+    return decode
+
+
+def decoder(field: ConnectField) -> Callable[[Any], Any]:
+    """A function from the JSON value of `field` (not None) to the value of its lake type
+    as Arrow takes it (dates as days, timestamps as microseconds); `BadRecord` for a value
+    that does not fit."""
+    lg = field.logical
+    if lg == DECIMAL:
+        return _decimal(field)
+    if lg in (DATE, CONNECT_DATE):
+        return _infinity(INFINITY_DAYS, _MAX_DAY, _MIN_DAY, 1, field)
+    if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
+        return _infinity(INFINITY_MILLIS, _MAX_MICROS, _MIN_MICROS, 1000, field)
+    if lg == MICRO_TIMESTAMP:
+        return _infinity(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, field)
+    if lg == NANO_TIMESTAMP:
+        return lambda v: _ranged(_integer(v, field, _INT64) // 1000, _MIN_MICROS, _MAX_MICROS,
+                                 f"field {field.name!r}:")  # fmt: skip
+    if lg == ZONED_TIMESTAMP:
+        return _zoned(field)
+    if lg in (TIME, CONNECT_TIME):
+        return lambda v: _time_text(_integer(v, field, _INT64) * 1000)
+    if lg == MICRO_TIME:
+        return lambda v: _time_text(_integer(v, field, _INT64))
+    if lg == NANO_TIME:
+        return lambda v: _time_text(_integer(v, field, _INT64) // 1000)
+    if lg == VARIABLE_SCALE_DECIMAL:
+        return _variable_scale(field)
+    if lg in (GEOMETRY, GEOGRAPHY):
+
+        def geo(value):
+            if not isinstance(value, dict):
+                raise BadRecord(f"field {field.name!r}: {value!r} is not a geometry")
+            wkb, srid = value.get("wkb"), value.get("srid")
+            return {"wkb": None if wkb is None else _unbase64(wkb, field),
+                    "srid": None if srid is None else _integer(srid, field, _INT32)}  # fmt: skip
+
+        return geo
+    kind = field.type
+    if kind == "bytes":
+        return lambda v: _unbase64(v, field)
+    if kind in ("int8", "int16", "int32"):
+        return lambda v: _integer(v, field, _INT32)
+    if kind == "int64":
+        return lambda v: _integer(v, field, _INT64)
+    if kind in ("float32", "float"):
+        return lambda v: _float32(_number(v, field))
+    if kind in ("float64", "double"):
+        return lambda v: _number(v, field)
+    if kind == "boolean":
+        return _checked(field, bool, "a boolean")
+    if kind == "string":
+        return _checked(field, str, "text")
+    if kind == "array" and field.items is not None:
+        item = decoder(field.items)
+        return _checked(field, list, "an array",
+                        lambda v: [None if x is None else item(x) for x in v])  # fmt: skip
+    if kind == "map" and field.values is not None:
+        member = decoder(field.values)
+        return _checked(field, dict, "a map", lambda v: [
+            (k, None if x is None else member(x)) for k, x in v.items()
+        ])  # fmt: skip
+    if kind == "struct":  # kept as JSON text (a point's x, y, wkb, srid)
+        return lambda v: _json_text(v, field)
+    raise DecodeError(f"field {field.name!r}: Connect type {kind} has no lake type")
+
+
+class Slow(Exception):
+    """A column that `column_decoder` leaves to `decoder`, value by value."""
+
+
+# a ZonedTimestamp's text as Debezium writes it (UTC, `Z`), or with an offset, of a year
+# from 1; what else Arrow parses (a year 0, another separator) is decoded value by value
+_ZONED_TEXT = (r"^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-[0-9]{2}-[0-9]{2}"
+               r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+               r"(Z|[+-][0-9]{2}:[0-9]{2})$")  # fmt: skip
+
+
+def column_decoder(field: ConnectField, kind: pa.DataType) -> Callable[[list], pa.Array] | None:
+    """A decoder of a whole column of `field`'s JSON values (None for null) into an
+    Arrow array of `kind` (the lake column's), for the types whose value-by-value decode
+    (`decoder`) is the costly part of a row's: decimals of up to 18 digits, dates and
+    timestamps. It gives what `decoder` gives for each value, or raises `Slow` for the
+    column to be decoded value by value (which decides as always: `Unsupported`). None:
+    the field's type has no such decoder."""
+    import pyarrow as pa
+
+    lg = field.logical
+    if lg == DECIMAL:
+        precision, scale = decimal_params(field)
+        if precision > 18 or kind != pa.decimal128(precision, scale):
+            return None
+        return _decimal_column(field, kind)
+    if lg in (DATE, CONNECT_DATE) and kind == pa.date32():
+        return _infinity_column(INFINITY_DAYS, _MAX_DAY, _MIN_DAY, 1, pa.int32(), kind)
+    if not pa.types.is_timestamp(kind) or kind.unit != "us":
+        return None
+    if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
+        return _infinity_column(INFINITY_MILLIS, _MAX_MICROS, _MIN_MICROS, 1000, pa.int64(),
+                                kind)  # fmt: skip
+    if lg == MICRO_TIMESTAMP:
+        return _infinity_column(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, pa.int64(), kind)
+    if lg == ZONED_TIMESTAMP and kind.tz is not None:
+        return _zoned_column(kind)
+    return None
+
+
+def _nulls(values: list):
+    import numpy as np
+
+    return np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+
+
+def _decimal_column(field: ConnectField, kind: pa.DataType) -> Callable[[list], pa.Array]:
+    import numpy as np
+    import pyarrow as pa
+
+    raw_scale = int(field.param("scale", "0") or 0)
+    factor = 10**-raw_scale if raw_scale < 0 else 1
+    limit = 10**kind.precision
+    unbase64, from_bytes = base64.b64decode, int.from_bytes
+
+    def decode(values: list) -> pa.Array:
+        try:
+            unscaled = [0 if v is None else from_bytes(unbase64(v, validate=True), "big",
+                                                       signed=True) * factor
+                        for v in values]  # fmt: skip
+        except (TypeError, ValueError, binascii.Error):  # not base64 text
+            raise Slow from None
+        if unscaled and max(map(abs, unscaled)) >= limit:
+            raise Slow
+        ints = pa.array(np.array(unscaled, dtype=np.int64), mask=_nulls(values))
+        # the unscaled values as decimals of scale 0, read with the column's scale
+        return ints.cast(pa.decimal128(19, 0)).view(kind)
+
+    return decode
+
+
+def _infinity_column(
+    values: tuple[int, int],
+    top: int,
+    bottom: int,
+    scale: int,
+    width: pa.DataType,
+    kind: pa.DataType,
+) -> Callable[[list], pa.Array]:
+    """Dates or timestamps of whole numbers, ±infinity loaded as the ends (`_infinity`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    low, high = -(-bottom // scale), top // scale  # the values that fit once scaled
+
+    def decode(column: list) -> pa.Array:
+        if set(map(type, column)) - {int, type(None)}:
+            raise Slow
+        nulls = _nulls(column)
+        try:
+            ints = np.array([0 if v is None else v for v in column], dtype=np.int64)
+        except OverflowError:
+            raise Slow from None
+        ends = (ints == values[0]) | (ints == values[1])
+        if np.any(~ends & ((ints < low) | (ints > high))):
+            raise Slow
+        out = np.where(ints == values[0], top,
+                       np.where(ints == values[1], bottom, ints * scale))  # fmt: skip
+        return pa.array(out.astype(width.to_pandas_dtype()), type=width, mask=nulls).view(kind)
+
+    return decode
+
+
+def _zoned_column(kind: pa.DataType) -> Callable[[list], pa.Array]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def decode(values: list) -> pa.Array:
+        try:
+            texts = pa.array(values, type=pa.string())
+        except (pa.ArrowException, TypeError):
+            raise Slow from None
+        if texts.null_count < len(texts) and not pc.all(
+            pc.match_substring_regex(texts, _ZONED_TEXT)
+        ).as_py():  # fmt: skip
+            raise Slow
+        try:
+            return texts.cast(kind)
+        except pa.ArrowException:
+            raise Slow from None
+
+    return decode
+
+
+def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callable[[Any], Any]:
+    """A decoder of JSON values of one Python type (`convert`ed, when given)."""
+
+    def decode(value):
+        if not isinstance(value, kind):
+            raise BadRecord(f"field {field.name!r}: {value!r:.60} is not {what}")
+        return value if convert is None else convert(value)
+
+    return decode
+
+
+def _json_text(value, field: ConnectField) -> str:
+    """JSON text as Spark's `from_json` writes a nested value it reads as a string:
+    Jackson's compact generator, doubles as Java's `Double.toString`."""
+    if isinstance(value, dict):
+        items = (f"{_json_string(k)}:{_json_text(v, field)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_json_text(v, field) for v in value) + "]"
+    if isinstance(value, str):
+        return _json_string(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(value)
+    return _java_double(value, field)
+
+
+def _json_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # escapes what Jackson escapes
+
+
+def _java_double(value: float, field: ConnectField) -> str:
+    if not math.isfinite(value):
+        raise BadRecord(f"field {field.name!r}: {value} in a nested value")
+    if value == 0:
+        return "-0.0" if math.copysign(1, value) < 0 else "0.0"
+    if 1e-3 <= abs(value) < 1e7:
+        return repr(value)  # plain digits with a point, as Java writes them in this range
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    power = exponent + len(digits) - 1
+    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
+
+
+def row_decoder(fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """A function from a parsed row (dict, or None) to a dict of every unified column."""
+    by_name = {f.name: f for f in fields}
+    plan = [(c.name, decoder(by_name[c.name]) if c.name in by_name else None) for c in columns]
+
+    def decode(parsed):
+        if parsed is None:
+            return None
+        if not isinstance(parsed, dict):
+            raise BadRecord(f"{parsed!r:.60} is not a row")
+        row = {}
+        for name, fn in plan:
+            value = parsed.get(name) if fn is not None else None
+            row[name] = None if value is None else fn(value)
+        return row
+
+    return decode
+
+
+_INT_TYPES = {"int8": _INT32, "int16": _INT32, "int32": _INT32, "int64": _INT64}
+
+
+def typed_fields(fields: Sequence[ConnectField], columns: Sequence[Column]):
+    """msgspec types of a row's fields, and the decoders of those it only parses: a
+    plain text, boolean, integer or double column is type-checked by msgspec as its
+    decoder would check it; any other is parsed as JSON and then decoded."""
+    from typing import Annotated
+
+    from msgspec import Meta
+
+    wanted = {c.name for c in columns}
+    types, later = {}, []
+    for f in fields:
+        if f.name not in wanted:
+            continue
+        kind = f.type if f.logical is None else None
+        if kind == "string":
+            types[f.name] = str | None
+        elif kind == "boolean":
+            types[f.name] = bool | None
+        elif kind in _INT_TYPES:
+            low, high = _INT_TYPES[kind]
+            types[f.name] = Annotated[int, Meta(ge=low, le=high)] | None
+        elif kind in ("float64", "double"):
+            types[f.name] = float | None
+        else:
+            types[f.name] = Any
+            later.append((f.name, decoder(f)))
+    return types, later
+
+
+# an envelope's source as the resolve reads it: other fields are skipped unparsed
+Source = TypedDict("Source", {"ts_ms": int | None, "lsn": int | None}, total=False)  # noqa: UP013
