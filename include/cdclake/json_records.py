@@ -9,7 +9,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from cdclake.arrow_rows import arrow_type
 from cdclake.changes import (
     Column,
     TopicSchema,
@@ -19,7 +18,7 @@ from cdclake.debezium import (
     ConnectField,
     parse_connect_schema,
 )
-from cdclake.json_values import BadRecord, Slow, Source, column_decoder, row_decoder, typed_fields
+from cdclake.json_values import BadRecord, Source, row_decoder, typed_fields
 from cdclake.rules import (
     ROW_OPS,
     TRUNCATE,
@@ -69,14 +68,11 @@ class _Unparsed:
     headers-only decode, parsed and decoded whole (as `_Envelopes` would) when the
     change is settled."""
 
-    __slots__ = ("column_decoders", "parse", "rows", "struct", "typed")
+    __slots__ = ("rows", "typed")
 
     def __init__(self, rows: _Rows) -> None:
         self.rows = rows
-        self.typed = self.struct = self.parse = None  # built when first needed
-        # (column name, lake type) -> (its value decoder, its `column_decoder` or None),
-        # for the columns whose values need converting
-        self.column_decoders: dict[tuple[str, str], tuple[Callable | None, Callable | None]] = {}
+        self.typed = None  # built when first needed
 
     def settle(self, change: Change) -> None:
         change.after = self.row(change.after, change.partition, change.offset)
@@ -102,75 +98,11 @@ class _Unparsed:
         rows.finish(row)
         return rows.finish(row, deferred=True)
 
-    def columns(self, raws: list, partition: int, offsets: list[int],
-                columns: Sequence[Column]) -> dict[str, list | pa.Array]:  # fmt: skip
-        """Rows (raw JSON, or None; of the records at `partition` and `offsets`) decoded
-        as `row` decodes each, by column: name -> the values, or an Arrow array of the
-        column's lake type for those `column_decoder` decodes a column at a time."""
-        from operator import attrgetter
-
-        import msgspec
-
-        rows = self.rows
-        if self.struct is None:  # the row's typed fields as a struct's, all None if absent
-            self.struct = msgspec.defstruct("Columns", [
-                (name, kind, None) for name, kind in rows.types.items()
-            ], gc=False)  # fmt: skip
-            self.parse = msgspec.json.Decoder(self.struct).decode
-        parse, blank = self.parse, self.struct()
-        try:
-            parsed = [blank if raw is None else parse(raw) for raw in raws]
-        except DECODE_ERRORS:  # a row that `generic` decides: each row as `row` does
-            decoded = [self.row(raw, partition, offset)
-                       for raw, offset in zip(raws, offsets, strict=True)]  # fmt: skip
-            return by_column(decoded, (c.name for c in columns))
-        names = [c.name for c in columns if c.name in rows.types]
-        if len(names) == 1:
-            values = {names[0]: [getattr(r, names[0]) for r in parsed]}
-        else:
-            by_row = map(attrgetter(*names), parsed)
-            values = dict(zip(names, zip(*by_row, strict=True), strict=True))
-        out: dict[str, list | pa.Array] = {}
-        for c in columns:
-            name = c.name
-            column = values.get(name)
-            if column is None:  # not a field of this schema's rows
-                out[name] = [None] * len(raws)
-                continue
-            fn, fast = self._column_decoders(name, c.type)
-            if fn is not None:
-                try:
-                    if fast is None:
-                        raise Slow
-                    column = fast(column)
-                except Slow:
-                    column = [None if v is None else fn(v) for v in column]
-            out[name] = column
-        return out
-
-    def _column_decoders(self, name: str, type_: str) -> tuple[Callable | None, Callable | None]:
-        """The value decoder of a column that needs converting (None: its values are
-        as parsed) and its `column_decoder`, built once per column and lake type."""
-        found = self.column_decoders.get((name, type_))
-        if found is None:
-            rows = self.rows
-            fn = dict(rows.later + rows.deferred).get(name)
-            fast = None if fn is None else column_decoder(rows.fields[name], arrow_type(type_))
-            found = self.column_decoders[(name, type_)] = (fn, fast)
-        return found
-
 
 def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:
     """Decoded rows (None: no row, all its values None) as the values of each column
     named."""
     return {name: [None if r is None else r.get(name) for r in rows] for name in names}
-
-
-def columns_decoder(value_schema: str, columns: Sequence[Column]):
-    """A decoder of the rows (raw JSON, as `_Unparsed.row` takes them) of a value schema
-    into its `columns` only: the other fields are parsed past, not decoded."""
-    fields = value_row_fields(parse_connect_schema(value_schema), "value")
-    return _Unparsed(_Rows(fields, columns)).row
 
 
 class _Envelopes:

@@ -1,7 +1,6 @@
 """Debezium's JSON-converter values -> the values of their lake columns, as Arrow takes them
-(dates as days, timestamps as microseconds, decimals as `Decimal`): by value (`decoder`)
-and a column at a time where it pays (`column_decoder`). A value that does not fit its
-column raises `BadRecord`, naming its field."""
+(dates as days, timestamps as microseconds, decimals as `Decimal`), by `decoder`. A value
+that does not fit its column raises `BadRecord`, naming its field."""
 
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ from cdclake.debezium import (
 from cdclake.exceptions import DecodeError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
 
 class Unsupported(Exception):
@@ -243,130 +242,6 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
     if kind == "struct":  # kept as JSON text (a point's x, y, wkb, srid)
         return lambda v: _json_text(v, field)
     raise DecodeError(f"field {field.name!r}: Connect type {kind} has no lake type")
-
-
-class Slow(Exception):
-    """A column that `column_decoder` leaves to `decoder`, value by value."""
-
-
-# a ZonedTimestamp's text as Debezium writes it (UTC, `Z`), or with an offset, of a year
-# from 1; what else Arrow parses (a year 0, another separator) is decoded value by value
-_ZONED_TEXT = (r"^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-[0-9]{2}-[0-9]{2}"
-               r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
-               r"(Z|[+-][0-9]{2}:[0-9]{2})$")  # fmt: skip
-
-
-def column_decoder(field: ConnectField, kind: pa.DataType) -> Callable[[list], pa.Array] | None:
-    """A decoder of a whole column of `field`'s JSON values (None for null) into an
-    Arrow array of `kind` (the lake column's), for the types whose value-by-value decode
-    (`decoder`) is the costly part of a row's: decimals of up to 18 digits, dates and
-    timestamps. It gives what `decoder` gives for each value, or raises `Slow` for the
-    column to be decoded value by value (which decides as always: `Unsupported`). None:
-    the field's type has no such decoder."""
-    import pyarrow as pa
-
-    lg = field.logical
-    if lg == DECIMAL:
-        precision, scale = decimal_params(field)
-        if precision > 18 or kind != pa.decimal128(precision, scale):
-            return None
-        return _decimal_column(field, kind)
-    if lg in (DATE, CONNECT_DATE) and kind == pa.date32():
-        return _infinity_column(INFINITY_DAYS, _MAX_DAY, _MIN_DAY, 1, pa.int32(), kind)
-    if not pa.types.is_timestamp(kind) or kind.unit != "us":
-        return None
-    if lg in (TIMESTAMP, CONNECT_TIMESTAMP):
-        return _infinity_column(INFINITY_MILLIS, _MAX_MICROS, _MIN_MICROS, 1000, pa.int64(),
-                                kind)  # fmt: skip
-    if lg == MICRO_TIMESTAMP:
-        return _infinity_column(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, pa.int64(), kind)
-    if lg == ZONED_TIMESTAMP and kind.tz is not None:
-        return _zoned_column(kind)
-    return None
-
-
-def _nulls(values: list):
-    import numpy as np
-
-    return np.fromiter((v is None for v in values), dtype=bool, count=len(values))
-
-
-def _decimal_column(field: ConnectField, kind: pa.DataType) -> Callable[[list], pa.Array]:
-    import numpy as np
-    import pyarrow as pa
-
-    raw_scale = int(field.param("scale", "0") or 0)
-    factor = 10**-raw_scale if raw_scale < 0 else 1
-    limit = 10**kind.precision
-    unbase64, from_bytes = base64.b64decode, int.from_bytes
-
-    def decode(values: list) -> pa.Array:
-        try:
-            unscaled = [0 if v is None else from_bytes(unbase64(v, validate=True), "big",
-                                                       signed=True) * factor
-                        for v in values]  # fmt: skip
-        except (TypeError, ValueError, binascii.Error):  # not base64 text
-            raise Slow from None
-        if unscaled and max(map(abs, unscaled)) >= limit:
-            raise Slow
-        ints = pa.array(np.array(unscaled, dtype=np.int64), mask=_nulls(values))
-        # the unscaled values as decimals of scale 0, read with the column's scale
-        return ints.cast(pa.decimal128(19, 0)).view(kind)
-
-    return decode
-
-
-def _infinity_column(
-    values: tuple[int, int],
-    top: int,
-    bottom: int,
-    scale: int,
-    width: pa.DataType,
-    kind: pa.DataType,
-) -> Callable[[list], pa.Array]:
-    """Dates or timestamps of whole numbers, ±infinity loaded as the ends (`_infinity`)."""
-    import numpy as np
-    import pyarrow as pa
-
-    low, high = -(-bottom // scale), top // scale  # the values that fit once scaled
-
-    def decode(column: list) -> pa.Array:
-        if set(map(type, column)) - {int, type(None)}:
-            raise Slow
-        nulls = _nulls(column)
-        try:
-            ints = np.array([0 if v is None else v for v in column], dtype=np.int64)
-        except OverflowError:
-            raise Slow from None
-        ends = (ints == values[0]) | (ints == values[1])
-        if np.any(~ends & ((ints < low) | (ints > high))):
-            raise Slow
-        out = np.where(ints == values[0], top,
-                       np.where(ints == values[1], bottom, ints * scale))  # fmt: skip
-        return pa.array(out.astype(width.to_pandas_dtype()), type=width, mask=nulls).view(kind)
-
-    return decode
-
-
-def _zoned_column(kind: pa.DataType) -> Callable[[list], pa.Array]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    def decode(values: list) -> pa.Array:
-        try:
-            texts = pa.array(values, type=pa.string())
-        except (pa.ArrowException, TypeError):
-            raise Slow from None
-        if texts.null_count < len(texts) and not pc.all(
-            pc.match_substring_regex(texts, _ZONED_TEXT)
-        ).as_py():  # fmt: skip
-            raise Slow
-        try:
-            return texts.cast(kind)
-        except pa.ArrowException:
-            raise Slow from None
-
-    return decode
 
 
 def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callable[[Any], Any]:

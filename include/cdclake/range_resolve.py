@@ -3,13 +3,11 @@
 Debezium keys each record by its row's primary key, and Kafka's partitioner sends every
 record of a key to one partition: all of a key's changes in a batch are then in one of
 its offset ranges. So a task can read a whole range, split and decode its records and
-fold each key's changes (`KeyFold`) as they come, holding each key's latest state only:
-its memory grows with the range's keys, not its records. Nothing of the raw records is
-cached, scanned or shuffled; only the resolved rows leave the task. A range is folded as
-columns (`ColumnarFold`), TOAST placeholders included, and folded again change by change
-when it holds what that fold does not take (a re-sent change above all). A truncate
-starts the range's fold again: what came before it in its partition is dropped, as the
-Spark jobs drop it (`RangeFold._after_truncate`). A table
+fold each key's changes (`KeyFold`, the one resolve's) as they come, holding each key's
+latest state only: its memory grows with the range's keys, not its records. Nothing of
+the raw records is cached, scanned or shuffled; only the resolved rows leave the task. A
+truncate starts the range's fold again: what came before it in its partition is dropped,
+as the resolve of the whole topic drops it. A table
 without a key is a changelog, a row per change: its ranges return each read batch's rows
 as they are decoded (`RangeFold.drain`), holding nothing.
 
@@ -20,24 +18,23 @@ its keys. A range that meets any other schema stops. The driver reads the summar
 (`accept`): a topic whose every range resolved, and with more than one range no key
 found in two of them (a repartitioned topic, or a producer routing records by something
 else than the key), keeps its rows. With a truncate, the other partitions' ranges must
-hold no change at or below its LSN, which the Spark jobs would drop. Any other topic
-takes the general path: its raw records are read again, cached and scanned, and
-resolved in tasks grouped by key or by the Spark SQL jobs.
+hold no change at or below its LSN, which the resolve of the whole topic would drop. Any
+other topic takes the general path: its raw records are read again, cached and scanned,
+and resolved in tasks over all the records of their keys.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cdclake.arrow_rows import (
     arrow_type,
     columns_ddl,
-    columns_table,
     cycles_uncollected,
     result_columns,
     rows_table,
@@ -46,18 +43,12 @@ from cdclake.arrow_rows import (
 from cdclake.changes import TopicSchema, topic_schema
 from cdclake.exceptions import CdclakeError
 from cdclake.json_records import (
-    DECODE_ERRORS,
-    HEADER,
-    NULL_ROW,
-    by_column,
-    columns_decoder,
     decode_records,
     row_decoders,
 )
 from cdclake.json_values import Unsupported
 from cdclake.reader import RangeReader
 from cdclake.resolve import (
-    META,
     NO_TOAST,
     KeyFold,
     RowShape,
@@ -68,14 +59,15 @@ from cdclake.resolve import (
     is_placeholder,
     placeholder_of,
 )
-from cdclake.rules import TOAST_PREFIX, TRUNCATE, Truncate, toastable
-from cdclake.scan import TOAST_TEXTS
+from cdclake.rules import TOAST_PLACEHOLDER, TOAST_PREFIX, TRUNCATE, Truncate, toastable
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 # the columns a range task returns after the resolved rows' (`TopicPlan.ddl`): on the
 # summary row of each range, its summary (JSON) and its keys' hashes (`key_hashes`)
+# how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
+TOAST_TEXTS = (TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36])
 META_COLUMN = "_cdclake_range_meta"
 KEYS_COLUMN = "_cdclake_range_keys"
 BATCH_ROWS = 2_000  # resolved rows per Arrow batch a task returns
@@ -195,23 +187,14 @@ class RangeSummary:
 class RangeFold:
     """The records of one offset range, folded batch by batch into each key's state."""
 
-    def __init__(self, plan: TopicPlan, partition: int, follow_toast: bool = False,
-                 columnar: bool = True) -> None:  # fmt: skip
+    def __init__(self, plan: TopicPlan, partition: int, follow_toast: bool = False) -> None:
         self.plan = plan
-        # A range is folded as columns (`ColumnarFold`) where it can be; one that meets
-        # what that fold does not take is folded again change by change. The columnar
-        # fold follows the TOAST columns once a placeholder's text is seen. Folded change
-        # by change, until then no key's fold needs its changes' rows: they are decoded
-        # only for the changes written (`headers_only`), and a range that then meets one
-        # must be folded again from its start with every row decoded (`restart`), which
-        # `range_task` does.
+        # Until a TOAST placeholder's text is seen no key's fold needs its changes' rows:
+        # they are decoded only for the changes written (`headers_only`), and a range
+        # that then meets one must be folded again from its start with every row decoded
+        # (`restart`), which `range_task` does.
         self.follow_toast = follow_toast
         self.restart = False
-        self.closed = False  # read whole (`close`)
-        self.columnar: ColumnarFold | None = None
-        # a configured key is read from the rows: folded change by change
-        self._want_columnar = (columnar and not follow_toast and HEADER is not None
-                               and not plan.key)  # fmt: skip
         self.summary = RangeSummary(plan.topic, partition)
         self.schema: TopicSchema | None = None
         self._planned = {"key": plan.key_schema, "value": plan.value_schema}
@@ -265,17 +248,10 @@ class RangeFold:
         if self.changelog:
             self._log(raw)
             return
-        if self.columnar is not None:  # change by change, `_fold` meets the truncates
-            raw = self._after_truncate(raw)
-            if not raw.num_rows:
-                return
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
         if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
             self.summary.toast = True
-            if self.columnar is not None:  # it follows the TOAST columns from here on
-                decode = columns_decoder(self.plan.value_schema[1], self._toast_cols)
-                self.columnar.follow_toast(self._toast_of, decode)
-            elif not self.follow_toast:
+            if not self.follow_toast:
                 self.restart = True
                 return
         self._fold(raw)
@@ -291,53 +267,6 @@ class RangeFold:
         self._decoders = row_decoders(self.schema, keys, values)
         self._toast_cols = toastable(self.schema)
         self._toast_of = ToastColumns(self._toast_cols)
-        self.columnar = self._columnar_fold()
-
-    def _columnar_fold(self) -> ColumnarFold | None:
-        """A new columnar fold of the range, following the TOAST columns when a
-        placeholder's text was seen; None where the range is folded change by change."""
-        if not self._want_columnar:
-            return None
-        key_decoders, value_decoders = self._decoders
-        key = key_decoders[self.plan.key_schema[0]]
-        if key.typed is None or key.rows.later:  # keys msgspec does not type whole
-            return None
-        value = self.plan.value_schema
-        fold = ColumnarFold(self.schema, key, None if value is None else value_decoders[value[0]],
-                            self.summary.partition)  # fmt: skip
-        if self.summary.toast:
-            fold.follow_toast(self._toast_of, columns_decoder(value[1], self._toast_cols))
-        return fold
-
-    def _after_truncate(self, raw: pa.RecordBatch) -> pa.RecordBatch:
-        """The read batch's records after its last truncate, the fold started again
-        there (a truncate removes every row before it: the changes before it in its
-        partition are dropped, as `after_truncate` drops them); the batch as it is
-        without one. A record without a key that is no truncate is left to the fold."""
-        import numpy as np
-        import pyarrow.compute as pc
-
-        keyless = pc.and_(
-            pc.is_null(raw.column(raw.schema.get_field_index("key_payload"))),
-            pc.invert(raw.column(raw.schema.get_field_index("is_tombstone"))),
-        )
-        if not pc.any(keyless).as_py():
-            return raw
-        at = np.flatnonzero(keyless.to_numpy(zero_copy_only=False))
-        changes = decode_records(
-            raw.take(at),
-            self.schema,
-            self._texts["key"],
-            self._texts["value"],
-            self._decoders,
-            headers_only=True,
-        )
-        cuts = [(i, c) for i, c in zip(at.tolist(), changes, strict=True) if c.op == TRUNCATE]
-        if not cuts:
-            return raw
-        i, last = cuts[-1]
-        self._start_again(last)
-        return raw.slice(i + 1)
 
     def _start_again(self, truncate) -> None:
         """Drop what the fold holds, at a truncate (a change): the summary keeps its
@@ -345,19 +274,8 @@ class RangeFold:
         self.summary.truncate = [truncate.offset, truncate.lsn]
         self.summary.first_lsn = None
         self.states.clear()
-        self.columnar = self._columnar_fold()
 
     def _fold(self, raw: pa.RecordBatch) -> None:
-        if self.columnar is not None:
-            try:
-                lowest = self.columnar.add(raw)
-            except Irregular:
-                self.restart = True
-                return
-            first = self.summary.first_lsn
-            if lowest is not None and (first is None or lowest < first):
-                self.summary.first_lsn = lowest
-            return
         schema, states, toast = self.schema, self.states, self._toast_of
         lean = not self.follow_toast
         changes = decode_records(raw, schema, self._texts["key"], self._texts["value"],
@@ -401,23 +319,10 @@ class RangeFold:
             summary.max_source_ms = tally(table, summary.counts, summary.max_source_ms)
             yield from self._out(table)
 
-    def close(self) -> None:
-        """The range is read whole: a columnar fold resolves its keys (or asks for the
-        range to be folded again change by change, `restart`)."""
-        self.closed = True
-        if self.columnar is None or self.reason is not None or self.restart:
-            return
-        try:
-            self._guarded(self.columnar.resolve)
-        except Irregular:
-            self.restart = True
-
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (batches of up to `BATCH_ROWS` rows, of `TopicPlan.ddl`),
         then the summary row."""
         summary = self.summary
-        if not self.closed:
-            self.close()
         assert not self.restart, "a range to fold again is folded again"
         if summary.reason is None and not summary.records:
             summary.reason = "no records"
@@ -443,9 +348,6 @@ class RangeFold:
 
     def _tables(self, columns: list[tuple[str, str]]) -> Iterator[pa.Table]:
         """The resolved rows, `BATCH_ROWS` at a time."""
-        if self.columnar is not None:
-            yield from self.columnar.tables(columns)
-            return
         shape = RowShape(self.schema, self._toast_of if self.summary.toast else NO_TOAST)
         folds: list[tuple[tuple, KeyFold]] = []
         while self.states:
@@ -483,360 +385,6 @@ class RangeFold:
             arrays += [pa.array([summary.to_json()]), pa.array([hashes.tobytes()])]
         names = [n for n, _ in columns] + [META_COLUMN, KEYS_COLUMN]
         yield from pa.Table.from_arrays(arrays, names=names).to_batches()
-
-
-class Irregular(Exception):
-    """What `ColumnarFold` does not take: its range is folded again change by change
-    (`KeyFold`), which decides as always."""
-
-
-_OP_CODES = {"c": 0, "u": 1, "d": 2, "r": 3}
-_OP_NAMES = ("c", "u", "d", "r")
-_TOMBSTONE = 4  # the operation code of a tombstone
-_NO_LSN = -1  # a record without an LSN (PostgreSQL's are never negative)
-_MAX_MS = (2**63 - 1) // 1000  # a source time (ms) that still fits in microseconds
-_UNKNOWN = object()  # a TOAST column's value not known in the range
-
-
-_TOMBSTONE_OP = object()  # the operation of a tombstone's head (`_envelope_heads`)
-_HEAD_OPS = {**_OP_CODES, _TOMBSTONE_OP: _TOMBSTONE}
-_HEAD_FIELDS = attrgetter("op", "source.lsn", "source.ts_ms", "after")
-_HEADS: list = []
-
-
-def _envelope_heads():
-    """A decoder of an envelope's operation, source LSN and time, its rows after and
-    before kept as raw JSON (a JSON null as `NULL_ROW`), as `HEADER` decodes them but
-    into a struct whose fields `_HEAD_FIELDS` reads at once; and the head a tombstone is
-    given."""
-    if not _HEADS:
-        import msgspec
-
-        source = msgspec.defstruct("Source", [("ts_ms", int | None, None),
-                                              ("lsn", int | None, None)], gc=False)  # fmt: skip
-        head = msgspec.defstruct("Head", [
-            ("after", msgspec.Raw, None), ("before", msgspec.Raw, None), ("op", Any, None),
-            ("source", source, msgspec.field(default_factory=source)),
-        ], gc=False)  # fmt: skip
-        _HEADS[:] = [msgspec.json.Decoder(head).decode, head(op=_TOMBSTONE_OP)]
-    return _HEADS
-
-
-class ColumnarFold:
-    """A range's records folded as columns. Each read batch's keys and envelope headers
-    (operation, source LSN and time, whether a row after is there) are decoded into
-    arrays, and the row after (raw JSON) is kept for the last change of each key that
-    has one; `resolve` then finds each key's resolved change with numpy, and `tables`
-    decodes only the rows written. Once a TOAST placeholder's text is met, a row after
-    that holds one is decoded with the key's row after before it, for the placeholders'
-    values (`follow_toast`).
-
-    It takes what a connector that did not restart writes: every record keyed, every
-    envelope one msgspec decodes, and each key's LSNs rising in Kafka order. Then no
-    change is a re-send, and of `KeyFold`'s `drop_stale` only the rule that a key's
-    first record, when it is a tombstone, follows nothing and is dropped is left. On
-    anything else (a re-send above all, after a connector restart) it raises
-    `Irregular`."""
-
-    def __init__(self, schema: TopicSchema, keys, values, partition: int) -> None:
-        self.schema = schema
-        names = schema.key_names
-        self.one_integer = len(names) == 1 and schema.key[0].type in ("int", "bigint")
-        self.key_decode = keys.typed
-        self.values = values  # the value schema's `_Envelopes` (None: tombstones only)
-        self.partition = partition
-        self.ids: dict[tuple, int] = {}  # a key (not one integer column) -> its number
-        self.parts: list[tuple] = []  # each read batch's arrays
-        self.afters: dict[int, tuple] = {}  # key number -> (offset, raw row after)
-        # key number -> (offset, raw row before) of its last delete, when that has one
-        self.befores: dict[int, tuple] = {}
-        # once a placeholder's text is met (`follow_toast`): the TOAST columns, and for a
-        # key whose row after holds a placeholder's text, its TOAST columns' values, each
-        # placeholder replaced by the last real value read before it in the range (key
-        # number -> {column: value}; a column whose value is not known is left out)
-        self.toast: ToastColumns | None = None
-        self.reals: dict[int, dict] = {}
-        self._toast_decode = None
-        self.keys: list[tuple] = []  # the keys by number (`ids`), once resolved
-        self.resolved = None
-
-    def add(self, raw: pa.RecordBatch) -> int | None:
-        """Fold a read batch in; the lowest LSN among its records (None: none has one)."""
-        from operator import itemgetter
-
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        cols = raw.select(["offset", "key_payload", "value_payload"]).to_pydict()
-        offsets, payloads = cols["offset"], cols["value_payload"]
-        values = raw.column(raw.schema.get_field_index("value_payload"))
-        tombs = raw.column(raw.schema.get_field_index("is_tombstone"))
-        if not pc.all(pc.equal(values.is_null(), tombs.fill_null(False))).as_py():
-            raise Irregular("a record without a value that is no tombstone")
-        header, tomb = _envelope_heads()
-        try:
-            codes = self._codes(cols["key_payload"])
-            heads = [tomb if t is None else header(t) for t in payloads]
-            named, lsns, stamps, afters = (zip(*map(_HEAD_FIELDS, heads), strict=True)
-                                          if heads else ((),) * 4)  # fmt: skip
-        except (*DECODE_ERRORS, KeyError, TypeError, ValueError, OverflowError):
-            raise Irregular("a key or an envelope msgspec does not take") from None
-        try:
-            ops = list(map(_HEAD_OPS.__getitem__, named))
-        except (KeyError, TypeError):  # a truncate, or what the change fold names
-            raise Irregular("an operation other than c, u, d and r") from None
-        has_after = [a is not None and a != NULL_ROW for a in afters]
-        # each key's last delete's row before: the values of a deleted key without a row
-        # after in the range (all its columns with REPLICA IDENTITY FULL)
-        befores, delete = self.befores, _OP_CODES["d"]
-        for i in [i for i, op in enumerate(ops) if op == delete]:
-            before = heads[i].before
-            if before is not None and before != NULL_ROW:
-                befores[codes[i]] = (offsets[i], before)
-            else:
-                befores.pop(codes[i], None)
-        # the last row after of each key, so far (a later one of a key replaces it)
-        rowed = np.flatnonzero(has_after).tolist()
-        if self.toast is None:
-            if len(rowed) > 1:
-                pick = itemgetter(*rowed)
-                held = zip(pick(offsets), pick(afters), strict=True)
-                self.afters.update(zip(pick(codes), held, strict=True))
-            elif rowed:
-                i = rowed[0]
-                self.afters[codes[i]] = (offsets[i], afters[i])
-        else:
-            self._follow(rowed, codes, offsets, heads, payloads)
-        if len(self.afters) > RANGE_KEYS or len(self.ids) > RANGE_KEYS:
-            raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
-        try:
-            lsn_held = pa.array(lsns, type=pa.int64())
-            stamp_held = pa.array(stamps, type=pa.int64())
-        except (pa.ArrowException, OverflowError, TypeError):
-            raise Irregular("an LSN or time beyond 64 bits") from None
-        lsn = lsn_held.fill_null(_NO_LSN).to_numpy()
-        stamp = stamp_held.fill_null(0).to_numpy()
-        if np.count_nonzero(lsn < 0) != lsn_held.null_count:
-            raise Irregular("a negative LSN")
-        if np.any(np.abs(stamp) > _MAX_MS):
-            raise Irregular("a source time beyond 64 bits in microseconds")
-        self.parts.append((
-            np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64),
-            np.array(ops, dtype=np.int8), lsn, stamp,
-            stamp_held.is_valid().to_numpy(zero_copy_only=False),
-            np.array(has_after, dtype=bool),
-        ))  # fmt: skip
-        held = lsn[lsn != _NO_LSN]
-        return int(held.min()) if len(held) else None
-
-    def follow_toast(self, toast: ToastColumns, decode) -> None:
-        """From the next read batch on, replace each TOAST placeholder of a row after by
-        its column's value in the key's row after before it (`_follow`). The batches
-        before held no placeholder's text, so no row kept so far holds one. `decode`
-        decodes a raw row into its TOAST columns only (`columns_decoder`)."""
-        self.toast, self._toast_decode = toast, decode
-
-    def _follow(self, rowed: list[int], codes: list[int], offsets: list[int], heads: list,
-                payloads: list) -> None:  # fmt: skip
-        """Keep each key's last row after, in Kafka order, with the values of its TOAST
-        columns (`_reals`) when its payload holds a placeholder's text."""
-        afters, reals, texts = self.afters, self.reals, TOAST_TEXTS
-        for i in rowed:
-            code, after = codes[i], heads[i].after
-            payload = payloads[i]
-            if any(t in payload for t in texts):
-                reals[code] = self._reals(code, offsets[i], after)
-            elif code in reals:
-                del reals[code]
-            afters[code] = (offsets[i], after)
-
-    def _reals(self, code: int, offset: int, after) -> dict:
-        """The TOAST columns' values of `after` with each placeholder replaced by its
-        column's last real value: the one in the key's row after before it (`afters`,
-        not replaced yet; its own `reals` when it held a placeholder's text too). A
-        column with neither is left out: its flag tells the MERGE to keep the table's
-        value, as `KeyFold.row` does. A placeholder that follows a NULL (which
-        PostgreSQL never sends: it stands for a value stored out of line) is
-        `Irregular`: `KeyFold` looks further back."""
-        decode = self._toast_decode
-        try:
-            row = decode(after, self.partition, offset)
-        except (Unsupported, CdclakeError):
-            raise Irregular("a row after that does not decode") from None
-        held, before = self.afters.get(code), self.reals.get(code)
-        real = {}
-        for name, mark in self.toast.pairs:
-            value = row.get(name)
-            if value is None or value != mark:
-                real[name] = value
-                continue
-            if held is None:  # the key's first row after in the range
-                continue
-            if before is None:  # a row without placeholders, decoded once
-                try:
-                    before = decode(held[1], self.partition, held[0])
-                except (Unsupported, CdclakeError):
-                    raise Irregular("a row after that does not decode") from None
-            last = before.get(name, _UNKNOWN)
-            if last is None:
-                raise Irregular("a TOAST placeholder after a NULL")
-            if last is not _UNKNOWN:
-                real[name] = last
-        return real
-
-    def _codes(self, texts: list) -> list[int]:
-        """Each key's number: one integer column's value, else the key's order of
-        appearance."""
-        from operator import itemgetter
-
-        decode = self.key_decode
-        keys = [decode(t) for t in texts]
-        names = self.schema.key_names
-        if self.one_integer:
-            name = names[0]
-            codes = [k[name] for k in keys]
-            if None in codes:
-                raise TypeError("a key without a value")
-            return codes
-        get = itemgetter(*names)
-        found = [(get(k),) for k in keys] if len(names) == 1 else [get(k) for k in keys]
-        if any(None in k for k in found):
-            raise TypeError("a key without a value")
-        ids = self.ids
-        return [ids.setdefault(k, len(ids)) for k in found]
-
-    def resolve(self) -> None:
-        """Each key's resolved change, from the arrays of the whole range."""
-        import numpy as np
-
-        if not self.parts:
-            self.resolved = None
-            return
-        codes, offsets, ops, lsns, stamps, stamped, has_after = (
-            np.concatenate(a) for a in zip(*self.parts, strict=True))  # fmt: skip
-        self.parts = []
-        n = len(codes)
-        order = np.argsort(codes, kind="stable")  # by key, then Kafka order
-        by_key = codes[order]
-        starts = np.flatnonzero(np.r_[True, by_key[1:] != by_key[:-1]])
-        if len(starts) > RANGE_KEYS:
-            raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
-        lasts = np.r_[starts[1:], n] - 1
-        # a re-send: an LSN not above the one before it of its key
-        with_lsn = order[lsns[order] != _NO_LSN]
-        same_key = codes[with_lsn][1:] == codes[with_lsn][:-1]
-        if np.any(same_key & (lsns[with_lsn][1:] <= lsns[with_lsn][:-1])):
-            raise Irregular("a re-sent change")
-        tomb = ops[order] == _TOMBSTONE
-        # a key's only record, a tombstone, is dropped: the key has nothing to write
-        kept = ~((starts == lasts) & tomb[starts])
-        where = np.arange(n)
-        last_lsn = np.maximum.reduceat(np.where(lsns[order] != _NO_LSN, where, -1), starts)
-        last_change = np.maximum.reduceat(np.where(~tomb, where, -1), starts)
-        r = order[lasts[kept]]
-        if np.any((ops[r] != _TOMBSTONE) & (ops[r] != _OP_CODES["d"]) & ~has_after[r]):
-            raise Irregular("a change that is no delete without a row after")
-        self.keys = list(self.ids)
-        self.resolved = {
-            "code": codes[r], "r": r, "offsets": offsets, "ops": ops, "lsns": lsns,
-            "stamps": stamps, "stamped": stamped,
-            "last_lsn": np.where(last_lsn[kept] >= 0, order[np.maximum(last_lsn[kept], 0)], -1),
-            "last_change": np.where(last_change[kept] >= 0,
-                                    order[np.maximum(last_change[kept], 0)], -1),
-        }  # fmt: skip
-
-    def tables(self, columns: list[tuple[str, str]]) -> Iterator[pa.Table]:
-        """The resolved rows (of `columns`), `BATCH_ROWS` at a time."""
-        if self.resolved is None:
-            return
-        res = self.resolved
-        for lo in range(0, len(res["r"]), BATCH_ROWS):
-            yield self._table(slice(lo, lo + BATCH_ROWS), columns)
-
-    def _table(self, part: slice, columns: list[tuple[str, str]]) -> pa.Table:
-        import numpy as np
-
-        res = self.resolved
-        r, codes = res["r"][part], res["code"][part]
-        ops, lsns = res["ops"][r], res["lsns"][r]
-        tomb = ops == _TOMBSTONE
-        deleted = tomb | (ops == _OP_CODES["d"])
-        # the row: the resolved change's row after (its key's last, `resolve`), or for a
-        # deleted key the last row after it had, else its last delete's row before,
-        # which a MERGE takes only for a key the lake does not hold (None: no such row)
-        offsets = res["offsets"][r].tolist()
-        afters, partition, row = self.afters, self.partition, None
-        if self.values is not None:
-            row = self.values.unparsed.row
-        helds = [afters.get(code) for code in codes.tolist()]
-        has_values = [h is not None for h in helds]
-        if self.befores:
-            befores = self.befores
-            helds = [befores.get(code) if h is None else h
-                     for h, code in zip(helds, codes.tolist(), strict=True)]  # fmt: skip
-        data: dict[str, list | pa.Array]
-        if row is not None and self.toast is None:  # the rows decoded by column
-            data = self.values.unparsed.columns(
-                [None if h is None else h[1] for h in helds], partition,
-                [-1 if h is None else h[0] for h in helds], self.schema.columns,
-            )  # fmt: skip
-        else:
-            rows = [None if h is None else row(h[1], partition, h[0]) for h in helds]
-            data = by_column(rows, (c.name for c in self.schema.columns))
-        if self.toast is not None:
-            self._filled(data, codes.tolist())
-        if self.one_integer:
-            data[self.schema.key_names[0]] = codes.tolist()
-        else:
-            keys = [self.keys[c] for c in codes.tolist()]
-            for i, name in enumerate(self.schema.key_names):
-                data[name] = [k[i] for k in keys]
-        last_lsn = res["last_lsn"][part]
-        fold_lsn = np.where(last_lsn >= 0, res["lsns"][np.maximum(last_lsn, 0)], _NO_LSN)
-        change = res["last_change"][part]
-        change_lsn = np.where(change >= 0, res["lsns"][np.maximum(change, 0)], _NO_LSN)
-        own = lsns != _NO_LSN
-        lsn = np.where(own, lsns, fold_lsn)
-        stale = np.where(tomb, change_lsn, lsns)
-        # a tombstone's row is described by its delete, when the range holds it
-        at = np.where(tomb & (change >= 0), change, r)
-        stamped = res["stamped"][at]
-        meta = (
-            deleted.tolist(),
-            ["d" if t else _OP_NAMES[o] for t, o in zip(tomb.tolist(), ops.tolist(), strict=True)],
-            _nullable(res["stamps"][at] * 1000, stamped),
-            _nullable(lsn, lsn != _NO_LSN),
-            _nullable(stale, stale != _NO_LSN),
-            has_values,
-            [partition] * len(offsets),
-            res["offsets"][at].tolist(),
-        )  # fmt: skip
-        for name, values in zip(META, meta, strict=True):
-            data[name] = values
-        return columns_table(data, columns)
-
-    def _filled(self, data: dict[str, list], codes: list[int]) -> None:
-        """The TOAST columns' placeholders replaced by their last real values (`_reals`)
-        and their flags, as `KeyFold.row` writes them: a placeholder whose value is not
-        known is NULL, and flagged."""
-        reals = self.reals
-        for name, mark in self.toast.pairs:
-            values = data[name]
-            flags = [False] * len(values)
-            for j, value in enumerate(values):
-                if value is None or value != mark:
-                    continue
-                real = reals.get(codes[j], {}).get(name)
-                if real is not None:
-                    values[j] = real
-                else:
-                    values[j], flags[j] = None, True
-            data[TOAST_PREFIX + name] = flags
-
-
-def _nullable(values, valid) -> list:
-    return [v if ok else None for v, ok in zip(values.tolist(), valid.tolist(), strict=True)]
 
 
 def key_hashes(table: pa.Table, key_names: Sequence[str]):
@@ -917,10 +465,8 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
                     continue
                 fold = _read_range(reader, r, RangeFold(plan, partition))
                 while fold.restart:
-                    # read again: following TOAST once a placeholder was met, else
-                    # change by change (what the columnar fold did not take)
-                    fold = RangeFold(plan, partition, follow_toast=fold.summary.toast,
-                                     columnar=False)  # fmt: skip
+                    # read again, following TOAST: a placeholder was met
+                    fold = RangeFold(plan, partition, follow_toast=True)
                     fold = _read_range(reader, r, fold)
                 yield from fold.finish()
 
@@ -942,9 +488,8 @@ def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
 
 
 def _folding(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
-    """Read the range into `fold` until it is read whole (then `close`d) or the fold
-    stops, returning what it has to return as it reads (`drain`); the reader is closed
-    either way."""
+    """Read the range into `fold` until it is read whole or the fold stops, returning
+    what it has to return as it reads (`drain`); the reader is closed either way."""
     records = reader(r)
     try:
         for raw in records:
@@ -952,8 +497,6 @@ def _folding(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.Recor
             yield from fold.drain()
             if not going:
                 break
-        else:
-            fold.close()
     finally:
         close = getattr(records, "close", None)
         if close is not None:

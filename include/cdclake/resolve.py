@@ -154,11 +154,10 @@ def check_key_types(schema: TopicSchema) -> None:
 
 
 def resolve_changes(
-    changes: Sequence[Change], schema: TopicSchema, flags: bool | None = None
+    changes: Sequence[Change], schema: TopicSchema
 ) -> tuple[list[dict], Truncate | None, bool]:
-    """`resolve_latest`'s rows (dicts of its columns), the truncate, and whether the rows
-    carry the TOAST flags: when a placeholder was among the values, or as `flags` says
-    (False: there must be no placeholder)."""
+    """Each key's resolved row (dicts of `result_columns`), the truncate, and whether the
+    rows carry the TOAST flags (a placeholder was among the values)."""
     check_key_types(schema)
     truncate = last_truncate(changes)
     toasty = toastable(schema)
@@ -173,9 +172,7 @@ def resolve_changes(
         groups.setdefault(key, []).append(c)
     found = any(is_placeholder(c.after.get(col.name), col)
                 for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
-    if found and flags is False:
-        raise RuntimeError("a TOAST placeholder the raw scan did not see")
-    toast = found if flags is None else flags
+    toast = found
     toast_cols = toasty if toast else []
     toast_of = ToastColumns(toast_cols)
     out, shape = [], RowShape(schema, toast_of)
@@ -295,7 +292,7 @@ class KeyFold:
                 not deleted or self.after is not None, at.partition, at.offset)  # fmt: skip
 
     def row(self, key: tuple, shape: RowShape) -> dict:
-        """The key's resolved row (`resolve_latest`'s columns), with the TOAST flags of
+        """The key's resolved row (`result_columns`), with the TOAST flags of
         the shape's columns (those `add` was given)."""
         after = self.values()
         if after is None:
@@ -378,21 +375,20 @@ def resolve_rows(
     schema: TopicSchema,
     key_schemas: Mapping[int, str],
     value_schemas: Mapping[int, str],
-    flags: bool | None = None,
 ) -> TopicResolved:
     """Raw rows of one topic -> the resolved rows, what the checks found and the records
-    that cannot be applied (`flags`: see `resolve_changes`)."""
+    that cannot be applied."""
     keyed = bool(schema.key_names)
     check_key_types(schema)
     bad: list[tuple[int, int, str]] = []
     with cycles_uncollected():
         try:
             out, truncate, toast = _resolve(
-                decode_records(rows, schema, key_schemas, value_schemas), schema, flags
+                decode_records(rows, schema, key_schemas, value_schemas), schema
             )
         except BadRecord:  # find each record that cannot be applied, and leave it out
             changes = decode_each(rows, schema, key_schemas, value_schemas, bad)
-            out, truncate, toast = _resolve(changes, schema, flags)
+            out, truncate, toast = _resolve(changes, schema)
     columns = result_columns(schema, keyed, toast)
     table = rows_table(out, columns)
     counts: dict[bool, int] = {}
@@ -401,9 +397,9 @@ def resolve_rows(
                           tuple(bad))  # fmt: skip
 
 
-def _resolve(changes: list[Change], schema: TopicSchema, flags: bool | None):
+def _resolve(changes: list[Change], schema: TopicSchema):
     if schema.key_names:
-        return resolve_changes(changes, schema, flags)
+        return resolve_changes(changes, schema)
     return changelog_rows(changes, schema), None, False
 
 
@@ -441,12 +437,13 @@ def grouped_by_kafka_key(schema: TopicSchema, key_schemas: Mapping[int, str], ta
 
 
 def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
-                 value_schemas: Mapping[int, str], toast: bool):  # fmt: skip
+                 value_schemas: Mapping[int, str]):  # fmt: skip
     """A `mapInArrow` function: the raw records of some keys (all of each key's records
-    in the batch) -> their resolved rows (with the TOAST flags when `toast`), then a row
-    for each record that cannot be applied and for a truncate (`REASON`)."""
+    in the batch) -> their resolved rows (`task_columns`: a keyed table's with the TOAST
+    flags, False where the task met no placeholder), then a row for each record that
+    cannot be applied and for a truncate (`REASON`)."""
     key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
-    columns = task_columns(schema, toast)
+    columns = task_columns(schema)
 
     def task(batches):
         import pyarrow as pa
@@ -454,11 +451,13 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
         parts = [b for b in batches if b.num_rows]
         if not parts:
             return
-        rows = pa.Table.from_batches(parts)
-        done = resolve_rows(rows, schema, key_schemas, value_schemas,
-                            flags=toast if schema.key_names else None)  # fmt: skip
-        yield from done.rows.append_column(
-            REASON, pa.nulls(done.rows.num_rows, pa.string())).to_batches()  # fmt: skip
+        done = resolve_rows(pa.Table.from_batches(parts), schema, key_schemas, value_schemas)
+        rows = done.rows
+        arrays = [rows[name] if name in rows.column_names
+                  else pa.nulls(rows.num_rows, pa.string()) if name == REASON
+                  else pa.array([False] * rows.num_rows, pa.bool_())  # a TOAST flag
+                  for name, _ in columns]  # fmt: skip
+        yield from pa.Table.from_arrays(arrays, names=[n for n, _ in columns]).to_batches()
         marks = [{PARTITION: p, OFFSET: o, REASON: why} for p, o, why in done.bad]
         if done.truncate is not None:
             t = done.truncate
@@ -471,6 +470,7 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
     return task
 
 
-def task_columns(schema: TopicSchema, toast: bool) -> list[tuple[str, str]]:
+def task_columns(schema: TopicSchema) -> list[tuple[str, str]]:
     """(name, Spark type) of what `resolve_task` returns."""
-    return [*result_columns(schema, bool(schema.key_names), toast), (REASON, "string")]
+    keyed = bool(schema.key_names)
+    return [*result_columns(schema, keyed, keyed), (REASON, "string")]

@@ -1,6 +1,6 @@
 """The raw scan: what one pass over a batch's raw records tells before anything is decoded
 (the schemas of each topic, the records that are not envelopes, which topics may hold a
-truncate or a TOAST placeholder).
+truncate).
 
 `scan_raw` is one Spark job over the raw DataFrame; `scan_rows` gives the same answer
 for raw rows the driver holds (small batches, read by the driver itself).
@@ -8,12 +8,9 @@ for raw rows the driver holds (small batches, read by the driver itself).
 
 from __future__ import annotations
 
-import base64
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from cdclake.rules import TOAST_PLACEHOLDER
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -29,18 +26,13 @@ class RawScan:
     broken: dict[str, tuple[int, int, str]]
     broken_count: int
     # topics with a payload that may be a truncate (`"op":"t"` in its text); the others
-    # certainly have none, so their check runs beside the resolve instead of before it
+    # certainly have none, so their records are resolved in tasks grouped by key
     truncates: frozenset[str] = frozenset()
-    # topics with a payload that may hold a TOAST placeholder (its text, or base64 of it
-    # for a bytea column); the others are resolved without the placeholder aggregates
-    toasts: frozenset[str] = frozenset()
 
 
 # a truncate event's payload has this in its text; a row's own "op" column can match too,
 # which only costs the extra check job
 TRUNCATE_TEXT = r'"op"\s*:\s*"t"'
-# how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
-TOAST_TEXTS = (TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36])
 
 
 def scan_raw(raw) -> RawScan:
@@ -61,16 +53,9 @@ def scan_raw(raw) -> RawScan:
         F.struct(F.lit("truncate").alias("side"), F.lit(None).cast("long").alias("sid"),
                  F.when(F.col("value_payload").rlike(TRUNCATE_TEXT), F.lit("t")).alias("text"))
     )  # fmt: skip
-    toast = F.lit(False)
-    for text in TOAST_TEXTS:
-        toast = toast | F.col("value_payload").contains(text)
-    sides.append(
-        F.struct(F.lit("toast").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.when(toast, F.lit("t")).alias("text"))
-    )  # fmt: skip
     at = F.struct("partition", "offset")
     is_error = F.col("s.side") == "error"
-    flagged = F.col("s.side").isin("error", "truncate", "toast") & F.col("s.text").isNotNull()
+    flagged = F.col("s.side").isin("error", "truncate") & F.col("s.text").isNotNull()
     rows = (
         raw.select("topic", "partition", "offset", "error", F.explode(F.array(*sides)).alias("s"))
         .where(F.col("s.sid").isNotNull() | flagged)
@@ -90,12 +75,10 @@ def scan_raw(raw) -> RawScan:
     schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
     broken: dict[str, tuple[int, int, str]] = {}
     broken_count = 0
-    truncates, toasts = set(), set()
+    truncates = set()
     for r in sorted(rows, key=lambda r: (r["topic"], _age(r["last"]))):
         if r["side"] == "truncate":
             truncates.add(r["topic"])
-        elif r["side"] == "toast":
-            toasts.add(r["topic"])
         elif r["side"] == "error":
             broken[r["topic"]] = (r["first"][0], r["first"][1], r["first"][2])
             broken_count += r["n"]
@@ -103,7 +86,7 @@ def scan_raw(raw) -> RawScan:
             schemas.setdefault(r["topic"], {}).setdefault(r["side"], []).append(
                 (r["sid"], r["text"])
             )
-    return RawScan(schemas, broken, broken_count, frozenset(truncates), frozenset(toasts))
+    return RawScan(schemas, broken, broken_count, frozenset(truncates))
 
 
 def _age(last) -> tuple[int, int]:
@@ -119,7 +102,7 @@ def scan_rows(rows: pa.Table) -> RawScan:
     texts: dict[tuple[str, str, int], str | None] = {}
     broken: dict[str, tuple[int, int, str]] = {}
     broken_count = 0
-    truncates, toasts = set(), set()
+    truncates = set()
     columns = rows.drop_columns(["key_payload"]).to_pydict()
     for i, topic in enumerate(columns["topic"]):
         partition, offset = columns["partition"][i], columns["offset"][i]
@@ -138,13 +121,10 @@ def scan_rows(rows: pa.Table) -> RawScan:
             broken[topic] = min(broken.get(topic, (partition, offset, error)),
                                 (partition, offset, error))  # fmt: skip
         payload = columns["value_payload"][i]
-        if payload is not None:
-            if truncate.search(payload):
-                truncates.add(topic)
-            if any(text in payload for text in TOAST_TEXTS):
-                toasts.add(topic)
+        if payload is not None and truncate.search(payload):
+            truncates.add(topic)
     schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
     # the order of `_age`: by offset, then partition
     for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
         schemas.setdefault(topic, {}).setdefault(side, []).append((sid, texts[(topic, side, sid)]))
-    return RawScan(schemas, broken, broken_count, frozenset(truncates), frozenset(toasts))
+    return RawScan(schemas, broken, broken_count, frozenset(truncates))

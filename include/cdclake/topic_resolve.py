@@ -23,7 +23,7 @@ from cdclake.resolve import (
     resolve_task,
     task_columns,
 )
-from cdclake.rules import Truncate
+from cdclake.rules import TOAST_PREFIX, Truncate
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
@@ -57,34 +57,42 @@ def resolve_table(batch: Batch, topic: str, table: TableConfig, schema: TopicSch
 
 
 def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema: TopicSchema,
-                      key_schemas: dict, value_schemas: dict,
-                      result: TableResult) -> Resolved:  # fmt: skip
+                      key_schemas: dict, value_schemas: dict, result: TableResult,
+                      one_task: bool = False) -> Resolved:  # fmt: skip
     """The topic's records resolved by Spark tasks, each over all the records of its keys.
     Every record of a key has the same Kafka key text when the key is the Kafka key with
     one schema in the batch: a shuffle by that text puts a key's records in one task. A
     table without a key needs no shuffle (each change is a row). Otherwise (a configured
     key, several key schemas, a truncate, which drops what came before it in every
-    partition) one task takes all the topic's records."""
+    partition, or `one_task`) one task takes all the topic's records."""
     from pyspark.sql import functions as F
 
-    toast = bool(schema.key_names) and topic in batch.scan.toasts
-    columns = task_columns(schema, toast)
+    columns = task_columns(schema)
     raw = raw.select(*RAW_COLUMNS)
+    by_key = (not one_task and topic not in batch.scan.truncates
+              and grouped_by_kafka_key(schema, key_schemas, table.key))  # fmt: skip
     if not schema.key_names:
         spread = raw
-    elif topic not in batch.scan.truncates and grouped_by_kafka_key(schema, key_schemas, table.key):
+    elif by_key:
         spread = raw.repartition(max(1, -(-result.records // TASK_RECORDS)), "key_payload")
     else:
         log.info("%s: resolved in one task (a configured key, several key schemas, or a "
                  "truncate)", topic)  # fmt: skip
         spread = raw.coalesce(1)
-    task = resolve_task(schema, key_schemas, value_schemas, toast)
+    task = resolve_task(schema, key_schemas, value_schemas)
     out = spread.mapInArrow(task, columns_ddl(columns)).persist(cache_level(result.records))
     try:
-        stats, marks = _stats_and_marks(out)
+        flags = [n for n, _ in columns if n.startswith(TOAST_PREFIX)]
+        stats, marks = _stats_and_marks(out, flags)
         truncates = [Truncate(m[PARTITION], m[OFFSET], m[LSN]) for m in marks
                      if m[REASON] == TRUNCATE_MARK]  # fmt: skip
         truncate = max(truncates, key=lambda t: (t.offset, t.partition), default=None)
+        if truncate is not None and by_key:  # the raw scan missed it: the whole topic
+            log.warning("%s: a truncate the raw scan did not see; resolving again in one "
+                        "task", topic)  # fmt: skip
+            out.unpersist()
+            return _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
+                                     value_schemas, result, one_task=True)  # fmt: skip
         bad = [(m[PARTITION], m[OFFSET], m[REASON]) for m in marks if m[REASON] != TRUNCATE_MARK]
         _bad_records(batch, topic, table, sorted(bad), result)
     except BaseException:
@@ -94,18 +102,26 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
     max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
     max_ms = None if max_ts is None else int(max_ts.timestamp() * 1000)
     rows = out.where(F.col(REASON).isNull()).drop(REASON)
+    toast = any(r["toast"] for r in stats)
+    if not toast:  # no placeholder: the MERGE keeps no table value
+        rows = rows.drop(*flags)
     return Resolved(rows, truncate, counts, max_ms, toast, cached=out)
 
 
-def _stats_and_marks(out):
-    """In one Spark job: the rows per deleted flag with their latest source time, and the
-    rows that report a record that cannot be applied or a truncate."""
+def _stats_and_marks(out, flags: list[str]):
+    """In one Spark job: the rows per deleted flag with their latest source time and
+    whether any of them has a TOAST `flags` set, and the rows that report a record that
+    cannot be applied or a truncate."""
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
     reported = F.col(REASON).isNotNull()
+    flagged = reduce(lambda a, b: a | b, [F.col(f) for f in flags], F.lit(False))
     grouped = out.groupBy(
         F.when(reported, F.struct(PARTITION, OFFSET, LSN, REASON)).alias("mark"), DELETED
-    ).agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"))
+    ).agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"),
+          F.max(F.coalesce(flagged, F.lit(False))).alias("toast"))  # fmt: skip
     rows = grouped.collect()
     stats = [r for r in rows if r["mark"] is None]
     return stats, [r["mark"] for r in rows if r["mark"] is not None]

@@ -80,8 +80,7 @@ def lake_names(spark, pipeline) -> dict[int, str]:
 
 def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it: bool):
     """A one-table pipeline and the raw frame of `records` for it, after checking whether
-    the raw scan noted the topic under `flag` (`truncates`, `toasts`): (name, pipeline,
-    raw)."""
+    the raw scan noted the topic under `flag` (`truncates`): (name, pipeline, raw)."""
     import cdclake.scan
 
     name = f"it_{label}_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
@@ -340,8 +339,9 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
 def test_a_truncate_the_raw_scan_misses_is_still_applied(
     stack, spark, tmp_path, monkeypatch, scan_sees_it
 ):
-    """The check runs beside the resolve when the raw scan finds no truncate text; a
-    truncate it did not see (e.g. a payload written in an unusual form) must still win."""
+    """Records are resolved in tasks grouped by key when the raw scan finds no truncate
+    text; a truncate it did not see (e.g. a payload written in an unusual form) must still
+    win."""
     import cdclake.scan
 
     if not scan_sees_it:
@@ -360,27 +360,23 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
     assert lake == {3: "c"}
 
 
-@pytest.mark.parametrize("scan_sees_it", [True, False])
-def test_a_toast_placeholder_the_raw_scan_misses_is_still_filled_in(
-    stack, spark, tmp_path, monkeypatch, scan_sees_it
-):
-    """Topics whose payloads hold no placeholder text resolve without the placeholder
-    aggregates; a placeholder the scan did not see must still take the last real value."""
-    import cdclake.scan
+def test_a_toast_placeholder_resolved_in_tasks_takes_the_last_real_value(stack, spark, tmp_path):
+    """Tasks that meet no placeholder send their TOAST flags False; the one that meets
+    one fills it in from the key's earlier change."""
     from cdclake.rules import TOAST_PLACEHOLDER
 
-    if not scan_sees_it:
-        monkeypatch.setattr(cdclake.scan, "TOAST_TEXTS", ("no payload holds this",))
     v = value_record
     batch = [
         (key_record(1), v("c", None, item(1, "a"), lsn=110)),
         (key_record(2), v("c", None, item(2, "b"), lsn=120)),
         (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=130)),
     ]
-    name, pipeline, raw = scanned_batch(spark, tmp_path, "toast", batch, "toasts", scan_sees_it)
-    load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch))
-    lake = lake_names(spark, pipeline)
-    assert lake == {1: "a", 2: "b"}
+    name = f"it_toast_tasks_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    raw = raw_frame(spark, pipeline.topic_for(pipeline.tables[0]), batch)
+    (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch), "tasks")
+    assert result.resolved_by == "tasks"
+    assert lake_names(spark, pipeline) == {1: "a", 2: "b"}
 
 
 def test_a_new_table_is_created_while_its_ranges_resolve(stack, spark, tmp_path):

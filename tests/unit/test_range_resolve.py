@@ -139,14 +139,13 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast, resends):
     same(want, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
-def folded(parts: dict[int, list], partition: int, columnar: bool, batch: int = 7,
-           follow_toast: bool = False):  # fmt: skip
-    """One range of `parts` read and folded as columns or change by change (following
-    the TOAST columns from its start with `follow_toast`): the fold, and unless it must
-    be folded again, its rows (sorted by key) and summary."""
+def folded(parts: dict[int, list], partition: int, batch: int = 7, follow_toast: bool = False):
+    """One range of `parts` read and folded (following the TOAST columns from its start
+    with `follow_toast`): the fold, and unless it must be folded again, its rows (sorted
+    by key) and summary."""
     plan = plan_of(parts)
     r = next(h for h in heads(parts) if h["partition"] == partition)
-    fold = RangeFold(plan, partition, follow_toast=follow_toast, columnar=columnar)
+    fold = RangeFold(plan, partition, follow_toast=follow_toast)
     fold = _read_range(reader_of(parts, batch), r, fold)
     if fold.restart:
         return fold, None, None
@@ -156,20 +155,6 @@ def folded(parts: dict[int, list], partition: int, columnar: bool, batch: int = 
     rows = table.filter(pc.is_null(table[META_COLUMN])).drop([META_COLUMN, KEYS_COLUMN])
     names = plan.schema.key_names
     return fold, rows.sort_by([(n, "ascending") for n in names]), (summary, sorted(hashes))
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_the_columnar_fold_gives_the_rows_of_the_change_fold(seed):
-    """Histories without re-sends or truncates are folded as columns, to the rows and
-    summary of the change-by-change fold: deletes, tombstones (lone, and first of their
-    key), snapshot reads without LSN, several read batches."""
-    parts = history(seed, toast=False, resends=False, truncates=False)
-    fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=3 + seed % 5)
-    assert fold.columnar is not None and summary.reason is None
-    by_change, rows_2, (summary_2, hashes_2) = folded(parts, 0, columnar=False)
-    assert by_change.columnar is None
-    assert rows.equals(rows_2), (rows.to_pylist(), rows_2.to_pylist())
-    assert summary == summary_2 and hashes == hashes_2
 
 
 def toast_history(seed: int) -> tuple[list, dict[int, dict], dict[int, dict]]:
@@ -222,19 +207,16 @@ UNKNOWN = object()
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_placeholders_fold_as_columns_to_the_values_they_stand_for(seed):
-    """A range with TOAST placeholders is folded as columns, without a second read: a
+def test_placeholders_take_the_values_they_stand_for(seed):
+    """A range with TOAST placeholders is folded following the TOAST columns: a
     placeholder takes its column's value from the key's earlier change in the range,
-    and is NULL and flagged (the MERGE keeps the table's value) when none is there. The
-    rows equal those of the change-by-change fold that follows the TOAST columns."""
+    and is NULL and flagged (the MERGE keeps the table's value) when none is there."""
     records, state, held = toast_history(seed)
     parts = {0: records}
-    fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=2 + seed % 6)
-    assert fold.columnar is not None and fold.columnar.toast is not None
+    fold, _, _ = folded(parts, 0, batch=2 + seed % 6)
+    assert fold.restart  # a placeholder met: read again, following the TOAST columns
+    _, rows, (summary, _) = folded(parts, 0, batch=2 + seed % 6, follow_toast=True)
     assert summary.toast and summary.reason is None
-    _, rows_2, (summary_2, hashes_2) = folded(parts, 0, columnar=False, follow_toast=True)
-    assert rows.equals(rows_2), (rows.to_pylist(), rows_2.to_pylist())
-    assert summary == summary_2 and hashes == hashes_2
     written = {r["id"]: r for r in rows.to_pylist()}
     mark = TOAST_PLACEHOLDER.encode()
     for row in written.values():  # deleted keys' rows too (written with soft deletes)
@@ -265,48 +247,37 @@ def test_placeholders_fold_as_columns_to_the_values_they_stand_for(seed):
                 assert not flag and row[col] == now[col], (k, col, row, now)
 
 
-def test_a_placeholder_after_a_null_folds_the_range_change_by_change():
-    """PostgreSQL never sends one (a placeholder stands for a value stored out of line),
-    so the columnar fold leaves it to the change-by-change fold."""
+def test_a_placeholder_after_a_null_takes_the_last_real_value():
     v = value_record
     records = [(key_record(1), v("c", None, item(1, "a"), lsn=10)),
                (key_record(1), v("u", None, item(1, None), lsn=11)),
                (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=12))]  # fmt: skip
-    fold, _, _ = folded({0: records}, 0, columnar=True)
-    assert fold.columnar is not None and fold.restart
-    _, rows, _ = folded({0: records}, 0, columnar=False, follow_toast=True)
+    _, rows, _ = folded({0: records}, 0, follow_toast=True)
     assert rows.column("name").to_pylist() == ["a"]
 
 
-def test_a_re_sent_change_folds_the_range_again_change_by_change():
+def test_a_re_sent_change_is_dropped():
     """A connector that restarts sends changes again; a re-sent change (its LSN not
-    above its key's last) is dropped, which only the change-by-change fold does."""
+    above its key's last) is dropped."""
     v = value_record
     first = (key_record(1), v("c", None, item(1, "a"), lsn=10))
     records = [first, (key_record(1), v("u", None, item(1, "b"), lsn=11)), first,
                (key_record(2), v("c", None, item(2, "c"), lsn=12))]  # fmt: skip
-    fold, _, _ = folded({0: records}, 0, columnar=True)
-    assert fold.columnar is not None and fold.restart
     out, (summary,) = range_rows({0: records})
     rows = {r["id"]: r["name"] for r in unpacked(out, accepted(out, {0: records})).to_pylist()}
     assert rows == {1: "b", 2: "c"} and summary.reason is None
 
 
-def test_what_the_columnar_fold_does_not_take_is_folded_change_by_change():
+def test_a_negative_lsn_folds_as_any_other():
     v = value_record
-    keyless = (None, v("c", None, item(1, "a"), lsn=10))
-    negative = (key_record(3), v("c", None, item(3, "a"), lsn=-4))
-    for record in (keyless, negative):
-        records = [(key_record(2), v("c", None, item(2, "c"), lsn=9)), record]
-        fold, _, _ = folded({0: records}, 0, columnar=True)
-        assert fold.columnar is not None and fold.restart, record
-    fold, rows, _ = folded({0: [records[0], negative]}, 0, columnar=False)
+    records = [(key_record(2), v("c", None, item(2, "c"), lsn=9)),
+               (key_record(3), v("c", None, item(3, "a"), lsn=-4))]  # fmt: skip
+    _, rows, _ = folded({0: records}, 0)
     assert rows.column("_cdc_lsn").to_pylist() == [9, -4]
 
 
-@pytest.mark.parametrize("columnar", [True, False], ids=["columns", "change by change"])
 @pytest.mark.parametrize("batch", [2, 3, 50])
-def test_a_truncate_starts_the_range_again(spark, columnar, batch):
+def test_a_truncate_starts_the_range_again(spark, batch):
     """The changes before a range's last truncate are dropped, as the resolve of all the
     records drops them, in whichever read batch it falls; the topic keeps the truncate for
     the MERGE."""
@@ -324,8 +295,8 @@ def test_a_truncate_starts_the_range_again(spark, columnar, batch):
         (key_record(4), None),
     ]  # fmt: skip
     parts = {0: records}
-    fold, rows, (summary, _) = folded(parts, 0, columnar=columnar, batch=batch)
-    assert (fold.columnar is not None) == columnar and not fold.restart
+    fold, rows, (summary, _) = folded(parts, 0, batch=batch)
+    assert not fold.restart
     assert summary.truncate == [5, 15] and summary.reason is None
     assert rows.column("id").to_pylist() == [2, 4]
     out, _ = range_rows(parts, batch=batch)
@@ -426,11 +397,8 @@ def test_keys_of_text_or_of_two_columns_fold_as_columns(names):
     k = pair_key(gone, names)
     records += [(k, v("d", gone, None, lsn=lsn + 1, columns=PAIR_COLUMNS)), (k, None)]
     parts = {0: records}
-    fold, rows, (summary, hashes) = folded(parts, 0, columnar=True, batch=40)
-    assert fold.columnar is not None and summary.reason is None
-    assert fold.schema.key_names == tuple(names)
-    _, rows_2, (summary_2, hashes_2) = folded(parts, 0, columnar=False)
-    assert rows.equals(rows_2) and summary == summary_2 and hashes == hashes_2
+    fold, rows, (summary, _) = folded(parts, 0, batch=40)
+    assert summary.reason is None and fold.schema.key_names == tuple(names)
     assert rows.num_rows == len({tuple(r[n] for n in names) for r in rows.to_pylist()}) > 4
     assert 0 < pc.sum(rows[DELETED]).as_py() < rows.num_rows
 
@@ -488,9 +456,8 @@ def test_a_placeholder_in_one_range_gives_every_range_the_flags():
 
 def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark):
     """The rows of a range are decoded only for the changes written, until a
-    placeholder's text is met: the columnar fold then follows the TOAST columns without
-    reading the range again, and the placeholder takes the value of a change read
-    before it. Folded change by change, the range must be read again from its start."""
+    placeholder's text is met: the range is then read again from its start, following
+    the TOAST columns, and the placeholder takes the value of a change read before it."""
     v = value_record
     records = [(key_record(k), v("c", None, item(k, f"first{k}"), lsn=10 + k)) for k in range(8)]
     records += [(key_record(3), v("u", None, item(3, TOAST_PLACEHOLDER), lsn=50))]
@@ -501,10 +468,8 @@ def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark
         return reader_of({0: records}, 4)(r)
 
     out, (summary,) = range_rows({0: records}, batch=4, reader=counted)
-    assert reads == [0, 0]  # the head, the range
+    assert reads == [0, 0, 0]  # the head, the range, the range again
     assert summary.toast and summary.records == len(records)
-    by_change, _, _ = folded({0: records}, 0, columnar=False, batch=4)
-    assert by_change.restart and by_change.summary.toast
     got = accepted(out, {0: records})
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[3]["name"] == "first3" and rows[3][f"{TOAST_PREFIX}name"] is False
@@ -718,8 +683,7 @@ def test_the_placeholder_search_finds_what_match_substring_finds():
     slices, nulls, empty values, and halves of a needle at the end of one JSON value
     and the start of the next (which must not count)."""
     import pyarrow.compute as pc
-    from cdclake.range_resolve import holds_any
-    from cdclake.scan import TOAST_TEXTS
+    from cdclake.range_resolve import TOAST_TEXTS, holds_any
 
     ph, b64 = TOAST_TEXTS
     values = ['{"a":1}', None, "", f'{{"x":"{ph}"}}', f'{{"y":"{ph[:9]}"}}', f'{{"{ph[9:]}":0}}',
