@@ -7,8 +7,8 @@ import argparse
 import json
 import sys
 
+from cdclake.iceberg.maintenance import run_maintenance
 from cdclake.lifecycle import run_job
-from cdclake.maintenance import run_maintenance
 from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import build_session
 

@@ -156,7 +156,7 @@ def parse_request(
 ) -> BackfillRequest:
     """Validate a request as given in the Params form or on the command line."""
     if not tables and pipeline.patterns:  # every table: the patterns' too
-        from cdclake.kafka import discover
+        from cdclake.kafka.topics import discover
 
         pipeline = discover(pipeline)
     names = tuple(tables or ()) or tuple(t.source for t in pipeline.tables)
@@ -338,8 +338,8 @@ def plan_pipeline_backfill(
     pipeline: PipelineConfig, request: BackfillRequest, backfill_id: str
 ) -> list[BatchPlan]:
     """`plan_backfill` with the committed offsets from the catalog and Kafka's watermarks."""
-    from cdclake.catalog import load_catalog, table_state
-    from cdclake.kafka import fetch_watermarks, offsets_for_time
+    from cdclake.iceberg.catalog import load_catalog, table_state
+    from cdclake.kafka.topics import fetch_watermarks, offsets_for_time
 
     cat = load_catalog(pipeline.catalog)
     tables = [pipeline.table_named(n) for n in request.tables]

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from cdclake.config import PipelineConfig, TableConfig
-from cdclake.deadletters import set_aside
-from cdclake.leases import Leases
+from cdclake.iceberg.deadletters import set_aside
+from cdclake.iceberg.leases import Leases
+from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.placement import Placement
-from cdclake.rules import Truncate
-from cdclake.scan import RawScan
+from cdclake.resolve.placement import Placement
+from cdclake.resolve.rules import Truncate
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
 log = logging.getLogger(__name__)

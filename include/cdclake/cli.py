@@ -167,7 +167,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2, sort_keys=True))
         return 0
     if args.command == "maintain":
-        from cdclake.maintenance import run_maintenance
+        from cdclake.iceberg.maintenance import run_maintenance
         from cdclake.pipeline_file import load_pipeline
 
         print(json.dumps(run_maintenance(load_pipeline(args.pipeline)), indent=2, sort_keys=True))

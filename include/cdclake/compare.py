@@ -14,11 +14,16 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from cdclake.catalog import load_catalog
-from cdclake.changes import DELETED, METADATA_COLUMNS
 from cdclake.config import ConnectorModes, PipelineConfig, TableConfig
-from cdclake.debezium import LAKE_MAX_DATE, LAKE_MAX_TIMESTAMP, LAKE_MIN_DATE, LAKE_MIN_TIMESTAMP
+from cdclake.debezium.connect import (
+    LAKE_MAX_DATE,
+    LAKE_MAX_TIMESTAMP,
+    LAKE_MIN_DATE,
+    LAKE_MIN_TIMESTAMP,
+)
+from cdclake.debezium.schema import DELETED, METADATA_COLUMNS
 from cdclake.exceptions import EndpointError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.source import connect_source, describe_dsn
 
 DEFAULT_MODES = ConnectorModes()
@@ -280,7 +285,7 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
 
 
 def compare_pipeline(pipeline: PipelineConfig, dsn: str) -> list[TableComparison]:
-    from cdclake.kafka import discover
+    from cdclake.kafka.topics import discover
 
     pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)

@@ -141,7 +141,7 @@ class MaintenanceConfig:
     `cdclake_maintenance__<pipeline>` DAG, on `schedule`).
 
     Expiry never removes the newest snapshot that carries the committed offsets, whatever
-    these settings say (see cdclake.maintenance).
+    these settings say (see `cdclake.iceberg.maintenance`).
     """
 
     enabled: bool = True

@@ -12,9 +12,9 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from cdclake.catalog import TableState, load_catalog, table_state
 from cdclake.config import PipelineConfig, TableConfig
-from cdclake.kafka import discover, fetch_watermarks
+from cdclake.iceberg.catalog import TableState, load_catalog, table_state
+from cdclake.kafka.topics import discover, fetch_watermarks
 from cdclake.lag import offsets_behind, source_lag
 from cdclake.offsets import SUMMARY_BATCH
 from cdclake.pipeline_file import load_pipeline, read_pipelines

@@ -12,23 +12,25 @@ from collections.abc import Callable, Mapping
 from functools import partial
 
 from cdclake.batch import Batch, TableResult
-from cdclake.changes import topic_schema
 from cdclake.config import PipelineConfig, TableConfig
+from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
-from cdclake.kafka import discover
-from cdclake.leases import Leases
-from cdclake.merge import (
+from cdclake.iceberg.leases import Leases
+from cdclake.iceberg.tables import (
     current_snapshot,
     deleted_keys_table,
     ensure_namespace,
     table_columns,
     table_state,
 )
+from cdclake.iceberg.write import write_table
+from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
+from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
+from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
-from cdclake.placement import Placement
 from cdclake.ranged import FailedTopic, read_by_range
-from cdclake.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
-from cdclake.scan import RawScan, scan_raw, scan_rows
+from cdclake.resolve.placement import Placement
+from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
     SMALL_BATCH_PARTITIONS,
@@ -37,8 +39,6 @@ from cdclake.spark import (
     batch_settings,
     cache_level,
 )
-from cdclake.topic_resolve import resolve_table
-from cdclake.write import write_table
 
 log = logging.getLogger(__name__)
 

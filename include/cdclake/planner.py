@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import uuid
 
-from cdclake.catalog import load_catalog, table_state
 from cdclake.config import PipelineConfig
-from cdclake.kafka import discover, fetch_watermarks
+from cdclake.iceberg.catalog import load_catalog, table_state
+from cdclake.kafka.topics import discover, fetch_watermarks
 from cdclake.offsets import BatchPlan, plan_batch
 
 log = logging.getLogger(__name__)

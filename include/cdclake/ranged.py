@@ -10,13 +10,14 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from cdclake.changes import TopicSchema
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
+from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CdclakeError
-from cdclake.merge import conflicts_reported, ensure_namespace, ensure_table, table_columns
+from cdclake.iceberg.tables import conflicts_reported, ensure_namespace, ensure_table, table_columns
+from cdclake.kafka.reader import KAFKA, RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.placement import Placement
-from cdclake.range_resolve import (
+from cdclake.resolve.placement import Placement
+from cdclake.resolve.ranges import (
     KEYS_COLUMN,
     META_COLUMN,
     AcceptedTopic,
@@ -26,7 +27,6 @@ from cdclake.range_resolve import (
     head_schemas,
     range_task,
 )
-from cdclake.reader import KAFKA, RawSource, range_plan
 from cdclake.setaside import misfits
 from cdclake.spark import cache_level
 
@@ -231,7 +231,7 @@ def _import_range_modules(batches):
     import pyarrow as pa
     import pyarrow.compute  # noqa: F401
 
-    import cdclake.range_resolve  # noqa: F401
+    import cdclake.resolve.ranges  # noqa: F401
 
     for _ in batches:
         pass

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from cdclake.catalog import TableState, load_catalog, table_state
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import EndpointError
-from cdclake.kafka import discover, fetch_watermarks
+from cdclake.iceberg.catalog import TableState, load_catalog, table_state
+from cdclake.kafka.topics import discover, fetch_watermarks
 from cdclake.lag import offsets_behind, source_lag
 from cdclake.offsets import (
     SUMMARY_BATCH,

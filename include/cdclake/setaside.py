@@ -8,14 +8,14 @@ import dataclasses
 import logging
 
 from cdclake.batch import Batch, TableResult
-from cdclake.changes import column_types, misfit, value_row_fields
 from cdclake.config import OnError, PipelineConfig, TableConfig
-from cdclake.deadletters import set_aside
-from cdclake.debezium import parse_connect_schema
+from cdclake.debezium.connect import parse_connect_schema
+from cdclake.debezium.schema import column_types, misfit, value_row_fields
 from cdclake.exceptions import DecodeError
-from cdclake.leases import Leases
+from cdclake.iceberg.deadletters import set_aside
+from cdclake.iceberg.leases import Leases
+from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan
-from cdclake.scan import RawScan
 
 log = logging.getLogger(__name__)
 

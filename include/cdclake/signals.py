@@ -394,7 +394,7 @@ def notification_consumer(
 
 def notification_offsets(kafka: KafkaConfig, topic: str) -> dict[int, int]:
     """End offsets of the notification topic: where to follow a signal sent now from."""
-    from cdclake.kafka import fetch_watermarks
+    from cdclake.kafka.topics import fetch_watermarks
 
     return {p: m.high for (_, p), m in fetch_watermarks(kafka, [topic]).items()}
 

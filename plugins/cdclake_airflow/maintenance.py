@@ -30,8 +30,8 @@ MAINTAIN_APPLICATION = PROJECT_ROOT / "jobs" / "maintain.py"
 
 def report(pipeline_path: str, **context) -> list[dict]:
     """Log the figures the job stored with each table, and check they are this run's."""
-    from cdclake.kafka import discover
-    from cdclake.maintenance import last_runs
+    from cdclake.iceberg.maintenance import last_runs
+    from cdclake.kafka.topics import discover
 
     pipeline = discover(load_pipeline(pipeline_path))
     run_id = context["run_id"]

@@ -48,7 +48,7 @@ def picker_tables(
     the Kafka topics (as the load DAG's plan finds them). All pipelines are asked at once
     and waited for at most `timeout_s`; a pipeline whose Kafka did not answer offers its
     listed tables, with a log line."""
-    from cdclake.kafka import list_topics
+    from cdclake.kafka.topics import list_topics
 
     tables = {name: [t.source for t in p.tables] for name, p in pipelines.items()}
     patterned = {name: p for name, p in pipelines.items() if p.patterns}

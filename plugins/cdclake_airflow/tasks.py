@@ -55,7 +55,7 @@ def emit_changed(outlet_events, pipeline, reports) -> list[str]:
 
 def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
     """Per-table figures, and an asset event for each table the batch changed."""
-    from cdclake.kafka import discover
+    from cdclake.kafka.topics import discover
     from cdclake.offsets import BatchPlan
     from cdclake.pipeline_file import load_pipeline
     from cdclake.report import report_pipeline
@@ -122,7 +122,7 @@ def choose_load(plan: dict) -> list[str]:
 
 def backfill_report(plan: dict, **context) -> list[dict]:
     """The backfilled tables' figures, and an asset event for each table it changed."""
-    from cdclake.kafka import discover
+    from cdclake.kafka.topics import discover
     from cdclake.offsets import plans_from_json
     from cdclake.pipeline_file import load_pipeline
     from cdclake.report import report_pipeline

@@ -31,9 +31,9 @@ from cdclake.bench.runner import (
     stage_seconds,
 )
 from cdclake.bench.sources import _file_name, recorded_ranges
-from cdclake.catalog import load_catalog
-from cdclake.reader import split_envelope
-from cdclake.rules import TOAST_PLACEHOLDER
+from cdclake.iceberg.catalog import load_catalog
+from cdclake.kafka.reader import split_envelope
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 pytestmark = pytest.mark.integration
 

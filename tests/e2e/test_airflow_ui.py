@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.compare import compare_pipeline
-from cdclake.kafka import fetch_watermarks
+from cdclake.kafka.topics import fetch_watermarks
 from cdclake.local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
 from cdclake.local.workload import apply_workload
 

@@ -4,10 +4,10 @@ then once with none; the asset events each run left in Airflow's metadata DB."""
 from __future__ import annotations
 
 import pytest
-from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
+from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.jvm import QUICK_JIT_RECORDS
-from cdclake.kafka import fetch_watermarks
+from cdclake.kafka.topics import fetch_watermarks
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan
 from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from cdclake.catalog import load_catalog
 from cdclake.config import PipelineConfig
-from cdclake.kafka import fetch_watermarks
+from cdclake.iceberg.catalog import load_catalog
+from cdclake.kafka.topics import fetch_watermarks
 from cdclake.offsets import SUMMARY_OFFSETS, decode_offsets
 
 from tests.conftest import ROOT

@@ -10,8 +10,8 @@ import uuid
 import psycopg
 import pytest
 import yaml
-from cdclake.catalog import load_catalog, table_state
-from cdclake.kafka import fetch_watermarks
+from cdclake.iceberg.catalog import load_catalog, table_state
+from cdclake.kafka.topics import fetch_watermarks
 from cdclake.offsets import SUMMARY_BATCH
 from cdclake.pipeline_file import load_pipeline
 

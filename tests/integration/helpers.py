@@ -14,8 +14,8 @@ from cdclake.compare import compare_pipeline
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
 from cdclake.pipeline_file import load_pipeline
-from cdclake.placement import Placement
 from cdclake.planner import plan_pipeline
+from cdclake.resolve.placement import Placement
 
 from tests.conftest import DEMO_PIPELINE
 
@@ -90,8 +90,8 @@ def assert_resolved_in(results: list, *where: str) -> None:
 def stray_files(spark, table: str) -> list[str]:
     """The files under the table's data directory that none of its snapshots names (what
     a load left behind)."""
-    from cdclake.merge import load_iceberg_table
-    from cdclake.range_resolve import local_path
+    from cdclake.iceberg.tables import load_iceberg_table
+    from cdclake.resolve.ranges import local_path
 
     spark.sql(f"REFRESH TABLE {table}")  # another process may have committed since
     data = Path(local_path(str(load_iceberg_table(spark, table).location()))) / "data"

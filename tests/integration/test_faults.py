@@ -14,8 +14,8 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.catalog import load_catalog, table_state
-from cdclake.kafka import fetch_watermarks
+from cdclake.iceberg.catalog import load_catalog, table_state
+from cdclake.kafka.topics import fetch_watermarks
 
 from tests.conftest import ROOT
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
@@ -110,7 +110,7 @@ def test_runs_creating_the_namespace_at_the_same_moment_both_go_on(stack, spark)
     runs create the same namespace at once; the one that lost must still go on."""
     import threading
 
-    from cdclake.merge import ensure_namespace
+    from cdclake.iceberg.tables import ensure_namespace
 
     for _ in range(4):
         namespace = f"lake.it_ns_{uuid.uuid4().hex[:6]}"

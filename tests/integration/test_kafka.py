@@ -11,9 +11,9 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.catalog import load_catalog, table_state
 from cdclake.exceptions import DataLossError
-from cdclake.kafka import fetch_watermarks
+from cdclake.iceberg.catalog import load_catalog, table_state
+from cdclake.kafka.topics import fetch_watermarks
 from cdclake.planner import plan_pipeline
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline

@@ -1,5 +1,5 @@
 """No litter: the data files of a load killed before its commit are removed by the next
-load (`cdclake.leases`), never those of a load still at work."""
+load (`cdclake.iceberg.leases`), never those of a load still at work."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.exceptions import CommitConflictError
-from cdclake.leases import LEASE_DIR, Leases, process_space
-from cdclake.merge import deleted_keys_table, load_iceberg_table
-from cdclake.range_resolve import local_path
+from cdclake.iceberg.leases import LEASE_DIR, Leases, process_space
+from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
+from cdclake.resolve.ranges import local_path
 
 from tests.conftest import ROOT
 from tests.integration.helpers import (
@@ -195,7 +195,7 @@ def test_a_sweep_keeps_the_files_of_a_live_writer(stack, spark, tmp_path):
 
 def test_maintenance_removes_the_files_of_a_dead_load(stack, spark, tmp_path):
     """Maintenance takes a lease too: a killed load's files go with its run, counted."""
-    from cdclake.maintenance import run_maintenance
+    from cdclake.iceberg.maintenance import run_maintenance
 
     n = uuid.uuid4().hex[:6]
     table = f"inventory.maintained_{n}"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
 from cdclake.exceptions import CommitConflictError, EndpointError
+from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.job import run_batch
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.placement import Placement
 from cdclake.planner import plan_pipeline
+from cdclake.resolve.placement import Placement
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_unreachable_catalog_is_named(pipeline):
 def test_offsets_for_a_time_are_found_by_bisecting_records(stack, pipeline):
     import uuid
 
-    from cdclake.kafka import fetch_watermarks, offsets_for_time
+    from cdclake.kafka.topics import fetch_watermarks, offsets_for_time
     from confluent_kafka import Producer
 
     topic = f"it_times_{uuid.uuid4().hex[:6]}"
@@ -162,8 +162,8 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path):
     lake equal to the source."""
     import uuid
 
-    from cdclake.reader import read_local, read_ranges
-    from cdclake.scan import scan_raw, scan_rows
+    from cdclake.kafka.reader import read_local, read_ranges
+    from cdclake.kafka.scan import scan_raw, scan_rows
 
     from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
@@ -232,11 +232,11 @@ def test_a_commit_between_the_read_and_a_first_load_fails_the_load(
 ):
     """Another run's rows committed after this batch found the table empty: appending
     would put a key in twice, so the commit is refused and nothing of the batch lands."""
-    import cdclake.write
+    import cdclake.iceberg.write
 
     pipeline = first_load_table(stack, tmp_path, "raced")
     target = pipeline.qualified_target(pipeline.tables[0])
-    ensure_table = cdclake.write.ensure_table
+    ensure_table = cdclake.iceberg.write.ensure_table
 
     def and_another_writer(spark, table, *args, **kwargs):
         columns = ensure_table(spark, table, *args, **kwargs)
@@ -247,7 +247,7 @@ def test_a_commit_between_the_read_and_a_first_load_fails_the_load(
             spark.sql(f"INSERT INTO {table} SELECT {', '.join(values)}")
         return columns
 
-    monkeypatch.setattr(cdclake.write, "ensure_table", and_another_writer)
+    monkeypatch.setattr(cdclake.iceberg.write, "ensure_table", and_another_writer)
     with pytest.raises(CommitConflictError, match="another run wrote to this table"):
         run_batch(spark, pipeline, plan_pipeline(pipeline, "it-raced-1"))
     rows = spark.sql(f"SELECT id, v FROM {target}").collect()
@@ -259,7 +259,7 @@ def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stac
     while nothing came after, and refuses once another commit added rows."""
     import uuid
 
-    from cdclake.merge import (
+    from cdclake.iceberg.tables import (
         append_to_empty,
         commit_empty,
         conflicts_reported,
@@ -285,8 +285,8 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     """The same first batch into a new table: resolved range by range and appended,
     resolved in the driver and appended, and MERGEd. The same rows, every column (deleted
     keys kept with their flag in soft mode), and the same ledger."""
-    import cdclake.write
-    from cdclake.merge import deleted_keys_table
+    import cdclake.iceberg.write
+    from cdclake.iceberg.tables import deleted_keys_table
 
     from tests.integration.helpers import make_pipeline, stray_files
 
@@ -294,7 +294,7 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     source = pipeline.tables[0].source
     tables = {}
     for way in ("ranges", "append", "merge"):
-        monkeypatch.setattr(cdclake.write, "FIRST_LOAD_APPEND", way != "merge")
+        monkeypatch.setattr(cdclake.iceberg.write, "FIRST_LOAD_APPEND", way != "merge")
         name = f"{pipeline.name}_{way}"
         each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
         placement = Placement.RANGES if way == "ranges" else Placement.AUTO
@@ -376,7 +376,7 @@ def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):
     batch's took 0.7-1.0 s instead of 6.7-9.6 s, docs/performance.md)."""
     import uuid
 
-    from cdclake.merge import DELETED_AT, deleted_keys_table, with_deleted_lsn
+    from cdclake.iceberg.tables import DELETED_AT, deleted_keys_table, with_deleted_lsn
     from pyspark.sql.types import LongType, StructField, StructType
 
     n = uuid.uuid4().hex[:6]
@@ -402,7 +402,7 @@ def test_a_batch_appends_its_deleted_keys_to_the_ledger_from_its_resolved_rows(s
     import uuid
     from types import SimpleNamespace
 
-    from cdclake.merge import deleted_keys_table, record_deleted_keys
+    from cdclake.iceberg.tables import deleted_keys_table, record_deleted_keys
     from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
     n = uuid.uuid4().hex[:6]
@@ -433,7 +433,7 @@ def test_a_changed_table_setting_is_applied_and_a_changed_delete_mode_refused(
 
     import psycopg
     from cdclake.exceptions import ConfigError
-    from cdclake.merge import load_iceberg_table, table_state
+    from cdclake.iceberg.tables import load_iceberg_table, table_state
 
     from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
@@ -503,7 +503,7 @@ def test_the_identifier_fields_follow_a_new_primary_key(stack, spark, tmp_path, 
     import logging
 
     import psycopg
-    from cdclake.merge import load_iceberg_table
+    from cdclake.iceberg.tables import load_iceberg_table
 
     from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
@@ -527,7 +527,7 @@ def test_the_identifier_fields_follow_a_new_primary_key(stack, spark, tmp_path, 
             conn.execute(f"update {source} set v = 'again {i}' where id <= 4")
             conn.execute(f"insert into {source} values ({20 + i}, 'new {i}', 'w')")
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="cdclake.merge"):
+        with caplog.at_level(logging.WARNING, logger="cdclake.iceberg.tables"):
             load_all(stack, spark, pipeline, f"{name}-k{i}")
         assert_lake_equals_source(pipeline, stack.source_dsn)
         dropped = [r.getMessage() for r in caplog.records if "were dropped" in r.getMessage()]

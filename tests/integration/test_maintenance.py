@@ -11,10 +11,10 @@ import uuid
 import psycopg
 import pytest
 from cdclake import cli
-from cdclake.catalog import load_catalog, table_state
 from cdclake.exceptions import DataLossError
-from cdclake.maintenance import SUMMARY_MAINTENANCE, last_runs, run_maintenance
-from cdclake.merge import load_iceberg_table
+from cdclake.iceberg.catalog import load_catalog, table_state
+from cdclake.iceberg.maintenance import SUMMARY_MAINTENANCE, last_runs, run_maintenance
+from cdclake.iceberg.tables import load_iceberg_table
 from cdclake.offsets import SUMMARY_OFFSETS
 from cdclake.planner import plan_pipeline
 
@@ -84,7 +84,7 @@ def test_maintenance_prunes_the_ledger_rows_no_load_needs(stack, spark, tmp_path
     """A hard-delete table's deleted-keys ledger loses the rows of keys the table holds
     again with a newer LSN and the older rows of keys deleted twice; the row of a key that
     stays deleted stays, and still keeps a re-sent older insert out."""
-    from cdclake.merge import deleted_keys_table
+    from cdclake.iceberg.tables import deleted_keys_table
 
     n = uuid.uuid4().hex[:6]
     source = f"inventory.ledger_{n}"

@@ -7,9 +7,9 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.catalog import load_catalog, table_state
 from cdclake.compare import compare_pipeline
 from cdclake.exceptions import DecodeError
+from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.job import run_batch
 from cdclake.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition

@@ -9,11 +9,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cdclake.iceberg.merge_sql import KeyRange
 from cdclake.job import run_batch
-from cdclake.merge_sql import KeyRange
+from cdclake.kafka.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.placement import Placement
-from cdclake.reader import RAW_SCHEMA, RawRows, RawSource, SchemaIds, record_row
+from cdclake.resolve.placement import Placement
 
 from tests.debezium_records import PAIR_COLUMNS, key_record, pair_key, value_record
 from tests.integration.helpers import make_pipeline, stray_files
@@ -59,16 +59,16 @@ def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: s
 def merge_key_filters(monkeypatch) -> list:
     """Every MERGE filtered by key as one into a big table is (`KEY_FILTER_ROWS` 0): the
     list the `key_values` of each MERGE built go into, in order."""
-    import cdclake.write
+    import cdclake.iceberg.write
 
-    monkeypatch.setattr(cdclake.write, "KEY_FILTER_ROWS", 0)
-    build, filtered = cdclake.write.build_merge_sql, []
+    monkeypatch.setattr(cdclake.iceberg.write, "KEY_FILTER_ROWS", 0)
+    build, filtered = cdclake.iceberg.write.build_merge_sql, []
 
     def spy(*args, **kwargs):
         filtered.append(kwargs.get("key_values"))
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(cdclake.write, "build_merge_sql", spy)
+    monkeypatch.setattr(cdclake.iceberg.write, "build_merge_sql", spy)
     return filtered
 
 
@@ -81,13 +81,13 @@ def lake_names(spark, pipeline) -> dict[int, str]:
 def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it: bool):
     """A one-table pipeline and the raw frame of `records` for it, after checking whether
     the raw scan noted the topic under `flag` (`truncates`): (name, pipeline, raw)."""
-    import cdclake.scan
+    import cdclake.kafka.scan
 
     name = f"it_{label}_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
     topic = pipeline.topic_for(pipeline.tables[0])
     raw = raw_frame(spark, topic, records)
-    assert (topic in getattr(cdclake.scan.scan_raw(raw), flag)) is scan_sees_it
+    assert (topic in getattr(cdclake.kafka.scan.scan_raw(raw), flag)) is scan_sees_it
     return name, pipeline, raw
 
 
@@ -155,14 +155,14 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     are read and resolved range by range, as a Kafka source's are.
     With soft deletes every deleted key's row keeps the value it had when it was
     deleted, whichever batch held its last change."""
-    import cdclake.write
+    import cdclake.iceberg.write
 
     used = set()
     filtered = []
     if key_filter:
         filtered = merge_key_filters(monkeypatch)
         if key_filter == "range":
-            monkeypatch.setattr(cdclake.write, "KEY_FILTER_KEYS", 0)
+            monkeypatch.setattr(cdclake.iceberg.write, "KEY_FILTER_KEYS", 0)
     rng = random.Random(seed)
     records, states, gones = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
@@ -342,10 +342,10 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
     """Records are resolved in tasks grouped by key when the raw scan finds no truncate
     text; a truncate it did not see (e.g. a payload written in an unusual form) must still
     win."""
-    import cdclake.scan
+    import cdclake.kafka.scan
 
     if not scan_sees_it:
-        monkeypatch.setattr(cdclake.scan, "TRUNCATE_TEXT", "(?!)")  # matches nothing
+        monkeypatch.setattr(cdclake.kafka.scan, "TRUNCATE_TEXT", "(?!)")  # matches nothing
     v = value_record
     batch = [
         (key_record(1), v("c", None, item(1, "a"), lsn=110)),
@@ -363,7 +363,7 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
 def test_a_toast_placeholder_resolved_in_tasks_takes_the_last_real_value(stack, spark, tmp_path):
     """Tasks that meet no placeholder send their TOAST flags False; the one that meets
     one fills it in from the key's earlier change."""
-    from cdclake.rules import TOAST_PLACEHOLDER
+    from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
     v = value_record
     batch = [
@@ -387,7 +387,7 @@ def test_a_new_table_is_created_while_its_ranges_resolve(stack, spark, tmp_path)
     import time
     from urllib.parse import urlparse
 
-    from cdclake.merge import load_iceberg_table
+    from cdclake.iceberg.tables import load_iceberg_table
     from pyspark import TaskContext
 
     v = value_record

@@ -7,10 +7,10 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.catalog import load_catalog, table_state
 from cdclake.exceptions import DecodeError
-from cdclake.placement import Placement
+from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.planner import plan_pipeline
+from cdclake.resolve.placement import Placement
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.integration.helpers import (
@@ -487,7 +487,7 @@ def test_replica_identity_nothing_loads_inserts_and_truncates(stack, spark, tmp_
 def test_a_table_left_without_its_key_gets_it_back(stack, spark, tmp_path):
     """A run killed between CREATE TABLE and setting the identifier fields: the next load
     sets them."""
-    from cdclake.merge import load_iceberg_table
+    from cdclake.iceberg.tables import load_iceberg_table
 
     n = uuid.uuid4().hex[:6]
     t = f"inventory.keyback_{n}"

@@ -1,8 +1,8 @@
 import json
 
 import pytest
-from cdclake.changes import Column, column_types, misfit, topic_schema, unify_columns
-from cdclake.debezium import parse_connect_schema
+from cdclake.debezium.connect import parse_connect_schema
+from cdclake.debezium.schema import Column, column_types, misfit, topic_schema, unify_columns
 from cdclake.exceptions import DecodeError
 
 

@@ -1,5 +1,5 @@
 import pytest
-from cdclake.debezium import decimal_params, lake_type, parse_connect_schema, parse_type
+from cdclake.debezium.connect import decimal_params, lake_type, parse_connect_schema, parse_type
 from cdclake.exceptions import DecodeError
 
 

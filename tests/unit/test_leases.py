@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from cdclake.leases import (
+from cdclake.iceberg.leases import (
     STALE_S,
     LeaseEntry,
     classify,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from cdclake.exceptions import MaintenanceError
-from cdclake.maintenance import check_offsets_kept, expiry_bounds
+from cdclake.iceberg.maintenance import check_offsets_kept, expiry_bounds
 
 HOUR = 3_600_000
 

@@ -1,8 +1,8 @@
 """The MERGE statement's join condition with the batch's keys."""
 
 import pytest
-from cdclake.changes import Column, TopicSchema
-from cdclake.merge_sql import KeyRange, build_merge_sql, key_filter_sql
+from cdclake.debezium.schema import Column, TopicSchema
+from cdclake.iceberg.merge_sql import KeyRange, build_merge_sql, key_filter_sql
 
 ID = Column("id", "bigint", False)
 ONE_KEY = TopicSchema(key=(ID,), columns=(ID, Column("name", "string")))
@@ -89,7 +89,7 @@ def test_only_properties_the_table_does_not_hold_are_set_again():
     """A table's properties against the pipeline's: a new or changed value is set; a
     property Iceberg keeps in the metadata instead (format-version) never counts as
     changed, or every load would set it again."""
-    from cdclake.merge import PIPELINE_PROPERTIES, property_changes
+    from cdclake.iceberg.tables import PIPELINE_PROPERTIES, property_changes
 
     names = '["a", "write.target-file-size-bytes"]'
     current = {"owner": "root", "write.target-file-size-bytes": "1000", "a": "1",
@@ -106,7 +106,7 @@ def test_a_property_the_pipeline_no_longer_names_is_unset_or_set_back():
     """What the pipeline set before and no longer names is unset, or set back to
     cdclake's own value for the properties it sets at creation; properties set some
     other way, and those of a table without the record, are left alone."""
-    from cdclake.merge import PIPELINE_PROPERTIES, TABLE_PROPERTIES, property_changes
+    from cdclake.iceberg.tables import PIPELINE_PROPERTIES, TABLE_PROPERTIES, property_changes
 
     current = {"owner": "root", "a": "1", "write.merge.mode": "copy-on-write",
                "write.update.mode": "merge-on-read",

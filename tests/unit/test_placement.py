@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from cdclake.placement import Placement
-from cdclake.reader import DRIVER_READ_RECORDS
+from cdclake.kafka.reader import DRIVER_READ_RECORDS
+from cdclake.resolve.placement import Placement
 
 SMALL, BIG = DRIVER_READ_RECORDS, DRIVER_READ_RECORDS + 1
 

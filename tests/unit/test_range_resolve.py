@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from cdclake.changes import DELETED
-from cdclake.range_resolve import (
+from cdclake.debezium.schema import DELETED
+from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.resolve.ranges import (
     BATCH_ROWS,
     KEYS_COLUMN,
     META_COLUMN,
@@ -25,8 +26,7 @@ from cdclake.range_resolve import (
     key_hashes,
     range_task,
 )
-from cdclake.reader import RawRows, arrow_frame
-from cdclake.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
+from cdclake.resolve.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import ITEM_COLUMNS, PAIR_COLUMNS, key_record, pair_key, value_record
 from tests.unit.test_resolve import (
@@ -563,9 +563,9 @@ def test_a_fold_reports_its_records():
 
 @pytest.mark.parametrize("column", ["name", "blob"])
 def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch, column):
-    import cdclake.range_resolve
+    import cdclake.resolve.ranges
 
-    monkeypatch.setattr(cdclake.range_resolve, "TOAST_TEXTS", ("(never in a payload)",))
+    monkeypatch.setattr(cdclake.resolve.ranges, "TOAST_TEXTS", ("(never in a payload)",))
     mark = {"name": TOAST_PLACEHOLDER, "blob": TOAST_B64}[column]
     deleted = {**item(2, "two"), column: mark}  # written too, with soft deletes
     live = {**item(1, "one"), column: mark}
@@ -589,9 +589,9 @@ def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch, colum
 def test_a_range_with_too_many_keys_stops(monkeypatch):
     """An initial snapshot makes every record a new key: the range's memory would grow
     with its records, so it stops once it holds more than RANGE_KEYS keys."""
-    import cdclake.range_resolve
+    import cdclake.resolve.ranges
 
-    monkeypatch.setattr(cdclake.range_resolve, "RANGE_KEYS", 10)
+    monkeypatch.setattr(cdclake.resolve.ranges, "RANGE_KEYS", 10)
     records = [(key_record(k), value_record("r", None, item(k, "s"), lsn=None))
                for k in range(1, 30)]  # fmt: skip
     out, (summary,) = range_rows({0: records}, batch=7)
@@ -683,7 +683,7 @@ def test_the_placeholder_search_finds_what_match_substring_finds():
     slices, nulls, empty values, and halves of a needle at the end of one JSON value
     and the start of the next (which must not count)."""
     import pyarrow.compute as pc
-    from cdclake.range_resolve import TOAST_TEXTS, holds_any
+    from cdclake.resolve.ranges import TOAST_TEXTS, holds_any
 
     ph, b64 = TOAST_TEXTS
     values = ['{"a":1}', None, "", f'{{"x":"{ph}"}}', f'{{"y":"{ph[:9]}"}}', f'{{"{ph[9:]}":0}}',
@@ -731,9 +731,9 @@ def _worker_pid(batches):
 def test_the_range_tasks_run_in_the_workers_started_ahead(spark):
     """The range tasks' `mapInArrow` over `range_plan` takes the workers the start job
     left idle (Spark pools workers per environment: an RDD job's would be of no use)."""
+    from cdclake.kafka.reader import range_plan
     from cdclake.offsets import OffsetRange
     from cdclake.ranged import start_python_workers
-    from cdclake.reader import range_plan
 
     started = set(start_python_workers(spark))
     assert 1 <= len(started) <= spark.sparkContext.defaultParallelism
@@ -744,8 +744,8 @@ def test_the_range_tasks_run_in_the_workers_started_ahead(spark):
 
 
 def test_the_range_plan_is_a_range_a_partition_in_order(spark):
+    from cdclake.kafka.reader import range_plan
     from cdclake.offsets import OffsetRange
-    from cdclake.reader import range_plan
 
     ranges = [OffsetRange(f"db.it's\\{i % 3}", i % 2, 10 * i, 10 * i + 5) for i in range(5)]
     plan = range_plan(spark, ranges)
@@ -841,7 +841,7 @@ def test_a_range_without_key_returns_its_rows_as_it_reads():
 
 
 def test_a_file_location_is_a_local_path_only_on_the_local_file_system():
-    from cdclake.range_resolve import local_path
+    from cdclake.resolve.ranges import local_path
 
     assert local_path("file:///a/b%20c/x.parquet") == "/a/b c/x.parquet"
     assert local_path("file:/a/b/x.parquet") == "/a/b/x.parquet"

@@ -1,6 +1,6 @@
 import pytest
+from cdclake.kafka.reader import schema_id, slice_ranges, split_envelope
 from cdclake.offsets import OffsetRange
-from cdclake.reader import schema_id, slice_ranges, split_envelope
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_slice_ranges_cuts_big_ranges_into_tasks():
 
 
 def test_schema_ids_are_stable_and_sent_once_per_task():
-    from cdclake.reader import SchemaIds
+    from cdclake.kafka.reader import SchemaIds
 
     ids = SchemaIds()
     a, b = b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
@@ -125,7 +125,7 @@ def test_a_slice_never_asks_the_broker_for_more_records_than_it_needs(
     than asked for: asking for more than the range holds would add that wait to the
     end of every slice (a second for each small table of a batch)."""
     import confluent_kafka
-    from cdclake.reader import _read_slice
+    from cdclake.kafka.reader import _read_slice
 
     partition = _Partition(offsets, high=offsets[-1] + 1)
     monkeypatch.setattr(confluent_kafka, "Consumer", partition)
@@ -147,7 +147,7 @@ def test_raw_rows_equal_the_rows_of_record_row(how):
     functions (`add_many`), must give exactly the general path's rows: schema switches
     and returns, tombstones, records without key, broken envelopes and bad UTF-8."""
     import pyarrow as pa
-    from cdclake.reader import RawRows, SchemaIds, _arrow_schema, record_row
+    from cdclake.kafka.reader import RawRows, SchemaIds, _arrow_schema, record_row
 
     k, a, b = b'{"type":"int32"}', b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
     records = [
@@ -201,7 +201,7 @@ def test_the_driver_read_gives_up_beyond_its_byte_budget(monkeypatch):
     the budget the driver read stops and says so (the batch is read by Spark tasks)."""
     import confluent_kafka
     from cdclake.config import KafkaConfig
-    from cdclake.reader import read_local
+    from cdclake.kafka.reader import read_local
 
     kafka, ranges = KafkaConfig("unused"), [OffsetRange("t", 0, 0, 5000)]
     monkeypatch.setattr(confluent_kafka, "Consumer", _Partition(list(range(5000)), high=5000))

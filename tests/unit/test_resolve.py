@@ -11,16 +11,16 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
-from cdclake.arrow_rows import arrow_type, columns_ddl
-from cdclake.changes import DELETED, OFFSET, OP, PARTITION, topic_schema
-from cdclake.debezium import (
+from cdclake.debezium.connect import (
     INFINITY_DAYS,
     INFINITY_MICROS,
     INFINITY_MILLIS,
 )
+from cdclake.debezium.schema import DELETED, OFFSET, OP, PARTITION, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.reader import RawRows, arrow_frame
-from cdclake.resolve import (
+from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.kafka.scan import scan_rows
+from cdclake.resolve.fold import (
     RAW_COLUMNS,
     REASON,
     TRUNCATE_MARK,
@@ -29,8 +29,8 @@ from cdclake.resolve import (
     resolve_task,
     task_columns,
 )
-from cdclake.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
-from cdclake.scan import scan_rows
+from cdclake.resolve.rows import arrow_type, columns_ddl
+from cdclake.resolve.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import (
     ITEM_COLUMNS,
@@ -436,7 +436,7 @@ def test_a_bad_value_in_a_superseded_change_is_left_out_with_it():
 
 
 def test_a_key_value_comes_from_the_key_then_the_row_after_then_before():
-    from cdclake.json_records import _identifier
+    from cdclake.debezium.json_records import _identifier
 
     ident = _identifier(("a", "b"))
     assert ident({"a": 1, "b": 2}, {"a": 7, "b": 8}, None) == (1, 2)

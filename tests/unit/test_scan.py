@@ -4,9 +4,9 @@ import base64
 
 import pyarrow as pa
 import pytest
-from cdclake.reader import RawRows, arrow_frame
-from cdclake.rules import TOAST_PLACEHOLDER
-from cdclake.scan import scan_raw, scan_rows
+from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.kafka.scan import scan_raw, scan_rows
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 from tests.debezium_records import ITEM_COLUMNS, key_record, value_record
 

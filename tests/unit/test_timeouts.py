@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import pytest
-from cdclake.catalog import catalog_endpoint, sqlalchemy_uri
 from cdclake.config import TimeoutsConfig
 from cdclake.exceptions import ConfigError
+from cdclake.iceberg.catalog import catalog_endpoint, sqlalchemy_uri
 from cdclake.pipeline_file import load_pipeline
 from cdclake.source import describe_dsn
 from cdclake.spark import catalog_spark_conf

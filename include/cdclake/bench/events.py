@@ -24,7 +24,7 @@ from functools import cache
 from pathlib import Path
 
 from cdclake.bench.templates import SCHEMA, TABLES, Template, load_templates
-from cdclake.rules import TOAST_PLACEHOLDER
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 _SENTINEL = re.compile(r'"@@(\w+)@@"')
 _ALPHABET = string.ascii_letters + string.digits + "      "

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from cdclake.bench.sources import _file_name
+from cdclake.kafka.reader import split_envelope
 from cdclake.offsets import OffsetRange
-from cdclake.reader import split_envelope
 
 
 def _records(rec: Path, ranges: list[OffsetRange], topic: str):

@@ -376,7 +376,7 @@ class Bench:
     # ---- peers on the recorded events ---------------------------------------------------
     def peers(self) -> None:
         from cdclake.bench.peers import naive_merge, peer_handler, peer_upsert
-        from cdclake.catalog import load_catalog
+        from cdclake.iceberg.catalog import load_catalog
 
         pipeline = self.details["file_pipeline"]
         workload = self.details["file_workload"]

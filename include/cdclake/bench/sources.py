@@ -16,8 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from cdclake.bench.events import Workload, generate_slice
+from cdclake.kafka.reader import RawRows, RawSource
 from cdclake.offsets import OffsetRange
-from cdclake.reader import RawRows, RawSource
 
 
 def _file_name(topic: str, partition: int) -> str:

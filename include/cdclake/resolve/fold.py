@@ -21,15 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdclake.arrow_rows import (
-    columns_ddl,
-    columns_table,
-    cycles_uncollected,
-    result_columns,
-    rows_table,
-    tally,
-)
-from cdclake.changes import (
+from cdclake.debezium.json_records import Change, by_column, decode_records, row_decoders, settle
+from cdclake.debezium.json_values import BadRecord
+from cdclake.debezium.schema import (
     DELETED,
     LSN,
     OFFSET,
@@ -40,9 +34,15 @@ from cdclake.changes import (
     TopicSchema,
 )
 from cdclake.exceptions import DecodeError
-from cdclake.json_records import Change, by_column, decode_records, row_decoders, settle
-from cdclake.json_values import BadRecord
-from cdclake.rules import (
+from cdclake.resolve.rows import (
+    columns_ddl,
+    columns_table,
+    cycles_uncollected,
+    result_columns,
+    rows_table,
+    tally,
+)
+from cdclake.resolve.rules import (
     HAS_VALUES,
     STALE_CHECK_LSN,
     TOAST_PLACEHOLDER,

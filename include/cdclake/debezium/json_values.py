@@ -14,10 +14,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from cdclake.changes import (
-    Column,
-)
-from cdclake.debezium import (
+from cdclake.debezium.connect import (
     CONNECT_DATE,
     CONNECT_TIME,
     CONNECT_TIMESTAMP,
@@ -38,6 +35,9 @@ from cdclake.debezium import (
     ZONED_TIMESTAMP,
     ConnectField,
     decimal_params,
+)
+from cdclake.debezium.schema import (
+    Column,
 )
 from cdclake.exceptions import DecodeError
 

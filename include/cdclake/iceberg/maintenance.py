@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
-from cdclake.kafka import discover
-from cdclake.leases import Leases, orphan_files
-from cdclake.merge import (
+from cdclake.iceberg.leases import Leases, orphan_files
+from cdclake.iceberg.tables import (
     DEAD_LETTERS,
     committed_offsets,
     conflicts_reported,
@@ -40,6 +39,7 @@ from cdclake.merge import (
     load_iceberg_table,
     prune_deleted_keys,
 )
+from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ def last_runs(pipeline: PipelineConfig) -> list[dict | None]:
     """Per table, the figures its last maintenance run stored (None: never maintained)."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from cdclake.catalog import load_catalog
+    from cdclake.iceberg.catalog import load_catalog
 
     cat = load_catalog(pipeline.catalog)
     pipeline = discover(pipeline)

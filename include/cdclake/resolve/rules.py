@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdclake.changes import Column, TopicSchema
+from cdclake.debezium.schema import Column, TopicSchema
 
 ROW_OPS = ("c", "u", "d", "r")
 TRUNCATE = "t"

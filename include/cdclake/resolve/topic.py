@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import logging
 
-from cdclake.arrow_rows import columns_ddl
 from cdclake.batch import Batch, Resolved, TableResult
-from cdclake.changes import DELETED, LSN, OFFSET, PARTITION, SOURCE_TS, TopicSchema
 from cdclake.config import OnError, TableConfig
+from cdclake.debezium.schema import DELETED, LSN, OFFSET, PARTITION, SOURCE_TS, TopicSchema
 from cdclake.exceptions import DecodeError
-from cdclake.reader import arrow_frame
-from cdclake.resolve import (
+from cdclake.kafka.reader import arrow_frame
+from cdclake.resolve.fold import (
     RAW_COLUMNS,
     REASON,
     TASK_RECORDS,
@@ -23,7 +22,8 @@ from cdclake.resolve import (
     resolve_task,
     task_columns,
 )
-from cdclake.rules import TOAST_PREFIX, Truncate
+from cdclake.resolve.rows import columns_ddl
+from cdclake.resolve.rules import TOAST_PREFIX, Truncate
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 
 from cdclake.exceptions import CommitConflictError
-from cdclake.merge import deleted_keys_table, load_iceberg_table
+from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from cdclake.changes import (
+from cdclake.debezium.schema import (
     DELETED,
     LSN,
     OFFSET,
@@ -17,7 +17,7 @@ from cdclake.changes import (
     TopicSchema,
 )
 from cdclake.exceptions import DecodeError
-from cdclake.rules import (
+from cdclake.resolve.rules import (
     HAS_VALUES,
     STALE_CHECK_LSN,
     TOAST_PREFIX,

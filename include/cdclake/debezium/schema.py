@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdclake.debezium import (
+from cdclake.debezium.connect import (
     ConnectField,
     lake_type,
     parse_connect_schema,

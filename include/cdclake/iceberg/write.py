@@ -7,10 +7,19 @@ import logging
 from collections.abc import Mapping
 
 from cdclake.batch import Batch, Resolved, TableResult
-from cdclake.changes import TopicSchema
 from cdclake.config import DeleteMode, TableConfig
+from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CommitConflictError
-from cdclake.merge import (
+from cdclake.iceberg.merge_sql import (
+    INTEGER_TYPES,
+    KEY_FILTER_TYPES,
+    KeyRange,
+    build_append_sql,
+    build_first_load_sql,
+    build_merge_sql,
+    key_filter_sql,
+)
+from cdclake.iceberg.tables import (
     TableState,
     append_to_empty,
     apply_table_settings,
@@ -23,15 +32,6 @@ from cdclake.merge import (
     record_deleted_keys,
     with_deleted_lsn,
 )
-from cdclake.merge_sql import (
-    INTEGER_TYPES,
-    KEY_FILTER_TYPES,
-    KeyRange,
-    build_append_sql,
-    build_first_load_sql,
-    build_merge_sql,
-    key_filter_sql,
-)
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_DELETES,
@@ -41,7 +41,7 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     encode_offsets,
 )
-from cdclake.rules import toastable
+from cdclake.resolve.rules import toastable
 
 log = logging.getLogger(__name__)
 

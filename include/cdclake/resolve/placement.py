@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from cdclake.reader import DRIVER_READ_RECORDS
+from cdclake.kafka.reader import DRIVER_READ_RECORDS
 
 
 class Placement(Enum):

@@ -32,23 +32,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from cdclake.arrow_rows import (
-    arrow_type,
-    columns_ddl,
-    cycles_uncollected,
-    result_columns,
-    rows_table,
-    tally,
-)
-from cdclake.changes import TopicSchema, topic_schema
-from cdclake.exceptions import CdclakeError
-from cdclake.json_records import (
+from cdclake.debezium.json_records import (
     decode_records,
     row_decoders,
 )
-from cdclake.json_values import Unsupported
-from cdclake.reader import RangeReader
-from cdclake.resolve import (
+from cdclake.debezium.json_values import Unsupported
+from cdclake.debezium.schema import TopicSchema, topic_schema
+from cdclake.exceptions import CdclakeError
+from cdclake.kafka.reader import RangeReader
+from cdclake.resolve.fold import (
     NO_TOAST,
     KeyFold,
     RowShape,
@@ -59,7 +51,15 @@ from cdclake.resolve import (
     is_placeholder,
     placeholder_of,
 )
-from cdclake.rules import TOAST_PLACEHOLDER, TOAST_PREFIX, TRUNCATE, Truncate, toastable
+from cdclake.resolve.rows import (
+    arrow_type,
+    columns_ddl,
+    cycles_uncollected,
+    result_columns,
+    rows_table,
+    tally,
+)
+from cdclake.resolve.rules import TOAST_PLACEHOLDER, TOAST_PREFIX, TRUNCATE, Truncate, toastable
 
 if TYPE_CHECKING:
     import pyarrow as pa

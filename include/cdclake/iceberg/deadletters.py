@@ -6,9 +6,14 @@ from __future__ import annotations
 import logging
 
 from cdclake.config import PipelineConfig
-from cdclake.kafka import raw_records
-from cdclake.leases import Leases
-from cdclake.merge import DEAD_LETTER_RAW, DEAD_LETTERS, ensure_namespace, write_dead_letters
+from cdclake.iceberg.leases import Leases
+from cdclake.iceberg.tables import (
+    DEAD_LETTER_RAW,
+    DEAD_LETTERS,
+    ensure_namespace,
+    write_dead_letters,
+)
+from cdclake.kafka.topics import raw_records
 from cdclake.offsets import BatchPlan
 
 log = logging.getLogger(__name__)

@@ -9,10 +9,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from cdclake.catalog import committed_from_snapshots, expired_ancestor_error
-from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
+from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
-from cdclake.merge_sql import (
+from cdclake.iceberg.catalog import committed_from_snapshots, expired_ancestor_error
+from cdclake.iceberg.merge_sql import (
     DELETED_AT,
     PIPELINE_PROPERTIES,
     RESERVED_PROPERTIES,

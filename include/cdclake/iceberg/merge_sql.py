@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdclake.changes import DELETED, LSN, METADATA_COLUMNS, TopicSchema
-from cdclake.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
+from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema
+from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
 
 TABLE_PROPERTIES = {
     "format-version": "2",

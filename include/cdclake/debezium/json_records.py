@@ -9,17 +9,17 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from cdclake.changes import (
+from cdclake.debezium.connect import (
+    ConnectField,
+    parse_connect_schema,
+)
+from cdclake.debezium.json_values import BadRecord, Source, row_decoder, typed_fields
+from cdclake.debezium.schema import (
     Column,
     TopicSchema,
     value_row_fields,
 )
-from cdclake.debezium import (
-    ConnectField,
-    parse_connect_schema,
-)
-from cdclake.json_values import BadRecord, Source, row_decoder, typed_fields
-from cdclake.rules import (
+from cdclake.resolve.rules import (
     ROW_OPS,
     TRUNCATE,
     toastable,

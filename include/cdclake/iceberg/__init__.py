@@ -1,0 +1,4 @@
+"""The lake's Iceberg tables: creating and evolving them (`tables`), the MERGE's SQL
+(`merge_sql`), a batch's write with its offsets in the same commit (`write`), write leases
+(`leases`), the catalog read from outside Spark (`catalog`), maintenance, and the
+dead-letter table."""
