@@ -79,6 +79,9 @@ class _Message:
     def timestamp(self):
         return (1, 1_700_000_000_000 + self._offset)
 
+    def headers(self):
+        return None
+
     def key(self):
         return b'{"schema":{"type":"int32"},"payload":%d}' % self._offset
 

@@ -30,7 +30,7 @@ from cdclake.resolve.fold import (
     task_columns,
 )
 from cdclake.resolve.rows import arrow_type, columns_ddl
-from cdclake.resolve.rules import HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
+from cdclake.resolve.rules import FROM_KEY_PREFIX, HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 
 from tests.debezium_records import (
     ITEM_COLUMNS,
@@ -77,10 +77,13 @@ def both(spark, rows: pa.Table, key: tuple[str, ...] = ()):
 
 def same(want, got, toast: bool):
     """Equal rows; a fold may leave out the TOAST flags when it met no placeholder: a
-    flag that is False counts as absent (`toast`: whether `got` carries them)."""
+    flag that is False, or a key changed from that is NULL, counts as absent (`toast`:
+    whether `got` carries them)."""
 
     def bare(rows):
-        return [{k: v for k, v in r.items() if not (k.startswith(TOAST_PREFIX) and v is False)}
+        return [{k: v for k, v in r.items()
+                 if not (k.startswith(TOAST_PREFIX) and v is False)
+                 and not (k.startswith(FROM_KEY_PREFIX) and v is None)}
                 for r in rows]  # fmt: skip
 
     assert bare(got) == bare(want)
@@ -519,3 +522,29 @@ def test_only_a_key_of_one_kafka_schema_groups_by_kafka_key():
     assert not grouped_by_kafka_key(keyless, {}, ())
     assert not grouped_by_kafka_key(keyed, keys, ("name",))
     assert not grouped_by_kafka_key(keyed, {**keys, 99: "{}"}, ())
+
+
+def test_a_key_changed_from_another_takes_nothing_of_its_earlier_row():
+    """A primary-key change (`UPDATE … SET id = 3 WHERE id = 2`) sends the new key's create
+    with its unchanged TOAST column as a placeholder, and the old key in the
+    `__debezium.oldkey` header: the placeholder is left flagged with the old key named
+    (the write takes that key's value), never the value of a row key 3 had before."""
+    v = value_record
+    records = [
+        (key_record(3), v("c", None, item(3, "stale"), lsn=9), None),
+        (key_record(3), v("d", item(3, None), None, lsn=10), None),
+        (key_record(3), None, None),
+        (key_record(2), v("c", None, item(2, "long"), lsn=11), None),
+        (key_record(2), v("d", item(2, None), None, lsn=12), None),
+        (key_record(2), None, None),
+        (key_record(3), v("c", None, item(3, TOAST_PLACEHOLDER), lsn=12), key_record(2)),
+    ]
+    raw = RawRows(TOPIC, 0)
+    for offset, (key, value, old_key) in enumerate(records):
+        raw.add(offset, 1000 + offset, key, value, old_key)
+    rows = pa.Table.from_batches([raw.batch()])
+    got = {r["id"]: r for r in resolve_rows(rows, *topic_of(rows)).rows.to_pylist()}
+    three, two = got[3], got[2]
+    assert (three["name"], three[f"{TOAST_PREFIX}name"], three[f"{FROM_KEY_PREFIX}id"]) == (
+        None, True, 2)  # fmt: skip
+    assert two[DELETED] and two["name"] == "long" and two[f"{FROM_KEY_PREFIX}id"] is None

@@ -193,6 +193,9 @@ class Change:
     # what decodes the rest of its rows when it is settled: a `_Rows` (deferred columns)
     # or an `_Unparsed` (rows still raw JSON)
     pending: Any = None
+    # a create of a key that was another's (a primary-key change): that key's values, from
+    # the record's `__debezium.oldkey` header
+    from_key: tuple | None = None
 
 
 def settle(change: Change) -> Change:
@@ -355,7 +358,26 @@ def decode_records(
                     and values_of_key.count(None) == len(values_of_key)):  # fmt: skip
                 raise BadRecord("record has no key")
         append(change)
+    if "old_key" in rows.column_names and rows.column("old_key").null_count < rows.num_rows:
+        _changed_from(changes, rows.column("old_key").to_pylist(), cols["key_schema_id"], keys,
+                      ident)  # fmt: skip
     return changes
+
+
+def _changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: Mapping,
+                  ident) -> None:  # fmt: skip
+    """Each create with an old key (the `__debezium.oldkey` header: a primary-key change)
+    takes its values (`Change.from_key`), decoded as the record's own key is."""
+    for change, text, sid in zip(changes, old_keys, key_sids, strict=True):
+        if text is None or change.op != "c" or keys.get(sid) is None:
+            continue
+        data = _json(text, "")
+        if isinstance(data, dict) and "payload" in data and "schema" in data:
+            data = data["payload"]  # the key as the JSON converter writes it
+        if not isinstance(data, dict):
+            raise BadRecord(f"header __debezium.oldkey is not a key: {text[:60]!r}")
+        found = ident(keys[sid](json.dumps(data), change.partition, change.offset), None, None)
+        change.from_key = None if None in found else found
 
 
 _OPS = frozenset((*ROW_OPS, TRUNCATE))

@@ -38,7 +38,10 @@ _FIELDS = [
     ("value_payload", "string", "string"),
     ("is_tombstone", "boolean", "bool_"),
     ("error", "string", "string"),
+    # the `__debezium.oldkey` header's text: the key a primary-key change's create had
+    ("old_key", "string", "string"),
 ]
+OLD_KEY_HEADER = "__debezium.oldkey"
 RAW_SCHEMA = ", ".join(f"{name} {spark_type}" for name, spark_type, _ in _FIELDS)
 _COLUMNS = [name for name, _, _ in _FIELDS]
 _HEAD = b'{"schema":'
@@ -269,6 +272,7 @@ def _read_slice(
             stamps: list[int] = []
             keys: list[bytes | None] = []
             values: list[bytes | None] = []
+            old_keys: list[bytes | None] = []
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -293,13 +297,22 @@ def _read_slice(
                     stamps.append(msg.timestamp()[1])
                     keys.append(key)
                     values.append(None)
+                    old_keys.append(None)
                 next_offset, last = offset + 1, key
                 offsets.append(offset)
                 stamps.append(msg.timestamp()[1])
                 keys.append(key)
                 values.append(value)
+                headers = msg.headers()
+                old_keys.append(_old_key(headers) if headers else None)
                 held += len(key or b"") + len(value or b"")
-            rows.add_many(offsets, stamps, keys, values)
+            rows.add_many(
+                offsets,
+                stamps,
+                keys,
+                values,
+                old_keys if any(k is not None for k in old_keys) else None,
+            )
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield rows.batch()
                 held = 0
@@ -307,6 +320,14 @@ def _read_slice(
         consumer.close()
     if len(rows):
         yield rows.batch()
+
+
+def _old_key(headers: list) -> bytes | None:
+    """The value of a record's `__debezium.oldkey` header (None without one)."""
+    for name, value in headers:
+        if name == OLD_KEY_HEADER:
+            return value
+    return None
 
 
 def _arrow_schema():
@@ -317,13 +338,14 @@ def _arrow_schema():
 
 def record_row(
     seen: SchemaIds, topic: str, partition: int, offset: int, timestamp: int,
-    key: bytes | None, value: bytes | None,
+    key: bytes | None, value: bytes | None, old_key: bytes | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """One raw row: the record split into schema id, schema text (first time only) and
     payload per side; an envelope that cannot be split is kept with its error."""
     row: dict[str, object] = {
         "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
         "is_tombstone": value is None, "error": None,
+        "old_key": None if old_key is None else old_key.decode("utf-8", "replace"),
     }  # fmt: skip
     for side, data in (("key", key), ("value", value)):
         row[f"{side}_schema_id"] = row[f"{side}_schema"] = row[f"{side}_payload"] = None
@@ -362,13 +384,14 @@ class RawRows:
     def __len__(self) -> int:
         return self._rows
 
-    def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None) -> None:
+    def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
+            old_key: bytes | None = None) -> None:  # fmt: skip
         self._rows += 1
         key_part = self._split(key, self._head["key"])
         value_part = self._split(value, self._head["value"]) if key_part is not None else None
         if key_part is None or value_part is None:
             self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
-                                     key, value))  # fmt: skip
+                                     key, value, old_key))  # fmt: skip
             for side in ("key", "value"):
                 last = self.seen.last(side)
                 if last is not None:
@@ -387,23 +410,28 @@ class RawRows:
         c["value_payload"].append(value_part[1])
         c["is_tombstone"].append(value is None)
         c["error"].append(None)
+        c["old_key"].append(None if old_key is None else old_key.decode("utf-8", "replace"))
 
-    def add_many(self, offsets, timestamps, keys, values) -> None:
+    def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None:
         """`add` of each record, in order, from Arrow arrays (or lists): each run of
-        records that split with the last schemas is split by Arrow compute functions."""
+        records that split with the last schemas and have no `old_keys` is split by Arrow
+        compute functions."""
         import pyarrow as pa
 
         offsets, timestamps = _array(offsets, pa.int64()), _array(timestamps, pa.int64())
         keys, values = _array(keys, pa.binary()), _array(values, pa.binary())
+        olds = [None] * len(offsets) if old_keys is None else list(old_keys)
         start, n = 0, len(offsets)
         while start < n:
             end = self._run(keys, values, start)
+            if old_keys is not None:  # a record with an old key goes one at a time
+                end = next((i for i in range(start, end) if olds[i] is not None), end)
             if end > start:
                 self._add_run(offsets, timestamps, keys, values, start, end)
                 start = end
-            if start < n:  # a record of another schema (or no envelope): one at a time
+            if start < n:  # another schema, no envelope or an old key: one at a time
                 self.add(offsets[start].as_py(), timestamps[start].as_py(),
-                         keys[start].as_py(), values[start].as_py())  # fmt: skip
+                         keys[start].as_py(), values[start].as_py(), olds[start])  # fmt: skip
                 start += 1
 
     def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
@@ -456,6 +484,7 @@ class RawRows:
             cols[f"{side}_payload"] = payload
         cols["is_tombstone"] = pc.is_null(values.slice(start, n))
         cols["error"] = pa.nulls(n, pa.string())
+        cols["old_key"] = pa.nulls(n, pa.string())
         self._flush()
         self._done.append(pa.RecordBatch.from_pydict(cols, schema=_arrow_schema()))
         self._rows += n

@@ -35,6 +35,7 @@ from cdclake.debezium.schema import (
 )
 from cdclake.exceptions import DecodeError
 from cdclake.resolve.rows import (
+    arrow_type,
     columns_ddl,
     columns_table,
     cycles_uncollected,
@@ -43,6 +44,7 @@ from cdclake.resolve.rows import (
     tally,
 )
 from cdclake.resolve.rules import (
+    FROM_KEY_PREFIX,
     HAS_VALUES,
     STALE_CHECK_LSN,
     TOAST_PLACEHOLDER,
@@ -191,7 +193,7 @@ class KeyFold:
     tombstone goes with the change before it) and `resolve_latest` over the changes
     kept. Holds one key's latest state, not its changes."""
 
-    __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real", "base")
+    __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real", "base", "from_key")
 
     def __init__(self) -> None:
         self.seen: int | None = None  # the highest LSN of the key's changes so far
@@ -205,6 +207,8 @@ class KeyFold:
         # offset whose every TOAST column held a real value (most changes)
         self.real: dict[str, tuple[int, Any]] = {}
         self.base: Change | None = None
+        # the key this one was changed from by its last create (a primary-key change)
+        self.from_key: tuple | None = None
 
     def add(self, c: Change, toast: ToastColumns = NO_TOAST) -> None:
         """The next change of the key (Kafka order); `toast`: the columns whose last
@@ -223,6 +227,8 @@ class KeyFold:
             self.lsn = c.lsn
         if not c.is_tombstone and (self.change is None or c.offset > self.change.offset):
             self.change = c
+        if c.op == "c":  # a new row of the key: no value of its earlier one carries over
+            self.real, self.base, self.from_key = {}, None, c.from_key
         after = c.after
         if after is None:
             return
@@ -292,8 +298,9 @@ class KeyFold:
                 not deleted or self.after is not None, at.partition, at.offset)  # fmt: skip
 
     def row(self, key: tuple, shape: RowShape) -> dict:
-        """The key's resolved row (`result_columns`), with the TOAST flags of
-        the shape's columns (those `add` was given)."""
+        """The key's resolved row (`result_columns`), with the TOAST flags of the shape's
+        columns (those `add` was given) and, when one is set, the key it was changed from
+        (whose value a flagged column takes, not the table's)."""
         after = self.values()
         if after is None:
             row = dict.fromkeys(shape.names)
@@ -301,6 +308,7 @@ class KeyFold:
             row = {name: after.get(name) for name in shape.names}
         row.update(zip(shape.key_names, key, strict=True))
         row.update(zip(META, self.meta(), strict=True))
+        left = False  # a TOAST column left to the table
         for name, mark, flag in shape.toast:  # `toastable` columns: never a key column
             # a deleted key's row (written with soft deletes) takes the value too; the
             # flag tells the MERGE to keep the table's value
@@ -312,6 +320,10 @@ class KeyFold:
             elif placeholder:
                 row[name] = held[1]
             row[flag] = unresolved
+            left = left or unresolved
+        if shape.toast:
+            from_key = self.from_key if left else None
+            row.update(zip(shape.from_names, from_key or shape.no_key, strict=True))
         return row
 
 
@@ -335,14 +347,17 @@ def folds_table(folds: Sequence[tuple[tuple, KeyFold]], shape: RowShape,
 
 class RowShape:
     """What `KeyFold.row` writes: the schema's columns, its key, and the TOAST columns
-    whose flags it carries (name, placeholder, flag column)."""
+    whose flags it carries (name, placeholder, flag column), with the key it was changed
+    from (`from_names`)."""
 
-    __slots__ = ("names", "key_names", "toast")
+    __slots__ = ("names", "key_names", "toast", "from_names", "no_key")
 
     def __init__(self, schema: TopicSchema, toast: ToastColumns = NO_TOAST) -> None:
         self.names = tuple(c.name for c in schema.columns)
         self.key_names = schema.key_names
         self.toast = tuple((name, mark, f"{TOAST_PREFIX}{name}") for name, mark in toast.pairs)
+        self.from_names = tuple(f"{FROM_KEY_PREFIX}{k}" for k in self.key_names)
+        self.no_key = (None,) * len(self.key_names)
 
 
 def changelog_rows(changes: Sequence[Change], schema: TopicSchema) -> list[dict]:
@@ -422,7 +437,7 @@ def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, s
 # ---- the same in Spark tasks, for batches the driver did not read -------------------------
 
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
-               "value_schema_id", "value_payload")  # fmt: skip
+               "value_schema_id", "value_payload", "old_key")  # fmt: skip
 TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
 # a column of what `resolve_task` returns: NULL on a resolved row; on a row that only
 # reports, the reason of a record that cannot be applied, or `TRUNCATE_MARK`
@@ -454,9 +469,10 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
         done = resolve_rows(pa.Table.from_batches(parts), schema, key_schemas, value_schemas)
         rows = done.rows
         arrays = [rows[name] if name in rows.column_names
-                  else pa.nulls(rows.num_rows, pa.string()) if name == REASON
-                  else pa.array([False] * rows.num_rows, pa.bool_())  # a TOAST flag
-                  for name, _ in columns]  # fmt: skip
+                  else pa.array([False] * rows.num_rows, pa.bool_())
+                  if name.startswith(TOAST_PREFIX)  # a TOAST flag
+                  else pa.nulls(rows.num_rows, arrow_type(type_))
+                  for name, type_ in columns]  # fmt: skip
         yield from pa.Table.from_arrays(arrays, names=[n for n, _ in columns]).to_batches()
         marks = [{PARTITION: p, OFFSET: o, REASON: why} for p, o, why in done.bad]
         if done.truncate is not None:

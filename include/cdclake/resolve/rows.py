@@ -18,6 +18,7 @@ from cdclake.debezium.schema import (
 )
 from cdclake.exceptions import DecodeError
 from cdclake.resolve.rules import (
+    FROM_KEY_PREFIX,
     HAS_VALUES,
     STALE_CHECK_LSN,
     TOAST_PREFIX,
@@ -91,6 +92,7 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
     cols += [(PARTITION, "int"), (OFFSET, "bigint")]
     if keyed and toast:
         cols += [(f"{TOAST_PREFIX}{c.name}", "boolean") for c in toastable(schema)]
+        cols += [(f"{FROM_KEY_PREFIX}{c.name}", c.type) for c in schema.key]
     return cols
 
 

@@ -23,6 +23,9 @@ ROW_OPS = ("c", "u", "d", "r")
 TRUNCATE = "t"
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PREFIX = "_cdc_toast_"
+# with the TOAST flags, each key column's value of the key a row's key was changed from
+# (`__debezium.oldkey`): a flagged column takes that key's value, not the table's
+FROM_KEY_PREFIX = "_cdc_from_"
 STALE_CHECK_LSN = "_cdc_check_lsn"
 # a keyed table's resolved row carries values of the batch: false only for a deleted key
 # whose batch holds no row after of it (its columns are then NULL, and a soft delete keeps

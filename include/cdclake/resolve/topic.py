@@ -23,7 +23,7 @@ from cdclake.resolve.fold import (
     task_columns,
 )
 from cdclake.resolve.rows import columns_ddl
-from cdclake.resolve.rules import TOAST_PREFIX, Truncate
+from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX, Truncate
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
     out = spread.mapInArrow(task, columns_ddl(columns)).persist(cache_level(result.records))
     try:
         flags = [n for n, _ in columns if n.startswith(TOAST_PREFIX)]
+        from_key = [n for n, _ in columns if n.startswith(FROM_KEY_PREFIX)]
         stats, marks = _stats_and_marks(out, flags)
         truncates = [Truncate(m[PARTITION], m[OFFSET], m[LSN]) for m in marks
                      if m[REASON] == TRUNCATE_MARK]  # fmt: skip
@@ -104,7 +105,7 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
     rows = out.where(F.col(REASON).isNull()).drop(REASON)
     toast = any(r["toast"] for r in stats)
     if not toast:  # no placeholder: the MERGE keeps no table value
-        rows = rows.drop(*flags)
+        rows = rows.drop(*flags, *from_key)
     return Resolved(rows, truncate, counts, max_ms, toast, cached=out)
 
 
