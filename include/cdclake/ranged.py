@@ -17,16 +17,8 @@ from cdclake.iceberg.tables import conflicts_reported, ensure_namespace, ensure_
 from cdclake.kafka.reader import KAFKA, RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Placement
-from cdclake.resolve.ranges import (
-    KEYS_COLUMN,
-    META_COLUMN,
-    AcceptedTopic,
-    RangeSummary,
-    TopicPlan,
-    accept,
-    head_schemas,
-    range_task,
-)
+from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
+from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
 from cdclake.setaside import misfits
 from cdclake.spark import cache_level
 

@@ -32,7 +32,7 @@ from cdclake.bench.runner import (
 )
 from cdclake.bench.sources import _file_name, recorded_ranges
 from cdclake.iceberg.catalog import load_catalog
-from cdclake.kafka.reader import split_envelope
+from cdclake.kafka.raw_rows import split_envelope
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 pytestmark = pytest.mark.integration

@@ -91,7 +91,7 @@ def stray_files(spark, table: str) -> list[str]:
     """The files under the table's data directory that none of its snapshots names (what
     a load left behind)."""
     from cdclake.iceberg.tables import load_iceberg_table
-    from cdclake.resolve.ranges import local_path
+    from cdclake.resolve.range_plan import local_path
 
     spark.sql(f"REFRESH TABLE {table}")  # another process may have committed since
     data = Path(local_path(str(load_iceberg_table(spark, table).location()))) / "data"

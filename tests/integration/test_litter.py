@@ -17,7 +17,7 @@ import pytest
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.leases import LEASE_DIR, Leases, process_space
 from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
-from cdclake.resolve.ranges import local_path
+from cdclake.resolve.range_plan import local_path
 
 from tests.conftest import ROOT
 from tests.integration.helpers import (

@@ -12,17 +12,15 @@ import pyarrow.compute as pc
 import pytest
 from cdclake.debezium.schema import DELETED
 from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import (
     BATCH_ROWS,
     KEYS_COLUMN,
     META_COLUMN,
-    AcceptedTopic,
     RangeFold,
     RangeSummary,
     TopicPlan,
     _read_range,
-    accept,
-    head_schemas,
     key_hashes,
     range_task,
 )
@@ -841,7 +839,7 @@ def test_a_range_without_key_returns_its_rows_as_it_reads():
 
 
 def test_a_file_location_is_a_local_path_only_on_the_local_file_system():
-    from cdclake.resolve.ranges import local_path
+    from cdclake.resolve.range_plan import local_path
 
     assert local_path("file:///a/b%20c/x.parquet") == "/a/b c/x.parquet"
     assert local_path("file:/a/b/x.parquet") == "/a/b/x.parquet"

@@ -1,5 +1,6 @@
 import pytest
-from cdclake.kafka.reader import schema_id, slice_ranges, split_envelope
+from cdclake.kafka.raw_rows import schema_id, split_envelope
+from cdclake.kafka.reader import slice_ranges
 from cdclake.offsets import OffsetRange
 
 
@@ -48,7 +49,7 @@ def test_slice_ranges_cuts_big_ranges_into_tasks():
 
 
 def test_schema_ids_are_stable_and_sent_once_per_task():
-    from cdclake.kafka.reader import SchemaIds
+    from cdclake.kafka.raw_rows import SchemaIds
 
     ids = SchemaIds()
     a, b = b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
@@ -150,7 +151,8 @@ def test_raw_rows_equal_the_rows_of_record_row(how):
     functions (`add_many`), must give exactly the general path's rows: schema switches
     and returns, tombstones, records without key, broken envelopes and bad UTF-8."""
     import pyarrow as pa
-    from cdclake.kafka.reader import RawRows, SchemaIds, _arrow_schema, record_row
+    from cdclake.kafka.raw_rows import SchemaIds, raw_arrow_schema, record_row
+    from cdclake.kafka.reader import RawRows
 
     k, a, b = b'{"type":"int32"}', b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
     records = [
@@ -191,7 +193,7 @@ def test_raw_rows_equal_the_rows_of_record_row(how):
     seen = SchemaIds()
     want = [record_row(seen, "t", 3, o, 1000 + o, key, value)
             for o, (key, value) in enumerate(records)]  # fmt: skip
-    expected = pa.RecordBatch.from_pylist(want, schema=_arrow_schema())
+    expected = pa.RecordBatch.from_pylist(want, schema=raw_arrow_schema())
     assert got.to_pylist() == expected.to_pylist()
     assert len(rows) == 0  # the batch took the rows
     # the errors are there (not both paths equally wrong)

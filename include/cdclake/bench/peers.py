@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from cdclake.bench.sources import _file_name
-from cdclake.kafka.reader import split_envelope
+from cdclake.kafka.raw_rows import split_envelope
 from cdclake.offsets import OffsetRange
 
 

@@ -11,42 +11,19 @@ a known type.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
 from cdclake.config import KafkaConfig
+from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, RawRows, raw_arrow_schema
 from cdclake.offsets import OffsetRange
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-
-# The raw record rows the reader yields: (name, Spark type, Arrow type name), one list.
-_FIELDS = [
-    ("topic", "string", "string"),
-    ("partition", "int", "int32"),
-    ("offset", "long", "int64"),
-    ("timestamp", "long", "int64"),
-    ("key_schema_id", "long", "int64"),
-    ("key_schema", "string", "string"),
-    ("key_payload", "string", "string"),
-    ("value_schema_id", "long", "int64"),
-    ("value_schema", "string", "string"),
-    ("value_payload", "string", "string"),
-    ("is_tombstone", "boolean", "bool_"),
-    ("error", "string", "string"),
-    # the `__debezium.oldkey` header's text: the key a primary-key change's create had
-    ("old_key", "string", "string"),
-]
 OLD_KEY_HEADER = "__debezium.oldkey"
-RAW_SCHEMA = ", ".join(f"{name} {spark_type}" for name, spark_type, _ in _FIELDS)
-_COLUMNS = [name for name, _, _ in _FIELDS]
-_HEAD = b'{"schema":'
-_SEP = b',"payload":'
-
 SLICE_RECORDS = 50_000  # records per Spark task: one cached block each, kept small
 # A batch of at most this many records is read by the driver (`read_local`). Spark tasks
 # reading it cost a job and a Python worker's start before any table's work: for 100
@@ -56,50 +33,6 @@ SLICE_RECORDS = 50_000  # records per Spark task: one cached block each, kept sm
 # left to Spark tasks after all.
 DRIVER_READ_RECORDS = 10_000
 DRIVER_READ_BYTES = 256 * 1024 * 1024
-
-
-def split_envelope(data: bytes) -> tuple[bytes, bytes]:
-    """Split `{"schema":S,"payload":P}` into (S, P) without parsing P.
-
-    The payload key is the envelope's last field and the schema part only has the fixed
-    keys of a Kafka Connect schema, so the first `,"payload":` is the boundary.
-    """
-    if not data.startswith(_HEAD) or not data.endswith(b"}"):
-        raise ValueError('not a JSON-with-schema envelope ({"schema":...,"payload":...})')
-    cut = data.find(_SEP)
-    if cut < 0:
-        raise ValueError("JSON envelope has no payload field")
-    return data[len(_HEAD) : cut], data[cut + len(_SEP) : -1]
-
-
-def schema_id(schema: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(schema, digest_size=8).digest(), "big", signed=True)
-
-
-class SchemaIds:
-    """The schemas one reader task has met: each one's id, and which were sent already.
-
-    Consecutive records nearly always share their schema, so a schema equal to the last
-    one of its side (a memcmp) takes that one's id without hashing its ~3 KB again."""
-
-    def __init__(self) -> None:
-        self.sent: set[int] = set()
-        self._last: dict[str, tuple[bytes, int]] = {}
-
-    def last(self, side: str) -> tuple[bytes, int] | None:
-        """The last schema of `side` and its id (sent already), if any."""
-        return self._last.get(side)
-
-    def id_of(self, side: str, schema: bytes) -> tuple[int, bool]:
-        """The schema's id, and whether this is the first record of the task with it."""
-        last = self._last.get(side)
-        if last is not None and last[0] == schema:
-            return last[1], False
-        sid = schema_id(schema)
-        self._last[side] = (schema, sid)
-        first = sid not in self.sent
-        self.sent.add(sid)
-        return sid, first
 
 
 def slice_ranges(ranges: Sequence[OffsetRange], size: int = SLICE_RECORDS) -> list[OffsetRange]:
@@ -198,7 +131,7 @@ def read_local(
             if held > max_bytes:
                 return None
             batches.append(batch)
-    return pa.Table.from_batches(batches, schema=_arrow_schema())
+    return pa.Table.from_batches(batches, schema=raw_arrow_schema())
 
 
 def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> DataFrame:
@@ -215,7 +148,7 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
 
     schema = _parse_datatype_string(ddl or RAW_SCHEMA)
     jvm = spark._jvm
-    batches = (rows if ddl else rows.select(_COLUMNS)).to_batches()
+    batches = (rows if ddl else rows.select(RAW_FIELD_NAMES)).to_batches()
     if not batches:
         return spark.createDataFrame([], schema)
     stream = spark.sparkContext._serialize_to_jvm(
@@ -328,209 +261,3 @@ def _old_key(headers: list) -> bytes | None:
         if name == OLD_KEY_HEADER:
             return value
     return None
-
-
-def _arrow_schema():
-    import pyarrow as pa
-
-    return pa.schema([(name, getattr(pa, arrow)()) for name, _, arrow in _FIELDS])
-
-
-def record_row(
-    seen: SchemaIds, topic: str, partition: int, offset: int, timestamp: int,
-    key: bytes | None, value: bytes | None, old_key: bytes | None = None,
-) -> dict[str, object]:  # fmt: skip
-    """One raw row: the record split into schema id, schema text (first time only) and
-    payload per side; an envelope that cannot be split is kept with its error."""
-    row: dict[str, object] = {
-        "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
-        "is_tombstone": value is None, "error": None,
-        "old_key": None if old_key is None else old_key.decode("utf-8", "replace"),
-    }  # fmt: skip
-    for side, data in (("key", key), ("value", value)):
-        row[f"{side}_schema_id"] = row[f"{side}_schema"] = row[f"{side}_payload"] = None
-        if data is None:
-            continue
-        try:
-            schema, payload = split_envelope(data)
-            row[f"{side}_payload"] = payload.decode("utf-8")
-            sid, first = seen.id_of(side, schema)
-            row[f"{side}_schema_id"] = sid
-            if first:
-                row[f"{side}_schema"] = schema.decode("utf-8")
-        except (ValueError, UnicodeDecodeError) as exc:
-            row["error"] = f"{side}: {exc}"
-    return row
-
-
-class RawRows:
-    """The raw rows of one reader task, gathered into Arrow batches.
-
-    A record whose key and value each have the schema of the last record that had one
-    (nearly every record) is split by comparing the start of its bytes with that
-    envelope's `{"schema":S,"payload":`, without building a row; others go through
-    `record_row`. `add_many` splits whole runs of such records with Arrow compute
-    functions. All give the same rows (unit tests check them side by side)."""
-
-    def __init__(self, topic: str, partition: int) -> None:
-        self.topic, self.partition = topic, partition
-        self.seen = SchemaIds()
-        # per side: the envelope head of its last schema, and that schema's id
-        self._head: dict[str, tuple[bytes, int] | None] = {"key": None, "value": None}
-        self._cols: dict[str, list] = {name: [] for name in _COLUMNS}
-        self._done: list[pa.RecordBatch] = []  # batches of rows before those in `_cols`
-        self._rows = 0
-
-    def __len__(self) -> int:
-        return self._rows
-
-    def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
-            old_key: bytes | None = None) -> None:  # fmt: skip
-        self._rows += 1
-        key_part = self._split(key, self._head["key"])
-        value_part = self._split(value, self._head["value"]) if key_part is not None else None
-        if key_part is None or value_part is None:
-            self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
-                                     key, value, old_key))  # fmt: skip
-            for side in ("key", "value"):
-                last = self.seen.last(side)
-                if last is not None:
-                    self._head[side] = (_HEAD + last[0] + _SEP, last[1])
-            return
-        c = self._cols
-        c["topic"].append(self.topic)
-        c["partition"].append(self.partition)
-        c["offset"].append(offset)
-        c["timestamp"].append(timestamp)
-        c["key_schema_id"].append(key_part[0])
-        c["key_schema"].append(None)
-        c["key_payload"].append(key_part[1])
-        c["value_schema_id"].append(value_part[0])
-        c["value_schema"].append(None)
-        c["value_payload"].append(value_part[1])
-        c["is_tombstone"].append(value is None)
-        c["error"].append(None)
-        c["old_key"].append(None if old_key is None else old_key.decode("utf-8", "replace"))
-
-    def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None:
-        """`add` of each record, in order, from Arrow arrays (or lists): each run of
-        records that split with the last schemas and have no `old_keys` is split by Arrow
-        compute functions."""
-        import pyarrow as pa
-
-        offsets, timestamps = _array(offsets, pa.int64()), _array(timestamps, pa.int64())
-        keys, values = _array(keys, pa.binary()), _array(values, pa.binary())
-        olds = [None] * len(offsets) if old_keys is None else list(old_keys)
-        start, n = 0, len(offsets)
-        while start < n:
-            end = self._run(keys, values, start)
-            if old_keys is not None:  # a record with an old key goes one at a time
-                end = next((i for i in range(start, end) if olds[i] is not None), end)
-            if end > start:
-                self._add_run(offsets, timestamps, keys, values, start, end)
-                start = end
-            if start < n:  # another schema, no envelope or an old key: one at a time
-                self.add(offsets[start].as_py(), timestamps[start].as_py(),
-                         keys[start].as_py(), values[start].as_py(), olds[start])  # fmt: skip
-                start += 1
-
-    def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
-        """The end of the run of records from `start` that split with the last schemas."""
-        import pyarrow.compute as pc
-
-        ok = None
-        for side, data in (("key", keys), ("value", values)):
-            data = data.slice(start)
-            head = self._head[side]
-            if head is None:
-                fits = pc.is_null(data)
-            else:
-                fits = pc.and_kleene(pc.starts_with(data, pattern=head[0]),
-                                     pc.ends_with(data, pattern="}"))  # fmt: skip
-                fits = pc.fill_null(fits, True)  # no data: nothing to split
-            ok = fits if ok is None else pc.and_(ok, fits)
-        bad = pc.index(ok, False).as_py()
-        return len(keys) if bad < 0 else start + bad
-
-    def _add_run(self, offsets, timestamps, keys, values, start: int, end: int) -> None:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        n = end - start
-        cols: dict[str, pa.Array] = {
-            "topic": pa.array([self.topic] * n, pa.string()),
-            "partition": pa.array([self.partition] * n, pa.int32()),
-            "offset": offsets.slice(start, n),
-            "timestamp": timestamps.slice(start, n),
-        }
-        for side, data in (("key", keys), ("value", values)):
-            data = data.slice(start, n)
-            head = self._head[side]
-            cols[f"{side}_schema"] = pa.nulls(n, pa.string())
-            if head is None:  # every record of the run has no data on this side
-                cols[f"{side}_schema_id"] = pa.nulls(n, pa.int64())
-                cols[f"{side}_payload"] = pa.nulls(n, pa.string())
-                continue
-            valid = pc.is_valid(data)
-            cols[f"{side}_schema_id"] = pc.if_else(valid, pa.scalar(head[1], pa.int64()),
-                                                   pa.scalar(None, pa.int64()))  # fmt: skip
-            try:
-                payload = pc.binary_slice(data, len(head[0]), -1).cast(pa.string())
-            except pa.ArrowInvalid:  # not UTF-8: the records go one at a time
-                for i in range(start, end):
-                    self.add(offsets[i].as_py(), timestamps[i].as_py(), keys[i].as_py(),
-                             values[i].as_py())  # fmt: skip
-                return
-            cols[f"{side}_payload"] = payload
-        cols["is_tombstone"] = pc.is_null(values.slice(start, n))
-        cols["error"] = pa.nulls(n, pa.string())
-        cols["old_key"] = pa.nulls(n, pa.string())
-        self._flush()
-        self._done.append(pa.RecordBatch.from_pydict(cols, schema=_arrow_schema()))
-        self._rows += n
-
-    @staticmethod
-    def _split(data: bytes | None, head: tuple[bytes, int] | None):
-        """(schema id, payload text) of a record side with the last schema ((None, None)
-        for no data), or None when it needs the general path."""
-        if data is None:
-            return (None, None)
-        if head is None or not data.startswith(head[0]) or not data.endswith(b"}"):
-            return None
-        try:
-            return (head[1], data[len(head[0]) : -1].decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
-
-    def _add_row(self, row: dict[str, object]) -> None:
-        for name, values in self._cols.items():
-            values.append(row[name])
-
-    def _flush(self) -> None:
-        """The rows in `_cols` into a batch of `_done`."""
-        import pyarrow as pa
-
-        if self._cols["offset"]:
-            self._done.append(pa.RecordBatch.from_pydict(self._cols, schema=_arrow_schema()))
-            self._cols = {name: [] for name in _COLUMNS}
-
-    def batch(self) -> pa.RecordBatch:
-        """The rows gathered since the last batch, as one Arrow batch."""
-        import pyarrow as pa
-
-        self._flush()
-        done, self._done, self._rows = self._done, [], 0
-        if not done:
-            return pa.RecordBatch.from_pydict(self._cols, schema=_arrow_schema())
-        if len(done) == 1:
-            return done[0]
-        return pa.Table.from_batches(done).combine_chunks().to_batches()[0]
-
-
-def _array(values, kind):
-    """`values` as one Arrow array of `kind`."""
-    import pyarrow as pa
-
-    if isinstance(values, pa.ChunkedArray):
-        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    return values if isinstance(values, pa.Array) else pa.array(values, kind)
