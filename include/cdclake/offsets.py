@@ -188,10 +188,3 @@ def encode_offsets(offsets: Mapping[TopicPartition, int]) -> str:
 def decode_offsets(text: str) -> dict[TopicPartition, int]:
     data = json.loads(text)
     return {(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
-
-
-def merge_offsets(
-    older: Mapping[TopicPartition, int], newer: Mapping[TopicPartition, int]
-) -> dict[TopicPartition, int]:
-    """Offsets after a commit: every partition ever consumed, the newest position wins."""
-    return {**older, **newer}

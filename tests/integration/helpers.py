@@ -91,10 +91,22 @@ def stray_files(spark, table: str) -> list[str]:
     """The files under the table's data directory that none of its snapshots names (what
     a load left behind)."""
     from cdclake.iceberg.tables import load_iceberg_table
-    from cdclake.resolve.range_plan import local_path
 
     spark.sql(f"REFRESH TABLE {table}")  # another process may have committed since
     data = Path(local_path(str(load_iceberg_table(spark, table).location()))) / "data"
     named = {local_path(r.file_path) for r in spark.sql(
         f"SELECT file_path FROM {table}.all_files").collect()}  # fmt: skip
     return sorted(str(p) for p in data.rglob("*.parquet") if str(p) not in named)
+
+
+def local_path(uri: str) -> str | None:
+    """The local path of a `file:` URI (or of a bare absolute path); None for any other
+    location."""
+    from urllib.parse import unquote, urlsplit
+
+    if uri.startswith("/"):
+        return uri
+    parts = urlsplit(uri)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+        return None
+    return unquote(parts.path)

@@ -17,12 +17,12 @@ import pytest
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.leases import LEASE_DIR, Leases, process_space
 from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
-from cdclake.resolve.range_plan import local_path
 
 from tests.conftest import ROOT
 from tests.integration.helpers import (
     assert_lake_equals_source,
     load_all,
+    local_path,
     make_pipeline,
     stray_files,
 )

@@ -836,13 +836,3 @@ def test_a_range_without_key_returns_its_rows_as_it_reads():
         returned.append((len(reads), batch.num_rows))
     assert [n for _, n in returned] == [4, 4, 4, 1]  # three batches of rows, the summary
     assert [seen for seen, _ in returned[:3]] == [1, 2, 3]
-
-
-def test_a_file_location_is_a_local_path_only_on_the_local_file_system():
-    from cdclake.resolve.range_plan import local_path
-
-    assert local_path("file:///a/b%20c/x.parquet") == "/a/b c/x.parquet"
-    assert local_path("file:/a/b/x.parquet") == "/a/b/x.parquet"
-    assert local_path("/a/b/x.parquet") == "/a/b/x.parquet"
-    assert local_path("s3://bucket/a/x.parquet") is None
-    assert local_path("file://host/a/x.parquet") is None

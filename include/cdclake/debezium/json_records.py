@@ -94,7 +94,7 @@ class _Unparsed:
         try:
             row = self._typed()(raw)
         except DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
-            return rows.generic(_json(bytes(raw).decode(), _where(partition, offset)))
+            return rows.generic(_json(bytes(raw).decode()))
         rows.finish(row)
         return rows.finish(row, deferred=True)
 
@@ -132,8 +132,7 @@ class _Envelopes:
 
     def generic(self, text: str, partition: int, offset: int):
         """An envelope `typed` refused (`decode_records` calls `typed` itself)."""
-        where = _where(partition, offset)
-        envelope = _json(text, where)
+        envelope = _json(text)
         if not isinstance(envelope, dict):
             raise BadRecord("value is not a Debezium envelope matching its schema")
         source = envelope.get("source")
@@ -168,11 +167,7 @@ class _Keys:
                 pass
             else:
                 return self.rows.finish(row) if self.rows.later else row
-        return self.rows.generic(_json(text, _where(partition, offset)))
-
-
-def _where(partition: int, offset: int) -> str:
-    return f"partition {partition} offset {offset}"
+        return self.rows.generic(_json(text))
 
 
 # ---- records ---------------------------------------------------------------------------
@@ -238,7 +233,7 @@ def _header_decoder():
 HEADER, NULL_ROW = _header_decoder()
 
 
-def _json(text: str | None, where: str):
+def _json(text: str | None):
     if text is None:
         return None
     if _DECODE is not None:
@@ -371,7 +366,7 @@ def _changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: M
     for change, text, sid in zip(changes, old_keys, key_sids, strict=True):
         if text is None or change.op != "c" or keys.get(sid) is None:
             continue
-        data = _json(text, "")
+        data = _json(text)
         if isinstance(data, dict) and "payload" in data and "schema" in data:
             data = data["payload"]  # the key as the JSON converter writes it
         if not isinstance(data, dict):

@@ -27,19 +27,6 @@ HEAD_RECORDS = 100  # records of a range's head read for the topic's schemas
 Schema = tuple[int, str]  # a Connect schema's id and text
 
 
-def local_path(uri: str) -> str | None:
-    """The local path of a `file:` URI (or of a bare absolute path); None for any other
-    location."""
-    from urllib.parse import unquote, urlsplit
-
-    if uri.startswith("/"):
-        return uri
-    parts = urlsplit(uri)
-    if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
-        return None
-    return unquote(parts.path)
-
-
 @dataclass(frozen=True)
 class TopicPlan:
     """What a range task needs to know of its topic and its table: the key and value
