@@ -1,5 +1,5 @@
 """A big batch read and resolved range by range: a Spark task per Kafka partition's range
-reads it and folds its changes (`range_resolve`); the driver reads the ranges' heads for
+reads it and folds its changes (`resolve.ranges`); the driver reads the ranges' heads for
 the topics' schemas and checks that the ranges' results add up."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def ranged_cache_level():
     """The storage level of a topic's rows resolved range by range: in memory, spilled
     to disk when storage memory runs short. A cached block is built whole before it can
     spill, which is why a big batch's raw records are cached on disk only
-    (`cache_level`); here a block is one range's rows, at most `range_resolve.RANGE_KEYS`
+    (`cache_level`); here a block is one range's rows, at most `resolve.ranges.RANGE_KEYS`
     (~1 KB each from the connector), whatever the batch's size. A 1M-event batch took
     1.2 s less cold than with its rows on disk (side by side)."""
     from pyspark import StorageLevel

@@ -44,6 +44,15 @@ BAD = {
         "not a Debezium change event",
     ),
     "unknown_op": (lambda k, v: (k, v.replace(b'"op":"c"', b'"op":"x"')), "operation"),
+    # a number where the schema says string (a value that does not fit its column), in a
+    # key no later change replaces (a replaced change's values are not decoded)
+    "unfit_value": (
+        lambda k, v: (
+            k.replace(b'"id":1', b'"id":9'),
+            v.replace(b'"id":1', b'"id":9').replace(b'"body":"one"', b'"body":5'),
+        ),
+        "'body'",
+    ),  # fmt: skip
 }
 # records that are applied although they are not what Debezium sends: a change without a
 # Kafka key on a keyed table takes its key from its row's key columns

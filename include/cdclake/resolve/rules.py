@@ -1,4 +1,4 @@
-"""The CDC rules every resolve follows (`resolve`, `range_resolve`), and the names
+"""The CDC rules every resolve follows (`fold`, `ranges`), and the names
 they share.
 
 Rules (the semantics the tests pin down):

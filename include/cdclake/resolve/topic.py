@@ -1,6 +1,6 @@
 """A topic's changes resolved where they were read: range by range, in the driver, or in
 Spark tasks over all of each key's records (`placement`); the same rules everywhere
-(`resolve`). Records that cannot be applied fail the table or go to the dead
+(`fold`). Records that cannot be applied fail the table or go to the dead
 letters."""
 
 from __future__ import annotations
