@@ -24,7 +24,7 @@ from cdclake.iceberg.tables import (
     table_state,
 )
 from cdclake.iceberg.write import write_table
-from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
+from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
@@ -102,12 +102,14 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     """The batch's raw records, their scan, and the records as the driver holds them
     (an Arrow table, or None).
 
-    A small batch from Kafka is read by the driver: its rows become a local relation
+    A small batch from Kafka (or, asked for, another `RawSource`) is read by the driver:
+    its rows become a local relation
     (no Spark job, no Python worker to start) and are scanned in Python. Otherwise the
     records are read by Spark tasks (or by `read`), cached, and scanned by a Spark job."""
     records = sum(r.size for r in plan.ranges)
-    if placement.driver_reads(records, read is None):
-        rows = read_local(pipeline.kafka, plan.ranges)
+    source = KAFKA if read is None else read
+    if placement.driver_reads(records, read is None, isinstance(source, RawSource)):
+        rows = read_local(pipeline.kafka, plan.ranges, source=source)
         if rows is not None:
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
             return raw, scan_rows(rows), rows

@@ -75,7 +75,7 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
     source = KAFKA if read is None else read
     records = plan.total
     if (not placement.by_range or not isinstance(source, RawSource)
-            or placement.driver_reads(records, read is None)):  # fmt: skip
+            or placement.driver_reads(records, read is None, True)):  # fmt: skip
         return {}
     topics = {r.topic for r in plan.ranges}
     tables = {pipeline.topic_for(t): t for t in pipeline.tables}

@@ -144,7 +144,8 @@ def generate(rng: random.Random, steps: int, keys: int):
      (9, False, "ranges", "hard"), (10, False, "ranges", "hard"), (11, True, "ranges", "hard"),
      (12, "range", "ranges", "hard"), (13, "range", "tasks", "hard"),
      (14, False, "ranges", "soft"), (15, True, "tasks", "soft"), (16, False, "tasks", "soft"),
-     (17, "range", "ranges", "soft")],
+     (17, "range", "ranges", "soft"), (18, False, "driver", "hard"),
+     (19, True, "driver", "soft"), (20, "range", "driver", "hard")],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
     stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve, delete_mode
@@ -153,7 +154,8 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     into a big table does (`"range"`: the range of the key's values, as a MERGE of more
     changes does). The batches (read by Spark, as big ones are) are resolved in tasks
     grouped by key (a batch with a truncate in one task); with `resolve="ranges"` they
-    are read and resolved range by range, as a Kafka source's are.
+    are read and resolved range by range, as a Kafka source's are, and with
+    `resolve="driver"` read and resolved by the driver, as small batches are.
     With soft deletes every deleted key's row keeps the value it had when it was
     deleted, whichever batch held its last change."""
     import cdclake.iceberg.write
@@ -174,7 +176,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
-        if resolve == "ranges":
+        if resolve in ("ranges", "driver"):
             raw = records_source(records[start:end], start)
         else:
             raw = raw_frame(spark, topic, records[start:end], start)
@@ -216,7 +218,7 @@ def _resent_batches(gone: str):
     return batches, [{2: "b"}, {2: "b"}, {2: "b"}, {1: "again", 2: "b"}]
 
 
-@pytest.mark.parametrize("resolve", ["ranges", "tasks"])
+@pytest.mark.parametrize("resolve", ["driver", "ranges", "tasks"])
 def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     stack, spark, tmp_path, resolve
 ):
@@ -236,7 +238,7 @@ def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     start, used = 0, set()
     for i, batch in enumerate(batches):
         end = start + len(batch)
-        if resolve == "ranges":
+        if resolve in ("ranges", "driver"):
             raw = records_source(batch, start)
         else:
             raw = raw_frame(spark, topic, batch, start)

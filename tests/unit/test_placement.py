@@ -16,8 +16,10 @@ SMALL, BIG = DRIVER_READ_RECORDS, DRIVER_READ_RECORDS + 1
 )  # fmt: skip
 def test_each_placement_takes_its_steps_of_the_rule(placement, small_in_driver, by_range):
     assert placement.driver_reads(SMALL, from_kafka=True) is small_in_driver
-    assert placement.driver_reads(BIG, from_kafka=True) is False  # never a big batch
-    assert placement.driver_reads(SMALL, from_kafka=False) is False  # another source
+    assert placement.driver_reads(BIG, from_kafka=True, readable=True) is False  # never big
+    # another source the driver can read: only when the driver is asked for
+    assert placement.driver_reads(SMALL, False, readable=True) is (placement is Placement.DRIVER)
+    assert placement.driver_reads(SMALL, from_kafka=False) is False  # a DataFrame handed in
     assert placement.by_range is by_range
 
 

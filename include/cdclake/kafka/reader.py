@@ -115,18 +115,25 @@ def read_ranges(
 
 def read_local(
     kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float | None = None,
-    max_bytes: int = DRIVER_READ_BYTES,
+    max_bytes: int = DRIVER_READ_BYTES, source: RawSource | None = None,
 ) -> pa.Table | None:  # fmt: skip
-    """Read the ranges in this process, slice after slice: the raw rows the Spark tasks
-    of `read_ranges` would yield, as one Arrow table. None as soon as the rows hold more
-    than `max_bytes` (what was read is dropped; the caller reads with Spark tasks)."""
+    """Read the ranges in this process, slice after slice, from Kafka (or `source`): the
+    raw rows the Spark tasks of `read_ranges` would yield, as one Arrow table. None as
+    soon as the rows hold more than `max_bytes` (what was read is dropped; the caller
+    reads with Spark tasks)."""
     import pyarrow as pa
 
-    client_config, timeout_s = kafka.client_config(), idle_timeout(kafka, timeout_s)
+    if source is None or source is KAFKA:
+        client_config, timeout_s = kafka.client_config(), idle_timeout(kafka, timeout_s)
+        reader = None
+    else:
+        reader = source.open(kafka)
     batches, held = [], 0
     for r in slice_ranges(ranges):
         row = {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-        for batch in _read_slice(client_config, row, timeout_s, max_bytes - held):
+        read = (reader(row) if reader is not None
+                else _read_slice(client_config, row, timeout_s, max_bytes - held))  # fmt: skip
+        for batch in read:
             held += batch.nbytes
             if held > max_bytes:
                 return None

@@ -24,8 +24,9 @@ class Placement(Enum):
        Kafka key; a topic that cannot be grouped by its Kafka key (a configured key,
        several key schemas, a truncate) is resolved in one task.
 
-    The other members ask for one step of the rule: `DRIVER` is step 1 (a bigger batch:
-    step 3); `RANGES` starts at step 2 and `TASKS` at step 3.
+    The other members ask for one step of the rule: `DRIVER` is step 1, from any source
+    the driver can read (`RawSource`; a bigger batch: step 3); `RANGES` starts at step 2
+    and `TASKS` at step 3.
     """
 
     AUTO = "auto"
@@ -33,13 +34,14 @@ class Placement(Enum):
     RANGES = "ranges"
     TASKS = "tasks"
 
-    def driver_reads(self, records: int, from_kafka: bool) -> bool:
-        """Step 1: the driver reads (and resolves) a batch of `records` records."""
-        return (
-            self in (Placement.AUTO, Placement.DRIVER)
-            and from_kafka
-            and (records <= DRIVER_READ_RECORDS)
-        )
+    def driver_reads(self, records: int, from_kafka: bool, readable: bool = False) -> bool:
+        """Step 1: the driver reads (and resolves) a batch of `records` records from
+        Kafka, or with `DRIVER` from another source it can read (`readable`)."""
+        if records > DRIVER_READ_RECORDS:
+            return False
+        if self is Placement.AUTO:
+            return from_kafka
+        return self is Placement.DRIVER and (from_kafka or readable)
 
     @property
     def by_range(self) -> bool:
