@@ -272,9 +272,8 @@ def decode_records(
     decoders: tuple[dict, dict] | None = None,
     headers_only: bool = False,
 ) -> list[Change]:
-    """Raw rows of one topic (the reader's, without broken envelopes) -> changes, as
-    `decode_changes` makes them; every record must be one that can be applied (a record
-    that `invalid_reason` would name is left to the Spark jobs). `decoders` (from
+    """Raw rows of one topic (the reader's, without broken envelopes) -> changes, one per
+    record; a record that cannot be applied raises `BadRecord`. `decoders` (from
     `row_decoders`) saves building them again for each call.
 
     `headers_only`: each record's key, operation and source are decoded and checked,

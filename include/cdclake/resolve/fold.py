@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 class TopicResolved:
     """What the checks and the resolve of one topic's records found."""
 
-    rows: pa.Table  # the shape of `resolve_latest` / `changelog`
+    rows: pa.Table  # of `result_columns`
     ddl: str  # the rows' Spark schema
     truncate: Truncate | None
     counts: dict[bool, int]  # rows per deleted flag
@@ -188,10 +188,10 @@ def resolve_changes(
 
 
 class KeyFold:
-    """One key's changes folded in Kafka order into what its resolved row needs:
-    `drop_stale` (a change whose LSN is not above every earlier one's is a re-send; a
-    tombstone goes with the change before it) and `resolve_latest` over the changes
-    kept. Holds one key's latest state, not its changes."""
+    """One key's changes folded in Kafka order into what its resolved row needs: a change
+    whose LSN is not above every earlier one's is a re-send and is dropped, a tombstone
+    goes with the change before it, and the latest change kept gives the row. Holds one
+    key's latest state, not its changes."""
 
     __slots__ = ("seen", "prev_stale", "r", "lsn", "change", "after", "real", "base", "from_key")
 
@@ -361,7 +361,7 @@ class RowShape:
 
 
 def changelog_rows(changes: Sequence[Change], schema: TopicSchema) -> list[dict]:
-    """`changelog`'s rows: every change of a table without a key."""
+    """The rows of a table without a key: every change."""
     out = []
     for c in changes:
         if c.is_tombstone:

@@ -130,7 +130,7 @@ class AcceptedTopic:
     counts: dict[bool, int]
     max_source_ms: int | None
     ranges: int
-    truncate: Truncate | None = None  # the batch's last truncate, as the Spark jobs find it
+    truncate: Truncate | None = None  # the batch's last truncate
 
     @property
     def ddl(self) -> str:
@@ -171,11 +171,11 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
 
 def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
     """The topic's last truncate, or why its ranges cannot take it. Each range started
-    its fold again after its own last truncate. The Spark jobs drop, in the other
-    partitions, the changes at or below the truncate's LSN: resolved whole, those ranges
-    can be kept only when they hold no such change. Truncates in two partitions each
-    drop their own partition's changes before them, which the Spark jobs do for the
-    last one only."""
+    its fold again after its own last truncate. The resolve of the whole topic drops, in
+    the other partitions, the changes at or below the truncate's LSN: resolved apart,
+    those ranges can be kept only when they hold no such change. Truncates in two
+    partitions each drop their own partition's changes before them, which the resolve of
+    the whole topic does for the last one only."""
     cut = [s for s in summaries if s.truncate is not None]
     if not cut:
         return None

@@ -83,8 +83,8 @@ def columns_ddl(columns: Sequence[tuple[str, str]]) -> str:
 
 
 def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[str, str]]:
-    """(name, Spark type) of the resolved rows, in `resolve_latest`'s (or `changelog`'s)
-    order."""
+    """(name, Spark type) of the resolved rows: the table's columns, then the change's
+    metadata, with the TOAST flags and the key changed from when `toast`."""
     cols = [(c.name, c.type) for c in schema.columns]
     cols += [(DELETED, "boolean"), (OP, "string"), (SOURCE_TS, "timestamp"), (LSN, "bigint")]
     if keyed:
