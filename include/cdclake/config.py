@@ -10,6 +10,7 @@ from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import ConfigError
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,6 +45,8 @@ class KafkaConfig:
     bootstrap_servers: str
     properties: Mapping[str, str] = field(default_factory=dict)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
+    # the converter the connector writes with: how the reader splits and decodes records
+    format: WireFormat = WireFormat.JSON
 
     def client_config(self) -> dict[str, str]:
         """librdkafka settings shared by every client cdclake creates; `properties` win,
@@ -73,6 +76,8 @@ class CatalogConfig:
     warehouse: str
     properties: Mapping[str, str] = field(default_factory=dict)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
+    # the converter the connector writes with: how the reader splits and decodes records
+    format: WireFormat = WireFormat.JSON
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,15 @@ import difflib
 import os
 import re
 from collections.abc import Mapping
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from cdclake.exceptions import ConfigError
+
+E = TypeVar("E", bound=Enum)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -131,6 +134,15 @@ class Reader:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise self.fail(here, f"must be a {kind.__name__}, got {type(value).__name__}")
         return value
+
+    def choice(self, data: Mapping[str, Any], where: str, key: str, kind: type[E], default: E) -> E:
+        """The member of the Enum `kind` whose value the key holds (`default` without it)."""
+        value = self.get(data, where, key, str, default.value)
+        try:
+            return kind(value)
+        except ValueError:
+            here = f"{where}.{key}" if where else key
+            raise self.fail(here, f"{value!r} is not one of {[e.value for e in kind]}") from None
 
     def _missing(self, data: Mapping[str, Any], where: str, key: str) -> ConfigError:
         """`key is required`, or, when the mapping holds a key not asked for yet that looks

@@ -279,7 +279,8 @@ def _load_table(
         return result
     schema = topic_schema([s for _, s in schemas.get("key", [])],
                           [s for _, s in schemas.get("value", [])],
-                          table.key, topic, table.exclude, known)  # fmt: skip
+                          table.key, topic, table.exclude, known,
+                          batch.pipeline.kafka.format)  # fmt: skip
     clock.lap("state")
     # no record was set aside: `raw` holds all the topic's records
     resolved = resolve_table(batch, topic, table, schema, schemas, schemas is found, raw,

@@ -29,6 +29,7 @@ from cdclake.config import (
     TimeoutsConfig,
 )
 from cdclake.config_reader import SCHEDULE_PRESETS, Reader, load_yaml, schedule_problem
+from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import ConfigError
 
 _GLOB = re.compile(r"^[A-Za-z0-9_*?]+$")
@@ -117,6 +118,7 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         bootstrap_servers=r.get(kafka_raw, "kafka", "bootstrap_servers", str),
         properties=r.string_map(kafka_raw, "kafka", "properties"),
         timeouts=timeouts,
+        format=r.choice(kafka_raw, "kafka", "format", WireFormat, WireFormat.JSON),
     )
     catalog = replace(_parse_catalog(r, r.mapping(raw, "", "catalog")), timeouts=timeouts)
     namespace = r.get(raw, "", "namespace", str)
@@ -128,12 +130,7 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
     parallel_tables = r.get(raw, "", "parallel_tables", int, 4)
     if parallel_tables <= 0:
         raise r.fail("parallel_tables", "must be greater than 0")
-    on_error_raw = r.get(raw, "", "on_error", str, OnError.FAIL.value)
-    try:
-        on_error = OnError(on_error_raw)
-    except ValueError:
-        choices = [e.value for e in OnError]
-        raise r.fail("on_error", f"{on_error_raw!r} is not one of {choices}") from None
+    on_error = r.choice(raw, "", "on_error", OnError, OnError.FAIL)
     spark_raw = r.mapping(raw, "", "spark", required=False)
     if "served" in spark_raw:  # pipeline files written for an older cdclake
         raise r.fail("spark.served", "the served driver was removed; loads run through "
@@ -340,12 +337,7 @@ def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
         clash = sorted(set(key) & set(exclude))
         if clash:
             raise r.fail(f"{where}.exclude", f"key column(s) {clash} cannot be excluded")
-        mode_raw = r.get(item, where, "delete_mode", str, DeleteMode.HARD.value)
-        try:
-            delete_mode = DeleteMode(mode_raw)
-        except ValueError:
-            choices = [m.value for m in DeleteMode]
-            raise r.fail(f"{where}.delete_mode", f"{mode_raw!r} is not one of {choices}") from None
+        delete_mode = r.choice(item, where, "delete_mode", DeleteMode, DeleteMode.HARD)
         partition_by = r.get(item, where, "partition_by", list, [])
         for i_part, spec in enumerate(partition_by):
             if not isinstance(spec, str) or not _TRANSFORM.match(spec):

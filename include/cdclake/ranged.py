@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
+from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CdclakeError
 from cdclake.iceberg.tables import conflicts_reported, ensure_namespace, ensure_table, table_columns
@@ -125,7 +126,7 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
     topic = ranges[0].topic
     frame = creating = created = planned = None
     try:
-        planned = _topic_plan(head, table, topic, known)
+        planned = _topic_plan(head, table, topic, known, pipeline.kafka.format)
         if planned is None:
             return None
         topic_plan, ddl = planned
@@ -237,8 +238,8 @@ def _head_read(reader, ranges: list[OffsetRange]):
     return head_schemas(reader, heads)
 
 
-def _topic_plan(head, table: TableConfig, topic: str,
-                known: dict[str, str]) -> tuple[TopicPlan, str] | None:  # fmt: skip
+def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
+                fmt: WireFormat) -> tuple[TopicPlan, str] | None:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
     (`head`, the future of its `_head_read`: a read that failed raises), and the schema
     of their rows; None (the log says why) when the topic must take the general path."""
@@ -248,11 +249,11 @@ def _topic_plan(head, table: TableConfig, topic: str,
         why = "no schema at the head of its ranges"
     else:
         schemas = {"key": [found[0]] if found[0] else [], "value": [found[1]] if found[1] else []}
-        if misfits(table, topic, schemas, known):
+        if misfits(table, topic, schemas, known, fmt):
             why = "a schema that does not fit the table's columns"
         else:
             topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known,
-                                   tuple(table.key))  # fmt: skip
+                                   tuple(table.key), fmt)  # fmt: skip
             try:
                 return topic_plan, topic_plan.ddl
             except CdclakeError as exc:  # a schema the lake cannot take

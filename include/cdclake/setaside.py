@@ -9,7 +9,7 @@ import logging
 
 from cdclake.batch import Batch, TableResult
 from cdclake.config import OnError, PipelineConfig, TableConfig
-from cdclake.debezium.connect import parse_connect_schema
+from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import column_types, misfit, value_row_fields
 from cdclake.exceptions import DecodeError
 from cdclake.iceberg.deadletters import set_aside
@@ -51,7 +51,7 @@ def set_aside_misfits(
     dead-letter them all and go on with the rest. Returns the schemas and records left."""
     from pyspark.sql import functions as F
 
-    rejected = misfits(table, topic, schemas, known)
+    rejected = misfits(table, topic, schemas, known, batch.pipeline.kafka.format)
     if not rejected:
         return schemas, raw
     reason = None
@@ -99,8 +99,10 @@ NOT_AN_ENVELOPE = (
 
 
 def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, str]]],
-             known: dict[str, str]) -> dict[tuple[str, int], str]:  # fmt: skip
-    """(side, schema id) -> why that schema version does not fit the table's columns."""
+            known: dict[str, str], fmt: WireFormat) -> dict[tuple[str, int], str]:  # fmt: skip
+    """(side, schema id) -> why that schema version (its text in `fmt`) does not fit the
+    table's columns."""
+    parse_connect_schema = fmt.codec.connect_schema
     rejected: dict[tuple[str, int], str] = {}
     for sid, text in schemas.get("value", []):
         try:

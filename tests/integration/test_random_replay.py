@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cdclake.iceberg.merge_sql import KeyRange
 from cdclake.job import run_batch
-from cdclake.kafka.raw_rows import SchemaIds, record_row
-from cdclake.kafka.reader import RAW_SCHEMA, RawRows, RawSource
+from cdclake.kafka.raw_rows import RAW_SCHEMA, RawRows, SchemaIds, record_row
+from cdclake.kafka.reader import RawSource
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Placement
 

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 from cdclake.config import DeleteMode, OnError
+from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline_file import load_pipeline, read_pipelines
 
@@ -35,7 +36,7 @@ def test_valid_config_parses_into_typed_objects(tmp_path):
     assert p.tables[1].key == ("order_id", "line")
     assert p.topic_for(p.tables[0]) == "pg.public.orders"
     assert p.qualified_target(p.tables[1]) == "lake.shop.order_items"
-    assert p.on_error is OnError.FAIL
+    assert p.on_error is OnError.FAIL and p.kafka.format is WireFormat.JSON
     audit = p.tables[2]
     assert audit.exclude == ("secret",) and audit.delete_mode is DeleteMode.SOFT
     assert audit.partition_by == ("bucket(16, id)", "days(at)", "kind")
@@ -74,6 +75,7 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         ),  # env var missing without default
         (("target: order_items", "target: orders"), "tables"),  # two sources, one target
         (("delete_mode: soft", "delete_mode: gone"), "tables[2].delete_mode"),
+        (("properties: {", "format: avro, properties: {"), "kafka.format"),  # no such format
         (('"days(at)"', '"days(at); drop table x"'), "tables[2].partition_by[1]"),
         (("exclude: [secret]", "exclude: [id], key: [id]"), "tables[2].exclude"),
         (("delete_mode: soft", "colour: red"), "tables[2].colour"),  # unknown table field
@@ -227,6 +229,13 @@ def test_bad_section_names_file_and_field(tmp_path, section, field, problem):
     assert f": {field}: {problem}" in str(err.value)
 
 
+def test_the_wire_format_is_read_from_the_kafka_section(tmp_path):
+    text = VALID.replace("properties: {", "format: json, properties: {", 1)
+    assert load_pipeline(write(tmp_path, text)).kafka.format is WireFormat.JSON
+    with pytest.raises(ConfigError, match=r"kafka.format: 'avro' is not one of \['json'\]"):
+        load_pipeline(write(tmp_path, text.replace("format: json", "format: avro")))
+
+
 def test_cached_rows_are_kept_unencoded_unless_the_pipeline_says(tmp_path):
     from cdclake.spark import spark_conf
 
@@ -249,7 +258,7 @@ LONG_NAME = "p" * 101
         ),
         pytest.param(
             "properties: {security.protocol: SSL}", "propertes: {security.protocol: SSL}",
-            "kafka.propertes: unknown key (known: bootstrap_servers, properties)",
+            "kafka.propertes: unknown key (known: bootstrap_servers, format, properties)",
             id="misspelt optional key under kafka",
         ),
         pytest.param(

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from cdclake.debezium.schema import DELETED
-from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.kafka.raw_rows import RawRows
+from cdclake.kafka.reader import arrow_frame
 from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import (
     BATCH_ROWS,

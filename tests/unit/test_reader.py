@@ -151,8 +151,7 @@ def test_raw_rows_equal_the_rows_of_record_row(how):
     functions (`add_many`), must give exactly the general path's rows: schema switches
     and returns, tombstones, records without key, broken envelopes and bad UTF-8."""
     import pyarrow as pa
-    from cdclake.kafka.raw_rows import SchemaIds, raw_arrow_schema, record_row
-    from cdclake.kafka.reader import RawRows
+    from cdclake.kafka.raw_rows import RawRows, SchemaIds, raw_arrow_schema, record_row
 
     k, a, b = b'{"type":"int32"}', b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
     records = [

@@ -18,7 +18,8 @@ from cdclake.debezium.connect import (
 )
 from cdclake.debezium.schema import DELETED, OFFSET, OP, PARTITION, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.kafka.raw_rows import RawRows
+from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
 from cdclake.resolve.fold import (
     RAW_COLUMNS,

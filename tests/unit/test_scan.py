@@ -4,7 +4,8 @@ import base64
 
 import pyarrow as pa
 import pytest
-from cdclake.kafka.reader import RawRows, arrow_frame
+from cdclake.kafka.raw_rows import RawRows
+from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_raw, scan_rows
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 

@@ -16,7 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from cdclake.bench.events import Workload, generate_slice
-from cdclake.kafka.reader import RawRows, RawSource
+from cdclake.kafka.raw_rows import RawRows
+from cdclake.kafka.reader import RawSource
 from cdclake.offsets import OffsetRange
 
 

@@ -1,24 +1,27 @@
-"""Debezium JSON-with-schema records (the reader's raw rows: schema ids and payload text)
--> changes (`Change`: key, rows after and before, operation, source position), typed by
-msgspec where it can and decoded field by field where it cannot (`decode_records`)."""
+"""The JSON-with-schema wire format (`WireFormat.JSON`, the `Codec` of
+`cdclake.debezium.formats`): the reader splits each envelope into its schema and payload
+text (`raw_rows`); the raw rows -> changes (`Change`: key, rows after and before,
+operation, source position), typed by msgspec where it can and decoded field by field
+where it cannot (`decode_records`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from cdclake.debezium.connect import (
     ConnectField,
     parse_connect_schema,
 )
-from cdclake.debezium.json_values import BadRecord, Source, row_decoder, typed_fields
+from cdclake.debezium.formats import BadRecord, Change, settle
+from cdclake.debezium.json_values import Source, row_decoder, typed_fields
 from cdclake.debezium.schema import (
     Column,
     TopicSchema,
     value_row_fields,
 )
+from cdclake.kafka.raw_rows import RawRows
 from cdclake.resolve.rules import (
     ROW_OPS,
     TRUNCATE,
@@ -99,12 +102,6 @@ class _Unparsed:
         return rows.finish(row, deferred=True)
 
 
-def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:
-    """Decoded rows (None: no row, all its values None) as the values of each column
-    named."""
-    return {name: [None if r is None else r.get(name) for r in rows] for name in names}
-
-
 class _Envelopes:
     """A value schema's envelopes: `typed` (msgspec) parses one straight into typed rows
     (`_Rows`) and a source of integer `ts_ms` and `lsn`; a payload it refuses (a value of
@@ -173,35 +170,6 @@ class _Keys:
 # ---- records ---------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Change:
-    partition: int
-    offset: int
-    is_tombstone: bool
-    key: dict | None
-    after: dict | None
-    before: dict | None
-    op: str | None
-    source_ts_ms: int | None
-    lsn: int | None
-    ident: tuple = ()  # the key's values: from its key, else its row after, else before
-    # what decodes the rest of its rows when it is settled: a `_Rows` (deferred columns)
-    # or an `_Unparsed` (rows still raw JSON)
-    pending: Any = None
-    # a create of a key that was another's (a primary-key change): that key's values, from
-    # the record's `__debezium.oldkey` header
-    from_key: tuple | None = None
-
-
-def settle(change: Change) -> Change:
-    """The change with every column of its rows decoded."""
-    rows = change.pending
-    if rows is not None:
-        change.pending = None
-        rows.settle(change)
-    return change
-
-
 def _fast_json():
     """msgspec's JSON decoder (3× `json.loads` here), when installed; its errors (a
     payload it refuses, or one not of the expected types)."""
@@ -245,6 +213,14 @@ def _json(text: str | None):
         return json.loads(text)
     except ValueError:
         raise BadRecord("the payload is not JSON") from None
+
+
+def raw_rows(topic: str, partition: int) -> RawRows:
+    return RawRows(topic, partition)
+
+
+def connect_schema(text: str) -> ConnectField:
+    return parse_connect_schema(text)
 
 
 def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],

@@ -36,6 +36,7 @@ from cdclake.debezium.connect import (
     ConnectField,
     decimal_params,
 )
+from cdclake.debezium.formats import BadRecord
 from cdclake.debezium.schema import (
     Column,
 )
@@ -43,14 +44,6 @@ from cdclake.exceptions import DecodeError
 
 if TYPE_CHECKING:
     pass
-
-
-class Unsupported(Exception):
-    """What a fold cannot take (the message says why)."""
-
-
-class BadRecord(Unsupported):
-    """A record that cannot be applied (the message says why)."""
 
 
 # ---- values ----------------------------------------------------------------------------

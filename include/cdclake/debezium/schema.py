@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from cdclake.debezium.connect import (
     ConnectField,
     lake_type,
-    parse_connect_schema,
 )
+from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import DecodeError
 
 OP = "_cdc_op"
@@ -47,6 +47,7 @@ class TopicSchema:
 
     key: tuple[Column, ...]
     columns: tuple[Column, ...]  # source columns, latest schema's order first
+    format: WireFormat = WireFormat.JSON  # what the topic's records are written in
 
     @property
     def key_names(self) -> tuple[str, ...]:
@@ -142,10 +143,12 @@ def topic_schema(
     where: str,
     exclude: Sequence[str] = (),
     known: Mapping[str, str] | None = None,
+    fmt: WireFormat = WireFormat.JSON,
 ) -> TopicSchema:
-    """Schemas are given oldest first (by the last offset that used them); `known` holds
-    the lake table's column types when it exists."""
-    value_fields = [value_row_fields(parse_connect_schema(s), where) for s in value_schemas]
+    """Schemas (their texts in `fmt`) are given oldest first (by the last offset that used
+    them); `known` holds the lake table's column types when it exists."""
+    parse = fmt.codec.connect_schema
+    value_fields = [value_row_fields(parse(s), where) for s in value_schemas]
     columns = unify_columns(value_fields, where, known, exclude)
     if key_override:
         by_name = {c.name: c for c in columns}
@@ -154,7 +157,7 @@ def topic_schema(
             raise DecodeError(f"{where}: key column(s) {missing} are not columns of the table")
         key = tuple(Column(k, by_name[k].type, False) for k in key_override)
     else:
-        key_fields = [parse_connect_schema(s).fields for s in key_schemas]
+        key_fields = [parse(s).fields for s in key_schemas]
         if not key_fields:  # a table without primary key and no `key:`: an append-only changelog
             key = ()
         else:
@@ -166,4 +169,4 @@ def topic_schema(
     columns = tuple(k for k in key if k.name not in present) + tuple(
         Column(c.name, c.type, c.name not in key_names) for c in columns
     )
-    return TopicSchema(key=key, columns=columns)
+    return TopicSchema(key=key, columns=columns, format=fmt)

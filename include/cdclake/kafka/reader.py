@@ -17,7 +17,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from cdclake.config import KafkaConfig
-from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, RawRows, raw_arrow_schema
+from cdclake.debezium.formats import WireFormat
+from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, raw_arrow_schema
 from cdclake.offsets import OffsetRange
 
 if TYPE_CHECKING:
@@ -100,7 +101,8 @@ def idle_timeout(kafka: KafkaConfig, timeout_s: float | None = None) -> float:
 
 
 def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> RangeReader:
-    return partial(_read_slice, kafka.client_config(), timeout_s=idle_timeout(kafka, timeout_s))
+    return partial(_read_slice, kafka.client_config(), timeout_s=idle_timeout(kafka, timeout_s),
+                   fmt=kafka.format)  # fmt: skip
 
 
 KAFKA = RawSource(_kafka_reader)
@@ -131,8 +133,11 @@ def read_local(
     batches, held = [], 0
     for r in slice_ranges(ranges):
         row = {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-        read = (reader(row) if reader is not None
-                else _read_slice(client_config, row, timeout_s, max_bytes - held))  # fmt: skip
+        read = (
+            reader(row)
+            if reader is not None
+            else _read_slice(client_config, row, timeout_s, max_bytes - held, kafka.format)
+        )
         for batch in read:
             held += batch.nbytes
             if held > max_bytes:
@@ -168,10 +173,11 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
 
 
 def _read_slice(
-    client_config: dict, row: dict, timeout_s: float, batch_bytes: int | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The raw rows of one slice, in Arrow batches of up to 10,000 records (or fewer once
-    their records hold `batch_bytes`)."""
+    client_config: dict, row: dict, timeout_s: float, batch_bytes: int | None = None,
+    fmt: WireFormat = WireFormat.JSON,
+) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The raw rows of one slice, its records split by `fmt`, in Arrow batches of up to
+    10,000 records (or fewer once their records hold `batch_bytes`)."""
     import time
     import uuid
 
@@ -189,7 +195,7 @@ def _read_slice(
             "queued.max.messages.kbytes": 262144,
         }
     )
-    rows = RawRows(topic, partition)
+    rows = fmt.codec.raw_rows(topic, partition)
     held = 0  # record bytes in `rows`
     try:
         consumer.assign([TopicPartition(topic, partition, start)])

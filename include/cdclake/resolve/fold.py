@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cdclake.debezium.json_records import Change, by_column, decode_records, row_decoders, settle
-from cdclake.debezium.json_values import BadRecord
+from cdclake.debezium.formats import BadRecord, Change, by_column, settle
 from cdclake.debezium.schema import (
     DELETED,
     LSN,
@@ -398,9 +397,9 @@ def resolve_rows(
     bad: list[tuple[int, int, str]] = []
     with cycles_uncollected():
         try:
-            out, truncate, toast = _resolve(
-                decode_records(rows, schema, key_schemas, value_schemas), schema
-            )
+            codec = schema.format.codec
+            changes = codec.decode_records(rows, schema, key_schemas, value_schemas)
+            out, truncate, toast = _resolve(changes, schema)
         except BadRecord:  # find each record that cannot be applied, and leave it out
             changes = decode_each(rows, schema, key_schemas, value_schemas, bad)
             out, truncate, toast = _resolve(changes, schema)
@@ -422,12 +421,13 @@ def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, s
                 value_schemas: Mapping[int, str], bad: list) -> list[Change]:  # fmt: skip
     """The changes of the records that can be applied, each decoded alone and whole;
     each other record's (partition, offset, reason) is appended to `bad`."""
-    decoders = row_decoders(schema, key_schemas, value_schemas)
+    codec = schema.format.codec
+    decoders = codec.row_decoders(schema, key_schemas, value_schemas)
     changes = []
     for i in range(rows.num_rows):
         one = rows.slice(i, 1)
         try:
-            [change] = decode_records(one, schema, key_schemas, value_schemas, decoders)
+            [change] = codec.decode_records(one, schema, key_schemas, value_schemas, decoders)
             changes.append(settle(change))
         except BadRecord as why:
             bad.append((one["partition"][0].as_py(), one["offset"][0].as_py(), str(why)))

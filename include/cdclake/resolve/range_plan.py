@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.kafka.reader import RangeReader
 from cdclake.resolve.rows import columns_ddl, result_columns
@@ -40,12 +41,14 @@ class TopicPlan:
     exclude: tuple[str, ...] = ()
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
     key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
+    format: WireFormat = WireFormat.JSON
 
     @cached_property
     def schema(self) -> TopicSchema:
         keys = [] if self.key_schema is None else [self.key_schema[1]]
         values = [] if self.value_schema is None else [self.value_schema[1]]
-        return topic_schema(keys, values, self.key, self.topic, self.exclude, self.known)
+        return topic_schema(keys, values, self.key, self.topic, self.exclude, self.known,
+                            self.format)  # fmt: skip
 
     def columns(self, toast: bool = True) -> list[tuple[str, str]]:
         """(name, Spark type) of the resolved rows; `toast`: with the TOAST flags (a

@@ -29,11 +29,7 @@ import base64
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cdclake.debezium.json_records import (
-    decode_records,
-    row_decoders,
-)
-from cdclake.debezium.json_values import Unsupported
+from cdclake.debezium.formats import Unsupported
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CdclakeError
 from cdclake.kafka.reader import RangeReader
@@ -148,10 +144,10 @@ class RangeFold:
         self.schema = self.plan.schema
         if not self.schema.key_names:
             self.changelog = True
-            self._decoders = row_decoders(self.schema, keys, values)
+            self._decoders = self.schema.format.codec.row_decoders(self.schema, keys, values)
             return
         check_key_types(self.schema)
-        self._decoders = row_decoders(self.schema, keys, values)
+        self._decoders = self.schema.format.codec.row_decoders(self.schema, keys, values)
         self._toast_cols = toastable(self.schema)
         self._toast_of = ToastColumns(self._toast_cols)
 
@@ -163,10 +159,9 @@ class RangeFold:
         self.states.clear()
 
     def _fold(self, raw: pa.RecordBatch) -> None:
-        schema, states, toast = self.schema, self.states, self._toast_of
+        states, toast = self.states, self._toast_of
         lean = not self.follow_toast
-        changes = decode_records(raw, schema, self._texts["key"], self._texts["value"],
-                                 self._decoders, headers_only=lean)  # fmt: skip
+        changes = self._decode(raw, headers_only=lean)
         if lean:
             toast = NO_TOAST
         first = self.summary.first_lsn
@@ -188,11 +183,20 @@ class RangeFold:
         if len(states) > RANGE_KEYS:
             raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
 
+    def _decode(self, raw: pa.RecordBatch, headers_only: bool = False) -> list:
+        return self.schema.format.codec.decode_records(
+            raw,
+            self.schema,
+            self._texts["key"],
+            self._texts["value"],
+            self._decoders,
+            headers_only=headers_only,
+        )
+
     def _log(self, raw: pa.RecordBatch) -> None:
         """A table without a key: the read batch's changes as rows (`changelog_rows`,
         which also replaces TOAST placeholders), for `drain`."""
-        changes = decode_records(raw, self.schema, self._texts["key"], self._texts["value"],
-                                 self._decoders)  # fmt: skip
+        changes = self._decode(raw)
         rows = changelog_rows(changes, self.schema)
         if rows:
             self._pending.append(rows_table(rows, self.plan.columns()))

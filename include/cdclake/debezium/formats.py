@@ -1,0 +1,116 @@
+"""Debezium wire formats: what a Kafka Connect converter writes, read into changes.
+
+A format is one module with the four functions of `Codec`; `WireFormat` names the ones
+cdclake reads, and a pipeline picks one (`kafka.format`). The reader splits each record
+with the format's `raw_rows` into schema ids, schema text and payload; the batch's topic
+shape comes from its schemas through `connect_schema`; the folds decode raw rows into
+`Change`s with `decode_records`, which raises `BadRecord` for a record that cannot be
+applied. Everything after a `Change` (the CDC rules, the MERGE) is the same for every
+format.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# In `Codec`, a `schema` is the topic's `cdclake.debezium.schema.TopicSchema` (which names
+# its format, so this module imports no other of cdclake's).
+
+
+class Unsupported(Exception):
+    """What a fold cannot take (the message says why)."""
+
+
+class BadRecord(Unsupported):
+    """A record that cannot be applied (the message says why)."""
+
+
+@dataclass(slots=True)
+class Change:
+    """One record, decoded: what the CDC rules read."""
+
+    partition: int
+    offset: int
+    is_tombstone: bool
+    key: dict | None
+    after: dict | None
+    before: dict | None
+    op: str | None
+    source_ts_ms: int | None
+    lsn: int | None
+    ident: tuple = ()  # the key's values: from its key, else its row after, else before
+    # what decodes the rest of its rows when it is settled (the format's own object, with
+    # a `settle(change)` method), None once they are
+    pending: Any = None
+    # a create of a key that was another's (a primary-key change): that key's values, from
+    # the record's `__debezium.oldkey` header
+    from_key: tuple | None = None
+
+
+def settle(change: Change) -> Change:
+    """The change with every column of its rows decoded."""
+    rows = change.pending
+    if rows is not None:
+        change.pending = None
+        rows.settle(change)
+    return change
+
+
+def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:
+    """Decoded rows (None: no row, all its values None) as the values of each column
+    named."""
+    return {name: [None if r is None else r.get(name) for r in rows] for name in names}
+
+
+class RawRowsWriter(Protocol):
+    """A reader task's records of one partition, split into the raw rows
+    (`cdclake.kafka.raw_rows.RAW_SCHEMA`), gathered into Arrow batches."""
+
+    def __len__(self) -> int: ...
+
+    def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None: ...
+
+    def batch(self) -> pa.RecordBatch: ...
+
+
+class Codec(Protocol):
+    """What a format's module provides."""
+
+    def raw_rows(self, topic: str, partition: int) -> RawRowsWriter:
+        """The splitter of one reader task's records."""
+
+    def connect_schema(self, text: str) -> Any:
+        """A key or value schema (its text in the raw rows) as a Connect schema
+        (`cdclake.debezium.connect.ConnectField`)."""
+
+    def row_decoders(self, schema: Any, key_schemas: Mapping[int, str],
+                     value_schemas: Mapping[int, str]) -> Any:  # fmt: skip
+        """What `decode_records` needs of the schemas, built once per topic and task."""
+
+    def decode_records(
+        self, rows: pa.Table | pa.RecordBatch, schema: Any,
+        key_schemas: Mapping[int, str], value_schemas: Mapping[int, str],
+        decoders: Any = None, headers_only: bool = False,
+    ) -> list[Change]:  # fmt: skip
+        """Raw rows of one topic -> one change per record; `BadRecord` for a record that
+        cannot be applied. `headers_only`: rows decoded only when the change is settled."""
+
+
+class WireFormat(StrEnum):
+    """The converter (and transforms) the topics were written with."""
+
+    JSON = "json"  # JsonConverter with schemas.enable=true, the whole change envelope
+
+    @property
+    def codec(self) -> Codec:
+        return importlib.import_module(_CODECS[self])  # type: ignore[return-value]
+
+
+_CODECS = {WireFormat.JSON: "cdclake.debezium.json_records"}
