@@ -47,6 +47,32 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--pipeline", required=True)
     plan.add_argument("--batch-id", default=None)
 
+    _backfill_parser(sub)
+    _snapshot_parser(sub)
+
+    maintain = sub.add_parser("maintain", help="Iceberg maintenance of a pipeline's tables")
+    maintain.add_argument("--pipeline", required=True, help="pipeline YAML file")
+
+    compare = sub.add_parser("compare", help="compare every lake table with its source table")
+    compare.add_argument("--pipeline", required=True)
+    compare.add_argument("--source-dsn", required=True)
+
+    _bench_parser(sub)
+
+    archive = sub.add_parser(
+        "jvm-archive", help="build the Spark driver's class-data-sharing archive (faster starts)"
+    )
+    archive.add_argument("--force", action="store_true", help="rebuild it when it exists")
+
+    status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
+    status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
+                        "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
+    status.add_argument("--json", action="store_true")
+    return p
+
+
+def _backfill_parser(sub) -> None:
+    """`cdclake backfill`'s arguments."""
     bf = sub.add_parser(
         "backfill",
         help="replay a range of offsets, or rebuild tables from Kafka",
@@ -78,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     bf.add_argument("--dry-run", action="store_true", help="print the plans, load nothing")
     bf.add_argument("--id", dest="backfill_id", default=None, help="backfill id (default new)")
 
+
+def _snapshot_parser(sub) -> None:
+    """`cdclake snapshot`'s arguments."""
     sn = sub.add_parser(
         "snapshot",
         help="send a Debezium snapshot signal and follow it to the end",
@@ -103,13 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sn.add_argument("--no-follow", action="store_true", help="send and return")
 
-    maintain = sub.add_parser("maintain", help="Iceberg maintenance of a pipeline's tables")
-    maintain.add_argument("--pipeline", required=True, help="pipeline YAML file")
 
-    compare = sub.add_parser("compare", help="compare every lake table with its source table")
-    compare.add_argument("--pipeline", required=True)
-    compare.add_argument("--source-dsn", required=True)
-
+def _bench_parser(sub) -> None:
+    """`cdclake bench`'s arguments."""
     bench = sub.add_parser("bench", help="benchmark the load job on the local stack")
     bench.add_argument("--scale", type=float, default=1.0, help="1 = full size (hours)")
     bench.add_argument("--out", default=".cdclake/bench/bench.json", help="JSON result file")
@@ -122,17 +147,6 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--baseline", metavar="REV", help="also run revision REV's benchmark; print both"
     )
-
-    archive = sub.add_parser(
-        "jvm-archive", help="build the Spark driver's class-data-sharing archive (faster starts)"
-    )
-    archive.add_argument("--force", action="store_true", help="rebuild it when it exists")
-
-    status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
-    status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
-                        "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
-    status.add_argument("--json", action="store_true")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -270,13 +270,7 @@ def decode_records(
         cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
         cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
     ):  # fmt: skip
-        key = None
-        if key_sid is not None:
-            decode_key = keys.get(key_sid)
-            if decode_key is None:
-                raise BadRecord(f"key schema {key_sid} is "
-                                  "not among the batch's")  # fmt: skip
-            key = decode_key(key_text, partition, offset)
+        key = None if key_sid is None else _key(keys, key_sid, key_text, partition, offset)
         if value_sid is None:
             change = Change(partition, offset, bool(tombstone), key,
                              None, None, None, None, None, ident(key, None, None))  # fmt: skip
@@ -320,18 +314,29 @@ def decode_records(
                 change = Change(partition, offset, bool(tombstone), key, after, before, op,
                                  ts, lsn, ident(key, after, before), pending)  # fmt: skip
         if not tombstone:
-            op = change.op
-            if op.__class__ is not str or op not in _OPS:
-                raise BadRecord(f"unknown operation {op}")
-            values_of_key = change.ident
-            if (op != TRUNCATE and values_of_key
-                    and values_of_key.count(None) == len(values_of_key)):  # fmt: skip
-                raise BadRecord("record has no key")
+            _check(change)
         append(change)
     if "old_key" in rows.column_names and rows.column("old_key").null_count < rows.num_rows:
         _changed_from(changes, rows.column("old_key").to_pylist(), cols["key_schema_id"], keys,
                       ident)  # fmt: skip
     return changes
+
+
+def _key(keys: Mapping, sid: int, text: str | None, partition: int, offset: int):
+    decode = keys.get(sid)
+    if decode is None:
+        raise BadRecord(f"key schema {sid} is not among the batch's")
+    return decode(text, partition, offset)
+
+
+def _check(change: Change) -> None:
+    """A change event's operation is known, and it has a key (a truncate need not)."""
+    op = change.op
+    if op.__class__ is not str or op not in _OPS:
+        raise BadRecord(f"unknown operation {op}")
+    ident = change.ident
+    if op != TRUNCATE and ident and ident.count(None) == len(ident):
+        raise BadRecord("record has no key")
 
 
 def _changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: Mapping,

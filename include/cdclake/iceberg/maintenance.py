@@ -196,54 +196,8 @@ def maintain_table(
         spark._jsparkSession
     )
 
-    with _conflicts_reported(qualified, "rewrite_data_files"):
-        rewrite = (
-            actions.rewriteDataFiles(_fresh_table(spark, qualified))
-            .option("target-file-size-bytes", str(settings.target_file_size_bytes))
-            .option("min-input-files", str(settings.min_input_files))
-            .option("delete-file-threshold", str(settings.delete_file_threshold))
-            .option("remove-dangling-deletes", "true")
-            .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_data_files")
-            .execute()
-        )
-    result.data_files_rewritten = rewrite.rewrittenDataFilesCount()
-    result.data_files_added = rewrite.addedDataFilesCount()
-    result.delete_files_removed_by_rewrite = rewrite.removedDeleteFilesCount()
-    offsets = _checked(spark, qualified, "rewrite_data_files", offsets)
-
-    with _conflicts_reported(qualified, "rewrite_position_delete_files"):
-        deletes = (
-            actions.rewritePositionDeletes(_fresh_table(spark, qualified))
-            # all of them: rewriting drops the deletes of data files step 1 replaced, which
-            # Iceberg's dangling-delete check (and min-input-files grouping) leave behind;
-            # loads keep at most one delete file per data file, so this stays small
-            .option("rewrite-all", "true")
-            .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_position_delete_files")
-            .execute()
-        )
-    result.delete_files_rewritten = deletes.rewrittenDeleteFilesCount()
-    result.delete_files_added = deletes.addedDeleteFilesCount()
-    offsets = _checked(spark, qualified, "rewrite_position_delete_files", offsets)
-
-    ice = _fresh_table(spark, qualified)
-    before_expiry = _count_snapshots(spark, qualified)
-    ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
-    for _, timestamp_ms, summary in jvm_ancestors(ice, qualified):
-        ancestry.append((timestamp_ms, SUMMARY_OFFSETS in summary))
-        if ancestry[-1][1]:
-            break
-    older_than, retain = expiry_bounds(
-        ancestry, now_ms - settings.expire_older_than_hours * HOUR_MS, settings.retain_last
-    )
-    with _conflicts_reported(qualified, "expire_snapshots"):
-        expired = actions.expireSnapshots(ice).expireOlderThan(older_than).retainLast(retain)
-        expired = expired.execute()
-    result.files_deleted_by_expiry = int(
-        expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
-        + expired.deletedEqualityDeleteFilesCount()
-    )  # fmt: skip
-    offsets = _checked(spark, qualified, "expire_snapshots", offsets)
-    result.snapshots_expired = max(0, before_expiry - _count_snapshots(spark, qualified))
+    offsets = _rewrite_files(spark, actions, qualified, settings, result, offsets)
+    offsets = _expire(spark, actions, qualified, settings, now_ms, result, offsets)
 
     orphans = (
         orphan_files(actions, _fresh_table(spark, qualified))
@@ -279,6 +233,65 @@ def maintain_table(
         result.ledger_rows_pruned,
     )  # fmt: skip
     return result
+
+
+def _rewrite_files(spark, actions, qualified: str, settings, result: TableMaintenance,
+                   offsets: dict) -> dict:  # fmt: skip
+    """Compact data files, then rewrite position deletes; the offsets, checked after each."""
+    with _conflicts_reported(qualified, "rewrite_data_files"):
+        rewrite = (
+            actions.rewriteDataFiles(_fresh_table(spark, qualified))
+            .option("target-file-size-bytes", str(settings.target_file_size_bytes))
+            .option("min-input-files", str(settings.min_input_files))
+            .option("delete-file-threshold", str(settings.delete_file_threshold))
+            .option("remove-dangling-deletes", "true")
+            .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_data_files")
+            .execute()
+        )
+    result.data_files_rewritten = rewrite.rewrittenDataFilesCount()
+    result.data_files_added = rewrite.addedDataFilesCount()
+    result.delete_files_removed_by_rewrite = rewrite.removedDeleteFilesCount()
+    offsets = _checked(spark, qualified, "rewrite_data_files", offsets)
+
+    with _conflicts_reported(qualified, "rewrite_position_delete_files"):
+        deletes = (
+            actions.rewritePositionDeletes(_fresh_table(spark, qualified))
+            # all of them: rewriting drops the deletes of data files step 1 replaced, which
+            # Iceberg's dangling-delete check (and min-input-files grouping) leave behind;
+            # loads keep at most one delete file per data file, so this stays small
+            .option("rewrite-all", "true")
+            .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_position_delete_files")
+            .execute()
+        )
+    result.delete_files_rewritten = deletes.rewrittenDeleteFilesCount()
+    result.delete_files_added = deletes.addedDeleteFilesCount()
+    offsets = _checked(spark, qualified, "rewrite_position_delete_files", offsets)
+    return offsets
+
+
+def _expire(spark, actions, qualified: str, settings, now_ms: int, result: TableMaintenance,
+            offsets: dict) -> dict:  # fmt: skip
+    """Expire old snapshots, keeping the newest with offsets; the offsets, checked."""
+    ice = _fresh_table(spark, qualified)
+    before_expiry = _count_snapshots(spark, qualified)
+    ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
+    for _, timestamp_ms, summary in jvm_ancestors(ice, qualified):
+        ancestry.append((timestamp_ms, SUMMARY_OFFSETS in summary))
+        if ancestry[-1][1]:
+            break
+    older_than, retain = expiry_bounds(
+        ancestry, now_ms - settings.expire_older_than_hours * HOUR_MS, settings.retain_last
+    )
+    with _conflicts_reported(qualified, "expire_snapshots"):
+        expired = actions.expireSnapshots(ice).expireOlderThan(older_than).retainLast(retain)
+        expired = expired.execute()
+    result.files_deleted_by_expiry = int(
+        expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
+        + expired.deletedEqualityDeleteFilesCount()
+    )  # fmt: skip
+    offsets = _checked(spark, qualified, "expire_snapshots", offsets)
+    result.snapshots_expired = max(0, before_expiry - _count_snapshots(spark, qualified))
+    return offsets
 
 
 def last_runs(pipeline: PipelineConfig) -> list[dict | None]:

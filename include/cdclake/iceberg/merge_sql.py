@@ -110,17 +110,8 @@ def build_merge_sql(
     if after_truncate:
         fresh = f"({fresh}{after_truncate})"
 
-    def value(n: str) -> str:
-        """What an update writes into column `n`."""
-        if n in toast_columns:
-            flag = f"s.{quote(TOAST_PREFIX + n)}"
-            return f"CASE WHEN {flag} THEN t.{quote(n)} ELSE s.{quote(n)} END"
-        if n == LSN:
-            return f"coalesce(s.{LSN}, t.{LSN})"
-        return f"s.{quote(n)}"
-
     def assign(n: str) -> str:
-        return f"t.{quote(n)} = {value(n)}"
+        return f"t.{quote(n)} = {_updated(n, toast_columns)}"
 
     # columns the source dropped stay in the table; rows written from now on hold NULL
     gone = [f"t.{quote(n)} = NULL" for n in dropped_columns]
@@ -128,16 +119,7 @@ def build_merge_sql(
     insert_cols = ", ".join(quote(n) for n in names)
     insert_vals = ", ".join(f"s.{quote(n)}" for n in names)
     if soft_delete:
-        # deleted rows stay, flagged, with the last values they had: the batch's when it
-        # holds a row after of the key (an insert or update before the delete), else the
-        # table's (a delete alone carries no values)
-        marks = [assign(n) for n in METADATA_COLUMNS]
-        kept = [(c.name, value(c.name)) for c in schema.columns
-                if c.name not in schema.key_names]  # fmt: skip
-        kept += [(n, "NULL") for n in dropped_columns]
-        values = [f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END"
-                  for n, v in kept]  # fmt: skip
-        on_delete = f"UPDATE SET t.{DELETED} = true, {', '.join(marks + values)}"
+        on_delete = _soft_delete(schema, toast_columns, dropped_columns)
         updates += f", t.{DELETED} = false"
         insert_cols += f", {DELETED}"
         insert_vals += ", false"
@@ -155,13 +137,41 @@ def build_merge_sql(
             f"VALUES ({insert_vals.removesuffix(', false')}, true)"
         )
     if truncate:
-        gone_rows = f"UPDATE SET t.{DELETED} = true" if soft_delete else "DELETE"
-        if truncate_lsn is None:
-            sql += f" WHEN NOT MATCHED BY SOURCE THEN {gone_rows}"
-        else:
-            below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
-            sql += f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
+        sql += _truncated(truncate_lsn, soft_delete)
     return sql
+
+
+def _updated(n: str, toast_columns: Sequence[str]) -> str:
+    """What an update writes into column `n`."""
+    if n in toast_columns:
+        flag = f"s.{quote(TOAST_PREFIX + n)}"
+        return f"CASE WHEN {flag} THEN t.{quote(n)} ELSE s.{quote(n)} END"
+    if n == LSN:
+        return f"coalesce(s.{LSN}, t.{LSN})"
+    return f"s.{quote(n)}"
+
+
+def _soft_delete(schema: TopicSchema, toast_columns: Sequence[str],
+                 dropped_columns: Sequence[str]) -> str:  # fmt: skip
+    """A soft delete of a matched row: it stays, flagged, with the last values it had:
+    the batch's when it holds a row after of the key (an insert or update before the
+    delete), else the table's (a delete alone carries no values)."""
+    marks = [f"t.{quote(n)} = {_updated(n, toast_columns)}" for n in METADATA_COLUMNS]
+    kept = [(c.name, _updated(c.name, toast_columns)) for c in schema.columns
+            if c.name not in schema.key_names]  # fmt: skip
+    kept += [(n, "NULL") for n in dropped_columns]
+    values = [f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END"
+              for n, v in kept]  # fmt: skip
+    return f"UPDATE SET t.{DELETED} = true, {', '.join(marks + values)}"
+
+
+def _truncated(truncate_lsn: int | None, soft_delete: bool) -> str:
+    """The clause for the rows a truncate removed (those it did not see again)."""
+    gone_rows = f"UPDATE SET t.{DELETED} = true" if soft_delete else "DELETE"
+    if truncate_lsn is None:
+        return f" WHEN NOT MATCHED BY SOURCE THEN {gone_rows}"
+    below = f"(t.{LSN} IS NULL OR t.{LSN} < {int(truncate_lsn)})"
+    return f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
 
 
 INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")

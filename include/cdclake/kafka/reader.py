@@ -181,7 +181,7 @@ def _read_slice(
     import time
     import uuid
 
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     topic, partition, start, end = row["topic"], row["partition"], row["start"], row["end"]
     consumer = Consumer(
@@ -214,51 +214,11 @@ def _read_slice(
                     )
                 continue
             idle_since = time.monotonic()
-            offsets: list[int] = []
-            stamps: list[int] = []
-            keys: list[bytes | None] = []
-            values: list[bytes | None] = []
-            old_keys: list[bytes | None] = []
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == -191:  # _PARTITION_EOF: offsets may have gaps
-                        if msg.offset() is not None and msg.offset() >= end:
-                            next_offset = end
-                        continue
-                    raise KafkaException(err)
-                offset = msg.offset()
-                if offset >= end:
-                    next_offset = end
-                    break
-                key, value = msg.key(), msg.value()
-                if value is None and key is not None and offset > next_offset and key != last:
-                    # a tombstone right after a gap, not after a record of its key (a
-                    # transaction marker between the two): the log cleaner of a compacted
-                    # topic removed its delete (Debezium writes the two one after the
-                    # other). A tombstone at the delete's offset stands in for it, so that
-                    # this one deletes the row rather than following a delete of an
-                    # earlier batch.
-                    offsets.append(offset - 1)
-                    stamps.append(msg.timestamp()[1])
-                    keys.append(key)
-                    values.append(None)
-                    old_keys.append(None)
-                next_offset, last = offset + 1, key
-                offsets.append(offset)
-                stamps.append(msg.timestamp()[1])
-                keys.append(key)
-                values.append(value)
-                headers = msg.headers()
-                old_keys.append(_old_key(headers) if headers else None)
-                held += len(key or b"") + len(value or b"")
-            rows.add_many(
-                offsets,
-                stamps,
-                keys,
-                values,
-                old_keys if any(k is not None for k in old_keys) else None,
-            )
+            got, next_offset, last = _records(msgs, next_offset, end, last)
+            offsets, stamps, keys, values, olds = got
+            held += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+            rows.add_many(offsets, stamps, keys, values,
+                          olds if any(k is not None for k in olds) else None)  # fmt: skip
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield rows.batch()
                 held = 0
@@ -266,6 +226,50 @@ def _read_slice(
         consumer.close()
     if len(rows):
         yield rows.batch()
+
+
+def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
+    """The records of `msgs` below `end` as lists (offsets, timestamps, keys, values, old
+    keys), and the next offset and last key read."""
+    from confluent_kafka import KafkaException
+
+    offsets: list[int] = []
+    stamps: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    old_keys: list[bytes | None] = []
+    for msg in msgs:
+        err = msg.error()
+        if err is not None:
+            if err.code() == -191:  # _PARTITION_EOF: offsets may have gaps
+                if msg.offset() is not None and msg.offset() >= end:
+                    next_offset = end
+                continue
+            raise KafkaException(err)
+        offset = msg.offset()
+        if offset >= end:
+            next_offset = end
+            break
+        key, value = msg.key(), msg.value()
+        if value is None and key is not None and offset > next_offset and key != last:
+            # a tombstone right after a gap, not after a record of its key (a transaction
+            # marker between the two): the log cleaner of a compacted topic removed its
+            # delete (Debezium writes the two one after the other). A tombstone at the
+            # delete's offset stands in for it, so that this one deletes the row rather
+            # than following a delete of an earlier batch.
+            offsets.append(offset - 1)
+            stamps.append(msg.timestamp()[1])
+            keys.append(key)
+            values.append(None)
+            old_keys.append(None)
+        next_offset, last = offset + 1, key
+        offsets.append(offset)
+        stamps.append(msg.timestamp()[1])
+        keys.append(key)
+        values.append(value)
+        headers = msg.headers()
+        old_keys.append(_old_key(headers) if headers else None)
+    return (offsets, stamps, keys, values, old_keys), next_offset, last
 
 
 def _old_key(headers: list) -> bytes | None:
