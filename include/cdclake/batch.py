@@ -12,7 +12,7 @@ from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.leases import Leases
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import Placement
+from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.rules import Truncate
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
@@ -76,10 +76,10 @@ class Batch:
         read_seconds: float, rows=None,
         ranged: dict[str, object] | None = None,
         before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
-        placement: Placement = Placement.AUTO,
+        placement: Placement = Placement.AUTO, tuning: Tuning = MEASURED,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
-        self.placement = placement
+        self.placement, self.tuning = placement, tuning
         self.leases = leases or Leases(spark)  # write leases of the batch's tables
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)

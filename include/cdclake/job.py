@@ -29,7 +29,7 @@ from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
 from cdclake.ranged import FailedTopic, read_by_range
-from cdclake.resolve.placement import Placement
+from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
@@ -45,11 +45,12 @@ log = logging.getLogger(__name__)
 
 def run_batch(
     spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable | None = None,
-    placement: Placement = Placement.AUTO,
+    placement: Placement = Placement.AUTO, tuning: Tuning = MEASURED,
 ) -> list[TableResult]:  # fmt: skip
     """Load one planned batch. `read` makes the raw records DataFrame of the planned
     ranges; by default they come from Kafka (benchmarks pass a recorded file instead).
-    Where they are read and resolved follows `placement`'s rule.
+    Where they are read and resolved follows `placement`'s rule, with `tuning`'s
+    thresholds.
 
     The tables are loaded at the same time by up to `pipeline.parallel_tables` driver
     threads (each table commits on its own, with its own offsets). When a table fails,
@@ -64,15 +65,16 @@ def run_batch(
         _drop_for_rebuild(spark, pipeline, plan)
     conf = batch_conf(sum(r.size for r in plan.ranges), pipeline.spark.conf)
     with batch_settings(spark, conf) as before:
-        return _run_batch(spark, pipeline, plan, read, before, placement)
+        return _run_batch(spark, pipeline, plan, read, before, placement, tuning)
 
 
 def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-               before: Mapping[str, str | None], placement: Placement):  # fmt: skip
+               before: Mapping[str, str | None], placement: Placement,
+               tuning: Tuning):  # fmt: skip
     started = time.perf_counter()
     leases = Leases(spark)  # taken on each table before its data files are written
     try:
-        ranged = read_by_range(spark, pipeline, plan, read, placement)
+        ranged = read_by_range(spark, pipeline, plan, read, placement, tuning)
     except BaseException:
         leases.close()
         raise
@@ -80,13 +82,13 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
     raw = None
     try:
         if rest.ranges:
-            raw, scan, rows = _read(spark, pipeline, rest, read, placement)
+            raw, scan, rows = _read(spark, pipeline, rest, read, placement, tuning)
             raw, scan = handle_broken_envelopes(spark, pipeline, plan, raw, scan, leases)
         else:
             scan, rows = RawScan({}, {}, 0), None
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged, before, leases, placement)  # fmt: skip
+                       ranged, before, leases, placement, tuning)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
     finally:
@@ -98,7 +100,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
 
 
 def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-          placement: Placement):  # fmt: skip
+          placement: Placement, tuning: Tuning):  # fmt: skip
     """The batch's raw records, their scan, and the records as the driver holds them
     (an Arrow table, or None).
 
@@ -112,7 +114,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
         rows = read_local(pipeline.kafka, plan.ranges, source=source)
         if rows is not None:
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
-            return raw, scan_rows(rows), rows
+            return raw, scan_rows(rows, tuning.truncate_text), rows
         log.info("batch %s: more than %d MiB of records; read by Spark tasks",
                  plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
     raw = (read or KAFKA)(spark, pipeline.kafka, plan.ranges)
@@ -120,7 +122,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
     raw = raw.persist(cache_level(records))
     try:
-        return raw, scan_raw(raw), None
+        return raw, scan_raw(raw, tuning.truncate_text), None
     except BaseException:
         raw.unpersist()
         raise

@@ -17,7 +17,7 @@ from cdclake.exceptions import CdclakeError
 from cdclake.iceberg.tables import conflicts_reported, ensure_namespace, ensure_table, table_columns
 from cdclake.kafka.reader import KAFKA, RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import Placement
+from cdclake.resolve.placement import Placement, Tuning
 from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
 from cdclake.setaside import misfits
@@ -30,7 +30,7 @@ def ranged_cache_level():
     """The storage level of a topic's rows resolved range by range: in memory, spilled
     to disk when storage memory runs short. A cached block is built whole before it can
     spill, which is why a big batch's raw records are cached on disk only
-    (`cache_level`); here a block is one range's rows, at most `resolve.ranges.RANGE_KEYS`
+    (`cache_level`); here a block is one range's rows, at most `Tuning.range_keys`
     (~1 KB each from the connector), whatever the batch's size. A 1M-event batch took
     1.2 s less cold than with its rows on disk (side by side)."""
     from pyspark import StorageLevel
@@ -66,7 +66,7 @@ class FailedTopic:
 
 
 def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-                   placement: Placement):  # fmt: skip
+                   placement: Placement, tuning: Tuning):  # fmt: skip
     """The topics read and resolved range by range, or whose ranges failed ({} when
     none is): the driver reads
     the head of each eligible topic's ranges for its schemas (all at once, while it
@@ -103,7 +103,8 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
 
     def resolve(topic: str) -> None:
         table, known = work[topic]
-        got = _resolve_topic(spark, pipeline, reader, table, known, heads[topic], ranges_of[topic])
+        got = _resolve_topic(spark, pipeline, reader, table, known, heads[topic],
+                             ranges_of[topic], tuning)  # fmt: skip
         if got is not None:
             done[topic] = got
 
@@ -117,7 +118,8 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
 
 
 def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
-                   known: dict[str, str], head, ranges: list[OffsetRange]):  # fmt: skip
+                   known: dict[str, str], head, ranges: list[OffsetRange],
+                   tuning: Tuning):  # fmt: skip
     """One topic's ranges read and resolved by a Spark job (`head`: the future of their
     head read): its rows when they add up, a FailedTopic when a read or a task failed,
     or None (the log says why) when the topic takes the general path."""
@@ -126,7 +128,7 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
     topic = ranges[0].topic
     frame = creating = created = planned = None
     try:
-        planned = _topic_plan(head, table, topic, known, pipeline.kafka.format)
+        planned = _topic_plan(head, table, topic, known, pipeline.kafka.format, tuning)
         if planned is None:
             return None
         topic_plan, ddl = planned
@@ -239,7 +241,7 @@ def _head_read(reader, ranges: list[OffsetRange]):
 
 
 def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
-                fmt: WireFormat) -> tuple[TopicPlan, str] | None:  # fmt: skip
+                fmt: WireFormat, tuning: Tuning) -> tuple[TopicPlan, str] | None:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
     (`head`, the future of its `_head_read`: a read that failed raises), and the schema
     of their rows; None (the log says why) when the topic must take the general path."""
@@ -253,7 +255,7 @@ def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
             why = "a schema that does not fit the table's columns"
         else:
             topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known,
-                                   tuple(table.key), fmt)  # fmt: skip
+                                   tuple(table.key), fmt, tuning)  # fmt: skip
             try:
                 return topic_plan, topic_plan.ddl
             except CdclakeError as exc:  # a schema the lake cannot take

@@ -12,7 +12,7 @@ from cdclake.job import run_batch
 from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.planner import plan_pipeline
-from cdclake.resolve.placement import Placement
+from cdclake.resolve.placement import MEASURED, Placement
 
 pytestmark = pytest.mark.integration
 
@@ -182,7 +182,7 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path):
         r.asDict() for r in frame.orderBy(*order).collect()
     ]
     assert local.num_rows == sum(r.size for r in plan.ranges)
-    assert scan_rows(local) == scan_raw(frame)
+    assert scan_rows(local, MEASURED.truncate_text) == scan_raw(frame, MEASURED.truncate_text)
 
     results = load_all(stack, spark, pipeline, name, "ranges")  # every batch through tasks
     assert {r.status for r in results} == {"committed"}
@@ -254,6 +254,48 @@ def test_a_commit_between_the_read_and_a_first_load_fails_the_load(
     assert [(r.id, r.v) for r in rows] == [(1, "other run")]
 
 
+@pytest.mark.parametrize("other", ["rows", "offsets"])
+def test_a_commit_between_the_read_and_a_merge_fails_the_batch(stack, spark, tmp_path,
+                                                               monkeypatch, other):  # fmt: skip
+    """Another commit reached the table after this batch read its offsets (rows of other
+    keys, or only offsets, as a run with nothing to write commits): the batch's MERGE is
+    committed to a branch that main does not take, so nothing of the batch lands and the
+    table's offsets stay the other commit's."""
+    import cdclake.iceberg.write
+    import psycopg
+    from cdclake.iceberg.tables import commit_empty, current_snapshot
+
+    pipeline = first_load_table(stack, tmp_path, f"merged_{other}")
+    run_batch(spark, pipeline, plan_pipeline(pipeline, f"it-merged-{other}-1"))
+    target = pipeline.qualified_target(pipeline.tables[0])
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"update {pipeline.tables[0].source} set v = 'x' where id = 1")
+    stack.wait_for_capture()
+    ensure_table = cdclake.iceberg.write.ensure_table
+    theirs = {}
+
+    def and_another_writer(spark, table, *args, **kwargs):
+        columns = ensure_table(spark, table, *args, **kwargs)
+        if table == target and not theirs:
+            if other == "rows":
+                given = {"id": "99", "v": "'other run'"}
+                values = [given.get(f.name, f"CAST(NULL AS {f.dataType.simpleString()})")
+                          for f in spark.table(table).schema.fields]  # fmt: skip
+                spark.sql(f"INSERT INTO {table} SELECT {', '.join(values)}")
+            else:
+                commit_empty(spark, table, {"cdclake.offsets": current_snapshot(
+                    spark, table)[1]["cdclake.offsets"], "marker": "other run"})  # fmt: skip
+            theirs.update(current_snapshot(spark, table)[1])
+        return columns
+
+    monkeypatch.setattr(cdclake.iceberg.write, "ensure_table", and_another_writer)
+    with pytest.raises(CommitConflictError, match="another commit reached the table after"):
+        run_batch(spark, pipeline, plan_pipeline(pipeline, f"it-merged-{other}-2"))
+    assert current_snapshot(spark, target)[1] == theirs
+    assert spark.sql(f"SELECT v FROM {target} WHERE id = 1").collect()[0].v == "v1"
+    assert [r.name for r in spark.sql(f"SELECT name FROM {target}.refs").collect()] == ["main"]
+
+
 def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stack, spark):
     """`append_to_empty` given the snapshot at which the table held no row: it commits
     while nothing came after, and refuses once another commit added rows."""
@@ -285,7 +327,6 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     """The same first batch into a new table: resolved range by range and appended,
     resolved in the driver and appended, and MERGEd. The same rows, every column (deleted
     keys kept with their flag in soft mode), and the same ledger."""
-    import cdclake.iceberg.write
     from cdclake.iceberg.tables import deleted_keys_table
 
     from tests.integration.helpers import make_pipeline, stray_files
@@ -294,12 +335,12 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     source = pipeline.tables[0].source
     tables = {}
     for way in ("ranges", "append", "merge"):
-        monkeypatch.setattr(cdclake.iceberg.write, "FIRST_LOAD_APPEND", way != "merge")
+        tuning = dataclasses.replace(MEASURED, first_load_append=way != "merge")
         name = f"{pipeline.name}_{way}"
         each = make_pipeline(tmp_path, name, [{"source": source, "delete_mode": delete_mode}])
         placement = Placement.RANGES if way == "ranges" else Placement.AUTO
         results = run_batch(spark, each, plan_pipeline(each, f"it-same-{way}"),
-                            placement=placement)  # fmt: skip
+                            placement=placement, tuning=tuning)  # fmt: skip
         assert [r.written_by for r in results] == ["merge" if way == "merge" else "append"]
         target = each.qualified_target(each.tables[0])
         ledger = deleted_keys_table(target)

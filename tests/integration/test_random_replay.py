@@ -4,6 +4,7 @@ loaded in random batch cuts through the real MERGE into Iceberg, against a refer
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from pathlib import Path
@@ -13,8 +14,9 @@ from cdclake.iceberg.merge_sql import KeyRange
 from cdclake.job import run_batch
 from cdclake.kafka.raw_rows import RAW_SCHEMA, RawRows, SchemaIds, record_row
 from cdclake.kafka.reader import RawSource
+from cdclake.kafka.scan import scan_raw
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import Placement
+from cdclake.resolve.placement import MEASURED, Placement, Tuning
 
 from tests.debezium_records import PAIR_COLUMNS, key_record, pair_key, value_record
 from tests.integration.helpers import make_pipeline, stray_files
@@ -48,21 +50,25 @@ def records_source(records, start: int = 0) -> RawSource:
     return RawSource(lambda kafka: reader)
 
 
-def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: str = "auto"):
+def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: str = "auto",
+             tuning: Tuning = MEASURED):  # fmt: skip
     """Run one batch of `raw` (offsets start..end of the pipeline's one table's topic): a
     raw DataFrame, or a `RawSource`."""
     topic = pipeline.topic_for(pipeline.tables[0])
     plan = BatchPlan(pipeline.name, name, (OffsetRange(topic, 0, start, end),))
     read = raw if isinstance(raw, RawSource) else lambda spark, kafka, ranges: raw
-    return run_batch(spark, pipeline, plan, read=read, placement=Placement(placement))
+    return run_batch(spark, pipeline, plan, read=read, placement=Placement(placement),
+                     tuning=tuning)  # fmt: skip
+
+
+# every MERGE filtered by key as one into a big table is
+FILTER_EVERY_MERGE = dataclasses.replace(MEASURED, key_filter_rows=0)
 
 
 def merge_key_filters(monkeypatch) -> list:
-    """Every MERGE filtered by key as one into a big table is (`KEY_FILTER_ROWS` 0): the
-    list the `key_values` of each MERGE built go into, in order."""
+    """The list the `key_values` of each MERGE built go into, in order."""
     import cdclake.iceberg.write
 
-    monkeypatch.setattr(cdclake.iceberg.write, "KEY_FILTER_ROWS", 0)
     build, filtered = cdclake.iceberg.write.build_merge_sql, []
 
     def spy(*args, **kwargs):
@@ -82,13 +88,12 @@ def lake_names(spark, pipeline) -> dict[int, str]:
 def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it: bool):
     """A one-table pipeline and the raw frame of `records` for it, after checking whether
     the raw scan noted the topic under `flag` (`truncates`): (name, pipeline, raw)."""
-    import cdclake.kafka.scan
-
     name = f"it_{label}_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
     topic = pipeline.topic_for(pipeline.tables[0])
     raw = raw_frame(spark, topic, records)
-    assert (topic in getattr(cdclake.kafka.scan.scan_raw(raw), flag)) is scan_sees_it
+    text = MEASURED.truncate_text if scan_sees_it else "(?!)"  # (?!) matches nothing
+    assert (topic in getattr(scan_raw(raw, text), flag)) is scan_sees_it
     return name, pipeline, raw
 
 
@@ -158,14 +163,14 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     `resolve="driver"` read and resolved by the driver, as small batches are.
     With soft deletes every deleted key's row keeps the value it had when it was
     deleted, whichever batch held its last change."""
-    import cdclake.iceberg.write
-
     used = set()
     filtered = []
+    tuning = MEASURED
     if key_filter:
         filtered = merge_key_filters(monkeypatch)
+        tuning = FILTER_EVERY_MERGE
         if key_filter == "range":
-            monkeypatch.setattr(cdclake.iceberg.write, "KEY_FILTER_KEYS", 0)
+            tuning = dataclasses.replace(tuning, key_filter_keys=0)
     rng = random.Random(seed)
     records, states, gones = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
@@ -181,7 +186,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         else:
             raw = raw_frame(spark, topic, records[start:end], start)
         used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
-                                                     start, end, resolve))  # fmt: skip
+                                                     start, end, resolve, tuning))  # fmt: skip
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
         rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()
@@ -345,10 +350,6 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
     """Records are resolved in tasks grouped by key when the raw scan finds no truncate
     text; a truncate it did not see (e.g. a payload written in an unusual form) must still
     win."""
-    import cdclake.kafka.scan
-
-    if not scan_sees_it:
-        monkeypatch.setattr(cdclake.kafka.scan, "TRUNCATE_TEXT", "(?!)")  # matches nothing
     v = value_record
     batch = [
         (key_record(1), v("c", None, item(1, "a"), lsn=110)),
@@ -357,7 +358,8 @@ def test_a_truncate_the_raw_scan_misses_is_still_applied(
         (key_record(3), v("c", None, item(3, "c"), lsn=140)),
     ]
     name, pipeline, raw = scanned_batch(spark, tmp_path, "trunc", batch, "truncates", scan_sees_it)
-    (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch))
+    tuning = MEASURED if scan_sees_it else dataclasses.replace(MEASURED, truncate_text="(?!)")
+    (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch), tuning=tuning)
     assert result.truncated
     lake = lake_names(spark, pipeline)
     assert lake == {3: "c"}
@@ -481,7 +483,9 @@ def test_text_and_two_column_keys_filter_the_merge_and_match_the_model(
                 model[key] = json.dumps(row, sort_keys=True)
         end = start + len(records)
         plan = BatchPlan(pipeline.name, f"{name}-{batch}", (OffsetRange(topic, 0, start, end),))
-        run_batch(spark, pipeline, plan, read=records_source(records, start))
+        run_batch(
+            spark, pipeline, plan, read=records_source(records, start), tuning=FILTER_EVERY_MERGE
+        )
         rows = spark.table(target).collect()
         lake = {
             tuple(r[n] for n in names): json.dumps(

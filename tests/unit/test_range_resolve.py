@@ -2,6 +2,7 @@
 all the records at once: the same rows once the ranges' results are put together, or the
 reason the topic must take the general path."""
 
+import dataclasses
 import random
 import time
 from decimal import Decimal
@@ -13,6 +14,7 @@ import pytest
 from cdclake.debezium.schema import DELETED
 from cdclake.kafka.raw_rows import RawRows
 from cdclake.kafka.reader import arrow_frame
+from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import (
     BATCH_ROWS,
@@ -71,19 +73,21 @@ def heads(parts: dict[int, list]) -> list[dict]:
             for p, recs in parts.items()]  # fmt: skip
 
 
-def plan_of(parts: dict[int, list], reader=None, key: tuple[str, ...] = ()) -> TopicPlan:
+def plan_of(parts: dict[int, list], reader=None, key: tuple[str, ...] = (),
+            tuning: Tuning = MEASURED) -> TopicPlan:  # fmt: skip
     """The plan the job makes of these partitions: the schemas at their head (`key`: the
     table's configured key)."""
     found = head_schemas(reader or reader_of(parts, 7), heads(parts))
     assert found is not None, "no key and value schemas at the head"
-    return TopicPlan(TOPIC, *found, key=key)
+    return TopicPlan(TOPIC, *found, key=key, tuning=tuning)
 
 
-def range_rows(parts: dict[int, list], batch: int = 7, reader=None, plan=None):
+def range_rows(parts: dict[int, list], batch: int = 7, reader=None, plan=None,
+               tuning: Tuning = MEASURED):  # fmt: skip
     """Run `range_task` over each partition of `parts` (records read `batch` at a time):
     the task's output batches and the summaries."""
     reader = reader or reader_of(parts, batch)
-    task = range_task(reader, {TOPIC: plan or plan_of(parts, reader)})
+    task = range_task(reader, {TOPIC: plan or plan_of(parts, reader, tuning=tuning)})
     out = list(task(iter([pa.RecordBatch.from_pylist(heads(parts))])))
     return out, ends(out)[0]
 
@@ -561,10 +565,8 @@ def test_a_fold_reports_its_records():
 
 
 @pytest.mark.parametrize("column", ["name", "blob"])
-def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch, column):
-    import cdclake.resolve.ranges
-
-    monkeypatch.setattr(cdclake.resolve.ranges, "TOAST_TEXTS", ("(never in a payload)",))
+def test_a_placeholder_the_text_search_misses_stops_the_range(column):
+    blind = dataclasses.replace(MEASURED, toast_texts=("(never in a payload)",))
     mark = {"name": TOAST_PLACEHOLDER, "blob": TOAST_B64}[column]
     deleted = {**item(2, "two"), column: mark}  # written too, with soft deletes
     live = {**item(1, "one"), column: mark}
@@ -576,24 +578,21 @@ def test_a_placeholder_the_text_search_misses_stops_the_range(monkeypatch, colum
          (key_record(1), v("u", None, live, lsn=4))],
     ]  # fmt: skip
     for records in histories:
-        out, (summary,) = range_rows({0: records})
+        out, (summary,) = range_rows({0: records}, tuning=blind)
         assert summary.reason is not None and "did not see" in summary.reason, summary.reason
         assert repr(column) in summary.reason
     records = histories[0] + histories[1]
-    monkeypatch.undo()
     out, (summary,) = range_rows({0: records})
     assert summary.reason is None and summary.toast
 
 
-def test_a_range_with_too_many_keys_stops(monkeypatch):
+def test_a_range_with_too_many_keys_stops():
     """An initial snapshot makes every record a new key: the range's memory would grow
-    with its records, so it stops once it holds more than RANGE_KEYS keys."""
-    import cdclake.resolve.ranges
-
-    monkeypatch.setattr(cdclake.resolve.ranges, "RANGE_KEYS", 10)
+    with its records, so it stops once it holds more than `range_keys` keys."""
     records = [(key_record(k), value_record("r", None, item(k, "s"), lsn=None))
                for k in range(1, 30)]  # fmt: skip
-    out, (summary,) = range_rows({0: records}, batch=7)
+    out, (summary,) = range_rows({0: records}, batch=7,
+                                 tuning=dataclasses.replace(MEASURED, range_keys=10))  # fmt: skip
     assert summary.reason == "more than 10 keys in one partition's range"
     assert summary.records == 14 and len(out) == 1  # stopped after the second read batch
 
@@ -682,9 +681,10 @@ def test_the_placeholder_search_finds_what_match_substring_finds():
     slices, nulls, empty values, and halves of a needle at the end of one JSON value
     and the start of the next (which must not count)."""
     import pyarrow.compute as pc
-    from cdclake.resolve.ranges import TOAST_TEXTS, holds_any
+    from cdclake.resolve.ranges import holds_any
 
-    ph, b64 = TOAST_TEXTS
+    texts = MEASURED.toast_texts
+    ph, b64 = texts
     values = ['{"a":1}', None, "", f'{{"x":"{ph}"}}', f'{{"y":"{ph[:9]}"}}', f'{{"{ph[9:]}":0}}',
               f'{{"b":"{b64}"}}', '{"z":2}', None]  # fmt: skip
     for kind in (pa.string(), pa.large_string()):
@@ -692,10 +692,10 @@ def test_the_placeholder_search_finds_what_match_substring_finds():
         for lo in range(len(values)):
             for hi in range(lo, len(values) + 1):
                 part = full.slice(lo, hi - lo)
-                want = any(pc.any(pc.match_substring(part, n)).as_py() for n in TOAST_TEXTS)
-                assert holds_any(part, TOAST_TEXTS) == bool(want), (kind, lo, hi)
-    assert holds_any(pa.array(values[4:6]), TOAST_TEXTS) is False
-    assert holds_any(pa.array([None, None], pa.string()), TOAST_TEXTS) is False
+                want = any(pc.any(pc.match_substring(part, n)).as_py() for n in texts)
+                assert holds_any(part, texts) == bool(want), (kind, lo, hi)
+    assert holds_any(pa.array(values[4:6]), texts) is False
+    assert holds_any(pa.array([None, None], pa.string()), texts) is False
 
 
 def test_the_python_workers_start_ahead_of_the_range_tasks(spark):

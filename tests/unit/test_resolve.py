@@ -30,6 +30,7 @@ from cdclake.resolve.fold import (
     resolve_task,
     task_columns,
 )
+from cdclake.resolve.placement import MEASURED
 from cdclake.resolve.rows import arrow_type, columns_ddl
 from cdclake.resolve.rules import FROM_KEY_PREFIX, HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 
@@ -59,7 +60,7 @@ def raw_table(parts: dict[int, list]) -> pa.Table:
 def topic_of(rows: pa.Table, key: tuple[str, ...] = ()) -> tuple:
     """(TopicSchema, key schemas, value schemas) of the topic's raw rows, as the job
     makes them from the raw scan (`key`: the table's configured key)."""
-    schemas = scan_rows(rows).schemas[TOPIC]
+    schemas = scan_rows(rows, MEASURED.truncate_text).schemas[TOPIC]
     keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
     return topic_schema(list(keys.values()), list(values.values()), key, TOPIC), keys, values
 

@@ -7,6 +7,7 @@ import pytest
 from cdclake.kafka.raw_rows import RawRows
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_raw, scan_rows
+from cdclake.resolve.placement import MEASURED
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 from tests.debezium_records import ITEM_COLUMNS, key_record, value_record
@@ -56,8 +57,8 @@ def batch() -> pa.Table:
 
 def test_the_python_scan_equals_the_spark_scan(spark):
     rows = batch()
-    got = scan_rows(rows)
-    assert got == scan_raw(arrow_frame(spark, rows))
+    got = scan_rows(rows, MEASURED.truncate_text)
+    assert got == scan_raw(arrow_frame(spark, rows), MEASURED.truncate_text)
     # and both are right, not equally wrong
     items = got.schemas[ITEMS]
     assert len(items["value"]) == 2 and len(items["key"]) == 1
@@ -74,8 +75,8 @@ def test_the_python_scan_of_quiet_topics(spark, topic_has):
     if topic_has == "tombstones only":
         records = [(key_record(1), None), (key_record(2), None)]
     rows = raw_table({(ITEMS, 0): records})
-    got = scan_rows(rows)
-    assert got == scan_raw(arrow_frame(spark, rows))
+    got = scan_rows(rows, MEASURED.truncate_text)
+    assert got == scan_raw(arrow_frame(spark, rows), MEASURED.truncate_text)
     assert not got.truncates and not got.broken
     assert ("value" in got.schemas[ITEMS]) is (topic_has == "nothing")
 

@@ -358,10 +358,10 @@ def committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
     return committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
 
 
-def commit_empty(spark, table: str, properties: Mapping[str, str]) -> None:
+def commit_empty(spark, table: str, properties: Mapping[str, str], branch: str = "main") -> None:
     """A snapshot with no data change, carrying the summary (offsets moved, rows did not)."""
     ice = load_iceberg_table(spark, table)
-    append = ice.newAppend()
+    append = ice.newAppend().toBranch(branch)
     for k, v in properties.items():
         append = append.set(k, v)
     append.commit()

@@ -30,12 +30,7 @@ class RawScan:
     truncates: frozenset[str] = frozenset()
 
 
-# a truncate event's payload has this in its text; a row's own "op" column can match too,
-# which only costs the extra check job
-TRUNCATE_TEXT = r'"op"\s*:\s*"t"'
-
-
-def scan_raw(raw) -> RawScan:
+def scan_raw(raw, truncate_text: str) -> RawScan:
     """One Spark job for the schema collection and the broken-envelope check of every
     topic of the batch (instead of one job each)."""
     from pyspark.sql import functions as F
@@ -51,7 +46,7 @@ def scan_raw(raw) -> RawScan:
     )  # fmt: skip
     sides.append(
         F.struct(F.lit("truncate").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.when(F.col("value_payload").rlike(TRUNCATE_TEXT), F.lit("t")).alias("text"))
+                 F.when(F.col("value_payload").rlike(truncate_text), F.lit("t")).alias("text"))
     )  # fmt: skip
     at = F.struct("partition", "offset")
     is_error = F.col("s.side") == "error"
@@ -95,9 +90,9 @@ def _age(last) -> tuple[int, int]:
     return (last["offset"], last["partition"]) if last else (-1, -1)
 
 
-def scan_rows(rows: pa.Table) -> RawScan:
+def scan_rows(rows: pa.Table, truncate_text: str) -> RawScan:
     """`scan_raw` of raw rows held by the driver (an Arrow table of the reader's rows)."""
-    truncate = re.compile(TRUNCATE_TEXT, re.ASCII)  # Java's \s: ASCII whitespace only
+    truncate = re.compile(truncate_text, re.ASCII)  # Java's \s: ASCII whitespace only
     last: dict[tuple[str, str, int], tuple[int, int]] = {}  # (partition, offset)
     texts: dict[tuple[str, str, int], str | None] = {}
     broken: dict[str, tuple[int, int, str]] = {}

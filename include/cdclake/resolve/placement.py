@@ -3,9 +3,12 @@ caller asks for (the tests run each place, the benchmark compares them)."""
 
 from __future__ import annotations
 
+import base64
+from dataclasses import dataclass
 from enum import Enum
 
 from cdclake.kafka.reader import DRIVER_READ_RECORDS
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 
 class Placement(Enum):
@@ -19,7 +22,7 @@ class Placement(Enum):
     2. A bigger one is read and resolved range by range, in the Spark task that reads
        each Kafka partition's range.
     3. A topic whose ranges cannot be (a schema change inside a range, a re-sent
-       change, more keys than `RANGE_KEYS` in one range, a record that cannot be applied)
+       change, more keys than `Tuning.range_keys` in one range, a record that cannot be applied)
        is read again by Spark tasks and resolved by the same code after a shuffle by
        Kafka key; a topic that cannot be grouped by its Kafka key (a configured key,
        several key schemas, a truncate) is resolved in one task.
@@ -47,3 +50,41 @@ class Placement(Enum):
     def by_range(self) -> bool:
         """Step 2: Spark tasks read and resolve a big batch range by range."""
         return self in (Placement.AUTO, Placement.RANGES)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The thresholds and text searches a load works with, a parameter of `run_batch`
+    beside its placement: the defaults are measured (docs/performance.md); tests change
+    them to reach each way a batch can take."""
+
+    # A keyed table that holds no row is written by an append that checks no other
+    # commit added rows (`append_to_empty`), instead of a MERGE.
+    first_load_append: bool = True
+    # A MERGE into a table of at least `key_filter_rows` rows, of at most
+    # `key_filter_keys` changes, names the values of its key columns in the join
+    # condition (`build_merge_sql`), when they are integers or text: 10,000 changes into a
+    # 10M-row table took 9.2 s without it. A smaller table is cheaper to join whole than
+    # the extra job that collects the keys. Text keys whose literals would pass
+    # `key_filter_chars` characters go without. A MERGE of more changes gives each integer
+    # key column the range of its values instead: 100,000 changes to the newest 5% of a
+    # 10M-row table took 2.4-3.1 s with it, 7.0-12.0 s without; spread over the whole
+    # table no slower (7.9-12.5 s against 8.5-16.8 s).
+    key_filter_rows: int = 1_000_000
+    key_filter_keys: int = 20_000
+    key_filter_chars: int = 1_000_000
+    # A range whose fold holds more keys than this (an initial snapshot: every record a
+    # new key) stops and its topic takes the general path, whose tasks hold ~50,000
+    # records each: a task's memory stays bounded (a key's state is its latest row, ~5 KB
+    # of Python objects for the connector's rows of ~1 KB of values).
+    range_keys: int = 100_000
+    # how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
+    toast_texts: tuple[str, ...] = (
+        TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36],
+    )  # fmt: skip
+    # a truncate event's payload has this in its text; a row's own "op" column can match
+    # too, which only costs the extra check job
+    truncate_text: str = r'"op"\s*:\s*"t"'
+
+
+MEASURED = Tuning()  # the defaults every load runs with

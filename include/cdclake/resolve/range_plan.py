@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.kafka.reader import RangeReader
+from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.rows import columns_ddl, result_columns
 from cdclake.resolve.rules import Truncate
 
@@ -42,6 +43,7 @@ class TopicPlan:
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
     key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
     format: WireFormat = WireFormat.JSON
+    tuning: Tuning = MEASURED  # its range_keys and toast_texts
 
     @cached_property
     def schema(self) -> TopicSchema:

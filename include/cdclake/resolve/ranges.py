@@ -25,7 +25,6 @@ and resolved in tasks over all the records of their keys.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -52,19 +51,12 @@ from cdclake.resolve.rows import (
     rows_table,
     tally,
 )
-from cdclake.resolve.rules import TOAST_PLACEHOLDER, TOAST_PREFIX, TRUNCATE, toastable
+from cdclake.resolve.rules import TOAST_PREFIX, TRUNCATE, toastable
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
-TOAST_TEXTS = (TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36])
 BATCH_ROWS = 2_000  # resolved rows per Arrow batch a task returns
-# A range whose fold holds more keys than this (an initial snapshot: every record a new
-# key) stops and its topic takes the general path, whose tasks hold ~50,000 records
-# each: a task's memory stays bounded (a key's state is its latest row, ~5 KB of Python
-# objects for the connector's rows of ~1 KB of values).
-RANGE_KEYS = 100_000
 
 
 class RangeFold:
@@ -132,7 +124,7 @@ class RangeFold:
             self._log(raw)
             return
         payloads = raw.column(raw.schema.get_field_index("value_payload"))
-        if not self.summary.toast and holds_any(payloads, TOAST_TEXTS):
+        if not self.summary.toast and holds_any(payloads, self.plan.tuning.toast_texts):
             self.summary.toast = True
             if not self.follow_toast:
                 self.restart = True
@@ -180,8 +172,9 @@ class RangeFold:
                 fold = states[key] = KeyFold()
             fold.add(c, toast)
         self.summary.first_lsn = first
-        if len(states) > RANGE_KEYS:
-            raise Unsupported(f"more than {RANGE_KEYS:,} keys in one partition's range")
+        most = self.plan.tuning.range_keys
+        if len(states) > most:
+            raise Unsupported(f"more than {most:,} keys in one partition's range")
 
     def _decode(self, raw: pa.RecordBatch, headers_only: bool = False) -> list:
         return self.schema.format.codec.decode_records(
