@@ -15,10 +15,10 @@ from cdclake.compare import compare_pipeline, render_comparison
 from cdclake.exceptions import CdclakeError
 from cdclake.freshness import render_freshness, status_rows
 from cdclake.jvm import archive_path
-from cdclake.jvm_archive import build_archive
-from cdclake.local.stack import LocalStack, StackSettings
-from cdclake.local.workload import apply_workload
 from cdclake.pipeline_file import load_pipeline
+from cdclake_bench.jvm_archive import build_archive
+from cdclake_local.stack import LocalStack, StackSettings
+from cdclake_local.workload import apply_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

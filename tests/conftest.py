@@ -30,13 +30,13 @@ os.environ.update(
 
 # The test stack's Kafka login (SASL/PLAIN; its password made once in the state directory),
 # as `cdclake local env` exports it, for the demo pipeline and the tests' clients.
-from cdclake.local.broker import LocalBroker  # noqa: E402
+from cdclake_local.broker import LocalBroker  # noqa: E402
 
 os.environ.update(LocalBroker(TEST_STATE / "kafka", int(KAFKA_PORT)).client_env())
 
 # The jars loads add to Spark (stack/spark/pom.xml, resolved from Maven Central once).
 if not os.environ.get("CDCLAKE_SPARK_JARS"):
-    from cdclake.local.maven import jars
+    from cdclake_local.maven import jars
 
     os.environ["CDCLAKE_SPARK_JARS"] = str(jars("spark"))
 
@@ -49,7 +49,7 @@ DEMO_PIPELINE = ROOT / "include" / "pipelines" / "demo.yaml"
 @pytest.fixture(scope="session")
 def stack():
     """The local stack (PostgreSQL, Kafka, Debezium on Kafka Connect, catalog, Airflow home)."""
-    from cdclake.local.stack import LocalStack, StackSettings
+    from cdclake_local.stack import LocalStack, StackSettings
 
     local = LocalStack(StackSettings.from_env())
     local.up()

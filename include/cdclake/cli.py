@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "local":
-        return _local(args)
+        from cdclake_local.stack import command
+
+        return command(args)
     if args.command == "plan":
         from cdclake.pipeline_file import load_pipeline
         from cdclake.planner import plan_pipeline
@@ -198,18 +200,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(render_comparison(results))
         return 0 if all(r.equal for r in results) else 1
     if args.command == "bench":
-        from pathlib import Path
+        from cdclake_bench.baseline import command
 
-        from cdclake.bench.runner import Sizes, run_bench
-
-        overrides = dict(item.split("=", 1) for item in args.size)
-        sizes = Sizes.at_scale(args.scale).replace(overrides)
-        report = run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
-        if args.baseline:
-            _bench_baseline(args, report)
-        return 0
+        return command(args)
     if args.command == "jvm-archive":
-        from cdclake.jvm_archive import build_archive
+        from cdclake_bench.jvm_archive import build_archive
 
         print(build_archive(force=args.force))
         return 0
@@ -276,48 +271,3 @@ def _snapshot(args: argparse.Namespace) -> int:
                                args.timeout, start, sent["blocking"])  # fmt: skip
     print(json.dumps(progress.to_dict(), indent=2))
     return 0
-
-
-def _local(args: argparse.Namespace) -> int:
-    from cdclake.local.stack import LocalStack, StackSettings
-
-    stack = LocalStack(StackSettings.from_env())
-    if args.action == "up":
-        print(json.dumps(stack.up(), indent=2))
-    elif args.action == "down":
-        print(json.dumps(stack.down(), indent=2))
-    elif args.action == "status":
-        status = stack.status()
-        if args.json:
-            print(json.dumps(status, indent=2))
-        else:
-            for name in ("postgres", "kafka", "capture"):
-                part = status[name]
-                state = f"running (pid {part['pid']})" if part["running"] else "stopped"
-                print(f"{name:10} {state}")
-            print(f"{'catalog':10} {status['catalog']['uri']}  {status['catalog']['warehouse']}")
-            print(f"{'airflow':10} AIRFLOW_HOME={status['airflow']['home']}")
-    elif args.action == "env":
-        print("\n".join(stack.env_exports()))
-    elif args.action == "wait":
-        stack.wait_for_capture()
-    return 0
-
-
-def _bench_baseline(args, report: dict) -> None:
-    """Run revision `args.baseline`'s benchmark with the same steps and sizes, add its
-    figures to the report and print both columns."""
-    import json
-    from pathlib import Path
-
-    from cdclake.bench.baseline import render_side_by_side, run_baseline
-    from cdclake.local.stack import StackSettings
-
-    same = ["--scale", str(args.scale), *(["--only", *args.only] if args.only else [])]
-    for item in args.size:
-        same += ["--size", item]
-    state_dir = StackSettings.from_env().state_dir
-    base = run_baseline(args.baseline, Path(args.work), state_dir, same)
-    report["baseline"] = {"revision": args.baseline, "figures": base["figures"]}
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(render_side_by_side(args.baseline, base["figures"], report["figures"]))

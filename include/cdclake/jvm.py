@@ -24,7 +24,7 @@ events over 10 tables (2 cores):
   generated events 28.9 and 29.0 s against 29.3 and 31.2 s. (The Spark SQL jobs have
   since gone; these limits were not measured again without them.)
 
-The archive is built by `cdclake jvm-archive` (cdclake.jvm_archive). `driver_java_options`
+The archive is built by `cdclake jvm-archive` (cdclake_bench.jvm_archive). `driver_java_options`
 gives a driver the archive when it exists and the JIT for its batch. The JVM checks the
 archive against its own build and class path and runs without it when they differ (a
 warning on stderr), so a stale archive costs the time it would have saved, nothing else.

@@ -2,7 +2,7 @@
 // listening on 127.0.0.1 only: the catalog, adapter and servlet its start() builds, with
 // Jetty's connector given the loopback host before it binds (start() takes a port only, so
 // the server listens on every interface). Configured as RESTCatalogServer is, by CATALOG_*
-// variables. Run by cdclake.local.rest_catalog with Java's source launcher.
+// variables. Run by cdclake_local.rest_catalog with Java's source launcher.
 import java.lang.reflect.Constructor;
 import java.lang.reflect.Method;
 import org.apache.iceberg.rest.RESTCatalogAdapter;

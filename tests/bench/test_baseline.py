@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from cdclake.bench.baseline import REPO, checkout, relative, render_side_by_side
+from cdclake_bench.baseline import REPO, checkout, relative, render_side_by_side
 
 
 def test_a_checkout_holds_the_revisions_files_once_per_commit(tmp_path):

@@ -5,7 +5,7 @@ The steps that start their own Spark application (`fixed_overhead`, `memory`) pa
 start and a cold first batch each, about a minute together on the shared 2-core machine,
 so the smoke run leaves them out; their own parts (the load job's output, the process
 tree's peak memory) are tested here without Spark, and `make bench` runs them. The
-throughput step's batch also runs in a process of its own (`cdclake.bench.batch`, its
+throughput step's batch also runs in a process of its own (`cdclake_bench.batch`, its
 driver JVM as a load of its size starts it), and is part of the smoke run.
 """
 
@@ -17,8 +17,11 @@ from collections.abc import Iterable
 
 import pyarrow.parquet as pq
 import pytest
-from cdclake.bench.events import Workload, generate_slice
-from cdclake.bench.runner import (
+from cdclake.iceberg.catalog import load_catalog
+from cdclake.kafka.raw_rows import split_envelope
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
+from cdclake_bench.events import Workload, generate_slice
+from cdclake_bench.runner import (
     FIGURES,
     STEP_FIGURES,
     STEPS,
@@ -30,10 +33,7 @@ from cdclake.bench.runner import (
     run_bench,
     stage_seconds,
 )
-from cdclake.bench.sources import _file_name, recorded_ranges
-from cdclake.iceberg.catalog import load_catalog
-from cdclake.kafka.raw_rows import split_envelope
-from cdclake.resolve.rules import TOAST_PLACEHOLDER
+from cdclake_bench.sources import _file_name, recorded_ranges
 
 pytestmark = pytest.mark.integration
 
@@ -234,7 +234,7 @@ def test_cpu_parts_split_a_process_tree_by_part():
     for it (through its total), a child process of another kind for its own part."""
     import subprocess
 
-    from cdclake.bench.cpu import cpu_parts, cpu_snapshot, render_parts
+    from cdclake_bench.cpu import cpu_parts, cpu_snapshot, render_parts
 
     proc = subprocess.Popen([sys.executable, "-c", BURNING], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -271,7 +271,7 @@ def test_cpu_parts_split_a_process_tree_by_part():
     ],
 )
 def test_thread_parts(process, thread, part):
-    from cdclake.bench.cpu import thread_part
+    from cdclake_bench.cpu import thread_part
 
     assert thread_part(process, thread) == part
 
@@ -382,7 +382,7 @@ def load_catalog_for(stack):
 def test_a_run_builds_the_jvm_archive_once_and_says_so(tmp_path, monkeypatch):
     """The archive a deployed load's driver maps is built before the steps (untimed)
     when missing; the report says whether it was there, built, or could not be."""
-    import cdclake.bench.runner as runner
+    import cdclake_bench.runner as runner
     from cdclake.exceptions import CdclakeError
 
     archive = tmp_path / "driver.jsa"

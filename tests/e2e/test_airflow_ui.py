@@ -26,8 +26,8 @@ import psycopg
 import pytest
 from cdclake.compare import compare_pipeline
 from cdclake.kafka.topics import fetch_watermarks
-from cdclake.local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
-from cdclake.local.workload import apply_workload
+from cdclake_local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
+from cdclake_local.workload import apply_workload
 
 from tests.conftest import ROOT
 from tests.e2e.helpers import api_token

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cdclake.local.procs import pid_alive
+from cdclake_local.procs import pid_alive
 
 from tests.conftest import ROOT
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from cdclake.jvm import ARCHIVE_ENV, DRIVER_OPTIONS, driver_java_options
-from cdclake.jvm_archive import build_archive
+from cdclake_bench.jvm_archive import build_archive
 
 pytestmark = pytest.mark.integration
 

@@ -65,8 +65,8 @@ def present_offsets(kafka, topic: str, timeout: float = 60) -> list[int]:
 def produce_batches(stack, topic: str) -> list[tuple[int, int, int]]:
     """(base offset, last offset, records) of each record batch of partition 0 in the
     broker's log, as Kafka's DumpLogSegments reads the segment files."""
-    from cdclake.local import maven
-    from cdclake.local.broker import java
+    from cdclake_local import maven
+    from cdclake_local.broker import java
 
     files = sorted(str(p) for p in (stack.broker.data / f"{topic}-0").glob("*.log"))
     done = subprocess.run(java("-cp", maven.classpath("kafka"),

@@ -9,10 +9,10 @@ from cdclake.compare import compare_pipeline
 from cdclake.exceptions import CommitConflictError, EndpointError
 from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.job import run_batch
-from cdclake.local.workload import apply_workload
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.planner import plan_pipeline
 from cdclake.resolve.placement import MEASURED, Placement
+from cdclake_local.workload import apply_workload
 
 pytestmark = pytest.mark.integration
 

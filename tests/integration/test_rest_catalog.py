@@ -19,17 +19,17 @@ import psycopg
 import pytest
 import yaml
 from cdclake.compare import compare_pipeline
-from cdclake.local.objectstore import (
+from cdclake.pipeline_file import load_pipeline
+from cdclake.planner import plan_pipeline
+from cdclake.spark import spark_conf
+from cdclake_local.objectstore import (
     ACCESS_KEY_ENV,
     REGION,
     SECRET_KEY_ENV,
     LocalObjectStore,
     S3Credentials,
 )
-from cdclake.local.rest_catalog import LocalRestCatalog
-from cdclake.pipeline_file import load_pipeline
-from cdclake.planner import plan_pipeline
-from cdclake.spark import spark_conf
+from cdclake_local.rest_catalog import LocalRestCatalog
 
 from tests.conftest import PG_PORT, ROOT, TEST_STATE
 from tests.integration.helpers import assert_lake_equals_source

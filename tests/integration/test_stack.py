@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from cdclake.local.procs import pid_alive
+from cdclake_local.procs import pid_alive
 
 from tests.conftest import ROOT
 
@@ -96,7 +96,7 @@ def customers(status: dict) -> list[int]:
 
 def stream_ends(status: dict) -> tuple[int, int]:
     """The customers topic's (earliest, end) offsets, once the capture sent everything."""
-    from cdclake.local.stack import LocalStack, StackSettings
+    from cdclake_local.stack import LocalStack, StackSettings
     from confluent_kafka import Consumer, TopicPartition
 
     settings = StackSettings(Path(status["state_dir"]), pg_port=PG_PORT, kafka_port=KAFKA_PORT,

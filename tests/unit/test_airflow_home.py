@@ -8,7 +8,7 @@ import stat
 
 import pytest
 from cdclake.exceptions import StackError
-from cdclake.local.airflow_home import (
+from cdclake_local.airflow_home import (
     API_PORT_ENV,
     PASSWORDS_FILE,
     api_port_from_env,

@@ -118,7 +118,7 @@ def test_iceberg_versions_are_the_local_stacks(compose):
 
 def test_the_object_store_is_the_local_stacks(compose):
     """The local stack's S3 store and version (Apache-2.0; never MinIO, which is AGPL)."""
-    from cdclake.local.objectstore import VERSION
+    from cdclake_local.objectstore import VERSION
 
     images = [svc.get("image", "") for svc in compose["services"].values()]
     assert not [i for i in images if "minio" in i.lower()], images
@@ -142,7 +142,7 @@ LOCAL_OVERRIDES = {
 
 
 def test_compose_registers_the_connector_configuration_the_local_stack_uses(compose):
-    from cdclake.local.connect import CONNECTOR_JSON, connector_config
+    from cdclake_local.connect import CONNECTOR_JSON, connector_config
 
     register = compose["services"]["connect-register"]
     mounted = {v.split(":")[1]: ROOT / v.split(":")[0] for v in register["volumes"]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdclake.local.stack import StackSettings
+from cdclake_local.stack import StackSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,8 @@ def test_local_env_points_the_demo_pipeline_at_a_moved_stack(monkeypatch, tmp_pa
     """`eval "$(cdclake local env)"` is all the README's Airflow steps give the shell: on a
     stack moved to other ports and another state directory, the demo pipeline must reach
     that stack's catalog and warehouse, not the default stack's."""
-    from cdclake.local.stack import LocalStack
     from cdclake.pipeline_file import load_pipeline
+    from cdclake_local.stack import LocalStack
 
     monkeypatch.setenv("CDCLAKE_STATE_DIR", str(tmp_path / "moved"))
     monkeypatch.setenv("CDCLAKE_PG_PORT", "55499")
@@ -53,7 +53,7 @@ def test_local_env_and_status_never_print_the_kafka_password(monkeypatch, tmp_pa
     import json
     import subprocess
 
-    from cdclake.local.stack import LocalStack
+    from cdclake_local.stack import LocalStack
 
     monkeypatch.setenv("CDCLAKE_STATE_DIR", str(tmp_path / "s"))
     stack = LocalStack(StackSettings.from_env())
@@ -84,7 +84,7 @@ def test_a_pipeline_without_the_kafka_login_variables_logs_in_to_nothing(monkeyp
 def test_the_airflow_connection_cdclake_kafka_carries_the_kafka_login():
     import json
 
-    from cdclake.local.airflow_home import connections
+    from cdclake_local.airflow_home import connections
 
     login = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_PLAINTEXT",
              "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}  # fmt: skip

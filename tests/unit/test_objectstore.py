@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 from cdclake.exceptions import StackError
-from cdclake.local.objectstore import (
+from cdclake_local.objectstore import (
     ACCESS_KEY_ENV,
     SECRET_KEY_ENV,
     LocalObjectStore,
     S3Credentials,
 )
-from cdclake.local.rest_catalog import LocalRestCatalog
+from cdclake_local.rest_catalog import LocalRestCatalog
 
 
 @pytest.mark.parametrize(

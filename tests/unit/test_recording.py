@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cdclake.bench.sources import split_recording
 from cdclake.offsets import OffsetRange
+from cdclake_bench.sources import split_recording
 
 
 def test_a_recording_named_by_a_relative_path_splits_into_halves_whose_files_open(

@@ -26,7 +26,7 @@ POM = Path(__file__).resolve().parents[2] / "stack" / "spark" / "pom.xml"
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    """A jar folder as `cdclake.local.maven.jars("spark")` lays it out."""
+    """A jar folder as `cdclake_local.maven.jars("spark")` lays it out."""
     jars = tmp_path / "jars"
     jars.mkdir()
     for name in ("iceberg-spark-runtime-3.5_2.12-1.10.1", "iceberg-aws-bundle-1.10.1",

@@ -7,11 +7,11 @@ import uuid
 from pathlib import Path
 
 import yaml
-
-from cdclake.bench.events import Workload
 from cdclake.config import PipelineConfig
-from cdclake.local.stack import StackSettings
 from cdclake.pipeline_file import load_pipeline
+from cdclake_local.stack import StackSettings
+
+from cdclake_bench.events import Workload
 
 # the stack's SASL login, read from the environment (`cdclake local env`), never written
 KAFKA_LOGIN = {

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from cdclake.exceptions import StackError
-from cdclake.local import maven
-from cdclake.local.broker import LocalBroker, java
-from cdclake.local.procs import (
+
+from cdclake_local import maven
+from cdclake_local.broker import LocalBroker, java
+from cdclake_local.procs import (
     log_tail,
     port_free,
     running,
@@ -40,7 +41,7 @@ from cdclake.local.procs import (
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONNECTOR_JSON = PROJECT_ROOT / "docker" / "debezium" / "inventory-connector.json"
 USER = "cdclake"
 REQUEST_TIMEOUT_S = 10.0

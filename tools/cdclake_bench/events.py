@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from cdclake.bench.templates import SCHEMA, TABLES, Template, load_templates
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
+
+from cdclake_bench.templates import SCHEMA, TABLES, Template, load_templates
 
 _SENTINEL = re.compile(r'"@@(\w+)@@"')
 _ALPHABET = string.ascii_letters + string.digits + "      "
@@ -142,7 +143,7 @@ def _pool(length: int, seed: int) -> tuple[str, ...]:
 def toast_column(workload: Workload, topic: str, templates_file: str | None = None) -> str | None:
     """The column whose updates carry a TOAST placeholder (`toast_share`) in a topic:
     the longest text column of its update template."""
-    from cdclake.bench.templates import TEMPLATES_FILE
+    from cdclake_bench.templates import TEMPLATES_FILE
 
     shape = _shapes(str(templates_file or TEMPLATES_FILE))[workload.table_of(topic)].get("u")
     if shape is None or not shape.texts:
@@ -168,7 +169,7 @@ def generate_slice(
 ) -> Iterator[dict[str, list]]:
     """Columns (offset, timestamp, key, value) for offsets [start, end) of one
     topic-partition, in chunks. `alive` carries which keys exist between slices."""
-    from cdclake.bench.templates import TEMPLATES_FILE
+    from cdclake_bench.templates import TEMPLATES_FILE
 
     shapes = _shapes(str(templates_file or TEMPLATES_FILE))[workload.table_of(topic)]
     keys = workload.keys_of(topic, partition)

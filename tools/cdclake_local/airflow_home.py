@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cdclake.exceptions import StackError
-from cdclake.local.procs import write_private
+
+from cdclake_local.procs import write_private
 
 API_PORT_ENV = "CDCLAKE_AIRFLOW_PORT"
 DEFAULT_API_PORT = 8080

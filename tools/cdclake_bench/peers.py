@@ -25,9 +25,10 @@ import json
 import time
 from pathlib import Path
 
-from cdclake.bench.sources import _file_name
 from cdclake.kafka.raw_rows import split_envelope
 from cdclake.offsets import OffsetRange
+
+from cdclake_bench.sources import _file_name
 
 
 def _records(rec: Path, ranges: list[OffsetRange], topic: str):

@@ -21,7 +21,7 @@ from cdclake.exceptions import StackError
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 STACK = PROJECT_ROOT / "stack"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 RESOLVE_TIMEOUT_S = 1200  # a first download of every part takes about a minute

@@ -1,4 +1,4 @@
-"""One batch in a process of its own (`python -m cdclake.bench.batch`): its driver JVM
+"""One batch in a process of its own (`python -m cdclake_bench.batch`): its driver JVM
 starts with the Java options a load of that many records gets (`jvm.driver_conf`), and
 the parent can sample the peak memory of its JVM and Python workers from the outside.
 
@@ -6,7 +6,7 @@ The events are either a recording (`--recording`) or generated inside the execut
 10M-event batch is ~40 GB of records, too big to record): the same generator and the
 same decode path as the recorded file. It prints one JSON line: the wall of the load
 (decode, resolve, MERGE, commit; not the JVM's start), its CPU seconds by part of the
-process tree (`cdclake.bench.cpu`) and each table's result.
+process tree (`cdclake_bench.cpu`) and each table's result.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ import sys
 import time
 from pathlib import Path
 
-from cdclake.bench.cpu import cpu_parts, cpu_snapshot
-from cdclake.bench.events import Workload
-from cdclake.bench.sources import file_reader, generated_reader, recorded_ranges
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import build_session
 
+from cdclake_bench.cpu import cpu_parts, cpu_snapshot
+from cdclake_bench.events import Workload
+from cdclake_bench.sources import file_reader, generated_reader, recorded_ranges
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="cdclake.bench.batch")
+    p = argparse.ArgumentParser(prog="cdclake_bench.batch")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--recording", type=Path, help="a recorded file's directory")
     p.add_argument("--events", type=int, help="events to generate")

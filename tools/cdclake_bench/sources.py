@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from cdclake.bench.events import Workload, generate_slice
 from cdclake.kafka.raw_rows import RawRows
 from cdclake.kafka.reader import RawSource
 from cdclake.offsets import OffsetRange
+
+from cdclake_bench.events import Workload, generate_slice
 
 
 def _file_name(topic: str, partition: int) -> str:

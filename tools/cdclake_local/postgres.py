@@ -16,9 +16,9 @@ import subprocess
 from pathlib import Path
 
 import psycopg
-
 from cdclake.exceptions import StackError
-from cdclake.local.procs import pid_alive, port_in_use, wait_for
+
+from cdclake_local.procs import pid_alive, port_in_use, wait_for
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cdclake.exceptions import StackError
-from cdclake.local import maven
-from cdclake.local.procs import (
+
+from cdclake_local import maven
+from cdclake_local.procs import (
     port_free,
     running,
     secret,

@@ -20,16 +20,6 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cdclake.bench.cpu import render_parts
-from cdclake.bench.events import Workload, generate_slice, toast_column
-from cdclake.bench.peers import HANDLER_BATCH
-from cdclake.bench.pipeline import bench_pipeline
-from cdclake.bench.sources import (
-    file_reader,
-    record_workload,
-    recorded_ranges,
-    split_recording,
-)
 from cdclake.exceptions import CdclakeError
 from cdclake.job import run_batch
 from cdclake.jvm import (
@@ -38,12 +28,23 @@ from cdclake.jvm import (
     driver_java_options,
     resolves_by_range,
 )
-from cdclake.jvm_archive import build_archive
-from cdclake.local.stack import LocalStack, StackSettings
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.spark import spark_conf
+from cdclake_local.stack import LocalStack, StackSettings
 
-LOAD_JOB = Path(__file__).resolve().parents[3] / "jobs" / "load.py"
+from cdclake_bench.cpu import render_parts
+from cdclake_bench.events import Workload, generate_slice, toast_column
+from cdclake_bench.jvm_archive import build_archive
+from cdclake_bench.peers import HANDLER_BATCH
+from cdclake_bench.pipeline import bench_pipeline
+from cdclake_bench.sources import (
+    file_reader,
+    record_workload,
+    recorded_ranges,
+    split_recording,
+)
+
+LOAD_JOB = Path(__file__).resolve().parents[2] / "jobs" / "load.py"
 # Steps in the order they run, and the figures each one produces.
 STEP_FIGURES = {
     "throughput": ("throughput_eps",),
@@ -184,7 +185,7 @@ class Bench:
         self.say(f"throughput from file: {events / wall:,.0f} events/s ({wall:.1f}s)")
 
     def _recorded_batch(self, pipeline, rec: Path, batch_id: str) -> dict:
-        """Load a recording in a process of its own (`cdclake.bench.batch`), whose driver
+        """Load a recording in a process of its own (`cdclake_bench.batch`), whose driver
         JVM starts as a load's of its size does: its wall, CPU parts and stages. Its log
         is kept in `<work>/<batch_id>.log`."""
         self.jvm_archive()
@@ -192,7 +193,7 @@ class Bench:
         options = driver_java_options(sum(r.size for r in ranges), resolves_by_range(pipeline))
         self.say(f"loading {rec.name} (decode, resolve, MERGE, commit) in a process of "
                  f"its own, driver JVM options: {options or 'none'}")  # fmt: skip
-        cmd = [sys.executable, "-m", "cdclake.bench.batch", "--pipeline",
+        cmd = [sys.executable, "-m", "cdclake_bench.batch", "--pipeline",
                str(pipeline.path), "--recording", str(rec), "--batch-id",
                batch_id]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -375,8 +376,9 @@ class Bench:
 
     # ---- peers on the recorded events ---------------------------------------------------
     def peers(self) -> None:
-        from cdclake.bench.peers import naive_merge, peer_handler, peer_upsert
         from cdclake.iceberg.catalog import load_catalog
+
+        from cdclake_bench.peers import naive_merge, peer_handler, peer_upsert
 
         pipeline = self.details["file_pipeline"]
         workload = self.details["file_workload"]
@@ -436,7 +438,7 @@ class Bench:
 
     def _filled_table(self, rows: int):
         """A new table of `rows` rows (keys 1..rows): its pipeline."""
-        from cdclake.bench.sources import generated_reader
+        from cdclake_bench.sources import generated_reader
 
         tag = _tag()
         seed = Workload(10, 10, Workload.standard(1, 1, f"benchm{tag}", tables=1).streams, 1)
@@ -452,7 +454,7 @@ class Bench:
 
     def _merge_batch(self, pipeline, rows: int, batch: int, round_: int) -> float:
         """The wall of the `round_`th batch of `batch` changes on random keys of 1..rows."""
-        from cdclake.bench.sources import generated_reader
+        from cdclake_bench.sources import generated_reader
 
         (stream,) = Workload.standard(1, 1, pipeline.topic_prefix, tables=1).streams
         change = Workload(batch, rows, (stream,), 1)
@@ -474,7 +476,7 @@ class Bench:
             tables = self.sizes.tables
             workload = Workload.standard(events, keys, prefix=f"benchg{_tag()}", tables=tables)
             bench_pipeline(self.work, self.stack.s, workload, "memory")
-            cmd = [sys.executable, "-m", "cdclake.bench.batch", "--pipeline",
+            cmd = [sys.executable, "-m", "cdclake_bench.batch", "--pipeline",
                    str(self.work / "memory.yaml"), "--events", str(events),
                    "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
             self.say(f"generated batch of {events:,} events in its own process")

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdclake.exceptions import StackError
-from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_started
+
+from cdclake_local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MODULE = "github.com/versity/versitygw"
 VERSION = "v1.8.0"
 BUILD_TIMEOUT_S = 900  # measured 173 s (115 CPU s) on a busy 2-core machine, downloads included

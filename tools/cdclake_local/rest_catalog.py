@@ -2,7 +2,7 @@
 (`org.apache.iceberg.rest.RESTCatalogServer`, the fixture Iceberg tests its REST clients
 against, from `iceberg-open-api`'s test fixtures; jars from Maven Central, `stack/rest-catalog`)
 keeping its catalog in SQLite under the state directory and the tables' files on the local
-S3 store (`cdclake.local.objectstore`) through Iceberg's S3FileIO.
+S3 store (`cdclake_local.objectstore`) through Iceberg's S3FileIO.
 
 The server takes a port, no host, and listens on every interface: it is started through
 `stack/rest-catalog/LoopbackRestCatalog.java` (Java's source launcher, which needs a JDK's
@@ -23,10 +23,11 @@ import urllib.request
 from pathlib import Path
 
 from cdclake.exceptions import StackError
-from cdclake.local import maven
-from cdclake.local.broker import java
-from cdclake.local.objectstore import REGION, LocalObjectStore
-from cdclake.local.procs import port_free, running, start_daemon, stop_daemon, wait_started
+
+from cdclake_local import maven
+from cdclake_local.broker import java
+from cdclake_local.objectstore import REGION, LocalObjectStore
+from cdclake_local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,8 @@ def enabled() -> bool:
 
 def stack_rest_catalog(state_dir: Path) -> LocalRestCatalog:
     """The stack's REST catalog and S3 store under `state_dir` (the S3 access key from
-    the environment: `cdclake.local.objectstore`)."""
-    from cdclake.local.objectstore import S3Credentials
+    the environment: `cdclake_local.objectstore`)."""
+    from cdclake_local.objectstore import S3Credentials
 
     store = LocalObjectStore(state_dir / "s3", int(os.environ.get(S3_PORT_ENV, "19900")),
                              S3Credentials.from_env())  # fmt: skip

@@ -64,7 +64,7 @@ def build_archive(archive: Path | None = None, *, force: bool = False) -> Path:
 
 
 def _workload():
-    from cdclake.bench.events import Workload
+    from cdclake_bench.events import Workload
 
     return Workload.standard(WARM_UP_EVENTS, WARM_UP_EVENTS // 4, "warmup", tables=2)
 
@@ -86,10 +86,11 @@ def _warm_up_pipeline(scratch: Path):
 def _warm_up(scratch: Path) -> None:
     """A load's work in this JVM: create tables from generated events, then MERGE a
     second batch into them (deletes, tombstones, the deleted-keys ledger)."""
-    from cdclake.bench.sources import generated_reader
     from cdclake.job import run_batch
     from cdclake.offsets import BatchPlan, OffsetRange
     from cdclake.spark import build_session
+
+    from cdclake_bench.sources import generated_reader
 
     workload = _workload()
     pipeline = _warm_up_pipeline(scratch)

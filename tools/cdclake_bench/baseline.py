@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cdclake.bench.runner import FIGURES, TARGETS
+from cdclake_bench.runner import FIGURES, TARGETS
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 # figures where more is better besides the targets' `>=` ones (the others: less is)
 HIGHER_IS_BETTER = {"throughput_merge_eps", "throughput_kafka_eps", "peer_one_call_ratio",
                     "naive_ratio"}  # fmt: skip
@@ -52,8 +52,8 @@ def run_baseline(rev: str, work: Path, state_dir: Path, args: Sequence[str]) -> 
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "cdclake", "bench", "--out", str(out),
            "--work", str(work / "baseline-work"), *args]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'include'}{os.pathsep}{tree}",
-           "CDCLAKE_STATE_DIR": str(state_dir.resolve())}  # fmt: skip
+    path = os.pathsep.join(str(tree / d) for d in ("include", "tools", ""))
+    env = {**os.environ, "PYTHONPATH": path, "CDCLAKE_STATE_DIR": str(state_dir.resolve())}
     print(f"[bench] the baseline {rev}: {' '.join(cmd[1:])} (in {tree})", flush=True)
     subprocess.run(cmd, cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
@@ -83,3 +83,30 @@ def render_side_by_side(rev: str, baseline: Mapping[str, float | None],
 
 def _num(value: float | None) -> str:
     return "not measured" if value is None else f"{value:,.2f}"
+
+
+def command(args) -> int:
+    """`cdclake bench`: the benchmark, and with `--baseline` the same of another revision."""
+    from cdclake_bench.runner import Sizes, run_bench
+
+    overrides = dict(item.split("=", 1) for item in args.size)
+    sizes = Sizes.at_scale(args.scale).replace(overrides)
+    report = run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
+    if args.baseline:
+        _with_baseline(args, report)
+    return 0
+
+
+def _with_baseline(args, report: dict) -> None:
+    """Run revision `args.baseline`'s benchmark with the same steps and sizes, add its
+    figures to the report and print both columns."""
+    from cdclake_local.stack import StackSettings
+
+    same = ["--scale", str(args.scale), *(["--only", *args.only] if args.only else [])]
+    for item in args.size:
+        same += ["--size", item]
+    state_dir = StackSettings.from_env().state_dir
+    base = run_baseline(args.baseline, Path(args.work), state_dir, same)
+    report["baseline"] = {"revision": args.baseline, "figures": base["figures"]}
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(render_side_by_side(args.baseline, base["figures"], report["figures"]))

@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-
 from cdclake.exceptions import StackError
-from cdclake.local import maven, rest_catalog
-from cdclake.local.airflow_home import airflow_env, connections, setup_airflow_home
-from cdclake.local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
-from cdclake.local.connect import LocalConnect, connector_config
-from cdclake.local.postgres import LocalPostgres
-from cdclake.local.procs import log_tail, wait_for
+
+from cdclake_local import maven, rest_catalog
+from cdclake_local.airflow_home import airflow_env, connections, setup_airflow_home
+from cdclake_local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
+from cdclake_local.connect import LocalConnect, connector_config
+from cdclake_local.postgres import LocalPostgres
+from cdclake_local.procs import log_tail, wait_for
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -383,3 +383,28 @@ def _encodings(text: str) -> tuple[bytes, ...]:
         base64.urlsafe_b64encode(raw).rstrip(b"="),
         raw.hex().encode(),
     )
+
+
+def command(args) -> int:
+    """`cdclake local <action>`."""
+    stack = LocalStack(StackSettings.from_env())
+    if args.action == "up":
+        print(json.dumps(stack.up(), indent=2))
+    elif args.action == "down":
+        print(json.dumps(stack.down(), indent=2))
+    elif args.action == "status":
+        status = stack.status()
+        if args.json:
+            print(json.dumps(status, indent=2))
+        else:
+            for name in ("postgres", "kafka", "capture"):
+                part = status[name]
+                state = f"running (pid {part['pid']})" if part["running"] else "stopped"
+                print(f"{name:10} {state}")
+            print(f"{'catalog':10} {status['catalog']['uri']}  {status['catalog']['warehouse']}")
+            print(f"{'airflow':10} AIRFLOW_HOME={status['airflow']['home']}")
+    elif args.action == "env":
+        print("\n".join(stack.env_exports()))
+    elif args.action == "wait":
+        stack.wait_for_capture()
+    return 0
