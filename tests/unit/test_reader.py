@@ -34,6 +34,14 @@ def test_split_envelope_rejects_what_is_not_an_envelope(record):
         split_envelope(record)
 
 
+def test_json_without_schemas_is_told_which_converter_setting_to_change():
+    with pytest.raises(ValueError, match="value.converter.schemas.enable to true"):
+        split_envelope(b'{"before": null, "after": {"id": 1}, "op": "c"}')
+    with pytest.raises(ValueError) as err:
+        split_envelope(b"\x00\x01garbage")
+    assert "converter" not in str(err.value)
+
+
 def test_schema_id_is_stable_and_distinguishes_schemas():
     assert schema_id(b'{"a":1}') == schema_id(b'{"a":1}')
     assert schema_id(b'{"a":1}') != schema_id(b'{"a":2}')

@@ -31,6 +31,11 @@ _FIELDS = [
 RAW_SCHEMA = ", ".join(f"{name} {spark_type}" for name, spark_type, _ in _FIELDS)
 RAW_FIELD_NAMES = [name for name, _, _ in _FIELDS]
 _HEAD = b'{"schema":'
+# what a JSON object without its schema is told: most likely the converter's setting
+_SCHEMALESS = (
+    "; JSON without schemas? Set key.converter.schemas.enable and "
+    "value.converter.schemas.enable to true on the connector"
+)
 _SEP = b',"payload":'
 
 
@@ -41,7 +46,8 @@ def split_envelope(data: bytes) -> tuple[bytes, bytes]:
     keys of a Kafka Connect schema, so the first `,"payload":` is the boundary.
     """
     if not data.startswith(_HEAD) or not data.endswith(b"}"):
-        raise ValueError('not a JSON-with-schema envelope ({"schema":...,"payload":...})')
+        hint = _SCHEMALESS if data.lstrip().startswith(b"{") else ""
+        raise ValueError(f'not a JSON-with-schema envelope ({{"schema":...,"payload":...}}){hint}')
     cut = data.find(_SEP)
     if cut < 0:
         raise ValueError("JSON envelope has no payload field")
