@@ -233,12 +233,6 @@ class PipelineConfig:
     def topic_for(self, table: TableConfig) -> str:
         return f"{self.topic_prefix}.{table.source}"
 
-    def table_for_topic(self, topic: str) -> TableConfig | None:
-        for table in self.tables:
-            if self.topic_for(table) == topic:
-                return table
-        return None
-
     def qualified_target(self, table: TableConfig) -> str:
         """The Spark SQL name of a target table: catalog.namespace.table."""
         return f"{self.catalog.name}.{self.namespace}.{table.target}"
