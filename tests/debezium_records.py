@@ -91,3 +91,19 @@ def pair_key(row: dict, names: list[str]) -> bytes:
               "fields": fields}  # fmt: skip
     payload = {n: row[n] for n in names}
     return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+def flat_record(op: str, row: dict, lsn: int | None = 100, columns: list[dict] = ITEM_COLUMNS,
+                ts_ms: int = 1_700_000_000_000) -> bytes:  # fmt: skip
+    """The record `value_record` gives, flattened as ExtractNewRecordState writes it with
+    add.fields=op,lsn,source.ts_ms and deletes rewritten (`row`: the row after, or for a
+    delete the row before)."""
+    meta = [{"type": "string", "optional": True, "field": "__op"},
+            {"type": "int64", "optional": True, "field": "__lsn"},
+            {"type": "int64", "optional": True, "field": "__source_ts_ms"},
+            {"type": "string", "optional": True, "field": "__deleted"}]  # fmt: skip
+    schema = {"type": "struct", "optional": False, "name": "pg.public.items.Value",
+              "fields": columns + meta}  # fmt: skip
+    payload = {**row, "__op": op, "__lsn": lsn, "__source_ts_ms": ts_ms,
+               "__deleted": str(op == "d").lower()}  # fmt: skip
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()

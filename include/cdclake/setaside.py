@@ -10,7 +10,7 @@ import logging
 from cdclake.batch import Batch, TableResult
 from cdclake.config import OnError, PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
-from cdclake.debezium.schema import column_types, misfit, value_row_fields
+from cdclake.debezium.schema import column_types, misfit
 from cdclake.exceptions import DecodeError
 from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.leases import Leases
@@ -102,17 +102,17 @@ def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, s
             known: dict[str, str], fmt: WireFormat) -> dict[tuple[str, int], str]:  # fmt: skip
     """(side, schema id) -> why that schema version (its text in `fmt`) does not fit the
     table's columns."""
-    parse_connect_schema = fmt.codec.connect_schema
+    codec = fmt.codec
     rejected: dict[tuple[str, int], str] = {}
     for sid, text in schemas.get("value", []):
         try:
-            value_row_fields(parse_connect_schema(text), topic)
+            codec.value_fields(text, topic)
         except DecodeError:
             rejected[("value", sid)] = NOT_AN_ENVELOPE
     for side in ("key", "value") if not table.key else ("value",):
         versions = [
-            (sid, value_row_fields(parse_connect_schema(text), topic) if side == "value"
-             else parse_connect_schema(text).fields)
+            (sid, codec.value_fields(text, topic) if side == "value"
+             else codec.key_fields(text))
             for sid, text in schemas.get(side, []) if (side, sid) not in rejected
         ]  # fmt: skip
         exclude = table.exclude if side == "value" else ()

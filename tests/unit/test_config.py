@@ -232,7 +232,9 @@ def test_bad_section_names_file_and_field(tmp_path, section, field, problem):
 def test_the_wire_format_is_read_from_the_kafka_section(tmp_path):
     text = VALID.replace("properties: {", "format: json, properties: {", 1)
     assert load_pipeline(write(tmp_path, text)).kafka.format is WireFormat.JSON
-    with pytest.raises(ConfigError, match=r"kafka.format: 'avro' is not one of \['json'\]"):
+    with pytest.raises(
+        ConfigError, match=r"kafka.format: 'avro' is not one of \['json', 'json-flat'\]"
+    ):
         load_pipeline(write(tmp_path, text.replace("format: json", "format: avro")))
 
 

@@ -16,6 +16,7 @@ from cdclake.debezium.connect import (
     INFINITY_MICROS,
     INFINITY_MILLIS,
 )
+from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import DELETED, OFFSET, OP, PARTITION, topic_schema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.raw_rows import RawRows
@@ -57,12 +58,13 @@ def raw_table(parts: dict[int, list]) -> pa.Table:
     return pa.Table.from_batches(batches)
 
 
-def topic_of(rows: pa.Table, key: tuple[str, ...] = ()) -> tuple:
+def topic_of(rows: pa.Table, key: tuple[str, ...] = (), fmt: WireFormat = WireFormat.JSON):
     """(TopicSchema, key schemas, value schemas) of the topic's raw rows, as the job
     makes them from the raw scan (`key`: the table's configured key)."""
     schemas = scan_rows(rows, MEASURED.truncate_text).schemas[TOPIC]
     keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    return topic_schema(list(keys.values()), list(values.values()), key, TOPIC), keys, values
+    schema = topic_schema(list(keys.values()), list(values.values()), key, TOPIC, fmt=fmt)
+    return schema, keys, values
 
 
 def resolved(spark, rows: pa.Table, key: tuple[str, ...] = ()):
@@ -441,15 +443,15 @@ def test_a_bad_value_in_a_superseded_change_is_left_out_with_it():
 
 
 def test_a_key_value_comes_from_the_key_then_the_row_after_then_before():
-    from cdclake.debezium.json_records import _identifier
+    from cdclake.debezium.json_records import identifier
 
-    ident = _identifier(("a", "b"))
+    ident = identifier(("a", "b"))
     assert ident({"a": 1, "b": 2}, {"a": 7, "b": 8}, None) == (1, 2)
     assert ident({"a": 1}, {"b": 3}, {"b": 4}) == (1, 3)  # a field missing from the key
     assert ident({"a": 1, "b": None}, None, {"b": 4}) == (1, 4)
     assert ident(None, None, None) == (None, None)
-    assert _identifier(("a",))({"a": 5}, None, None) == (5,)
-    assert _identifier(())(None, {"a": 1}, None) == ()
+    assert identifier(("a",))({"a": 5}, None, None) == (5,)
+    assert identifier(())(None, {"a": 1}, None) == ()
 
 
 def test_a_record_whose_key_holds_no_value_cannot_be_applied():

@@ -1,12 +1,12 @@
 """Debezium wire formats: what a Kafka Connect converter writes, read into changes.
 
-A format is one module with the four functions of `Codec`; `WireFormat` names the ones
-cdclake reads, and a pipeline picks one (`kafka.format`). The reader splits each record
-with the format's `raw_rows` into schema ids, schema text and payload; the batch's topic
-shape comes from its schemas through `connect_schema`; the folds decode raw rows into
-`Change`s with `decode_records`, which raises `BadRecord` for a record that cannot be
-applied. Everything after a `Change` (the CDC rules, the MERGE) is the same for every
-format.
+A format is one module with the functions of `Codec`; `WireFormat` names the ones cdclake
+reads, and a pipeline picks one (`kafka.format`). The reader splits each record with the
+format's `raw_rows` into schema ids, schema text and payload; the batch's topic shape
+comes from the row fields of its schemas (`key_fields`, `value_fields`); the folds decode
+raw rows into `Change`s with `decode_records`, which raises `BadRecord` for a record that
+cannot be applied. Everything after a `Change` (the CDC rules, the MERGE) is the same
+for every format.
 """
 
 from __future__ import annotations
@@ -86,9 +86,13 @@ class Codec(Protocol):
     def raw_rows(self, topic: str, partition: int) -> RawRowsWriter:
         """The splitter of one reader task's records."""
 
-    def connect_schema(self, text: str) -> Any:
-        """A key or value schema (its text in the raw rows) as a Connect schema
-        (`cdclake.debezium.connect.ConnectField`)."""
+    def key_fields(self, text: str) -> tuple[Any, ...]:
+        """A key schema (its text in the raw rows): its fields, the key columns
+        (`cdclake.debezium.connect.ConnectField`s)."""
+
+    def value_fields(self, text: str, where: str) -> tuple[Any, ...]:
+        """A value schema: the fields of the rows it carries; `DecodeError` (naming
+        `where`) for a schema that is not of this format."""
 
     def row_decoders(self, schema: Any, key_schemas: Mapping[int, str],
                      value_schemas: Mapping[int, str]) -> Any:  # fmt: skip
@@ -107,10 +111,16 @@ class WireFormat(StrEnum):
     """The converter (and transforms) the topics were written with."""
 
     JSON = "json"  # JsonConverter with schemas.enable=true, the whole change envelope
+    # the same converter, records flattened by ExtractNewRecordState with
+    # add.fields=op,lsn,source.ts_ms and deletes kept (`debezium/json_flat`)
+    JSON_FLAT = "json-flat"
 
     @property
     def codec(self) -> Codec:
         return importlib.import_module(_CODECS[self])  # type: ignore[return-value]
 
 
-_CODECS = {WireFormat.JSON: "cdclake.debezium.json_records"}
+_CODECS = {
+    WireFormat.JSON: "cdclake.debezium.json_records",
+    WireFormat.JSON_FLAT: "cdclake.debezium.json_flat",
+}

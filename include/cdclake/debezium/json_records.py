@@ -97,7 +97,7 @@ class _Unparsed:
         try:
             row = self._typed()(raw)
         except DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
-            return rows.generic(_json(bytes(raw).decode()))
+            return rows.generic(parse_json(bytes(raw).decode()))
         rows.finish(row)
         return rows.finish(row, deferred=True)
 
@@ -129,7 +129,7 @@ class _Envelopes:
 
     def generic(self, text: str, partition: int, offset: int):
         """An envelope `typed` refused (`decode_records` calls `typed` itself)."""
-        envelope = _json(text)
+        envelope = parse_json(text)
         if not isinstance(envelope, dict):
             raise BadRecord("value is not a Debezium envelope matching its schema")
         source = envelope.get("source")
@@ -144,7 +144,7 @@ class _Envelopes:
                 envelope.get("op"), source.get("ts_ms"), source.get("lsn"), None)  # fmt: skip
 
 
-class _Keys:
+class KeyRows:
     """A key schema's payloads -> rows (`_Rows`), else parsed as plain JSON and decoded
     field by field."""
 
@@ -164,7 +164,7 @@ class _Keys:
                 pass
             else:
                 return self.rows.finish(row) if self.rows.later else row
-        return self.rows.generic(_json(text))
+        return self.rows.generic(parse_json(text))
 
 
 # ---- records ---------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def _header_decoder():
 HEADER, NULL_ROW = _header_decoder()
 
 
-def _json(text: str | None):
+def parse_json(text: str | None):
     if text is None:
         return None
     if _DECODE is not None:
@@ -219,8 +219,14 @@ def raw_rows(topic: str, partition: int) -> RawRows:
     return RawRows(topic, partition)
 
 
-def connect_schema(text: str) -> ConnectField:
-    return parse_connect_schema(text)
+def key_fields(text: str) -> tuple[ConnectField, ...]:
+    """A key schema's fields (the key columns)."""
+    return parse_connect_schema(text).fields
+
+
+def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
+    """A value schema's row fields: its envelope's `after` (DecodeError: no envelope)."""
+    return value_row_fields(parse_connect_schema(text), where)
 
 
 def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
@@ -230,12 +236,10 @@ def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
     (`settle`): a change that a later one replaces never needs them."""
     eager = {*schema.key_names, *(c.name for c in toastable(schema))}
     values = {
-        sid: _Envelopes(
-            value_row_fields(parse_connect_schema(text), "value"), schema.columns, eager
-        )  # fmt: skip
+        sid: _Envelopes(value_fields(text, "value"), schema.columns, eager)  # fmt: skip
         for sid, text in value_schemas.items()
     }
-    keys = {sid: _Keys(parse_connect_schema(text).fields, schema.key)
+    keys = {sid: KeyRows(key_fields(text), schema.key)
             for sid, text in key_schemas.items()}  # fmt: skip
     return keys, values
 
@@ -261,7 +265,7 @@ def decode_records(
     keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                         "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
-    ident = _identifier(schema.key_names)
+    ident = identifier(schema.key_names)
     changes: list[Change] = []
     append = changes.append
     sid = decode = typed = plain = rest = None
@@ -270,7 +274,7 @@ def decode_records(
         cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
         cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
     ):  # fmt: skip
-        key = None if key_sid is None else _key(keys, key_sid, key_text, partition, offset)
+        key = None if key_sid is None else decode_key(keys, key_sid, key_text, partition, offset)
         if value_sid is None:
             change = Change(partition, offset, bool(tombstone), key,
                              None, None, None, None, None, ident(key, None, None))  # fmt: skip
@@ -314,22 +318,22 @@ def decode_records(
                 change = Change(partition, offset, bool(tombstone), key, after, before, op,
                                  ts, lsn, ident(key, after, before), pending)  # fmt: skip
         if not tombstone:
-            _check(change)
+            check_change(change)
         append(change)
     if "old_key" in rows.column_names and rows.column("old_key").null_count < rows.num_rows:
-        _changed_from(changes, rows.column("old_key").to_pylist(), cols["key_schema_id"], keys,
+        changed_from(changes, rows.column("old_key").to_pylist(), cols["key_schema_id"], keys,
                       ident)  # fmt: skip
     return changes
 
 
-def _key(keys: Mapping, sid: int, text: str | None, partition: int, offset: int):
+def decode_key(keys: Mapping, sid: int, text: str | None, partition: int, offset: int):
     decode = keys.get(sid)
     if decode is None:
         raise BadRecord(f"key schema {sid} is not among the batch's")
     return decode(text, partition, offset)
 
 
-def _check(change: Change) -> None:
+def check_change(change: Change) -> None:
     """A change event's operation is known, and it has a key (a truncate need not)."""
     op = change.op
     if op.__class__ is not str or op not in _OPS:
@@ -339,14 +343,14 @@ def _check(change: Change) -> None:
         raise BadRecord("record has no key")
 
 
-def _changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: Mapping,
+def changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: Mapping,
                   ident) -> None:  # fmt: skip
     """Each create with an old key (the `__debezium.oldkey` header: a primary-key change)
     takes its values (`Change.from_key`), decoded as the record's own key is."""
     for change, text, sid in zip(changes, old_keys, key_sids, strict=True):
         if text is None or change.op != "c" or keys.get(sid) is None:
             continue
-        data = _json(text)
+        data = parse_json(text)
         if isinstance(data, dict) and "payload" in data and "schema" in data:
             data = data["payload"]  # the key as the JSON converter writes it
         if not isinstance(data, dict):
@@ -358,7 +362,7 @@ def _changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: M
 _OPS = frozenset((*ROW_OPS, TRUNCATE))
 
 
-def _identifier(names: Sequence[str]) -> Callable[[dict | None, dict | None, dict | None], tuple]:
+def identifier(names: Sequence[str]) -> Callable[[dict | None, dict | None, dict | None], tuple]:
     """A function of a change's key, row after and row before to its key's values: each
     from the key, else from the row after, else from the row before."""
     if not names:

@@ -147,8 +147,8 @@ def topic_schema(
 ) -> TopicSchema:
     """Schemas (their texts in `fmt`) are given oldest first (by the last offset that used
     them); `known` holds the lake table's column types when it exists."""
-    parse = fmt.codec.connect_schema
-    value_fields = [value_row_fields(parse(s), where) for s in value_schemas]
+    codec = fmt.codec
+    value_fields = [codec.value_fields(s, where) for s in value_schemas]
     columns = unify_columns(value_fields, where, known, exclude)
     if key_override:
         by_name = {c.name: c for c in columns}
@@ -157,7 +157,7 @@ def topic_schema(
             raise DecodeError(f"{where}: key column(s) {missing} are not columns of the table")
         key = tuple(Column(k, by_name[k].type, False) for k in key_override)
     else:
-        key_fields = [parse(s).fields for s in key_schemas]
+        key_fields = [codec.key_fields(s) for s in key_schemas]
         if not key_fields:  # a table without primary key and no `key:`: an append-only changelog
             key = ()
         else:

@@ -1,0 +1,116 @@
+"""Records flattened by Debezium's `ExtractNewRecordState` transform, written by the JSON
+converter with schemas (`WireFormat.JSON_FLAT`, the `Codec` of
+`cdclake.debezium.formats`).
+
+Each value is the row itself, with the change's metadata as fields the transform adds:
+`add.fields=op,lsn,source.ts_ms` gives `__op`, `__lsn` and `__source_ts_ms`, which the
+CDC rules need (the operation; the LSN for the re-send guard; the source time for the
+metadata columns). A delete must stay in the stream as its row before
+(`delete.tombstone.handling.mode=rewrite` or `rewrite-with-tombstone`), so that its
+`__op` is `d`. Every other field whose name starts with `__` is metadata and not loaded.
+A record without `__op` is a bad record naming the setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from cdclake.debezium.connect import ConnectField, parse_connect_schema
+from cdclake.debezium.formats import BadRecord, Change
+from cdclake.debezium.json_records import (
+    KeyRows,
+    changed_from,
+    check_change,
+    decode_key,
+    identifier,
+    parse_json,
+    raw_rows,
+)
+from cdclake.debezium.json_values import row_decoder
+from cdclake.debezium.schema import TopicSchema
+from cdclake.exceptions import DecodeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["decode_records", "key_fields", "raw_rows", "row_decoders", "value_fields"]
+META = "__"  # the transform's prefix of the fields it adds
+_NO_OP = ("has no __op field: flattened records need the transform's "
+          "add.fields=op,lsn,source.ts_ms")  # fmt: skip
+
+
+def key_fields(text: str) -> tuple[ConnectField, ...]:
+    return parse_connect_schema(text).fields
+
+
+def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
+    """The row's own fields of a flattened value schema (the transform's left out)."""
+    value = parse_connect_schema(text)
+    if value.type != "struct" or value.child(f"{META}op") is None:
+        raise DecodeError(f"{where}: value {_NO_OP}")
+    return tuple(f for f in value.fields if not f.name.startswith(META))
+
+
+def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
+                 value_schemas: Mapping[int, str]) -> tuple[dict, dict]:  # fmt: skip
+    keys = {sid: KeyRows(key_fields(text), schema.key) for sid, text in key_schemas.items()}
+    values = {sid: row_decoder(value_fields(text, "value"), schema.columns)
+              for sid, text in value_schemas.items()}  # fmt: skip
+    return keys, values
+
+
+def decode_records(
+    rows: pa.Table | pa.RecordBatch,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+    decoders: tuple[dict, dict] | None = None,
+    headers_only: bool = False,
+) -> list[Change]:
+    """Raw rows of one topic -> changes, one per record, each decoded whole (a delete's
+    row is its row before); `BadRecord` for a record that cannot be applied."""
+    keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
+    cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
+                        "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
+    ident = identifier(schema.key_names)
+    changes: list[Change] = []
+    for partition, offset, tombstone, key_sid, key_text, value_sid, value_text in zip(
+        cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
+        cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
+    ):  # fmt: skip
+        key = None if key_sid is None else decode_key(keys, key_sid, key_text, partition, offset)
+        after = before = op = ts = lsn = None
+        if value_sid is not None:
+            decode = values.get(value_sid)
+            if decode is None:
+                raise BadRecord(f"value schema {value_sid} is not among the batch's")
+            payload = parse_json(value_text)
+            if not isinstance(payload, dict):
+                raise BadRecord("value is not a flattened row")
+            op, lsn, ts = _meta(payload)
+            row = decode(payload)
+            after, before = (None, row) if op == "d" else (row, None)
+        change = Change(partition, offset, bool(tombstone), key, after, before, op, ts, lsn,
+                        ident(key, after, before))  # fmt: skip
+        if not tombstone:
+            check_change(change)
+        changes.append(change)
+    if "old_key" in rows.column_names and rows.column("old_key").null_count < rows.num_rows:
+        changed_from(changes, rows.column("old_key").to_pylist(), cols["key_schema_id"], keys,
+                     ident)  # fmt: skip
+    return changes
+
+
+def _meta(payload: dict) -> tuple[str, int | None, int | None]:
+    """A flattened row's operation, LSN and source time."""
+    op = payload.get(f"{META}op")
+    if op is None:
+        raise BadRecord(f"record {_NO_OP}")
+    found = []
+    for name in ("lsn", "source_ts_ms"):
+        value = payload.get(f"{META}{name}")
+        if value is not None and type(value) is not int:
+            raise BadRecord(f"field {META}{name} is not an integer")
+        found.append(value)
+    return op, found[0], found[1]

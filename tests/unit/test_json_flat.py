@@ -1,0 +1,73 @@
+"""Records flattened by ExtractNewRecordState (`kafka.format: json-flat`) resolve to the
+rows their whole envelopes resolve to."""
+
+from __future__ import annotations
+
+import pytest
+from cdclake.debezium.formats import WireFormat
+from cdclake.exceptions import DecodeError
+from cdclake.resolve.fold import resolve_rows
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
+
+from tests.debezium_records import flat_record, key_record, value_record
+from tests.unit.test_resolve import raw_table, topic_of
+
+
+def item(i: int, name: str | None) -> dict:
+    return {"id": i, "name": name, "price": None, "day": None, "at": None, "at_tz": None,
+            "blob": None}  # fmt: skip
+
+
+# (op, row before, row after, lsn) of each change, then a tombstone of its key with "t"
+HISTORY = [
+    ("c", None, item(1, "a"), 10),
+    ("u", None, item(1, "b"), 20),
+    ("c", None, item(1, "a"), 10),  # re-sent: older than the row's LSN
+    ("c", None, item(2, "x"), 30),
+    ("d", {**item(2, None)}, None, 40),
+    ("tombstone", None, None, 2),
+    ("r", None, item(3, "snap"), None),
+    ("u", None, item(3, TOAST_PLACEHOLDER), 50),  # an unchanged TOASTed value
+    ("c", None, item(4, "new"), 60),
+]
+
+
+def records(flat: bool) -> list:
+    out = []
+    for op, before, after, lsn in HISTORY:
+        if op == "tombstone":
+            out.append((key_record(lsn), None))
+        elif flat:
+            out.append((key_record((after or before)["id"]), flat_record(op, after or before, lsn)))
+        else:
+            out.append((key_record((after or before)["id"]), value_record(op, before, after, lsn)))
+    return out
+
+
+def resolved(flat: bool) -> list[dict]:
+    rows = raw_table({0: records(flat)})
+    schema, keys, values = topic_of(rows, fmt=WireFormat.JSON_FLAT if flat else WireFormat.JSON)
+    return sorted(resolve_rows(rows, schema, keys, values).rows.to_pylist(),
+                  key=lambda r: r["id"])  # fmt: skip
+
+
+def test_flattened_records_resolve_as_their_envelopes_do():
+    whole, flat = resolved(False), resolved(True)
+    assert flat == whole
+    assert {r["id"]: (r["name"], r["_cdc_deleted"]) for r in flat} == {
+        1: ("b", False),
+        2: ("x", True),  # a deleted row's last values (what soft deletes keep)
+        3: ("snap", False),
+        4: ("new", False),
+    }
+
+
+def test_a_flattened_record_without_its_operation_is_refused_naming_the_setting():
+    setting = "add.fields=op,lsn,source.ts_ms"
+    schema, keys, values = topic_of(raw_table({0: records(True)}), fmt=WireFormat.JSON_FLAT)
+    no_op = flat_record("c", item(5, "e")).replace(b',"__op":"c"', b"")
+    got = resolve_rows(raw_table({0: [(key_record(5), no_op)]}), schema, keys, values)
+    assert [(offset, setting in why) for _, offset, why in got.bad] == [(0, True)]
+    no_field = no_op.replace(b'{"type":"string","optional":true,"field":"__op"},', b"")
+    with pytest.raises(DecodeError, match=setting):
+        topic_of(raw_table({0: [(key_record(5), no_field)]}), fmt=WireFormat.JSON_FLAT)
