@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from cdclake.debezium.connect import ConnectField, parse_connect_schema
 from cdclake.debezium.formats import BadRecord, Change
 from cdclake.debezium.json_records import (
+    RECORD_COLUMNS,
     KeyRows,
     changed_from,
     check_change,
@@ -71,14 +72,12 @@ def decode_records(
     """Raw rows of one topic -> changes, one per record, each decoded whole (a delete's
     row is its row before); `BadRecord` for a record that cannot be applied."""
     keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
-    cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
-                        "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
+    cols = rows.select(RECORD_COLUMNS).to_pydict()
     ident = identifier(schema.key_names)
     changes: list[Change] = []
     for partition, offset, tombstone, key_sid, key_text, value_sid, value_text in zip(
-        cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
-        cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
-    ):  # fmt: skip
+        *(cols[c] for c in RECORD_COLUMNS), strict=True
+    ):
         key = None if key_sid is None else decode_key(keys, key_sid, key_text, partition, offset)
         after = before = op = ts = lsn = None
         if value_sid is not None:

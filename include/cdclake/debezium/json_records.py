@@ -244,6 +244,11 @@ def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
     return keys, values
 
 
+# the raw rows' columns a decode reads, in the order it takes them
+RECORD_COLUMNS = ["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
+                  "value_schema_id", "value_payload"]  # fmt: skip
+
+
 def decode_records(
     rows: pa.Table | pa.RecordBatch,
     schema: TopicSchema,
@@ -263,17 +268,15 @@ def decode_records(
     deferred columns). A fold that never reads a change's rows (no TOAST columns to
     follow) saves most of the decode this way."""
     keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
-    cols = rows.select(["partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
-                        "value_schema_id", "value_payload"]).to_pydict()  # fmt: skip
+    cols = rows.select(RECORD_COLUMNS).to_pydict()
     ident = identifier(schema.key_names)
     changes: list[Change] = []
     append = changes.append
     sid = decode = typed = plain = rest = None
     unparsed = False  # the rows are kept raw (`headers_only`)
     for partition, offset, tombstone, key_sid, key_text, value_sid, value_text in zip(
-        cols["partition"], cols["offset"], cols["is_tombstone"], cols["key_schema_id"],
-        cols["key_payload"], cols["value_schema_id"], cols["value_payload"], strict=True,
-    ):  # fmt: skip
+        *(cols[c] for c in RECORD_COLUMNS), strict=True
+    ):
         key = None if key_sid is None else decode_key(keys, key_sid, key_text, partition, offset)
         if value_sid is None:
             change = Change(partition, offset, bool(tombstone), key,
