@@ -1,8 +1,11 @@
-"""The local stack's Kafka asks every client for a SASL/PLAIN login: a client without
-one, or with a wrong password, gets nothing; the password is in no log nor in the
-connector configuration Kafka Connect keeps and shows."""
+"""The local stack's Kafka asks every client for a SASL/PLAIN login, on its controller
+listener too: a client without one, or with a wrong password, gets nothing; the password
+is in no log nor in the connector configuration Kafka Connect keeps and shows."""
 
 from __future__ import annotations
+
+import socket
+import struct
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -37,6 +40,26 @@ def test_a_client_without_the_login_or_with_a_wrong_password_is_refused(stack):
     assert topics is None, "the broker answered a wrong password"
     assert any(e.code() == KafkaError._AUTHENTICATION and "Invalid username or password"
                in e.str() for e in errors), errors  # fmt: skip
+
+
+def answers_without_login(port: int) -> bool:
+    """Whether the Kafka listener on 127.0.0.1:`port` answers a DescribeCluster request
+    (v0, which a KRaft controller serves) sent without a login."""
+    client = b"cdclake-test"
+    header = struct.pack(">hhih", 60, 0, 7, len(client)) + client + b"\x00"
+    request = header + b"\x00\x00"  # no authorized operations, no tagged fields
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        try:
+            size = sock.recv(4)
+            answer = sock.recv(4) if len(size) == 4 else b""
+        except (ConnectionResetError, TimeoutError):
+            return False
+    return answer == struct.pack(">i", 7)  # the response to correlation id 7
+
+
+def test_the_controller_listener_answers_no_client_without_the_login(stack):
+    assert not answers_without_login(stack.broker.controller_port)
 
 
 def test_the_password_is_in_no_log_nor_in_the_stored_connector_configuration(stack):

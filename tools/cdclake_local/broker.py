@@ -3,8 +3,8 @@ its data on disk under the state directory, its jars from Maven Central (`stack/
 
 Clients authenticate with SASL/PLAIN (SASL_PLAINTEXT on 127.0.0.1) as the user `cdclake`,
 whose password is made once and kept in the state directory (readable by its owner only);
-`client_config` is what every client of the stack takes. The controller listener stays
-PLAINTEXT on loopback: only the node itself speaks to it (no other KRaft node exists).
+`client_config` is what every client of the stack takes. The controller listener (which
+only the node itself speaks to) asks for the same login.
 """
 
 from __future__ import annotations
@@ -162,12 +162,14 @@ class LocalBroker:
             "listeners": f"{PROTOCOL}://{host}:{port},CONTROLLER://{host}:{controller}",
             "advertised.listeners": f"{PROTOCOL}://{host}:{port}",
             "controller.listener.names": "CONTROLLER",
-            # clients authenticate; the controller listener serves this node only (loopback)
-            "listener.security.protocol.map": f"{PROTOCOL}:{PROTOCOL},CONTROLLER:PLAINTEXT",
+            # every listener asks for the login, the controller's too
+            "listener.security.protocol.map": f"{PROTOCOL}:{PROTOCOL},CONTROLLER:{PROTOCOL}",
             "inter.broker.listener.name": PROTOCOL,
             "sasl.enabled.mechanisms": MECHANISM,
             "sasl.mechanism.inter.broker.protocol": MECHANISM,
+            "sasl.mechanism.controller.protocol": MECHANISM,
             f"listener.name.{PROTOCOL.lower()}.plain.sasl.jaas.config": jaas(self.password(), USER),
+            "listener.name.controller.plain.sasl.jaas.config": jaas(self.password(), USER),
             "log.dirs": str(self.data),
             "num.partitions": "1",
             "offsets.topic.replication.factor": "1",
