@@ -74,12 +74,12 @@ def set_aside_misfits(
         return left, marked.where(F.col("_misfit").isNull()).drop("_misfit")
     first = unfit.orderBy("partition", "offset").limit(1).collect()[0]
     target = batch.pipeline.qualified_target(table)
-    if first._misfit == NOT_AN_ENVELOPE:
+    if first._misfit.startswith(NOT_READABLE):
         raise DecodeError(
             f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
-            f"Nothing of this batch was written to {target}. To go on, set on_error: "
-            "dead_letter (these records are set aside), or remove the transform that "
-            "changed the connector's records."
+            f"Nothing of this batch was written to {target}. To go on, set kafka.format to "
+            "what the connector writes, or on_error: dead_letter (these records are set "
+            "aside)."
         )
     raise DecodeError(
         f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
@@ -90,12 +90,10 @@ def set_aside_misfits(
     )
 
 
-# a value schema without Debezium's envelope (op, before/after): a record flattened by
-# ExtractNewRecordState, or written to the topic by something else
-NOT_AN_ENVELOPE = (
-    "value is not a Debezium change event envelope (no op and before/after "
-    "fields: a record flattened by a transform such as ExtractNewRecordState?)"
-)
+# the start of the reason of a value schema that is not of the pipeline's format (e.g. a
+# record flattened by ExtractNewRecordState in a `json` pipeline, or written to the topic
+# by something else); the format's own message follows
+NOT_READABLE = "not readable as kafka.format"
 
 
 def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, str]]],
@@ -107,8 +105,9 @@ def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, s
     for sid, text in schemas.get("value", []):
         try:
             codec.value_fields(text, topic)
-        except DecodeError:
-            rejected[("value", sid)] = NOT_AN_ENVELOPE
+        except DecodeError as exc:
+            why = str(exc).removeprefix(f"{topic}: ")
+            rejected[("value", sid)] = f"{NOT_READABLE} {fmt.value}: {why}"
     for side in ("key", "value") if not table.key else ("value",):
         versions = [
             (sid, codec.value_fields(text, topic) if side == "value"

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["decode_records", "key_fields", "raw_rows", "row_decoders", "value_fields"]
 META = "__"  # the transform's prefix of the fields it adds
 _NO_OP = ("has no __op field: flattened records need the transform's "
-          "add.fields=op,lsn,source.ts_ms")  # fmt: skip
+          "add.fields=op,lsn,source.ts_ms (whole envelopes: kafka.format json)")  # fmt: skip
 
 
 def key_fields(text: str) -> tuple[ConnectField, ...]:

@@ -71,7 +71,10 @@ def widens(old: str, new: str) -> bool:
 def value_row_fields(envelope: ConnectField, where: str) -> tuple[ConnectField, ...]:
     after = envelope.child("after") or envelope.child("before")
     if envelope.type != "struct" or envelope.child("op") is None or after is None:
-        raise DecodeError(f"{where}: value is not a Debezium change event envelope")
+        raise DecodeError(
+            f"{where}: value is not a Debezium change event envelope (no op and before/after "
+            "fields: a record flattened by ExtractNewRecordState? See kafka.format json-flat)"
+        )
     return after.fields
 
 
