@@ -260,10 +260,10 @@ def test_a_commit_between_the_read_and_a_merge_fails_the_batch(stack, spark, tmp
     """Another commit reached the table after this batch read its offsets (rows of other
     keys, or only offsets, as a run with nothing to write commits): the batch's MERGE is
     committed to a branch that main does not take, so nothing of the batch lands and the
-    table's offsets stay the other commit's."""
+    table's offsets stay the other commit's. No branch is left, not even a killed load's."""
     import cdclake.iceberg.write
     import psycopg
-    from cdclake.iceberg.tables import commit_empty, current_snapshot
+    from cdclake.iceberg.tables import commit_empty, current_snapshot, load_iceberg_table
 
     pipeline = first_load_table(stack, tmp_path, f"merged_{other}")
     run_batch(spark, pipeline, plan_pipeline(pipeline, f"it-merged-{other}-1"))
@@ -289,6 +289,10 @@ def test_a_commit_between_the_read_and_a_merge_fails_the_batch(stack, spark, tmp
         return columns
 
     monkeypatch.setattr(cdclake.iceberg.write, "ensure_table", and_another_writer)
+    # a branch a killed load left behind: the next load of the table removes it
+    killed = load_iceberg_table(spark, target)
+    killed.manageSnapshots().createBranch("cdclake_load_killed", current_snapshot(
+        spark, target)[0]).commit()  # fmt: skip
     with pytest.raises(CommitConflictError, match="another commit reached the table after"):
         run_batch(spark, pipeline, plan_pipeline(pipeline, f"it-merged-{other}-2"))
     assert current_snapshot(spark, target)[1] == theirs

@@ -184,10 +184,10 @@ def _summary_properties(batch_id: str, offsets: dict, result: TableResult,
 
 
 # A load commits to a branch of its own made at the snapshot its offsets were read from;
-# main then takes the branch by a fast-forward, which Iceberg refuses (ValidationException)
-# once another commit reached main since: offsets never move backwards, whatever else
-# runs. Two metadata commits per table and batch (the branch, the fast-forward with the
-# branch's removal): 30 and 45 ms each measured on local disk.
+# main then takes the branch by a fast-forward, which Iceberg refuses once another commit
+# reached main since: offsets never move backwards, whatever else runs. Two metadata
+# commits per table and batch (the branch; the fast-forward with the branch's removal):
+# 30 and 45 ms each measured on local disk.
 STAGE_PREFIX = "cdclake_load_"
 
 
