@@ -24,9 +24,10 @@ KAFKA_LOGIN = {
 
 def bench_pipeline(
     work: Path, settings: StackSettings, workload: Workload, label: str,
-    spark_conf: dict[str, str] | None = None,
+    spark_conf: dict[str, str] | None = None, fmt: str = "json",
 ) -> PipelineConfig:  # fmt: skip
-    """Write and load `<work>/<label>.yaml` (namespace `<label>_<random>`)."""
+    """Write and load `<work>/<label>.yaml` (namespace `<label>_<random>`; `fmt`: its
+    `kafka.format`)."""
     prefix = workload.streams[0].topic.split(".", 1)[0]
     tables = [s.topic.split(".", 1)[1] for s in workload.streams]
     raw = {
@@ -35,6 +36,7 @@ def bench_pipeline(
         "kafka": {
             "bootstrap_servers": f"127.0.0.1:{settings.kafka_port}",
             "properties": KAFKA_LOGIN,
+            "format": fmt,
         },
         "catalog": {
             "name": "lake",

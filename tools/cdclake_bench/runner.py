@@ -39,6 +39,7 @@ from cdclake_bench.peers import HANDLER_BATCH
 from cdclake_bench.pipeline import bench_pipeline
 from cdclake_bench.sources import (
     file_reader,
+    flatten_recording,
     record_workload,
     recorded_ranges,
     split_recording,
@@ -51,6 +52,7 @@ STEP_FIGURES = {
     "throughput_merge": ("throughput_merge_eps",),
     "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
+    "throughput_flat": ("flat_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
@@ -76,7 +78,7 @@ MERGE_ROUNDS = 3
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
     "throughput_merge_eps", "throughput_kafka_eps", "peer_one_call_ratio", "naive_ratio",
-    "toast_ratio",
+    "toast_ratio", "flat_ratio",
 )  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
@@ -250,31 +252,55 @@ class Bench:
         self.say(f"recording the same events with TOAST placeholders in {TOAST_SHARE:.0%} "
                  "of the updates")  # fmt: skip
         record_workload(toasted, recordings["toast"], log_every=0)
-        walls: dict[str, list[float]] = {"plain": [], "toast": []}
-        namespaces = []
-        if self.spark is None:  # the session's first load, untimed: both start warm
-            pipeline = bench_pipeline(self.work, self.stack.s, workload, "warm_up")
-            plain = recordings["plain"]
-            plan = BatchPlan(pipeline.name, "bench-warm-up", tuple(recorded_ranges(plain)))
-            run_batch(self.session(pipeline), pipeline, plan, read=file_reader(plain))
-        for _ in range(2):
-            for label, rec in recordings.items():
-                pipeline = bench_pipeline(self.work, self.stack.s, workload, label)
-                plan = BatchPlan(pipeline.name, f"bench-{label}", tuple(recorded_ranges(rec)))
-                started = time.perf_counter()
-                run_batch(self.session(pipeline), pipeline, plan, read=file_reader(rec))
-                walls[label].append(time.perf_counter() - started)
-                if label == "toast":
-                    namespaces.append(pipeline.namespace)
+        walls, namespaces = self._side_by_side(workload, recordings, {})
         ratio = sum(walls["plain"]) / sum(walls["toast"])
         self.figures["toast_ratio"] = ratio
         self.details["throughput_toast"] = {
-            "toast_share": TOAST_SHARE, "wall_s": walls, "namespaces": namespaces,
+            "toast_share": TOAST_SHARE, "wall_s": walls, "namespaces": namespaces["toast"],
             "columns": {s.topic: toast_column(workload, s.topic) for s in workload.streams},
         }  # fmt: skip
         self.say(f"with placeholders {workload.events / min(walls['toast']):,.0f} events/s, "
                  f"without {workload.events / min(walls['plain']):,.0f} (best of two each); "
                  f"ratio {ratio:.2f}")  # fmt: skip
+
+    def _side_by_side(self, workload, recordings: dict[str, Path], formats: dict[str, str]):
+        """Each recording loaded twice into new tables, alternating, in the bench's session
+        (after an untimed load, so that all start warm; `formats`: a label's
+        `kafka.format`): the walls and the namespaces of each label."""
+        walls: dict[str, list[float]] = {label: [] for label in recordings}
+        namespaces: dict[str, list[str]] = {label: [] for label in recordings}
+        if self.spark is None:
+            pipeline = bench_pipeline(self.work, self.stack.s, workload, "warm_up")
+            first = next(iter(recordings.values()))
+            plan = BatchPlan(pipeline.name, "bench-warm-up", tuple(recorded_ranges(first)))
+            run_batch(self.session(pipeline), pipeline, plan, read=file_reader(first))
+        for _ in range(2):
+            for label, rec in recordings.items():
+                pipeline = bench_pipeline(self.work, self.stack.s, workload, label,
+                                          fmt=formats.get(label, "json"))  # fmt: skip
+                plan = BatchPlan(pipeline.name, f"bench-{label}", tuple(recorded_ranges(rec)))
+                started = time.perf_counter()
+                run_batch(self.session(pipeline), pipeline, plan, read=file_reader(rec))
+                walls[label].append(time.perf_counter() - started)
+                namespaces[label].append(pipeline.namespace)
+        return walls, namespaces
+
+    # ---- flattened records, side by side ---------------------------------------------
+    def throughput_flat(self) -> None:
+        """The throughput step's events, and the same as ExtractNewRecordState writes them
+        (`kafka.format: json-flat`), each loaded twice into new tables, alternating:
+        what reading flattened records costs (above 1: they load faster)."""
+        workload = self.details["file_workload"]
+        recordings = {"whole": self.work / "recording", "flat": self.work / "recording-flat"}
+        self.say("flattening the recorded events as ExtractNewRecordState would")
+        flatten_recording(recordings["whole"], recordings["flat"])
+        walls, _ = self._side_by_side(workload, recordings, {"flat": "json-flat"})
+        ratio = sum(walls["whole"]) / sum(walls["flat"])
+        self.figures["flat_ratio"] = ratio
+        self.details["throughput_flat"] = {"wall_s": walls}
+        self.say(f"flattened {workload.events / min(walls['flat']):,.0f} events/s, "
+                 f"whole envelopes {workload.events / min(walls['whole']):,.0f} (best of two "
+                 f"each); ratio {ratio:.2f}")  # fmt: skip
 
     # ---- the same, from Kafka --------------------------------------------------------
     def throughput_kafka(self) -> None:

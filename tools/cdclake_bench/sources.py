@@ -51,6 +51,48 @@ def record_workload(workload: Workload, out: Path, log_every: int = 100_000) -> 
     return ranges
 
 
+def flatten_recording(source: Path, out: Path) -> None:
+    """A copy of the recording in `source` with each change flattened as Debezium's
+    ExtractNewRecordState writes it (`flat_value`)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for path in sorted(source.glob("*.parquet")):
+        table = pq.read_table(path)
+        values = [None if v is None else flat_value(v) for v in table.column("value").to_pylist()]
+        table = table.set_column(table.schema.get_field_index("value"), "value",
+                                 pa.array(values, pa.binary()))  # fmt: skip
+        pq.write_table(table, out / path.name, compression="zstd")
+    shutil.copy(source / "ranges.json", out / "ranges.json")
+
+
+FLAT_FIELDS = [{"type": "string", "optional": True, "field": "__op"},
+               {"type": "int64", "optional": True, "field": "__lsn"},
+               {"type": "int64", "optional": True, "field": "__source_ts_ms"},
+               {"type": "string", "optional": True, "field": "__deleted"}]  # fmt: skip
+
+
+def flat_value(value: bytes) -> bytes:
+    """A change event's value as ExtractNewRecordState writes it with
+    add.fields=op,lsn,source.ts_ms and deletes rewritten: the row (a delete's before)
+    and those fields."""
+    event = json.loads(value)
+    payload = event["payload"]
+    op = payload["op"]
+    row_schema = next(f for f in event["schema"]["fields"] if f["field"] == "after")
+    row = payload["before"] if op == "d" else payload["after"]
+    schema = {"type": "struct", "optional": False, "name": row_schema.get("name"),
+              "fields": row_schema["fields"] + FLAT_FIELDS}  # fmt: skip
+    source = payload.get("source") or {}
+    flat = {**(row or {}), "__op": op, "__lsn": source.get("lsn"),
+            "__source_ts_ms": source.get("ts_ms"), "__deleted": str(op == "d").lower()}  # fmt: skip
+    return json.dumps({"schema": schema, "payload": flat}, separators=(",", ":")).encode()
+
+
 def recorded_ranges(directory: Path) -> list[OffsetRange]:
     return [OffsetRange(*r) for r in json.loads((directory / "ranges.json").read_text())]
 
