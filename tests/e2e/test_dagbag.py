@@ -98,7 +98,7 @@ def test_each_pipeline_is_maintained_on_its_own_schedule(tmp_path):
         ),
         pytest.param(
             "kafka:\n", "kafka:\n  bootstrp_servers: x\n",
-            "kafka.bootstrp_servers: unknown key (known: bootstrap_servers, properties)",
+            "kafka.bootstrp_servers: unknown key (known: bootstrap_servers, format, properties)",
             id="unknown key",
         ),
         pytest.param(
