@@ -25,6 +25,7 @@ from cdclake.debezium.json_records import (
     check_change,
     decode_key,
     identifier,
+    key_fields,
     parse_json,
     raw_rows,
 )
@@ -39,10 +40,6 @@ __all__ = ["decode_records", "key_fields", "raw_rows", "row_decoders", "value_fi
 META = "__"  # the transform's prefix of the fields it adds
 _NO_OP = ("has no __op field: flattened records need the transform's "
           "add.fields=op,lsn,source.ts_ms (whole envelopes: kafka.format json)")  # fmt: skip
-
-
-def key_fields(text: str) -> tuple[ConnectField, ...]:
-    return parse_connect_schema(text).fields
 
 
 def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
