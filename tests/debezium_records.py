@@ -107,3 +107,71 @@ def flat_record(op: str, row: dict, lsn: int | None = 100, columns: list[dict] =
     payload = {**row, "__op": op, "__lsn": lsn, "__source_ts_ms": ts_ms,
                "__deleted": str(op == "d").lower()}  # fmt: skip
     return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+def avro_schema(connect: dict, named: set[str] | None = None) -> object:
+    """The Avro schema an Avro converter (`AvroData`) writes for a Connect schema (its
+    JSON-converter form): Connect's names and parameters as `connect.*` properties, an
+    optional type as a union with null, a record named twice referred to by name."""
+    named = set() if named is None else named
+    kind, name = connect["type"], connect.get("name")
+    if kind == "struct":
+        full = name or "io.confluent.connect.avro.ConnectDefault"
+        if full in named:
+            avro: object = full
+        else:
+            named.add(full)
+            fields = [{"name": f["field"], "type": avro_schema(f, named),
+                       **({"default": None} if f.get("optional") else {})}
+                      for f in connect["fields"]]  # fmt: skip
+            avro = {"type": "record", "name": full, "fields": fields}
+    elif kind == "array":
+        avro = {"type": "array", "items": avro_schema(connect["items"], named)}
+    else:
+        primitive = {"int8": "int", "int16": "int", "int32": "int", "int64": "long",
+                     "float": "float", "double": "double", "boolean": "boolean",
+                     "string": "string", "bytes": "bytes"}[kind]  # fmt: skip
+        avro = {"type": primitive}
+        if kind in ("int8", "int16"):
+            avro["connect.type"] = kind
+        if name:
+            avro.update({"connect.version": 1, "connect.name": name})
+        if connect.get("parameters"):
+            avro["connect.parameters"] = connect["parameters"]
+        if name == "org.apache.kafka.connect.data.Decimal":
+            params = connect["parameters"]
+            avro.update(logicalType="decimal", scale=int(params["scale"]),
+                        precision=int(params.get("connect.decimal.precision", 64)))  # fmt: skip
+        if len(avro) == 1:
+            avro = primitive
+    return ["null", avro] if connect.get("optional") else avro
+
+
+def avro_value(connect: dict, value):
+    """A JSON converter's payload value as the Avro converter holds it (bytes, not base64)."""
+    if value is None:
+        return None
+    if connect["type"] == "struct":
+        return {f["field"]: avro_value(f, value.get(f["field"])) for f in connect["fields"]}
+    if connect["type"] == "array":
+        return [avro_value(connect["items"], v) for v in value]
+    return base64.b64decode(value) if connect["type"] == "bytes" else value
+
+
+def avro_record(record: bytes | None, schema_id: int) -> tuple[bytes | None, object]:
+    """A JSON-with-schema record as an Avro converter writes it in the Confluent wire
+    format with that registry id, and its Avro schema."""
+    import io
+
+    import fastavro
+
+    if record is None:
+        return None, None
+    envelope = json.loads(record)
+    connect = {**envelope["schema"], "optional": False}
+    schema = avro_schema(connect)
+    out = io.BytesIO()
+    out.write(b"\0" + schema_id.to_bytes(4, "big"))
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema),
+                               avro_value(connect, envelope["payload"]))  # fmt: skip
+    return out.getvalue(), schema

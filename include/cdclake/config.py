@@ -11,6 +11,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from cdclake.debezium.formats import WireFormat
+from cdclake.debezium.registry import RegistryConfig
 from cdclake.exceptions import ConfigError
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -47,6 +48,8 @@ class KafkaConfig:
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
     # the converter the connector writes with: how the reader splits and decodes records
     format: WireFormat = WireFormat.JSON
+    # where an Avro format's schemas are (None for JSON)
+    schema_registry: RegistryConfig | None = None
 
     def client_config(self) -> dict[str, str]:
         """librdkafka settings shared by every client cdclake creates; `properties` win,
@@ -76,8 +79,6 @@ class CatalogConfig:
     warehouse: str
     properties: Mapping[str, str] = field(default_factory=dict)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
-    # the converter the connector writes with: how the reader splits and decodes records
-    format: WireFormat = WireFormat.JSON
 
 
 @dataclass(frozen=True)

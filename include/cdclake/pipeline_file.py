@@ -30,6 +30,7 @@ from cdclake.config import (
 )
 from cdclake.config_reader import SCHEDULE_PRESETS, Reader, load_yaml, schedule_problem
 from cdclake.debezium.formats import WireFormat
+from cdclake.debezium.registry import RegistryConfig
 from cdclake.exceptions import ConfigError
 
 _GLOB = re.compile(r"^[A-Za-z0-9_*?]+$")
@@ -114,11 +115,13 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         )
     timeouts = _parse_timeouts(r, r.mapping(raw, "", "timeouts", required=False))
     kafka_raw = r.mapping(raw, "", "kafka")
+    fmt = r.choice(kafka_raw, "kafka", "format", WireFormat, WireFormat.JSON)
     kafka = KafkaConfig(
         bootstrap_servers=r.get(kafka_raw, "kafka", "bootstrap_servers", str),
         properties=r.string_map(kafka_raw, "kafka", "properties"),
         timeouts=timeouts,
-        format=r.choice(kafka_raw, "kafka", "format", WireFormat, WireFormat.JSON),
+        format=fmt,
+        schema_registry=_parse_registry(r, kafka_raw, fmt, timeouts),
     )
     catalog = replace(_parse_catalog(r, r.mapping(raw, "", "catalog")), timeouts=timeouts)
     namespace = r.get(raw, "", "namespace", str)
@@ -246,6 +249,25 @@ def _parse_maintenance(r: Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
             raise r.fail(f"maintenance.{name}", f"must be at least {minimum}, got {value}{why}")
         numbers[name] = value
     return MaintenanceConfig(enabled=enabled, schedule=schedule, **numbers)
+
+
+def _parse_registry(r: Reader, kafka: Mapping[str, Any], fmt: WireFormat,
+                    timeouts: TimeoutsConfig) -> RegistryConfig | None:  # fmt: skip
+    """An Avro format's schema registry (`kafka.schema_registry`): none for JSON."""
+    raw = r.mapping(kafka, "kafka", "schema_registry", required=False)
+    if not fmt.avro:
+        if raw:
+            raise r.fail("kafka.schema_registry", f"is for the Avro formats, and kafka.format "
+                         f"is {fmt.value}")  # fmt: skip
+        return None
+    if not raw:
+        raise r.fail("kafka.schema_registry.url", f"is required with kafka.format {fmt.value}")
+    url = r.get(raw, "kafka.schema_registry", "url", str)
+    if not url.startswith(("http://", "https://")) or "@" in url.partition("://")[2]:
+        raise r.fail("kafka.schema_registry.url", f"{url!r} must be an http(s) URL without "
+                     "a login (the login goes in user_info)")  # fmt: skip
+    user_info = r.get(raw, "kafka.schema_registry", "user_info", str, "")
+    return RegistryConfig(url.rstrip("/"), user_info, timeouts.request_s)
 
 
 def _parse_catalog(r: Reader, raw: Mapping[str, Any]) -> CatalogConfig:

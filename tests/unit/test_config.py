@@ -75,7 +75,12 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         ),  # env var missing without default
         (("target: order_items", "target: orders"), "tables"),  # two sources, one target
         (("delete_mode: soft", "delete_mode: gone"), "tables[2].delete_mode"),
-        (("properties: {", "format: avro, properties: {"), "kafka.format"),  # no such format
+        (("properties: {", "format: protobuf, properties: {"), "kafka.format"),  # no such format
+        (("properties: {", "format: avro, properties: {"), "kafka.schema_registry.url"),
+        (
+            ("properties: {", "schema_registry: {url: 'http://r'}, properties: {"),
+            "kafka.schema_registry",
+        ),  # not with JSON
         (('"days(at)"', '"days(at); drop table x"'), "tables[2].partition_by[1]"),
         (("exclude: [secret]", "exclude: [id], key: [id]"), "tables[2].exclude"),
         (("delete_mode: soft", "colour: red"), "tables[2].colour"),  # unknown table field
@@ -229,13 +234,26 @@ def test_bad_section_names_file_and_field(tmp_path, section, field, problem):
     assert f": {field}: {problem}" in str(err.value)
 
 
-def test_the_wire_format_is_read_from_the_kafka_section(tmp_path):
+def test_the_wire_format_is_read_from_the_kafka_section(tmp_path, monkeypatch):
     text = VALID.replace("properties: {", "format: json, properties: {", 1)
     assert load_pipeline(write(tmp_path, text)).kafka.format is WireFormat.JSON
-    with pytest.raises(
-        ConfigError, match=r"kafka.format: 'avro' is not one of \['json', 'json-flat'\]"
-    ):
-        load_pipeline(write(tmp_path, text.replace("format: json", "format: avro")))
+    with pytest.raises(ConfigError, match=r"kafka.format: 'protobuf' is not one of "
+                       r"\['json', 'json-flat', 'avro', 'avro-flat'\]"):  # fmt: skip
+        load_pipeline(write(tmp_path, text.replace("format: json", "format: protobuf")))
+    monkeypatch.setenv("REGISTRY_LOGIN", "cdc:s3cret")
+    avro = text.replace(
+        "format: json",
+        "format: avro-flat, schema_registry: {url: "
+        "'http://registry:8080/apis/ccompat/v7/', user_info: '${REGISTRY_LOGIN}'}",
+    )
+    kafka = load_pipeline(write(tmp_path, avro)).kafka
+    assert kafka.format is WireFormat.AVRO_FLAT
+    registry = kafka.schema_registry
+    assert (registry.url, registry.user_info) == ("http://registry:8080/apis/ccompat/v7",
+                                                  "cdc:s3cret")  # fmt: skip
+    assert "s3cret" not in repr(kafka)
+    with pytest.raises(ConfigError, match="kafka.schema_registry.url: .* without a login"):
+        load_pipeline(write(tmp_path, avro.replace("http://", "http://u:p@")))
 
 
 def test_cached_rows_are_kept_unencoded_unless_the_pipeline_says(tmp_path):
@@ -260,7 +278,8 @@ LONG_NAME = "p" * 101
         ),
         pytest.param(
             "properties: {security.protocol: SSL}", "propertes: {security.protocol: SSL}",
-            "kafka.propertes: unknown key (known: bootstrap_servers, format, properties)",
+            "kafka.propertes: unknown key (known: bootstrap_servers, format, properties, "
+            "schema_registry)",
             id="misspelt optional key under kafka",
         ),
         pytest.param(

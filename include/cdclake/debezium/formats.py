@@ -1,8 +1,10 @@
 """Debezium wire formats: what a Kafka Connect converter writes, read into changes.
 
-A format is one module with the functions of `Codec`; `WireFormat` names the ones cdclake
-reads, and a pipeline picks one (`kafka.format`). The reader splits each record with the
-format's `raw_rows` into schema ids, schema text and payload; the batch's topic shape
+`WireFormat` names the formats cdclake reads, and a pipeline picks one (`kafka.format`):
+a converter (JSON, or Avro with a schema registry) and a shape (the whole envelope, or
+flattened), each shape one module with the functions of `Codec`. The reader splits each
+record with the format's `raw_rows` into schema ids, schema text and payload (an Avro
+record as the JSON converter would have written it); the batch's topic shape
 comes from the row fields of its schemas (`key_fields`, `value_fields`); the folds decode
 raw rows into `Change`s with `decode_records`, which raises `BadRecord` for a record that
 cannot be applied. Everything after a `Change` (the CDC rules, the MERGE) is the same
@@ -83,9 +85,6 @@ class RawRowsWriter(Protocol):
 class Codec(Protocol):
     """What a format's module provides."""
 
-    def raw_rows(self, topic: str, partition: int) -> RawRowsWriter:
-        """The splitter of one reader task's records."""
-
     def key_fields(self, text: str) -> tuple[Any, ...]:
         """A key schema (its text in the raw rows): its fields, the key columns
         (`cdclake.debezium.connect.ConnectField`s)."""
@@ -108,19 +107,34 @@ class Codec(Protocol):
 
 
 class WireFormat(StrEnum):
-    """The converter (and transforms) the topics were written with."""
+    """The converter (and transforms) the topics were written with: the converter reads
+    a record's bytes (`raw_rows`), the record's shape picks the codec."""
 
     JSON = "json"  # JsonConverter with schemas.enable=true, the whole change envelope
     # the same converter, records flattened by ExtractNewRecordState with
     # add.fields=op,lsn,source.ts_ms and deletes kept (`debezium/json_flat`)
     JSON_FLAT = "json-flat"
+    # an Avro converter writing the Confluent wire format to a schema registry
+    # (`debezium/avro`): the same two shapes
+    AVRO = "avro"
+    AVRO_FLAT = "avro-flat"
 
     @property
     def codec(self) -> Codec:
-        return importlib.import_module(_CODECS[self])  # type: ignore[return-value]
+        flat = self in (WireFormat.JSON_FLAT, WireFormat.AVRO_FLAT)
+        return importlib.import_module(_FLAT if flat else _ENVELOPE)  # type: ignore[return-value]
+
+    @property
+    def avro(self) -> bool:
+        return self in (WireFormat.AVRO, WireFormat.AVRO_FLAT)
+
+    def raw_rows(self, topic: str, partition: int, registry: Any = None) -> RawRowsWriter:
+        """The splitter of one reader task's records (`registry`: the
+        `cdclake.debezium.registry.RegistryConfig` of an Avro format)."""
+        if self.avro:
+            return importlib.import_module(_AVRO).AvroRawRows(topic, partition, registry)
+        return importlib.import_module(_JSON).RawRows(topic, partition)
 
 
-_CODECS = {
-    WireFormat.JSON: "cdclake.debezium.json_records",
-    WireFormat.JSON_FLAT: "cdclake.debezium.json_flat",
-}
+_ENVELOPE, _FLAT = "cdclake.debezium.json_records", "cdclake.debezium.json_flat"
+_JSON, _AVRO = "cdclake.kafka.raw_rows", "cdclake.debezium.avro"

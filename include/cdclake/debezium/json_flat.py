@@ -27,7 +27,6 @@ from cdclake.debezium.json_records import (
     identifier,
     key_fields,
     parse_json,
-    raw_rows,
 )
 from cdclake.debezium.json_values import row_decoder
 from cdclake.debezium.schema import TopicSchema
@@ -36,7 +35,7 @@ from cdclake.exceptions import DecodeError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["decode_records", "key_fields", "raw_rows", "row_decoders", "value_fields"]
+__all__ = ["decode_records", "key_fields", "row_decoders", "value_fields"]
 META = "__"  # the transform's prefix of the fields it adds
 _NO_OP = ("has no __op field: flattened records need the transform's "
           "add.fields=op,lsn,source.ts_ms (whole envelopes: kafka.format json)")  # fmt: skip

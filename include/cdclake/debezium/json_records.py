@@ -1,6 +1,6 @@
 """The JSON-with-schema wire format (`WireFormat.JSON`, the `Codec` of
 `cdclake.debezium.formats`): the reader splits each envelope into its schema and payload
-text (`raw_rows`); the raw rows -> changes (`Change`: key, rows after and before,
+text (`cdclake.kafka.raw_rows`); the raw rows -> changes (`Change`: key, rows after and before,
 operation, source position), typed by msgspec where it can and decoded field by field
 where it cannot (`decode_records`)."""
 
@@ -21,7 +21,6 @@ from cdclake.debezium.schema import (
     TopicSchema,
     value_row_fields,
 )
-from cdclake.kafka.raw_rows import RawRows
 from cdclake.resolve.rules import (
     ROW_OPS,
     TRUNCATE,
@@ -213,10 +212,6 @@ def parse_json(text: str | None):
         return json.loads(text)
     except ValueError:
         raise BadRecord("the payload is not JSON") from None
-
-
-def raw_rows(topic: str, partition: int) -> RawRows:
-    return RawRows(topic, partition)
 
 
 def key_fields(text: str) -> tuple[ConnectField, ...]:

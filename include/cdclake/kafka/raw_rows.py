@@ -166,6 +166,16 @@ class RawRows:
         c["error"].append(None)
         c["old_key"].append(None if old_key is None else old_key.decode("utf-8", "replace"))
 
+    def add_error(self, offset: int, timestamp: int, is_tombstone: bool, error: str,
+                  old_key: bytes | None = None) -> None:  # fmt: skip
+        """A record another converter's reader could not read, kept with why (its bytes
+        are read again from Kafka if it goes to the dead letters)."""
+        self._rows += 1
+        row = record_row(self.seen, self.topic, self.partition, offset, timestamp, None, None,
+                         old_key)  # fmt: skip
+        row.update(is_tombstone=is_tombstone, error=error)
+        self._add_row(row)
+
     def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None:
         """`add` of each record, in order, from Arrow arrays (or lists): each run of
         records that split with the last schemas and have no `old_keys` is split by Arrow

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from cdclake.config import KafkaConfig
 from cdclake.debezium.formats import WireFormat
+from cdclake.debezium.registry import RegistryConfig
 from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, raw_arrow_schema
 from cdclake.offsets import OffsetRange
 
@@ -102,7 +103,7 @@ def idle_timeout(kafka: KafkaConfig, timeout_s: float | None = None) -> float:
 
 def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> RangeReader:
     return partial(_read_slice, kafka.client_config(), timeout_s=idle_timeout(kafka, timeout_s),
-                   fmt=kafka.format)  # fmt: skip
+                   fmt=kafka.format, registry=kafka.schema_registry)  # fmt: skip
 
 
 KAFKA = RawSource(_kafka_reader)
@@ -136,7 +137,9 @@ def read_local(
         read = (
             reader(row)
             if reader is not None
-            else _read_slice(client_config, row, timeout_s, max_bytes - held, kafka.format)
+            else _read_slice(
+                client_config, row, timeout_s, max_bytes - held, kafka.format, kafka.schema_registry
+            )
         )
         for batch in read:
             held += batch.nbytes
@@ -174,7 +177,7 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
 
 def _read_slice(
     client_config: dict, row: dict, timeout_s: float, batch_bytes: int | None = None,
-    fmt: WireFormat = WireFormat.JSON,
+    fmt: WireFormat = WireFormat.JSON, registry: RegistryConfig | None = None,
 ) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """The raw rows of one slice, its records split by `fmt`, in Arrow batches of up to
     10,000 records (or fewer once their records hold `batch_bytes`)."""
@@ -195,7 +198,7 @@ def _read_slice(
             "queued.max.messages.kbytes": 262144,
         }
     )
-    rows = fmt.codec.raw_rows(topic, partition)
+    rows = fmt.raw_rows(topic, partition, registry)
     held = 0  # record bytes in `rows`
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
