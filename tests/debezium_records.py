@@ -94,18 +94,20 @@ def pair_key(row: dict, names: list[str]) -> bytes:
 
 
 def flat_record(op: str, row: dict, lsn: int | None = 100, columns: list[dict] = ITEM_COLUMNS,
-                ts_ms: int = 1_700_000_000_000) -> bytes:  # fmt: skip
+                ts_ms: int = 1_700_000_000_000, rewrite: bool = True) -> bytes:  # fmt: skip
     """The record `value_record` gives, flattened as ExtractNewRecordState writes it with
     add.fields=op,lsn,source.ts_ms and deletes rewritten (`row`: the row after, or for a
-    delete the row before)."""
+    delete the row before); `rewrite=False`: without `__deleted` (deletes are tombstones
+    only)."""
     meta = [{"type": "string", "optional": True, "field": "__op"},
             {"type": "int64", "optional": True, "field": "__lsn"},
             {"type": "int64", "optional": True, "field": "__source_ts_ms"},
             {"type": "string", "optional": True, "field": "__deleted"}]  # fmt: skip
     schema = {"type": "struct", "optional": False, "name": "pg.public.items.Value",
-              "fields": columns + meta}  # fmt: skip
-    payload = {**row, "__op": op, "__lsn": lsn, "__source_ts_ms": ts_ms,
-               "__deleted": str(op == "d").lower()}  # fmt: skip
+              "fields": columns + meta[: 4 if rewrite else 3]}  # fmt: skip
+    payload = {**row, "__op": op, "__lsn": lsn, "__source_ts_ms": ts_ms}
+    if rewrite:
+        payload["__deleted"] = str(op == "d").lower()
     return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
 
 

@@ -32,20 +32,24 @@ HISTORY = [
 ]
 
 
-def records(flat: bool) -> list:
+def records(flat: bool, rewrite: bool = True) -> list:
+    """The history's records; flattened with `rewrite=False`, a delete is its tombstone."""
     out = []
     for op, before, after, lsn in HISTORY:
         if op == "tombstone":
             out.append((key_record(lsn), None))
+        elif flat and op == "d" and not rewrite:
+            continue
         elif flat:
-            out.append((key_record((after or before)["id"]), flat_record(op, after or before, lsn)))
+            out.append((key_record((after or before)["id"]),
+                        flat_record(op, after or before, lsn, rewrite=rewrite)))  # fmt: skip
         else:
             out.append((key_record((after or before)["id"]), value_record(op, before, after, lsn)))
     return out
 
 
-def resolved(flat: bool) -> list[dict]:
-    rows = raw_table({0: records(flat)})
+def resolved(flat: bool, rewrite: bool = True) -> list[dict]:
+    rows = raw_table({0: records(flat, rewrite)})
     schema, keys, values = topic_of(rows, fmt=WireFormat.JSON_FLAT if flat else WireFormat.JSON)
     return sorted(resolve_rows(rows, schema, keys, values).rows.to_pylist(),
                   key=lambda r: r["id"])  # fmt: skip
@@ -60,6 +64,25 @@ def test_flattened_records_resolve_as_their_envelopes_do():
         3: ("snap", False),
         4: ("new", False),
     }
+
+
+def test_without_deleted_fields_a_flattened_tombstone_is_the_delete():
+    whole, flat = resolved(False), resolved(True, rewrite=False)
+    data = [{k: v for k, v in r.items() if not k.startswith("_cdc_") or k == "_cdc_deleted"}
+            for r in whole]  # fmt: skip
+    assert [{k: r[k] for k in data[0]} for r in flat] == data
+    # the tombstone has no LSN or source time: the deleted row keeps its create's LSN
+    deleted = next(r for r in flat if r["_cdc_deleted"])
+    assert (deleted["_cdc_lsn"], deleted["_cdc_source_ts"], deleted["_cdc_check_lsn"]) == (
+        30, None, None)  # fmt: skip
+    # a batch that starts with a tombstone: with __deleted in the schema, it follows a
+    # delete of an earlier batch (a no-op); without, it is the delete
+    for rewrite, want in ((True, [(5, False)]), (False, [(2, True), (5, False)])):
+        batch = [(key_record(2), None), (key_record(5), flat_record("c", item(5, "e"), 70,
+                                                                     rewrite=rewrite))]  # fmt: skip
+        rows = raw_table({0: batch})
+        got = resolve_rows(rows, *topic_of(rows, fmt=WireFormat.JSON_FLAT)).rows.to_pylist()
+        assert sorted((r["id"], r["_cdc_deleted"]) for r in got) == want
 
 
 def test_a_flattened_record_without_its_operation_is_refused_naming_the_setting():

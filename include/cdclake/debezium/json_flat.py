@@ -5,15 +5,16 @@ converter with schemas (`WireFormat.JSON_FLAT`, the `Codec` of
 Each value is the row itself, with the change's metadata as fields the transform adds:
 `add.fields=op,lsn,source.ts_ms` gives `__op`, `__lsn` and `__source_ts_ms`, which the
 CDC rules need (the operation; the LSN for the re-send guard; the source time for the
-metadata columns). A delete must stay in the stream as its row before
-(`delete.tombstone.handling.mode=rewrite` or `rewrite-with-tombstone`), so that its
-`__op` is `d`. Every other field whose name starts with `__` is metadata and not loaded.
-A record without `__op` is a bad record naming the setting.
+metadata columns). A delete stays in the stream as its row before with the rewrite modes
+(`delete.tombstone.handling.mode=rewrite` or `rewrite-with-tombstone`: `__op` is `d`);
+otherwise the tombstone is the delete (`tombstone_deletes`). Every other field whose name
+starts with `__` is metadata and not loaded. A record without `__op` is a bad record
+naming the setting; without `__lsn` there is no re-send guard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from cdclake.debezium.connect import ConnectField, parse_connect_schema
@@ -50,11 +51,21 @@ def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
 
 
 def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
-                 value_schemas: Mapping[int, str]) -> tuple[dict, dict]:  # fmt: skip
+                 value_schemas: Mapping[int, str]) -> tuple[dict, dict, bool]:  # fmt: skip
+    """The row decoders of each key and value schema, and whether a tombstone is a delete
+    (`tombstone_deletes`)."""
     keys = {sid: KeyRows(key_fields(text), schema.key) for sid, text in key_schemas.items()}
     values = {sid: row_decoder(value_fields(text, "value"), schema.columns)
               for sid, text in value_schemas.items()}  # fmt: skip
-    return keys, values
+    return keys, values, tombstone_deletes(value_schemas.values())
+
+
+def tombstone_deletes(value_schemas: Iterable[str]) -> bool:
+    """Whether the transform writes deletes as tombstones only: its value schema has no
+    `__deleted` field (`delete.tombstone.handling.mode` tombstone, the default, or drop),
+    so a tombstone is the delete of its key. With `__deleted` (rewrite modes) a delete is
+    a record of its own, and a tombstone follows it as in whole envelopes."""
+    return not any(parse_connect_schema(text).child(f"{META}deleted") for text in value_schemas)
 
 
 def decode_records(
@@ -67,7 +78,7 @@ def decode_records(
 ) -> list[Change]:
     """Raw rows of one topic -> changes, one per record, each decoded whole (a delete's
     row is its row before); `BadRecord` for a record that cannot be applied."""
-    keys, values = decoders or row_decoders(schema, key_schemas, value_schemas)
+    keys, values, deletes = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(RECORD_COLUMNS).to_pydict()
     ident = identifier(schema.key_names)
     changes: list[Change] = []
@@ -86,6 +97,8 @@ def decode_records(
             op, lsn, ts = _meta(payload)
             row = decode(payload)
             after, before = (None, row) if op == "d" else (row, None)
+        if tombstone and deletes:  # the delete itself: no LSN, no row before
+            tombstone, op = False, "d"
         change = Change(partition, offset, bool(tombstone), key, after, before, op, ts, lsn,
                         ident(key, after, before))  # fmt: skip
         if not tombstone:
