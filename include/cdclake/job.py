@@ -14,7 +14,7 @@ from functools import partial
 from cdclake.batch import Batch, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
-from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
+from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
 from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.tables import (
     current_snapshot,
@@ -56,8 +56,6 @@ def run_batch(
     threads (each table commits on its own, with its own offsets). When a table fails,
     the others still load and commit; the run then fails with the first failed table's
     error (in the pipeline's order), which names it."""
-    if plan.mode not in PlanMode.ALL:
-        raise ConfigError(f"batch {plan.batch_id}: unknown plan mode {plan.mode!r}")
     if not plan.ranges:
         return []
     pipeline = discover(pipeline, {r.topic for r in plan.ranges})

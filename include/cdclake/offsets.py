@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 from cdclake.exceptions import ConfigError, DataLossError
 
@@ -39,14 +40,12 @@ class Watermarks:
     high: int  # next offset Kafka will assign
 
 
-class PlanMode:
+class PlanMode(StrEnum):
     """How the load job treats a plan's ranges."""
 
     LOAD = "load"  # the next batch: starts exactly at the committed offsets
     REPLAY = "replay"  # re-apply a range at or before the committed offsets (backfill)
     REBUILD = "rebuild"  # drop the tables first, then load from the earliest offset (backfill)
-
-    ALL = (LOAD, REPLAY, REBUILD)
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class BatchPlan:
     pipeline: str
     batch_id: str
     ranges: tuple[OffsetRange, ...]
-    mode: str = PlanMode.LOAD
+    mode: PlanMode = PlanMode.LOAD
 
     @property
     def run_prefix(self) -> str:
@@ -93,9 +92,16 @@ class BatchPlan:
                 f"batch plan {data['batch_id']!r}: ranges must be a list of {{topic, "
                 f"partition, start, end}} with integer offsets, not {json.dumps(listed)[:300]}"
             )
-        return cls(pipeline=data["pipeline"], batch_id=data["batch_id"],
-                   ranges=tuple(OffsetRange(**r) for r in listed),
-                   mode=data.get("mode", PlanMode.LOAD))  # fmt: skip
+        mode = data.get("mode", PlanMode.LOAD.value)
+        if mode not in PlanMode.__members__.values():
+            raise ConfigError(f"batch plan {data['batch_id']!r}: unknown mode {mode!r} (one "
+                              f"of {[m.value for m in PlanMode]})")  # fmt: skip
+        return cls(
+            pipeline=data["pipeline"],
+            batch_id=data["batch_id"],
+            ranges=tuple(OffsetRange(**r) for r in listed),
+            mode=PlanMode(mode),
+        )
 
 
 def _is_range(r) -> bool:

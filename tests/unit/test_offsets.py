@@ -5,6 +5,7 @@ from cdclake.exceptions import ConfigError, DataLossError
 from cdclake.offsets import (
     BatchPlan,
     OffsetRange,
+    PlanMode,
     Watermarks,
     decode_offsets,
     encode_offsets,
@@ -77,7 +78,7 @@ def test_plan_round_trips_through_json():
 
 def test_a_plan_or_a_list_of_plans_is_read_from_json():
     one = BatchPlan("demo", "run-1", (OffsetRange("a", 0, 1, 5),))
-    two = BatchPlan("demo", "run-1/2", (), mode="replay")
+    two = BatchPlan("demo", "run-1/2", (), mode=PlanMode.REPLAY)
     assert plans_from_json(one.to_json()) == [one]
     listed = f"[{one.to_json()}, {two.to_json()}]"
     assert plans_from_json(listed) == [one, two]
@@ -100,6 +101,10 @@ def test_a_plan_or_a_list_of_plans_is_read_from_json():
         (
             '{"pipeline": "p", "batch_id": "b", "ranges": [{"topic": "t", "start": 1, "end": 5}]}',
             "'b': ranges must be",
+        ),
+        (
+            '{"pipeline": "p", "batch_id": "b", "ranges": [], "mode": "again"}',
+            "'b': unknown mode 'again' (one of ['load', 'replay', 'rebuild'])",
         ),
     ],
 )
