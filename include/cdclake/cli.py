@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _backfill_parser(sub)
     _snapshot_parser(sub)
+    _dead_letters_parser(sub)
 
     maintain = sub.add_parser("maintain", help="Iceberg maintenance of a pipeline's tables")
     maintain.add_argument("--pipeline", required=True, help="pipeline YAML file")
@@ -133,6 +134,41 @@ def _snapshot_parser(sub) -> None:
     sn.add_argument("--no-follow", action="store_true", help="send and return")
 
 
+def _dead_letters_parser(sub) -> None:
+    dl = sub.add_parser("dead-letters", help="list the records a pipeline set aside, or "
+                        "apply them again once what refused them is fixed")  # fmt: skip
+    dl.add_argument("action", choices=["list", "replay"])
+    dl.add_argument("--pipeline", required=True, help="pipeline YAML file")
+    dl.add_argument("--table", default=None, help="one table (its target or source name)")
+    dl.add_argument("--since", type=_instant, default=None,
+                    help="recorded at or after this ISO time, e.g. 2026-11-27T08:00")  # fmt: skip
+    dl.add_argument("--all", action="store_true", help="list replayed ones too")
+
+
+def _instant(text: str):
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date or time") from None
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    from cdclake.pipeline_file import load_pipeline
+    from cdclake.redrive import list_dead_letters, replay
+    from cdclake.spark import build_session
+
+    pipeline = load_pipeline(args.pipeline)
+    spark = build_session(pipeline, pipeline.spark.master)
+    if args.action == "list":
+        rows = list_dead_letters(spark, pipeline, args.table, args.since, not args.all)
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    print(json.dumps(replay(spark, pipeline, args.table, args.since), indent=2, sort_keys=True))
+    return 0
+
+
 def _bench_parser(sub) -> None:
     """`cdclake bench`'s arguments."""
     bench = sub.add_parser("bench", help="benchmark the load job on the local stack")
@@ -192,6 +228,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _backfill(args)
     if args.command == "snapshot":
         return _snapshot(args)
+    if args.command == "dead-letters":
+        return _dead_letters(args)
     if args.command == "compare":
         from cdclake.compare import compare_pipeline, render_comparison
         from cdclake.pipeline_file import load_pipeline

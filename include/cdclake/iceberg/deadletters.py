@@ -30,6 +30,8 @@ def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int
         F.lit(plan.batch_id).alias("batch_id"),
         "topic", "partition", "offset", "key", "value", "error",
         F.current_timestamp().alias("recorded_at"), "raw_key", "raw_value", "headers",
+        F.lit(None).cast("timestamp").alias("replayed_at"),
+        F.lit(None).cast("string").alias("replayed_in"),
     )  # fmt: skip
     namespace = f"{pipeline.catalog.name}.{pipeline.namespace}"
     ensure_namespace(spark, namespace)

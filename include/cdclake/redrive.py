@@ -1,0 +1,123 @@
+"""Dead letters applied again (`cdclake dead-letters list|replay`): once the pipeline, the
+lake table or the source is fixed, the records a pipeline set aside go through the same
+load as any batch, in replay mode (a record older than the lake's row does not regress
+it, and no table's offsets move), read from their raw bytes in the dead-letter table.
+Each one that loads is marked replayed; one that is still bad is set aside again (its
+reason and batch updated) and stays pending."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections import defaultdict
+
+from cdclake.config import PipelineConfig
+from cdclake.iceberg.tables import DEAD_LETTERS, mark_replayed
+from cdclake.job import run_batch
+from cdclake.kafka.reader import OLD_KEY_HEADER, arrow_frame
+from cdclake.kafka.topics import discover
+from cdclake.offsets import BatchPlan, OffsetRange, PlanMode
+
+log = logging.getLogger(__name__)
+# what one replay takes at most (the records are held by the driver)
+MAX_RECORDS = 100_000
+LISTED = ("topic", "partition", "offset", "batch_id", "recorded_at", "error", "replayed_at",
+          "replayed_in")  # fmt: skip
+
+
+def dead_letters(spark, pipeline: PipelineConfig, table: str | None = None,
+                 since: dt.datetime | None = None, pending: bool = True):  # fmt: skip
+    """The pipeline's dead letters (of `table`'s topic, recorded since `since`; pending
+    only: not replayed yet), oldest first; None when it has none."""
+    from pyspark.sql import functions as F
+
+    name = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
+    if not spark.catalog.tableExists(name):
+        return None
+    rows = spark.table(name).where(F.col("pipeline") == pipeline.name)
+    if table is not None:
+        rows = rows.where(F.col("topic") == _topic(pipeline, table))
+    if since is not None:
+        rows = rows.where(F.col("recorded_at") >= F.lit(since))
+    if pending:
+        rows = rows.where(F.col("replayed_at").isNull())
+    return rows.orderBy("recorded_at", "topic", "partition", "offset")
+
+
+def list_dead_letters(
+    spark, pipeline: PipelineConfig, table: str | None = None,
+    since: dt.datetime | None = None, pending: bool = True,
+) -> list[dict]:  # fmt: skip
+    rows = dead_letters(spark, pipeline, table, since, pending)
+    return [] if rows is None else [r.asDict() for r in rows.select(*LISTED).collect()]
+
+
+def replay(spark, pipeline: PipelineConfig, table: str | None = None,
+           since: dt.datetime | None = None) -> dict:  # fmt: skip
+    """Apply the pending dead letters again (at most `MAX_RECORDS`, oldest first)."""
+    rows = dead_letters(spark, pipeline, table, since)
+    found = [] if rows is None else rows.limit(MAX_RECORDS).collect()
+    usable = [r for r in found if r.raw_key is not None or r.raw_value is not None]
+    if len(usable) < len(found):
+        log.warning("%d dead letter(s) have no raw record (gone from Kafka before they were "
+                    "set aside) and cannot be replayed", len(found) - len(usable))  # fmt: skip
+    batch_id = f"dead-letters-{uuid.uuid4().hex[:12]}"
+    report = {"pipeline": pipeline.name, "batch_id": batch_id, "pending": len(found),
+              "replayed": 0, "tables": []}  # fmt: skip
+    if not usable:
+        return report
+    spans: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for r in usable:
+        spans[(r.topic, r.partition)].append(r.offset)
+    ranges = tuple(OffsetRange(t, p, min(o), max(o) + 1) for (t, p), o in sorted(spans.items()))
+    plan = BatchPlan(pipeline.name, batch_id, ranges, PlanMode.REPLAY)
+
+    def read(spark, kafka, ranges):
+        return arrow_frame(spark, raw_rows(pipeline, usable))
+
+    results = run_batch(spark, pipeline, plan, read=read)  # only tables with ranges load
+    loaded = [(r.topic, r.partition, r.offset) for r in usable]
+    report["replayed"] = mark_replayed(spark, f"{pipeline.catalog.name}.{pipeline.namespace}",
+                                       pipeline.name, batch_id, loaded)  # fmt: skip
+    report["tables"] = [r.to_dict() for r in results]
+    return report
+
+
+def raw_rows(pipeline: PipelineConfig, records: list):
+    """The reader's raw rows of dead letters (Spark rows with their raw record), split by
+    the pipeline's format as the records were when they were read from Kafka."""
+    import pyarrow as pa
+
+    from cdclake.kafka.raw_rows import raw_arrow_schema
+
+    kafka = pipeline.kafka
+    parts: dict[tuple[str, int], list] = defaultdict(list)
+    for r in records:
+        parts[(r.topic, r.partition)].append(r)
+    batches = []
+    for (topic, partition), found in sorted(parts.items()):
+        found.sort(key=lambda r: r.offset)
+        writer = kafka.format.raw_rows(topic, partition, kafka.schema_registry)
+        writer.add_many([r.offset for r in found], [0] * len(found),
+                        [r.raw_key for r in found], [r.raw_value for r in found],
+                        [_old_key(r.headers) for r in found])  # fmt: skip
+        batches.append(writer.batch())
+    return pa.Table.from_batches(batches, schema=raw_arrow_schema())
+
+
+def _old_key(headers) -> bytes | None:
+    for header in headers or ():
+        if header["key"] == OLD_KEY_HEADER:
+            return header["value"]
+    return None
+
+
+def _topic(pipeline: PipelineConfig, table: str) -> str:
+    """The topic of the pipeline's table named `table` (its target, or its source)."""
+    from cdclake.exceptions import ConfigError
+
+    for t in discover(pipeline).tables:
+        if table in (t.target, t.source, pipeline.qualified_target(t)):
+            return pipeline.topic_for(t)
+    raise ConfigError(f"pipeline {pipeline.name} has no table {table!r}")
