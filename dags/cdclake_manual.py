@@ -1,4 +1,5 @@
-"""`cdclake_backfill` and `cdclake_snapshot`: manually triggered, with Params forms."""
+"""`cdclake_backfill`, `cdclake_snapshot` and `cdclake_dead_letters`: manually triggered,
+with Params forms."""
 
 from cdclake_airflow.manual import build_manual_dags
 

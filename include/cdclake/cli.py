@@ -141,17 +141,18 @@ def _dead_letters_parser(sub) -> None:
     dl.add_argument("--pipeline", required=True, help="pipeline YAML file")
     dl.add_argument("--table", default=None, help="one table (its target or source name)")
     dl.add_argument("--since", type=_instant, default=None,
-                    help="recorded at or after this ISO time, e.g. 2026-11-27T08:00")  # fmt: skip
+                    help="recorded at or after this ISO time (UTC) or epoch ms")  # fmt: skip
     dl.add_argument("--all", action="store_true", help="list replayed ones too")
 
 
 def _instant(text: str):
-    import datetime as dt
+    from cdclake.exceptions import ConfigError
+    from cdclake.redrive import parse_since
 
     try:
-        return dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date or time") from None
+        return parse_since(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _dead_letters(args: argparse.Namespace) -> int:

@@ -106,6 +106,20 @@ def raw_rows(pipeline: PipelineConfig, records: list):
     return pa.Table.from_batches(batches, schema=raw_arrow_schema())
 
 
+def parse_since(text: str) -> dt.datetime:
+    """An ISO 8601 date or time (UTC when it names no offset), or epoch milliseconds."""
+    from cdclake.exceptions import ConfigError
+
+    text = text.strip()
+    try:
+        if text.isdigit():
+            return dt.datetime.fromtimestamp(int(text) / 1000, dt.UTC)
+        found = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"since: {text!r} is not an ISO date or time, nor epoch ms") from None
+    return found if found.tzinfo else found.replace(tzinfo=dt.UTC)
+
+
 def _old_key(headers) -> bytes | None:
     for header in headers or ():
         if header["key"] == OLD_KEY_HEADER:

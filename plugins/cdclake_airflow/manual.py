@@ -1,4 +1,5 @@
-"""The manually triggered DAGs: `cdclake_backfill` and `cdclake_snapshot`, each with a
+"""The manually triggered DAGs: `cdclake_backfill`, `cdclake_snapshot` and
+`cdclake_dead_letters`, each with a
 Params form covering every pipeline in include/pipelines/ (a broken config is left out
 of the forms; dags/cdclake_configs.py names it).
 
@@ -23,9 +24,10 @@ from airflow.sdk import DAG, Param, TriggerRule, task
 from cdclake.config import PipelineConfig
 from cdclake.pipeline_file import read_pipelines
 
-from cdclake_airflow.factory import load_task, tables_alias
+from cdclake_airflow.factory import PROJECT_ROOT, load_task, spark_submit, tables_alias
 
 log = logging.getLogger(__name__)
+DEAD_LETTERS_APPLICATION = PROJECT_ROOT / "jobs" / "dead_letters.py"
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 DISCOVERY_TIMEOUT_S = 5.0  # at DAG parse time, for all pipelines together
@@ -264,8 +266,61 @@ def build_snapshot_dag(
     return dag
 
 
+def build_dead_letters_dag(pipelines: Mapping[str, PipelineConfig]) -> DAG:
+    from cdclake_airflow import tasks
+
+    names = sorted(pipelines) or ["-"]
+    params = {
+        "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
+        "action": Param(
+            "list", type="string", enum=["list", "replay"], title="Action",
+            description="list: the pending dead letters, as JSON in the task's log. replay: "
+            "apply them again through the load (never regressing newer rows; no offsets "
+            "move); those still refused stay pending with their new reason.",
+        ),
+        "table": Param(
+            None, type=["null", "string"], pattern=TABLE_OR_TARGET_PATTERN, title="Table",
+            description="One table (schema.table, or the lake table's name); empty: every table",
+        ),
+        "since": Param(
+            None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="Recorded since",
+            description="ISO 8601 (UTC when no offset) or epoch ms; empty: any time",
+        ),
+    }  # fmt: skip
+    dag = DAG(
+        dag_id="cdclake_dead_letters",
+        description="List a pipeline's dead letters, or replay them once the cause is fixed",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        params=params,
+        tags=["cdclake"],
+        doc_md=(
+            "The records a pipeline set aside (`on_error: dead_letter`) with their reasons, "
+            "and their replay through the same load as any batch once the pipeline, the lake "
+            "table or the source is fixed. Each replayed record is marked in the dead-letter "
+            "table (`replayed_at`, `replayed_in`)."
+        ),
+    )
+    with dag:
+        choose = task.branch(task_id="choose_pipeline")(tasks.choose_dead_letters)()
+        for name, pipeline in sorted(pipelines.items()):
+            run = spark_submit(
+                pipeline, task_id=f"dead_letters__{name}", application=DEAD_LETTERS_APPLICATION,
+                application_args=[
+                    "--pipeline", str(pipeline.path), "--action", "{{ params.action }}",
+                    "--table", "{{ params.table or '' }}", "--since", "{{ params.since or '' }}",
+                ],
+                name=f"cdclake-dead-letters-{name}", timeout=dt.timedelta(hours=2),
+            )  # fmt: skip
+            choose >> run
+    return dag
+
+
 def build_manual_dags() -> dict[str, DAG]:
     pipelines = read_pipelines().pipelines
     choices = picker_tables(pipelines)
-    dags = (build_backfill_dag(pipelines, choices), build_snapshot_dag(pipelines, choices))
+    dags = (build_backfill_dag(pipelines, choices), build_snapshot_dag(pipelines, choices),
+            build_dead_letters_dag(pipelines))  # fmt: skip
     return {d.dag_id: d for d in dags}

@@ -120,6 +120,10 @@ def choose_load(plan: dict) -> list[str]:
     return [f"load__{plan['pipeline']}"]
 
 
+def choose_dead_letters(**context) -> list[str]:
+    return [f"dead_letters__{context['params']['pipeline']}"]
+
+
 def backfill_report(plan: dict, **context) -> list[dict]:
     """The backfilled tables' figures, and an asset event for each table it changed."""
     from cdclake.kafka.topics import discover

@@ -38,6 +38,7 @@ def test_every_dag_imports_without_errors():
     assert bag["errors"] == {}
     assert {
         "cdclake__demo", "cdclake_backfill", "cdclake_snapshot", "cdclake_maintenance__demo",
+        "cdclake_dead_letters",
     } <= set(bag["dags"])  # fmt: skip
 
 

@@ -1,6 +1,6 @@
-"""The Params forms of cdclake_backfill and cdclake_snapshot: triggerable with their
-defaults, malformed values refused at the field (by the schema, as Airflow validates a
-trigger), the Tables picker bounded when Kafka does not answer."""
+"""The Params forms of cdclake_backfill, cdclake_snapshot and cdclake_dead_letters:
+triggerable with their defaults, malformed values refused at the field (by the schema, as
+Airflow validates a trigger), the Tables picker bounded when Kafka does not answer."""
 
 from __future__ import annotations
 
@@ -16,13 +16,18 @@ from tests.conftest import DEMO_PIPELINE
 @pytest.fixture(scope="module")
 def dags(tmp_path_factory):
     from cdclake.pipeline_file import load_pipeline
-    from cdclake_airflow.manual import build_backfill_dag, build_snapshot_dag
+    from cdclake_airflow.manual import (
+        build_backfill_dag,
+        build_dead_letters_dag,
+        build_snapshot_dag,
+    )
 
     pipelines = {"demo": load_pipeline(DEMO_PIPELINE)}
     choices = {"demo": [t.source for t in pipelines["demo"].tables]}
     return {
         "backfill": build_backfill_dag(pipelines, choices),
         "snapshot": build_snapshot_dag(pipelines, choices),
+        "dead_letters": build_dead_letters_dag(pipelines),
     }
 
 
@@ -31,7 +36,7 @@ def _types(schema: dict) -> list:
     return kind if isinstance(kind, list) else [kind]
 
 
-@pytest.mark.parametrize("form", ["backfill", "snapshot"])
+@pytest.mark.parametrize("form", ["backfill", "snapshot", "dead_letters"])
 def test_every_form_can_be_triggered_with_its_defaults(dags, form):
     """The Airflow UI marks a field required when its schema's type does not include
     "null", and keeps Trigger disabled while a required field is empty (null or "")."""
@@ -67,6 +72,9 @@ REFUSED_AT_THE_FIELD = [
     ("backfill", "start_offsets", "0:100"),  # not a JSON object
     ("backfill", "start_timestamp", "yesterday"),
     ("backfill", "end_timestamp", "2026-11-22 at noon"),
+    ("dead_letters", "action", "delete"),
+    ("dead_letters", "table", "inventory.orders; drop"),
+    ("dead_letters", "since", "last week"),
 ]
 
 
@@ -91,6 +99,8 @@ ACCEPTED_AT_THE_FIELD = [
     ("backfill", "start_timestamp", "2026-11-22T10:00:00+00:00"),
     ("backfill", "start_timestamp", "2026-11-22"),
     ("backfill", "end_timestamp", "1763805600000"),
+    ("dead_letters", "table", "inventory.orders"),
+    ("dead_letters", "since", "2026-11-27T08:00"),
 ]
 
 
