@@ -35,6 +35,7 @@ def dead_letters(spark, pipeline: PipelineConfig, table: str | None = None,
     name = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
     if not spark.catalog.tableExists(name):
         return None
+    spark.catalog.refreshTable(name)  # a replay elsewhere may have marked some
     rows = spark.table(name).where(F.col("pipeline") == pipeline.name)
     if table is not None:
         rows = rows.where(F.col("topic") == _topic(pipeline, table))

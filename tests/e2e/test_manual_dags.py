@@ -28,6 +28,8 @@ NAME = f"e2e_{N}"  # BF, at most 150 records a batch
 SNAP_NAME = f"e2e_snap_{N}"
 PAT_NAME = f"e2e_pat_{N}"  # its tables are found by a pattern
 PAT_TABLES = [f"inventory.pat_{N}_a", f"inventory.pat_{N}_b"]
+DL = f"inventory.dl_{N}"
+DL_NAME = f"e2e_dl_{N}"  # DL, its bad records set aside
 
 
 def sql(dsn: str, *statements, params=None):
@@ -41,10 +43,13 @@ def pipelines(stack, tmp_path_factory):
     """Two pipelines with fresh tables, in a pipelines directory the DAG files read."""
     directory = tmp_path_factory.mktemp("pipelines")
     for name, tables, cap in (
-        (NAME, [BF], 150), (SNAP_NAME, [SNAP], 100_000), (PAT_NAME, [f"inventory.pat_{N}_*"], 100)
+        (NAME, [BF], 150), (SNAP_NAME, [SNAP], 100_000), (PAT_NAME, [f"inventory.pat_{N}_*"], 100),
+        (DL_NAME, [DL], 100),
     ):  # fmt: skip
         raw = yaml.safe_load(DEMO_PIPELINE.read_text())
         raw.update(name=name, namespace=name, tables=tables, max_records_per_batch=cap)
+        if name == DL_NAME:
+            raw["on_error"] = "dead_letter"
         raw["catalog"]["warehouse"] = "${CDCLAKE_WAREHOUSE}"
         (directory / f"{name}.yaml").write_text(yaml.safe_dump(raw))
     sql(
@@ -57,10 +62,12 @@ def pipelines(stack, tmp_path_factory):
         f"insert into {SNAP} select i, i, 'start' from generate_series(1, 300) i",
         *(f"create table {t} (id int primary key)" for t in PAT_TABLES),
         *(f"insert into {t} values (1)" for t in PAT_TABLES),
+        f"create table {DL} (id int primary key, v int)",
+        f"insert into {DL} values (1, 10)",
     )
     old = os.environ.get("CDCLAKE_PIPELINES_DIR")
     os.environ["CDCLAKE_PIPELINES_DIR"] = str(directory)
-    yield {name: load_pipeline(directory / f"{name}.yaml") for name in (NAME, SNAP_NAME)}
+    yield {name: load_pipeline(directory / f"{name}.yaml") for name in (NAME, SNAP_NAME, DL_NAME)}
     if old is None:
         os.environ.pop("CDCLAKE_PIPELINES_DIR")
     else:
@@ -214,3 +221,26 @@ def test_the_tables_picker_offers_the_tables_a_pattern_found(stack, pipelines):
     for dag_id in ("cdclake_snapshot", "cdclake_backfill"):
         offered = bag.dags[dag_id].params.get_param("tables").schema["examples"]
         assert set(PAT_TABLES) | {BF, SNAP} <= set(offered), dag_id
+
+
+def test_the_dead_letters_form_lists_and_replays_set_aside_records(stack, spark, pipelines):
+    """A change that does not fit its lake column is set aside; once the column is
+    dropped (as the error says), the form's replay loads it and nothing stays pending."""
+    from cdclake.redrive import list_dead_letters
+
+    dl = pipelines[DL_NAME]
+    load_all(stack, spark, dl, f"dl-{N}-a")
+    sql(stack.source_dsn, f"alter table {DL} alter column v type text using v::text",
+        f"update {DL} set v = 'ten' where id = 1")  # fmt: skip
+    load_all(stack, spark, dl, f"dl-{N}-b")
+    [pending] = list_dead_letters(spark, dl)
+    assert "column 'v' is int in the lake" in pending["error"]
+    run = run_dag("cdclake_dead_letters", {"pipeline": DL_NAME, "action": "list"})
+    assert task_states(run)[f"dead_letters__{DL_NAME}"] == "success"
+    target = dl.qualified_target(dl.tables[0])
+    spark.sql(f"ALTER TABLE {target} DROP COLUMN v")
+    run = run_dag("cdclake_dead_letters", {"pipeline": DL_NAME, "action": "replay",
+                                           "table": DL, "since": "2020-01-01"})  # fmt: skip
+    assert task_states(run)[f"dead_letters__{DL_NAME}"] == "success"
+    assert list_dead_letters(spark, dl) == []
+    assert_lake_equals_source(dl, stack.source_dsn)
