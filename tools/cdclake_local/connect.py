@@ -1,5 +1,6 @@
 """Kafka Connect of the local stack: one distributed worker on loopback running the
-Debezium PostgreSQL connector, both from Maven Central (`stack/connect`, `stack/debezium`).
+Debezium PostgreSQL connector and Apicurio's Avro converter, all from Maven Central
+(`stack/connect`, `stack/debezium`, `stack/apicurio-converter`).
 
 The worker keeps connector configurations and source offsets in Kafka topics, so a
 restarted stack goes on where it stopped. Its REST API asks for HTTP basic
@@ -121,9 +122,12 @@ class LocalConnect:
         self.root.mkdir(parents=True, exist_ok=True)
         plugins = self.root / "plugins"
         plugins.mkdir(exist_ok=True)
-        link = plugins / "debezium-connector-postgres"
-        link.unlink(missing_ok=True)
-        link.symlink_to(maven.jars("debezium"), target_is_directory=True)
+        # the connector, and Apicurio's Avro converter for connectors that write Avro
+        for name, part in (("debezium-connector-postgres", "debezium"),
+                           ("apicurio-converter", "apicurio-converter")):  # fmt: skip
+            link = plugins / name
+            link.unlink(missing_ok=True)
+            link.symlink_to(maven.jars(part), target_is_directory=True)
         cmd = java("-Xmx1g", "-Djava.awt.headless=true",
                    f"-Djava.security.auth.login.config={self._write_jaas()}",
                    f"-Dlog4j2.configurationFile={self._write('log4j2.properties', LOG4J)}",
