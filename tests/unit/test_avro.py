@@ -128,3 +128,19 @@ def test_a_registry_that_cannot_be_reached_fails_naming_its_url(registry):
     with pytest.raises(EndpointError, match=r"schema registry at http://127.0.0.1:9/apis") as e:
         avro_table(gone, pairs)
     assert "secret" not in str(e.value) and "secret" not in repr(gone)
+
+
+def test_a_decimal_keeps_the_connect_parameters_not_the_converters_precision():
+    """Connect's decimal without a precision (PostgreSQL money, numeric without one) gets
+    precision 64 from the Avro converter: the lake type follows Connect's parameters."""
+    from cdclake.debezium.avro import Translation
+
+    money = {"type": "bytes", "scale": 2, "precision": 64, "connect.version": 1,
+             "connect.parameters": {"scale": "2"}, "logicalType": "decimal",
+             "connect.name": "org.apache.kafka.connect.data.Decimal"}  # fmt: skip
+    plain = {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 3}
+    schema = {"type": "record", "name": "r", "fields": [{"name": "m", "type": money},
+                                                         {"name": "p", "type": plain}]}  # fmt: skip
+    fields = json.loads(Translation(json.dumps(schema)).schema)["fields"]
+    assert [f.get("parameters") for f in fields] == [
+        {"scale": "2"}, {"scale": "3", "connect.decimal.precision": "10"}]  # fmt: skip

@@ -26,10 +26,12 @@ from cdclake_local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
 from cdclake_local.connect import LocalConnect, connector_config
 from cdclake_local.postgres import LocalPostgres
 from cdclake_local.procs import log_tail, wait_for
+from cdclake_local.registry import stack_registry
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+REGISTRY_ENV = "CDCLAKE_REGISTRY"  # 1: `up` starts the schema registry too
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,11 @@ class LocalStack:
             rest.start()
             status["rest_catalog"] = {"uri": rest.uri, "warehouse": rest.warehouse,
                                       "s3_endpoint": rest.store.endpoint}  # fmt: skip
+        if os.environ.get(REGISTRY_ENV, "").strip() == "1":  # for connectors writing Avro
+            registry = stack_registry(self.s.state_dir)
+            registry.start()
+            converter = registry.converter_config("value")
+            status["schema_registry"] = {"url": registry.url, "converter": converter}
         (self.s.state_dir / "stack.json").write_text(json.dumps(status, indent=2))
         return status
 
@@ -174,6 +181,7 @@ class LocalStack:
             "kafka": self.broker.stop(),
             "postgres": self.postgres.stop(),
             **rest_catalog.stop_stack_rest_catalog(self.s.state_dir),
+            "schema_registry": stack_registry(self.s.state_dir).stop(),
         }
         return stopped
 

@@ -80,10 +80,12 @@ class Translation:
         connect: dict[str, Any] = {"optional": False}
         name = avro.get("connect.name") or _LOGICAL.get(avro.get("logicalType", ""))
         params = dict(avro.get("connect.parameters") or {})
-        if avro.get("logicalType") == "decimal":
-            params.setdefault("scale", str(avro.get("scale", 0)))
+        if avro.get("logicalType") == "decimal" and "connect.parameters" not in avro:
+            # not written from Connect data (an Avro converter writes its parameters, and
+            # a precision of its own, 64, where Connect's decimal has none)
+            params["scale"] = str(avro.get("scale", 0))
             if "precision" in avro:
-                params.setdefault("connect.decimal.precision", str(avro["precision"]))
+                params["connect.decimal.precision"] = str(avro["precision"])
         convert = None
         if kind == "record":
             connect, convert, name = self._record(avro, namespace, connect, name)
