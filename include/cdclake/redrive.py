@@ -13,7 +13,8 @@ import uuid
 from collections import defaultdict
 
 from cdclake.config import PipelineConfig
-from cdclake.iceberg.tables import DEAD_LETTERS, mark_replayed
+from cdclake.iceberg.deadletters import mark_replayed
+from cdclake.iceberg.tables import DEAD_LETTERS
 from cdclake.job import run_batch
 from cdclake.kafka.reader import OLD_KEY_HEADER, arrow_frame
 from cdclake.kafka.topics import discover

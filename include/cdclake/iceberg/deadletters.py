@@ -7,12 +7,7 @@ import logging
 
 from cdclake.config import PipelineConfig
 from cdclake.iceberg.leases import Leases
-from cdclake.iceberg.tables import (
-    DEAD_LETTER_RAW,
-    DEAD_LETTERS,
-    ensure_namespace,
-    write_dead_letters,
-)
+from cdclake.iceberg.tables import DEAD_LETTERS, ensure_namespace, table_columns
 from cdclake.kafka.topics import raw_records
 from cdclake.offsets import BatchPlan
 
@@ -56,3 +51,65 @@ def _with_raw(spark, pipeline: PipelineConfig, rows):
     frame = spark.createDataFrame(found, f"topic string, partition int, offset bigint, "
                                          f"{DEAD_LETTER_RAW}")  # fmt: skip
     return rows.join(frame, ["topic", "partition", "offset"], "left")
+
+
+# each dead letter's record as Kafka held it, to inspect it or produce it again
+DEAD_LETTER_RAW = "raw_key binary, raw_value binary, headers array<struct<key:string,value:binary>>"
+# when a dead letter was replayed, and by which batch (NULL: pending)
+DEAD_LETTER_REPLAY = "replayed_at timestamp, replayed_in string"
+
+
+def write_dead_letters(spark, namespace: str, rows) -> None:
+    """Idempotently record undecodable records (one row per topic, partition, offset).
+
+    Not safe to call from two threads at once (one temp view name, and two commits to
+    the one table would conflict): the load job holds a lock around it."""
+    table = f"{namespace}.{DEAD_LETTERS}"
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {table} (pipeline string, batch_id string, topic string, "
+        "`partition` int, `offset` bigint, key string, value string, error string, "
+        f"recorded_at timestamp, {DEAD_LETTER_RAW}, {DEAD_LETTER_REPLAY}) USING iceberg "
+        "TBLPROPERTIES ('format-version'='2')"
+    )
+    columns = table_columns(spark, table)
+    for name, kinds in (("raw_value", DEAD_LETTER_RAW), ("replayed_at", DEAD_LETTER_REPLAY)):
+        if name not in columns:  # a table of an older version
+            spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({kinds})")
+    rows.createOrReplaceTempView("cdclake_dead_letters_new")
+    try:
+        # a record set aside again (by a replay) is pending again, with its new reason
+        spark.sql(
+            f"MERGE INTO {table} t USING cdclake_dead_letters_new s "
+            "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
+            "WHEN MATCHED AND t.batch_id <> s.batch_id THEN UPDATE SET batch_id = s.batch_id, "
+            "error = s.error, recorded_at = s.recorded_at, replayed_at = NULL, "
+            "replayed_in = NULL "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+    finally:
+        spark.catalog.dropTempView("cdclake_dead_letters_new")
+
+
+def mark_replayed(spark, namespace: str, pipeline: str, batch_id: str,
+                  records: list[tuple[str, int, int]]) -> int:  # fmt: skip
+    """Mark the pipeline's pending dead letters at `records` (topic, partition, offset)
+    replayed by `batch_id`, but those it set aside again; returns how many were."""
+    table = f"{namespace}.{DEAD_LETTERS}"
+    frame = spark.createDataFrame(records, "topic string, `partition` int, `offset` bigint")
+    frame.createOrReplaceTempView("cdclake_dead_letters_replayed")
+    # the pipeline's name is an identifier, the batch id cdclake's own: plain literals
+    condition = (
+        f"t.pipeline = '{pipeline}' AND t.replayed_at IS NULL AND t.batch_id <> '{batch_id}'"
+    )
+    try:
+        before = spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_at IS NULL").first()[0]
+        spark.sql(
+            f"MERGE INTO {table} t USING cdclake_dead_letters_replayed s "
+            "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
+            f"WHEN MATCHED AND {condition} THEN UPDATE SET replayed_at = current_timestamp(), "
+            f"replayed_in = '{batch_id}'"
+        )
+        after = spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_at IS NULL").first()[0]
+    finally:
+        spark.catalog.dropTempView("cdclake_dead_letters_replayed")
+    return before - after
