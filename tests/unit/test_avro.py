@@ -17,8 +17,9 @@ from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.registry import RegistryConfig
 from cdclake.exceptions import EndpointError
 from cdclake.resolve.fold import resolve_rows
+from cdclake_bench.avro_records import AvroWriter
 
-from tests.debezium_records import avro_record, decimal_b64, unscaled_b64
+from tests.debezium_records import decimal_b64, unscaled_b64
 from tests.unit.test_json_flat import records
 from tests.unit.test_resolve import TOPIC, raw_table, topic_of
 
@@ -51,21 +52,16 @@ def registry():
 
 def as_avro(server, pairs: list) -> list:
     """The records as the Avro converter writes them, their schemas in `server`."""
-    ids: dict[str, int] = {}
-    out = []
-    for pair in pairs:
-        sides = []
-        for record in pair:
-            if record is None:
-                sides.append(None)
-                continue
-            text = json.dumps(json.loads(record)["schema"], sort_keys=True)
-            sid = ids.setdefault(text, 100 + len(ids))
-            data, schema = avro_record(record, sid)
-            server.schemas[sid] = schema
-            sides.append(data)
-        out.append(tuple(sides))
-    return out
+
+    def register(subject: str, schema) -> int:
+        known = [sid for sid, s in server.schemas.items() if s == schema]
+        if not known:
+            known = [100 + len(server.schemas)]
+            server.schemas[known[0]] = schema
+        return known[0]
+
+    write = AvroWriter(register)
+    return [(write(key, "t-key"), write(value, "t-value")) for key, value in pairs]
 
 
 def avro_table(config: RegistryConfig, pairs: list) -> pa.Table:

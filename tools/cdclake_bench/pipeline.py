@@ -24,10 +24,10 @@ KAFKA_LOGIN = {
 
 def bench_pipeline(
     work: Path, settings: StackSettings, workload: Workload, label: str,
-    spark_conf: dict[str, str] | None = None, fmt: str = "json",
+    spark_conf: dict[str, str] | None = None, fmt: str = "json", registry: str | None = None,
 ) -> PipelineConfig:  # fmt: skip
     """Write and load `<work>/<label>.yaml` (namespace `<label>_<random>`; `fmt`: its
-    `kafka.format`)."""
+    `kafka.format`; `registry`: the schema registry of an Avro format)."""
     prefix = workload.streams[0].topic.split(".", 1)[0]
     tables = [s.topic.split(".", 1)[1] for s in workload.streams]
     raw = {
@@ -37,6 +37,7 @@ def bench_pipeline(
             "bootstrap_servers": f"127.0.0.1:{settings.kafka_port}",
             "properties": KAFKA_LOGIN,
             "format": fmt,
+            **({"schema_registry": {"url": registry}} if fmt.startswith("avro") else {}),
         },
         "catalog": {
             "name": "lake",

@@ -32,6 +32,7 @@ from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.spark import spark_conf
 from cdclake_local.stack import LocalStack, StackSettings
 
+from cdclake_bench.avro_records import avro_recording
 from cdclake_bench.cpu import render_parts
 from cdclake_bench.events import Workload, generate_slice, toast_column
 from cdclake_bench.jvm_archive import build_archive
@@ -53,6 +54,7 @@ STEP_FIGURES = {
     "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
     "throughput_flat": ("flat_ratio",),
+    "throughput_avro": ("avro_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
@@ -78,7 +80,7 @@ MERGE_ROUNDS = 3
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
     "throughput_merge_eps", "throughput_kafka_eps", "peer_one_call_ratio", "naive_ratio",
-    "toast_ratio", "flat_ratio",
+    "toast_ratio", "flat_ratio", "avro_ratio",
 )  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
@@ -263,10 +265,12 @@ class Bench:
                  f"without {workload.events / min(walls['plain']):,.0f} (best of two each); "
                  f"ratio {ratio:.2f}")  # fmt: skip
 
-    def _side_by_side(self, workload, recordings: dict[str, Path], formats: dict[str, str]):
+    def _side_by_side(self, workload, recordings: dict[str, Path], formats: dict[str, str],
+                      registry: str | None = None):  # fmt: skip
         """Each recording loaded twice into new tables, alternating, in the bench's session
         (after an untimed load, so that all start warm; `formats`: a label's
-        `kafka.format`): the walls and the namespaces of each label."""
+        `kafka.format`; `registry`: an Avro format's): the walls and the namespaces of
+        each label."""
         walls: dict[str, list[float]] = {label: [] for label in recordings}
         namespaces: dict[str, list[str]] = {label: [] for label in recordings}
         if self.spark is None:
@@ -276,8 +280,9 @@ class Bench:
             run_batch(self.session(pipeline), pipeline, plan, read=file_reader(first))
         for _ in range(2):
             for label, rec in recordings.items():
-                pipeline = bench_pipeline(self.work, self.stack.s, workload, label,
-                                          fmt=formats.get(label, "json"))  # fmt: skip
+                fmt = formats.get(label, "json")
+                pipeline = bench_pipeline(self.work, self.stack.s, workload, label, fmt=fmt,
+                                          registry=registry)  # fmt: skip
                 plan = BatchPlan(pipeline.name, f"bench-{label}", tuple(recorded_ranges(rec)))
                 started = time.perf_counter()
                 run_batch(self.session(pipeline), pipeline, plan, read=file_reader(rec))
@@ -301,6 +306,27 @@ class Bench:
         self.say(f"flattened {workload.events / min(walls['flat']):,.0f} events/s, "
                  f"whole envelopes {workload.events / min(walls['whole']):,.0f} (best of two "
                  f"each); ratio {ratio:.2f}")  # fmt: skip
+
+    # ---- Avro with a registry, side by side -------------------------------------------
+    def throughput_avro(self) -> None:
+        """The throughput step's events as an Avro converter writes them (`kafka.format:
+        avro`, their schemas in the stack's registry), and as JSON, each loaded twice into
+        new tables, alternating: events/s per wire format (above 1: Avro loads faster)."""
+        from cdclake_local.registry import stack_registry
+
+        workload = self.details["file_workload"]
+        registry = stack_registry(self.stack.s.state_dir)
+        registry.start()
+        recordings = {"json": self.work / "recording", "avro": self.work / "recording-avro"}
+        self.say("writing the recorded events as Avro, their schemas in the registry")
+        avro_recording(recordings["json"], recordings["avro"], registry.url)
+        walls, _ = self._side_by_side(workload, recordings, {"avro": "avro"}, registry.url)
+        ratio = sum(walls["json"]) / sum(walls["avro"])
+        self.figures["avro_ratio"] = ratio
+        self.details["throughput_avro"] = {"wall_s": walls}
+        self.say(f"Avro {workload.events / min(walls['avro']):,.0f} events/s, JSON "
+                 f"{workload.events / min(walls['json']):,.0f} (best of two each); ratio "
+                 f"{ratio:.2f}")  # fmt: skip
 
     # ---- the same, from Kafka --------------------------------------------------------
     def throughput_kafka(self) -> None:

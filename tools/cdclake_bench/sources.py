@@ -129,15 +129,15 @@ def file_reader(directory: Path) -> RawSource:
 
 
 def _file_ranges(where: str, kafka) -> Callable[[dict], Iterator]:
-    return partial(_read_file_slice, where)
+    return partial(_read_file_slice, where, kafka.format, kafka.schema_registry)
 
 
-def _read_file_slice(where: str, r: dict) -> Iterator:
+def _read_file_slice(where: str, fmt, registry, r: dict) -> Iterator:
     import numpy as np
     import pyarrow.parquet as pq
 
     f = pq.ParquetFile(f"{where}/{_file_name(r['topic'], r['partition'])}")
-    raw = RawRows(r["topic"], r["partition"])
+    raw = fmt.raw_rows(r["topic"], r["partition"], registry)  # split as the format says
     first = 0
     for g in range(f.num_row_groups):
         rows = f.metadata.row_group(g).num_rows
