@@ -25,6 +25,10 @@ os.environ.update(
         "CDCLAKE_SOURCE_DSN": f"host=127.0.0.1 port={PG_PORT} dbname=inventory user=postgres",
         "CDCLAKE_WAREHOUSE": (TEST_STATE / "warehouse").as_uri(),
         "AIRFLOW_HOME": str(TEST_STATE / "airflow"),
+        # the schema registry of the Avro tests (and of the benchmark's smoke test)
+        "CDCLAKE_REGISTRY_PORT": os.environ.get(
+            "CDCLAKE_TEST_REGISTRY_PORT", str(int(PG_PORT) + 32)
+        ),  # fmt: skip
     }
 )
 
