@@ -140,3 +140,29 @@ def test_a_decimal_keeps_the_connect_parameters_not_the_converters_precision():
     fields = json.loads(Translation(json.dumps(schema)).schema)["fields"]
     assert [f.get("parameters") for f in fields] == [
         {"scale": "2"}, {"scale": "3", "connect.decimal.precision": "10"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_histories_in_avro_resolve_as_in_json(registry, seed):
+    """The randomized replay test's histories (re-sends, tombstones, TOAST, snapshot
+    reads, truncates), as the Avro converter writes them: the same rows as their JSON,
+    which that test checks against the rules."""
+    from tests.unit.test_resolve import history
+
+    server, config = registry
+    parts = history(seed, partitions=1 + seed % 2)
+    batches = []
+    for partition, pairs in parts.items():
+        rows = AvroRawRows(TOPIC, partition, config)
+        avro = as_avro(server, pairs)
+        rows.add_many(list(range(len(avro))), [0] * len(avro), [k for k, _ in avro],
+                      [v for _, v in avro])  # fmt: skip
+        batches.append(rows.batch())
+    got = pa.Table.from_batches(batches)
+    want = raw_table(parts)
+    for rows in (got, want):
+        assert rows.column("error").null_count == rows.num_rows
+    key = lambda r: (r["id"], r["_cdc_kafka_partition"])  # noqa: E731
+    assert sorted(resolve_rows(got, *topic_of(got, fmt=WireFormat.AVRO)).rows.to_pylist(),
+                  key=key) == sorted(resolve_rows(want, *topic_of(want)).rows.to_pylist(),
+                                     key=key)  # fmt: skip
