@@ -94,3 +94,22 @@ def test_a_flattened_record_without_its_operation_is_refused_naming_the_setting(
     no_field = no_op.replace(b'{"type":"string","optional":true,"field":"__op"},', b"")
     with pytest.raises(DecodeError, match=setting):
         topic_of(raw_table({0: [(key_record(5), no_field)]}), fmt=WireFormat.JSON_FLAT)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_histories_flattened_resolve_as_their_envelopes(seed):
+    """The randomized replay test's histories (re-sends, tombstones, TOAST, snapshot
+    reads; no truncates: the transform drops them), flattened as the benchmark flattens
+    them: the same rows as the whole envelopes, which that test checks against the rules."""
+    from cdclake_bench.sources import flat_value
+
+    from tests.unit.test_resolve import history
+
+    parts = history(seed, partitions=1 + seed % 2, truncates=False)
+    flat = {p: [(k, None if v is None else flat_value(v)) for k, v in pairs]
+            for p, pairs in parts.items()}  # fmt: skip
+    key = lambda r: (r["id"], r["_cdc_kafka_partition"])  # noqa: E731
+    got, want = raw_table(flat), raw_table(parts)
+    assert sorted(resolve_rows(got, *topic_of(got, fmt=WireFormat.JSON_FLAT)).rows.to_pylist(),
+                  key=key) == sorted(resolve_rows(want, *topic_of(want)).rows.to_pylist(),
+                                     key=key)  # fmt: skip
