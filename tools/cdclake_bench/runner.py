@@ -295,17 +295,10 @@ class Bench:
         """The throughput step's events, and the same as ExtractNewRecordState writes them
         (`kafka.format: json-flat`), each loaded twice into new tables, alternating:
         what reading flattened records costs (above 1: they load faster)."""
-        workload = self.details["file_workload"]
         recordings = {"whole": self.work / "recording", "flat": self.work / "recording-flat"}
         self.say("flattening the recorded events as ExtractNewRecordState would")
         flatten_recording(recordings["whole"], recordings["flat"])
-        walls, _ = self._side_by_side(workload, recordings, {"flat": "json-flat"})
-        ratio = sum(walls["whole"]) / sum(walls["flat"])
-        self.figures["flat_ratio"] = ratio
-        self.details["throughput_flat"] = {"wall_s": walls}
-        self.say(f"flattened {workload.events / min(walls['flat']):,.0f} events/s, "
-                 f"whole envelopes {workload.events / min(walls['whole']):,.0f} (best of two "
-                 f"each); ratio {ratio:.2f}")  # fmt: skip
+        self._format_ratio("throughput_flat", "flat_ratio", recordings, "json-flat")
 
     # ---- Avro with a registry, side by side -------------------------------------------
     def throughput_avro(self) -> None:
@@ -314,18 +307,25 @@ class Bench:
         new tables, alternating: events/s per wire format (above 1: Avro loads faster)."""
         from cdclake_local.registry import stack_registry
 
-        workload = self.details["file_workload"]
         registry = stack_registry(self.stack.s.state_dir)
         registry.start()
         recordings = {"json": self.work / "recording", "avro": self.work / "recording-avro"}
         self.say("writing the recorded events as Avro, their schemas in the registry")
         avro_recording(recordings["json"], recordings["avro"], registry.url)
-        walls, _ = self._side_by_side(workload, recordings, {"avro": "avro"}, registry.url)
-        ratio = sum(walls["json"]) / sum(walls["avro"])
-        self.figures["avro_ratio"] = ratio
-        self.details["throughput_avro"] = {"wall_s": walls}
-        self.say(f"Avro {workload.events / min(walls['avro']):,.0f} events/s, JSON "
-                 f"{workload.events / min(walls['json']):,.0f} (best of two each); ratio "
+        self._format_ratio("throughput_avro", "avro_ratio", recordings, "avro", registry.url)
+
+    def _format_ratio(self, step: str, figure: str, recordings: dict[str, Path], fmt: str,
+                      registry: str | None = None) -> None:  # fmt: skip
+        """The JSON recording (first) and another format's (second) side by side: the
+        figure is the JSON walls over the other's."""
+        workload = self.details["file_workload"]
+        base, other = recordings
+        walls, _ = self._side_by_side(workload, recordings, {other: fmt}, registry)
+        ratio = sum(walls[base]) / sum(walls[other])
+        self.figures[figure] = ratio
+        self.details[step] = {"wall_s": walls}
+        self.say(f"{other} {workload.events / min(walls[other]):,.0f} events/s, {base} "
+                 f"{workload.events / min(walls[base]):,.0f} (best of two each); ratio "
                  f"{ratio:.2f}")  # fmt: skip
 
     # ---- the same, from Kafka --------------------------------------------------------

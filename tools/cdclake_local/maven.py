@@ -84,13 +84,20 @@ def _resolve(source: Path, target: Path) -> None:
     cmd = [mvn, "-B", "-q", "-f", str(source), f"{DEPENDENCY_PLUGIN}:copy-dependencies",
            f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]  # fmt: skip
     log.info("resolving %s from Maven Central into %s", source, target)
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise StackError(f"Maven did not resolve {source} in {RESOLVE_TIMEOUT_S}s") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-        raise StackError(f"Maven could not resolve {source} (exit {done.returncode}):\n{tail}")
+    run(cmd, f"resolve {source}")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     (target / ".complete").write_text(" ".join(cmd) + "\n")
+
+
+def run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    """Run a Maven command, bounded; `StackError` saying it could not `what`, with the
+    end of its output."""
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+                              timeout=RESOLVE_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise StackError(f"Maven did not {what} in {RESOLVE_TIMEOUT_S}s") from exc
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+        raise StackError(f"Maven could not {what} (exit {done.returncode}):\n{tail}")

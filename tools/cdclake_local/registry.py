@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +32,6 @@ log = logging.getLogger(__name__)
 
 SOURCE = maven.STACK / "registry"
 RUNNER = "registry-2.4.2-runner.jar"
-BUILD_TIMEOUT_S = 1200
 START_TIMEOUT_S = 120
 
 
@@ -63,14 +61,7 @@ def _build(target: Path) -> None:
            f"-Dmaven.repo.local={target.with_name('registry-m2')}"]  # fmt: skip
     log.info("building the schema registry from Maven Central into %s", target)
     for folder, goal in ((build / "config-index-deployment", "install"), (build, "package")):
-        try:
-            done = subprocess.run([*mvn, goal], cwd=folder, capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S)  # fmt: skip
-        except subprocess.TimeoutExpired as exc:
-            raise StackError(f"Maven did not build {folder} in {BUILD_TIMEOUT_S}s") from exc
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-            raise StackError(f"Maven could not build {folder} (exit {done.returncode}):\n{tail}")
+        maven.run([*mvn, goal], f"build {folder}", cwd=folder)
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir()
     (build / "target" / RUNNER).rename(target / RUNNER)
