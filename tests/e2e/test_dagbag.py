@@ -99,7 +99,8 @@ def test_each_pipeline_is_maintained_on_its_own_schedule(tmp_path):
         ),
         pytest.param(
             "kafka:\n", "kafka:\n  bootstrp_servers: x\n",
-            "kafka.bootstrp_servers: unknown key (known: bootstrap_servers, format, properties)",
+            "kafka.bootstrp_servers: unknown key (known: bootstrap_servers, format, properties, "
+            "schema_registry)",
             id="unknown key",
         ),
         pytest.param(
