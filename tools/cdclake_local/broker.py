@@ -145,7 +145,10 @@ class LocalBroker:
         return stop_daemon(self.pidfile, timeout=30)
 
     def _format(self, classpath: str, config: Path) -> None:
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = "-"
+        while cluster.startswith("-"):  # as Kafka's Uuid.randomUuid: no leading dash, which
+            # the tool's parser would take for an option
+            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = java("-cp", classpath, "kafka.tools.StorageTool", "format", "-t", cluster,
                    "-c", str(config), "--ignore-formatted")  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
