@@ -16,7 +16,7 @@ from cdclake.config import PipelineConfig
 from cdclake.iceberg.deadletters import mark_replayed
 from cdclake.iceberg.tables import DEAD_LETTERS
 from cdclake.job import run_batch
-from cdclake.kafka.reader import OLD_KEY_HEADER, arrow_frame
+from cdclake.kafka.reader import arrow_frame, old_key
 from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, PlanMode
 
@@ -103,7 +103,7 @@ def raw_rows(pipeline: PipelineConfig, records: list):
         writer = kafka.format.raw_rows(topic, partition, kafka.schema_registry)
         writer.add_many([r.offset for r in found], [0] * len(found),
                         [r.raw_key for r in found], [r.raw_value for r in found],
-                        [_old_key(r.headers) for r in found])  # fmt: skip
+                        [old_key(r.headers or ()) for r in found])  # fmt: skip
         batches.append(writer.batch())
     return pa.Table.from_batches(batches, schema=raw_arrow_schema())
 
@@ -120,13 +120,6 @@ def parse_since(text: str) -> dt.datetime:
     except ValueError:
         raise ConfigError(f"since: {text!r} is not an ISO date or time, nor epoch ms") from None
     return found if found.tzinfo else found.replace(tzinfo=dt.UTC)
-
-
-def _old_key(headers) -> bytes | None:
-    for header in headers or ():
-        if header["key"] == OLD_KEY_HEADER:
-            return header["value"]
-    return None
 
 
 def _topic(pipeline: PipelineConfig, table: str) -> str:

@@ -32,12 +32,13 @@ def test_a_since_that_is_no_time_is_refused_naming_it():
 
 def test_dead_letters_split_as_their_records_were_read():
     from cdclake.pipeline_file import load_pipeline
+    from pyspark.sql import Row  # a dead letter's header, as Spark reads it
 
     pipeline = load_pipeline(DEMO_PIPELINE)
     records = [(5, key_record(1), value_record("c", None, item(1, "a"))),
                (3, key_record(2), None), (9, b"\x00junk", b"junk")]  # fmt: skip
     letters = [SimpleNamespace(topic="t", partition=0, offset=o, raw_key=k, raw_value=v,
-                               headers=[{"key": "__debezium.oldkey", "value": b'{"id": 7}'}])
+                               headers=[Row(key="__debezium.oldkey", value=b'{"id": 7}')])
                for o, k, v in records]  # fmt: skip
     got = raw_rows(pipeline, letters).to_pylist()
     reader = RawRows("t", 0)

@@ -1,7 +1,8 @@
 """A Confluent-compatible schema registry (Confluent Schema Registry, Apicurio Registry's
-`/apis/ccompat/v7`, Karapace): the Avro schema of each id the records carry, fetched once
-per process. Every request is bounded; a registry that cannot be reached fails naming its
-URL, and an id it does not hold is an error of the records that carry it."""
+`/apis/ccompat/v7`, Karapace): the Avro schema of each id the records carry (its caller,
+`cdclake.debezium.avro.translation`, asks once per id and process). Every request is
+bounded; a registry that cannot be reached fails naming its URL, and an id it does not
+hold is an error of the records that carry it."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from dataclasses import dataclass
 from cdclake.exceptions import EndpointError
 
 _ATTEMPTS = 3
-# (url, id) -> the schema's text, or the reason it cannot be had
-_SCHEMAS: dict[tuple[str, int], str | UnknownSchema] = {}
 
 
 class UnknownSchema(Exception):
@@ -38,10 +37,7 @@ class RegistryConfig:
 def schema_text(registry: RegistryConfig, sid: int) -> str:
     """The Avro schema (JSON text) of id `sid`; `UnknownSchema` when the registry holds
     none; `EndpointError` naming the URL when it cannot be asked."""
-    key = (registry.url, sid)
-    found = _SCHEMAS.get(key)
-    if found is None:
-        found = _SCHEMAS[key] = _fetch(registry, sid)
+    found = _fetch(registry, sid)
     if isinstance(found, UnknownSchema):
         raise found
     return found

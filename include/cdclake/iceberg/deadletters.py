@@ -102,14 +102,12 @@ def mark_replayed(spark, namespace: str, pipeline: str, batch_id: str,
         f"t.pipeline = '{pipeline}' AND t.replayed_at IS NULL AND t.batch_id <> '{batch_id}'"
     )
     try:
-        before = spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_at IS NULL").first()[0]
         spark.sql(
             f"MERGE INTO {table} t USING cdclake_dead_letters_replayed s "
             "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
             f"WHEN MATCHED AND {condition} THEN UPDATE SET replayed_at = current_timestamp(), "
             f"replayed_in = '{batch_id}'"
         )
-        after = spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_at IS NULL").first()[0]
     finally:
         spark.catalog.dropTempView("cdclake_dead_letters_replayed")
-    return before - after
+    return spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_in = '{batch_id}'").first()[0]

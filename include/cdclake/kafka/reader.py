@@ -271,12 +271,13 @@ def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
         keys.append(key)
         values.append(value)
         headers = msg.headers()
-        old_keys.append(_old_key(headers) if headers else None)
+        old_keys.append(old_key(headers) if headers else None)
     return (offsets, stamps, keys, values, old_keys), next_offset, last
 
 
-def _old_key(headers: list) -> bytes | None:
-    """The value of a record's `__debezium.oldkey` header (None without one)."""
+def old_key(headers) -> bytes | None:
+    """The value of a record's `__debezium.oldkey` header (None without one): `headers`
+    as (name, value) pairs, as Kafka's client or the dead-letter table gives them."""
     for name, value in headers:
         if name == OLD_KEY_HEADER:
             return value
