@@ -16,7 +16,7 @@ from cdclake.config import PipelineConfig
 from cdclake.iceberg.deadletters import mark_replayed
 from cdclake.iceberg.tables import DEAD_LETTERS
 from cdclake.job import run_batch
-from cdclake.kafka.reader import arrow_frame, old_key
+from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, PlanMode
 
@@ -91,7 +91,7 @@ def raw_rows(pipeline: PipelineConfig, records: list):
     the pipeline's format as the records were when they were read from Kafka."""
     import pyarrow as pa
 
-    from cdclake.kafka.raw_rows import raw_arrow_schema
+    from cdclake.kafka.raw_rows import kept_headers, raw_arrow_schema
 
     kafka = pipeline.kafka
     parts: dict[tuple[str, int], list] = defaultdict(list)
@@ -103,7 +103,7 @@ def raw_rows(pipeline: PipelineConfig, records: list):
         writer = kafka.format.raw_rows(topic, partition, kafka.schema_registry)
         writer.add_many([r.offset for r in found], [0] * len(found),
                         [r.raw_key for r in found], [r.raw_value for r in found],
-                        [old_key(r.headers or ()) for r in found])  # fmt: skip
+                        [kept_headers(r.headers) for r in found])  # fmt: skip
         batches.append(writer.batch())
     return pa.Table.from_batches(batches, schema=raw_arrow_schema())
 

@@ -11,7 +11,6 @@ import uuid
 import psycopg
 import pytest
 import yaml
-from cdclake_local.registry import stack_registry
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.conftest import DEMO_PIPELINE
@@ -22,14 +21,6 @@ from tests.integration.test_types import zoo_equal
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def registry(stack):
-    registry = stack_registry(stack.s.state_dir)
-    registry.start()
-    yield registry
-    registry.stop()
-
-
 def start_avro_capture(stack, registry, prefix: str, table: str, flat: bool) -> str:
     overrides = {"table.include.list": table, **registry.converter_config("key"),
                  **registry.converter_config("value")}  # fmt: skip
@@ -38,10 +29,10 @@ def start_avro_capture(stack, registry, prefix: str, table: str, flat: bool) -> 
     return stack.start_capture(prefix, overrides)
 
 
-def avro_pipeline(tmp_path, name: str, table: str, prefix: str, registry, fmt: str):
+def avro_pipeline(tmp_path, name: str, table: str, prefix: str, registry, fmt: str, **fields):
     kafka = {**yaml.safe_load(DEMO_PIPELINE.read_text())["kafka"], "format": fmt,
              "schema_registry": {"url": registry.url}}  # fmt: skip
-    return make_pipeline(tmp_path, name, [table], topic_prefix=prefix, kafka=kafka)
+    return make_pipeline(tmp_path, name, [table], topic_prefix=prefix, kafka=kafka, **fields)
 
 
 def first_value(stack, topic: str) -> bytes:

@@ -3,14 +3,19 @@ rows their whole envelopes resolve to."""
 
 from __future__ import annotations
 
+import json
+
+import pyarrow as pa
 import pytest
 from cdclake.debezium.formats import WireFormat
+from cdclake.debezium.json_flat import lost
 from cdclake.exceptions import DecodeError
+from cdclake.kafka.raw_rows import RawRows, kept_headers
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 from tests.debezium_records import flat_record, key_record, value_record
-from tests.unit.test_resolve import raw_table, topic_of
+from tests.unit.test_resolve import TOPIC, raw_table, topic_of
 
 
 def item(i: int, name: str | None) -> dict:
@@ -85,15 +90,91 @@ def test_without_deleted_fields_a_flattened_tombstone_is_the_delete():
         assert sorted((r["id"], r["_cdc_deleted"]) for r in got) == want
 
 
+def test_a_null_payload_with_its_schema_is_the_delete():
+    """The transform's tombstone mode, as the JSON converter writes it: the delete is the
+    value schema with a null payload (then the tombstone)."""
+    create = flat_record("c", item(2, "x"), 30, rewrite=False)
+    deleted = json.dumps(
+        {"schema": json.loads(create)["schema"], "payload": None}, separators=(",", ":")
+    ).encode()
+    rows = raw_table({0: [(key_record(2), create), (key_record(2), deleted),
+                          (key_record(2), None), (key_record(3), flat_record(
+                              "c", item(3, "y"), 40, rewrite=False))]})  # fmt: skip
+    got = resolve_rows(rows, *topic_of(rows, fmt=WireFormat.JSON_FLAT))
+    assert not got.bad
+    assert sorted((r["id"], r["_cdc_deleted"]) for r in got.rows.to_pylist()) == [
+        (2, True), (3, False)]  # fmt: skip
+
+
 def test_a_flattened_record_without_its_operation_is_refused_naming_the_setting():
-    setting = "add.fields=op,lsn,source.ts_ms"
+    setting = "add.fields=op,lsn,source.ts_ms or add.headers"
     schema, keys, values = topic_of(raw_table({0: records(True)}), fmt=WireFormat.JSON_FLAT)
     no_op = flat_record("c", item(5, "e")).replace(b',"__op":"c"', b"")
     got = resolve_rows(raw_table({0: [(key_record(5), no_op)]}), schema, keys, values)
     assert [(offset, setting in why) for _, offset, why in got.bad] == [(0, True)]
+    # no __op in the schema either, and no header: the record, not its table, is refused
     no_field = no_op.replace(b'{"type":"string","optional":true,"field":"__op"},', b"")
-    with pytest.raises(DecodeError, match=setting):
-        topic_of(raw_table({0: [(key_record(5), no_field)]}), fmt=WireFormat.JSON_FLAT)
+    rows = raw_table({0: [(key_record(5), no_field)]})
+    got = resolve_rows(rows, *topic_of(rows, fmt=WireFormat.JSON_FLAT))
+    assert [(offset, setting in why) for _, offset, why in got.bad] == [(0, True)]
+
+
+def test_whole_envelopes_in_a_flattened_pipeline_name_the_format_to_set():
+    with pytest.raises(DecodeError, match="whole change event envelope.*kafka.format to json"):
+        topic_of(raw_table({0: records(False)}), fmt=WireFormat.JSON_FLAT)
+
+
+def as_headers(value: bytes | None, converter: str = "simple") -> tuple[bytes | None, str | None]:
+    """A flattened record with add.fields, as the transform writes it with add.headers
+    instead: the metadata fields (but `__deleted`) moved to headers, written by Connect's
+    SimpleHeaderConverter (text) or its JsonConverter (an envelope)."""
+    if value is None:
+        return None, None
+    event = json.loads(value)
+    moved = ("__op", "__lsn", "__source_ts_ms")
+    event["schema"]["fields"] = [f for f in event["schema"]["fields"] if f["field"] not in moved]
+    found = {name: event["payload"].pop(name) for name in moved}
+    texts = {
+        name: str(v) if converter == "simple" else json.dumps({"schema": {}, "payload": v})
+        for name, v in found.items() if v is not None
+    }  # fmt: skip
+    heads = kept_headers([(name, text.encode()) for name, text in texts.items()])
+    return json.dumps(event, separators=(",", ":")).encode(), heads
+
+
+@pytest.mark.parametrize("converter", ["simple", "json"])
+def test_metadata_in_headers_resolves_as_metadata_in_fields(converter):
+    fields = raw_table({0: records(True)})
+    raw = RawRows(TOPIC, 0)
+    for offset, (key, value) in enumerate(records(True)):
+        raw.add(offset, 1000 + offset, key, *as_headers(value, converter))
+    headers = pa.Table.from_batches([raw.batch()])
+    assert "__op" not in headers.column("value_schema")[0].as_py()
+    want = resolve_rows(fields, *topic_of(fields, fmt=WireFormat.JSON_FLAT)).rows.to_pylist()
+    got = resolve_rows(headers, *topic_of(headers, fmt=WireFormat.JSON_FLAT)).rows.to_pylist()
+    assert sorted(got, key=lambda r: r["id"]) == sorted(want, key=lambda r: r["id"])
+    # a header that is not a number where one is needed is the record's reason
+    bad = json.dumps({"__op": "c", "__lsn": "zero"})
+    raw.add(9, 0, key_record(7), as_headers(flat_record("c", item(7, "g"), 9))[0], bad)
+    rows = pa.Table.from_batches([raw.batch()])
+    got = resolve_rows(rows, *topic_of(headers, fmt=WireFormat.JSON_FLAT))
+    assert [(offset, "__lsn is not an integer" in why) for _, offset, why in got.bad] == [
+        (9, True)]  # fmt: skip
+
+
+def test_what_a_flattened_stream_lacks_is_said():
+    full = flat_record("c", item(1, "a"), 10)
+    schema = json.dumps(json.loads(full)["schema"])
+    assert lost(schema, None) == []
+    bare, heads = as_headers(full)
+    bare_schema = json.dumps(json.loads(bare)["schema"])
+    assert lost(bare_schema, heads) == []
+    lacks = lost(bare_schema, None)
+    assert [m.split(" (")[0].split(":")[0] for m in lacks] == [
+        "records has no __op field or header", "records have no __lsn",
+        "records have no __source_ts_ms"]  # fmt: skip
+    tombstones = json.dumps(json.loads(flat_record("c", item(1, "a"), 10, rewrite=False))["schema"])
+    assert [m for m in lost(tombstones, None) if "__deleted" in m]
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -43,6 +43,6 @@ def test_dead_letters_split_as_their_records_were_read():
     got = raw_rows(pipeline, letters).to_pylist()
     reader = RawRows("t", 0)
     for offset, key, value in sorted(records):
-        reader.add(offset, 0, key, value, b'{"id": 7}')
+        reader.add(offset, 0, key, value, '{"__debezium.oldkey":"{\\"id\\": 7}"}')
     assert got == reader.batch().to_pylist()
     assert [r["offset"] for r in got] == [3, 5, 9] and got[2]["error"] is not None

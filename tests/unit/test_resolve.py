@@ -19,7 +19,7 @@ from cdclake.debezium.connect import (
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import DELETED, OFFSET, OP, PARTITION, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.raw_rows import RawRows
+from cdclake.kafka.raw_rows import OLD_KEY_HEADER, RawRows, kept_headers
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
 from cdclake.resolve.fold import (
@@ -545,7 +545,7 @@ def test_a_key_changed_from_another_takes_nothing_of_its_earlier_row():
     ]
     raw = RawRows(TOPIC, 0)
     for offset, (key, value, old_key) in enumerate(records):
-        raw.add(offset, 1000 + offset, key, value, old_key)
+        raw.add(offset, 1000 + offset, key, value, kept_headers([(OLD_KEY_HEADER, old_key)]))
     rows = pa.Table.from_batches([raw.batch()])
     got = {r["id"]: r for r in resolve_rows(rows, *topic_of(rows)).rows.to_pylist()}
     three, two = got[3], got[2]

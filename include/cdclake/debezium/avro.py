@@ -227,20 +227,20 @@ class AvroRawRows:
     def batch(self):
         return self.rows.batch()
 
-    def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None:
+    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None:
         """`RawRows.add_many` of the records as envelopes, in order; a record a side of
         which cannot be read is kept with why (`RawRows.add_error`)."""
         offsets, timestamps = _list(offsets), _list(timestamps)
-        olds = [None] * len(offsets) if old_keys is None else _list(old_keys)
+        heads = [None] * len(offsets) if headers is None else _list(headers)
         run: list[tuple[int, bytes | None, bytes | None]] = []  # read, not yet added
         for i, (key, value) in enumerate(zip(_list(keys), _list(values), strict=True)):
             try:
                 run.append((i, self._side("key", key), self._side("value", value)))
             except ValueError as exc:
-                self._add(run, offsets, timestamps, olds)
+                self._add(run, offsets, timestamps, heads)
                 run = []
-                self.rows.add_error(offsets[i], timestamps[i], value is None, str(exc), olds[i])
-        self._add(run, offsets, timestamps, olds)
+                self.rows.add_error(offsets[i], timestamps[i], value is None, str(exc), heads[i])
+        self._add(run, offsets, timestamps, heads)
 
     def _side(self, side: str, data: bytes | None) -> bytes | None:
         try:
@@ -248,13 +248,11 @@ class AvroRawRows:
         except ValueError as exc:
             raise ValueError(f"{side}: {exc}") from None
 
-    def _add(self, run, offsets, timestamps, olds) -> None:
+    def _add(self, run, offsets, timestamps, heads) -> None:
         if run:
             at, keys, values = zip(*run, strict=True)
-            old = [olds[i] for i in at]
             self.rows.add_many([offsets[i] for i in at], [timestamps[i] for i in at],
-                               list(keys), list(values),
-                               old if any(o is not None for o in old) else None)  # fmt: skip
+                               list(keys), list(values), [heads[i] for i in at])  # fmt: skip
 
 
 def _list(values) -> list:

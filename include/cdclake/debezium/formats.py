@@ -77,7 +77,7 @@ class RawRowsWriter(Protocol):
 
     def __len__(self) -> int: ...
 
-    def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None: ...
+    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None: ...
 
     def batch(self) -> pa.RecordBatch: ...
 
@@ -120,9 +120,12 @@ class WireFormat(StrEnum):
     AVRO_FLAT = "avro-flat"
 
     @property
+    def flat(self) -> bool:
+        return self in (WireFormat.JSON_FLAT, WireFormat.AVRO_FLAT)
+
+    @property
     def codec(self) -> Codec:
-        flat = self in (WireFormat.JSON_FLAT, WireFormat.AVRO_FLAT)
-        return importlib.import_module(_FLAT if flat else _ENVELOPE)  # type: ignore[return-value]
+        return importlib.import_module(_FLAT if self.flat else _ENVELOPE)  # type: ignore[return-value]
 
     @property
     def avro(self) -> bool:

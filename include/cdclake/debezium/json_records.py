@@ -21,6 +21,7 @@ from cdclake.debezium.schema import (
     TopicSchema,
     value_row_fields,
 )
+from cdclake.kafka.raw_rows import OLD_KEY_HEADER, header_values
 from cdclake.resolve.rules import (
     ROW_OPS,
     TRUNCATE,
@@ -318,9 +319,9 @@ def decode_records(
         if not tombstone:
             check_change(change)
         append(change)
-    if "old_key" in rows.column_names and rows.column("old_key").null_count < rows.num_rows:
-        changed_from(changes, rows.column("old_key").to_pylist(), cols["key_schema_id"], keys,
-                      ident)  # fmt: skip
+    if "headers" in rows.column_names and rows.column("headers").null_count < rows.num_rows:
+        changed_from(changes, rows.column("headers").to_pylist(), cols["key_schema_id"], keys,
+                     ident)  # fmt: skip
     return changes
 
 
@@ -341,11 +342,12 @@ def check_change(change: Change) -> None:
         raise BadRecord("record has no key")
 
 
-def changed_from(changes: list[Change], old_keys: list, key_sids: list, keys: Mapping,
-                  ident) -> None:  # fmt: skip
+def changed_from(changes: list[Change], headers: list, key_sids: list, keys: Mapping,
+                 ident) -> None:  # fmt: skip
     """Each create with an old key (the `__debezium.oldkey` header: a primary-key change)
     takes its values (`Change.from_key`), decoded as the record's own key is."""
-    for change, text, sid in zip(changes, old_keys, key_sids, strict=True):
+    for change, found, sid in zip(changes, headers, key_sids, strict=True):
+        text = header_values(found).get(OLD_KEY_HEADER)
         if text is None or change.op != "c" or keys.get(sid) is None:
             continue
         data = parse_json(text)

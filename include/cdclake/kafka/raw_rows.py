@@ -25,8 +25,8 @@ _FIELDS = [
     ("value_payload", "string", "string"),
     ("is_tombstone", "boolean", "bool_"),
     ("error", "string", "string"),
-    # the `__debezium.oldkey` header's text: the key a primary-key change's create had
-    ("old_key", "string", "string"),
+    # the record's headers cdclake reads (`kept_headers`), as one JSON object
+    ("headers", "string", "string"),
 ]
 RAW_SCHEMA = ", ".join(f"{name} {spark_type}" for name, spark_type, _ in _FIELDS)
 RAW_FIELD_NAMES = [name for name, _, _ in _FIELDS]
@@ -37,6 +37,27 @@ _SCHEMALESS = (
     "value.converter.schemas.enable to true on the connector"
 )
 _SEP = b',"payload":'
+OLD_KEY_HEADER = "__debezium.oldkey"  # the key a primary-key change's create had
+# ExtractNewRecordState's `add.headers`: a flattened change's metadata as headers
+META_HEADERS = ("__op", "__lsn", "__source_ts_ms")
+_KEPT = frozenset((OLD_KEY_HEADER, *META_HEADERS))
+
+
+def kept_headers(headers) -> str | None:
+    """The headers cdclake reads of a record's (name, value) pairs, as Kafka's client or
+    the dead-letter table gives them: one JSON object of their texts, None without any."""
+    import json
+
+    found = {name: value.decode("utf-8", "replace") for name, value in headers or ()
+             if name in _KEPT and value is not None}  # fmt: skip
+    return json.dumps(found, separators=(",", ":")) if found else None
+
+
+def header_values(text: str | None) -> dict[str, str]:
+    """The headers of a raw row's `headers` text, by name."""
+    import json
+
+    return {} if text is None else json.loads(text)
 
 
 def split_envelope(data: bytes) -> tuple[bytes, bytes]:
@@ -92,14 +113,14 @@ def raw_arrow_schema():
 
 def record_row(
     seen: SchemaIds, topic: str, partition: int, offset: int, timestamp: int,
-    key: bytes | None, value: bytes | None, old_key: bytes | None = None,
+    key: bytes | None, value: bytes | None, headers: str | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """One raw row: the record split into schema id, schema text (first time only) and
     payload per side; an envelope that cannot be split is kept with its error."""
     row: dict[str, object] = {
         "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
         "is_tombstone": value is None, "error": None,
-        "old_key": None if old_key is None else old_key.decode("utf-8", "replace"),
+        "headers": headers,
     }  # fmt: skip
     for side, data in (("key", key), ("value", value)):
         row[f"{side}_schema_id"] = row[f"{side}_schema"] = row[f"{side}_payload"] = None
@@ -139,13 +160,13 @@ class RawRows:
         return self._rows
 
     def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
-            old_key: bytes | None = None) -> None:  # fmt: skip
+            headers: str | None = None) -> None:  # fmt: skip
         self._rows += 1
         key_part = self._split(key, self._head["key"])
         value_part = self._split(value, self._head["value"]) if key_part is not None else None
         if key_part is None or value_part is None:
             self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
-                                     key, value, old_key))  # fmt: skip
+                                     key, value, headers))  # fmt: skip
             for side in ("key", "value"):
                 last = self.seen.last(side)
                 if last is not None:
@@ -164,38 +185,38 @@ class RawRows:
         c["value_payload"].append(value_part[1])
         c["is_tombstone"].append(value is None)
         c["error"].append(None)
-        c["old_key"].append(None if old_key is None else old_key.decode("utf-8", "replace"))
+        c["headers"].append(headers)
 
     def add_error(self, offset: int, timestamp: int, is_tombstone: bool, error: str,
-                  old_key: bytes | None = None) -> None:  # fmt: skip
+                  headers: str | None = None) -> None:  # fmt: skip
         """A record another converter's reader could not read, kept with why (its bytes
         are read again from Kafka if it goes to the dead letters)."""
         self._rows += 1
         row = record_row(self.seen, self.topic, self.partition, offset, timestamp, None, None,
-                         old_key)  # fmt: skip
+                         headers)  # fmt: skip
         row.update(is_tombstone=is_tombstone, error=error)
         self._add_row(row)
 
-    def add_many(self, offsets, timestamps, keys, values, old_keys=None) -> None:
-        """`add` of each record, in order, from Arrow arrays (or lists): each run of
-        records that split with the last schemas and have no `old_keys` is split by Arrow
-        compute functions."""
+    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None:
+        """`add` of each record, in order, from Arrow arrays (or lists; `headers`: each
+        record's `kept_headers`): each run of records that split with the last schemas is
+        split by Arrow compute functions."""
         import pyarrow as pa
 
         offsets, timestamps = _array(offsets, pa.int64()), _array(timestamps, pa.int64())
         keys, values = _array(keys, pa.binary()), _array(values, pa.binary())
-        olds = [None] * len(offsets) if old_keys is None else list(old_keys)
+        heads = pa.nulls(len(offsets), pa.string()) if headers is None else _array(
+            headers, pa.string())  # fmt: skip
         start, n = 0, len(offsets)
         while start < n:
             end = self._run(keys, values, start)
-            if old_keys is not None:  # a record with an old key goes one at a time
-                end = next((i for i in range(start, end) if olds[i] is not None), end)
             if end > start:
-                self._add_run(offsets, timestamps, keys, values, start, end)
+                self._add_run(offsets, timestamps, keys, values, heads, start, end)
                 start = end
-            if start < n:  # another schema, no envelope or an old key: one at a time
+            if start < n:  # another schema or no envelope: one at a time
                 self.add(offsets[start].as_py(), timestamps[start].as_py(),
-                         keys[start].as_py(), values[start].as_py(), olds[start])  # fmt: skip
+                         keys[start].as_py(), values[start].as_py(),
+                         heads[start].as_py())  # fmt: skip
                 start += 1
 
     def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
@@ -216,7 +237,7 @@ class RawRows:
         bad = pc.index(ok, False).as_py()
         return len(keys) if bad < 0 else start + bad
 
-    def _add_run(self, offsets, timestamps, keys, values, start: int, end: int) -> None:
+    def _add_run(self, offsets, timestamps, keys, values, heads, start: int, end: int) -> None:
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -243,12 +264,12 @@ class RawRows:
             except pa.ArrowInvalid:  # not UTF-8: the records go one at a time
                 for i in range(start, end):
                     self.add(offsets[i].as_py(), timestamps[i].as_py(), keys[i].as_py(),
-                             values[i].as_py())  # fmt: skip
+                             values[i].as_py(), heads[i].as_py())  # fmt: skip
                 return
             cols[f"{side}_payload"] = payload
         cols["is_tombstone"] = pc.is_null(values.slice(start, n))
         cols["error"] = pa.nulls(n, pa.string())
-        cols["old_key"] = pa.nulls(n, pa.string())
+        cols["headers"] = heads.slice(start, n)
         self._flush()
         self._done.append(pa.RecordBatch.from_pydict(cols, schema=raw_arrow_schema()))
         self._rows += n

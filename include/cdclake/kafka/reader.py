@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING
 from cdclake.config import KafkaConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.registry import RegistryConfig
-from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, raw_arrow_schema
+from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, kept_headers, raw_arrow_schema
 from cdclake.offsets import OffsetRange
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-OLD_KEY_HEADER = "__debezium.oldkey"
 SLICE_RECORDS = 50_000  # records per Spark task: one cached block each, kept small
 # A batch of at most this many records is read by the driver (`read_local`). Spark tasks
 # reading it cost a job and a Python worker's start before any table's work: for 100
@@ -232,15 +231,15 @@ def _read_slice(
 
 
 def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
-    """The records of `msgs` below `end` as lists (offsets, timestamps, keys, values, old
-    keys), and the next offset and last key read."""
+    """The records of `msgs` below `end` as lists (offsets, timestamps, keys, values,
+    `kept_headers`), and the next offset and last key read."""
     from confluent_kafka import KafkaException
 
     offsets: list[int] = []
     stamps: list[int] = []
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
-    old_keys: list[bytes | None] = []
+    heads: list[str | None] = []
     for msg in msgs:
         err = msg.error()
         if err is not None:
@@ -264,21 +263,12 @@ def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
             stamps.append(msg.timestamp()[1])
             keys.append(key)
             values.append(None)
-            old_keys.append(None)
+            heads.append(None)
         next_offset, last = offset + 1, key
         offsets.append(offset)
         stamps.append(msg.timestamp()[1])
         keys.append(key)
         values.append(value)
         headers = msg.headers()
-        old_keys.append(old_key(headers) if headers else None)
-    return (offsets, stamps, keys, values, old_keys), next_offset, last
-
-
-def old_key(headers) -> bytes | None:
-    """The value of a record's `__debezium.oldkey` header (None without one): `headers`
-    as (name, value) pairs, as Kafka's client or the dead-letter table gives them."""
-    for name, value in headers:
-        if name == OLD_KEY_HEADER:
-            return value
-    return None
+        heads.append(kept_headers(headers) if headers else None)
+    return (offsets, stamps, keys, values, heads), next_offset, last

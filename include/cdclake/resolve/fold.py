@@ -437,7 +437,7 @@ def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, s
 # ---- the same in Spark tasks, for batches the driver did not read -------------------------
 
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
-               "value_schema_id", "value_payload", "old_key")  # fmt: skip
+               "value_schema_id", "value_payload", "headers")  # fmt: skip
 TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
 # a column of what `resolve_task` returns: NULL on a resolved row; on a row that only
 # reports, the reason of a record that cannot be applied, or `TRUNCATE_MARK`
