@@ -321,6 +321,8 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     for topic in topics:
         expected = final_state(recorded(split, topic))  # after both halves
         assert lake_rows(catalog, merged["namespace"], topic) == expected
+        # and so did pyiceberg's upsert, into tables that held the first half
+        assert lake_rows(catalog, merged["peer"]["namespace"], topic, column=None) == set(expected)
         # the second half changed the table
         assert final_state(recorded(split / "first", topic)) != expected
 

@@ -1,9 +1,10 @@
 """The Airflow UI as the README tells users to run it: its steps under "In the Airflow UI"
 start `airflow standalone` from the local stack's AIRFLOW_HOME (the README's commands,
 run as written), and a real Chromium driven by Playwright signs in, switches the load DAG
-on and triggers it, then triggers the backfill form with its defaults and the snapshot
-form with a table chosen. The scheduler runs everything (LocalExecutor; the triggerer
-follows the snapshot), each run must succeed, and the lake then equals the source.
+on and triggers it, then triggers the backfill form with its defaults, the snapshot
+form with a table chosen and the dead-letters form with replay chosen. The scheduler runs
+everything (LocalExecutor; the triggerer follows the snapshot), each run must succeed,
+and the lake then equals the source.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ START_S = 180  # standalone up, every component healthy, the DAGs parsed
 RUN_S = 300  # one DAG run, queued to finished
 UI_MS = 30_000  # one browser step
 SNAPSHOT_TABLE = "inventory.customers"
-DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot")
+DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot", "cdclake_dead_letters")
 # set by `local env` (or not at all) in the README's steps, whatever the tests' environment
 FROM_LOCAL_ENV = ("AIRFLOW_HOME", "CDCLAKE_KAFKA_BOOTSTRAP", "CDCLAKE_SOURCE_DSN",
                   "CDCLAKE_CATALOG_URI", "CDCLAKE_WAREHOUSE", "CDCLAKE_SPARK_JARS",
@@ -268,6 +269,20 @@ def choose_table(table: str, offered: list[str]) -> Callable[[object], None]:
     return fill
 
 
+def choose(param: str, value: str) -> Callable[[object], None]:
+    """The drop-down of the form's `param`: `value` chosen."""
+
+    def fill(dialog) -> None:
+        from playwright.sync_api import expect
+
+        field = dialog.locator(f"#element_{param}")
+        field.get_by_role("combobox").click()
+        dialog.page.get_by_role("option", name=value, exact=True).click()
+        expect(field).to_contain_text(value)
+
+    return fill
+
+
 # ---- what the scheduler did ----------------------------------------------------------------
 def run_report(airflow: Airflow, dag_id: str, run_id: str) -> str:
     """Task states of a run and the end of the log of each task that did not succeed."""
@@ -323,6 +338,25 @@ def xcom(airflow: Airflow, dag_id: str, run_id: str, task_id: str):
     entry = airflow.get(path + "?deserialize=true")
     value = entry["value"] if entry else None
     return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+
+def task_output(airflow: Airflow, dag_id: str, run_id: str, task_id: str) -> list[dict]:
+    """The JSON objects a task printed, from its log (as the UI shows it)."""
+    folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    found = []
+    for path in sorted(folder.glob("*")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line).get("event", "")
+            except (ValueError, AttributeError):
+                event = line
+            start = event.find('{"')
+            if start >= 0:
+                try:
+                    found.append(json.loads(event[start:]))
+                except ValueError:
+                    continue
+    return found
 
 
 def high_watermarks(pipeline) -> dict[str, int]:
@@ -388,3 +422,11 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     wait_for_run(airflow, "cdclake__demo", f"after-{run_id}")
     wait_until_idle(airflow, "cdclake__demo")
     assert_lake_equals_source(pipeline, stack.source_dsn)
+
+    # 6. the dead-letters form, its action switched to replay: demo set nothing aside
+    open_dag(page, airflow, "cdclake_dead_letters")
+    run_id = trigger(page, "cdclake_dead_letters", choose("action", "replay"))
+    wait_for_run(airflow, "cdclake_dead_letters", run_id)
+    reports = [o for o in task_output(airflow, "cdclake_dead_letters", run_id,
+                                      "dead_letters__demo") if "replayed" in o]  # fmt: skip
+    assert [(r["pipeline"], r["pending"], r["replayed"]) for r in reports] == [("demo", 0, 0)]

@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
+import yaml
 from cdclake.iceberg.merge_sql import KeyRange
 from cdclake.job import run_batch
 from cdclake.kafka.raw_rows import RAW_SCHEMA, RawRows, SchemaIds, record_row
@@ -17,7 +19,9 @@ from cdclake.kafka.reader import RawSource
 from cdclake.kafka.scan import scan_raw
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
+from cdclake_bench.avro_records import AvroWriter, registry_register
 
+from tests.conftest import DEMO_PIPELINE
 from tests.debezium_records import PAIR_COLUMNS, key_record, pair_key, value_record
 from tests.integration.helpers import make_pipeline, stray_files
 
@@ -38,16 +42,24 @@ def raw_frame(spark, topic: str, records, start: int = 0):
 
 def records_source(records, start: int = 0) -> RawSource:
     """A source whose Spark tasks yield the reader's raw rows of `records` (key, value),
-    at offsets from `start`, as a Kafka range's reader does."""
+    at offsets from `start`, as a Kafka range's reader does with the pipeline's format."""
 
-    def reader(r: dict):
-        rows = RawRows(r["topic"], r["partition"])
-        for off, (k, v) in enumerate(records, start):
-            if r["start"] <= off < r["end"]:
-                rows.add(off, 0, k, v)
+    def reader(kafka, r: dict):
+        rows = kafka.format.raw_rows(r["topic"], r["partition"], kafka.schema_registry)
+        found = [(off, k, v) for off, (k, v) in enumerate(records, start)
+                 if r["start"] <= off < r["end"]]  # fmt: skip
+        rows.add_many([o for o, _, _ in found], [0] * len(found), [k for _, k, _ in found],
+                      [v for _, _, v in found])  # fmt: skip
         yield rows.batch()
 
-    return RawSource(lambda kafka: reader)
+    return RawSource(lambda kafka: partial(reader, kafka))
+
+
+def as_avro(records, registry, topic: str) -> list:
+    """`records` (key, value) as the Avro converter writes them, their schemas registered
+    in the stack's registry."""
+    write = AvroWriter(registry_register(registry.url))
+    return [(write(k, f"{topic}-key"), write(v, f"{topic}-value")) for k, v in records]
 
 
 def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: str = "auto",
@@ -142,18 +154,22 @@ def generate(rng: random.Random, steps: int, keys: int):
 
 
 @pytest.mark.parametrize(
-    "seed, key_filter, resolve, delete_mode",
-    [(0, False, "tasks", "hard"), (1, False, "tasks", "hard"), (2, False, "tasks", "hard"),
-     (3, False, "tasks", "hard"), (4, True, "tasks", "hard"), (5, True, "tasks", "hard"),
-     (6, False, "tasks", "hard"), (7, True, "tasks", "hard"), (8, False, "ranges", "hard"),
-     (9, False, "ranges", "hard"), (10, False, "ranges", "hard"), (11, True, "ranges", "hard"),
-     (12, "range", "ranges", "hard"), (13, "range", "tasks", "hard"),
-     (14, False, "ranges", "soft"), (15, True, "tasks", "soft"), (16, False, "tasks", "soft"),
-     (17, "range", "ranges", "soft"), (18, False, "driver", "hard"),
-     (19, True, "driver", "soft"), (20, "range", "driver", "hard")],
+    "seed, key_filter, resolve, delete_mode, fmt",
+    [(0, False, "tasks", "hard", "json"), (1, False, "tasks", "hard", "json"),
+     (2, False, "tasks", "hard", "json"), (3, False, "tasks", "hard", "json"),
+     (4, True, "tasks", "hard", "json"), (5, True, "tasks", "hard", "json"),
+     (6, False, "tasks", "hard", "json"), (7, True, "tasks", "hard", "json"),
+     (8, False, "ranges", "hard", "json"), (9, False, "ranges", "hard", "json"),
+     (10, False, "ranges", "hard", "json"), (11, True, "ranges", "hard", "json"),
+     (12, "range", "ranges", "hard", "json"), (13, "range", "tasks", "hard", "json"),
+     (14, False, "ranges", "soft", "json"), (15, True, "tasks", "soft", "json"),
+     (16, False, "tasks", "soft", "json"), (17, "range", "ranges", "soft", "json"),
+     (18, False, "driver", "hard", "json"), (19, True, "driver", "soft", "json"),
+     (20, "range", "driver", "hard", "json"), (21, False, "ranges", "hard", "avro"),
+     (22, True, "driver", "soft", "avro"), (23, "range", "ranges", "soft", "avro")],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
-    stack, spark, tmp_path, monkeypatch, seed, key_filter, resolve, delete_mode
+    stack, spark, tmp_path, monkeypatch, request, seed, key_filter, resolve, delete_mode, fmt
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
     into a big table does (`"range"`: the range of the key's values, as a MERGE of more
@@ -174,10 +190,17 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     rng = random.Random(seed)
     records, states, gones = generate(rng, steps=40, keys=4)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
+    fields = {}
+    if fmt == "avro":  # the same records as the Avro converter writes them
+        registry = request.getfixturevalue("registry")
+        fields["kafka"] = {**yaml.safe_load(DEMO_PIPELINE.read_text())["kafka"], "format": fmt,
+                           "schema_registry": {"url": registry.url}}  # fmt: skip
     pipeline = make_pipeline(
-        tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
+        tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}], **fields
     )
     topic = pipeline.topic_for(pipeline.tables[0])
+    if fmt == "avro":
+        records = as_avro(records, registry, topic)
     cuts = sorted(rng.sample(range(1, len(records)), 6)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
@@ -296,7 +319,6 @@ def test_a_topic_whose_ranges_fail_fails_its_table_with_the_cause(stack, spark, 
     v = value_record
     records = [(key_record(k), v("c", None, item(k, f"n{k}"), lsn=100 + k)) for k in range(4)]
     marker = tmp_path / "failed-once"
-    read = records_source(records).open(None)
 
     def reader(r: dict):
         in_task = TaskContext.get() is not None
@@ -307,6 +329,7 @@ def test_a_topic_whose_ranges_fail_fails_its_table_with_the_cause(stack, spark, 
 
     name = f"it_rangefail_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    read = records_source(records).open(pipeline.kafka)
     topic = pipeline.topic_for(pipeline.tables[0])
     plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
     source = RawSource(lambda kafka: reader)
@@ -397,9 +420,9 @@ def test_a_new_table_is_created_while_its_ranges_resolve(stack, spark, tmp_path)
 
     v = value_record
     records = [(key_record(k), v("c", None, item(k, f"n{k}"), lsn=100 + k)) for k in range(5)]
-    read = records_source(records).open(None)
     name = f"it_early_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
+    read = records_source(records).open(pipeline.kafka)
     namespace = Path(urlparse(pipeline.catalog.warehouse).path) / pipeline.namespace
     seen = tmp_path / "table-seen"
 

@@ -11,9 +11,12 @@
   after the call that passes a time budget, and its rate is that of the events it applied
   (in its favour: the later calls are the slower ones).
 - `peer_upsert`: the same decode and upsert with each table's events in one call (what
-  the handler never gets, in its favour); for reference.
-- Both get the payloads without their schema, and their tables created beforehand from
-  every payload's inferred schema (in their favour too).
+  the handler never gets, in its favour), from the raw records as they sit in the topic:
+  splitting each envelope into its payload and reading its key are timed. With
+  `populated`, the tables first get another recording's events (untimed): the steady
+  state, an upsert into tables that hold the keys.
+- The handler gets the payloads without their schema; every peer's tables are created
+  beforehand, untimed, from every payload's inferred schema (in their favour too).
 - `naive_merge`: Spark with no tuning: schema inferred by `spark.read.json`, latest row
   per key by a window, one `MERGE INTO` per table (copy-on-write, default settings).
 """
@@ -138,15 +141,24 @@ def peer_handler(
     return applied, calls, time.perf_counter() - started
 
 
-def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange]) -> float:
+def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange],
+                populated: tuple[Path, list[OffsetRange]] | None = None) -> float:  # fmt: skip
     """Seconds to apply every recorded event with pyiceberg upsert + delete, each
-    table's events in one call."""
+    table's events in one call, from the raw records (their split and keys timed);
+    `populated`: a recording (and its ranges) applied first, untimed."""
+    started = time.perf_counter()
     inputs = _inputs(rec, ranges)
-    tables = _create_tables(catalog, namespace, inputs)
+    split_s = time.perf_counter() - started
+    before = _inputs(*populated) if populated else {}
+    every = {t: (inputs[t][0] + (before[t][0] if t in before else []), None, None)
+             for t in inputs}  # fmt: skip
+    tables = _create_tables(catalog, namespace, every)
+    for topic, (payloads, keys, _) in before.items():
+        _apply(tables[topic], payloads, keys)
     started = time.perf_counter()
     for topic, (payloads, keys, _) in inputs.items():
         _apply(tables[topic], payloads, keys)
-    return time.perf_counter() - started
+    return split_s + time.perf_counter() - started
 
 
 def naive_merge(spark, catalog_name: str, namespace: str, rec: Path,

@@ -49,8 +49,8 @@ from cdclake_bench.sources import (
 LOAD_JOB = Path(__file__).resolve().parents[2] / "jobs" / "load.py"
 # Steps in the order they run, and the figures each one produces.
 STEP_FIGURES = {
-    "throughput": ("throughput_eps",),
-    "throughput_merge": ("throughput_merge_eps",),
+    "throughput": ("throughput_eps", "cpu_s_per_m"),
+    "throughput_merge": ("throughput_merge_eps", "peer_merge_ratio", "merge_cpu_s_per_m"),
     "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
     "throughput_flat": ("flat_ratio",),
@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 TARGETS = {
     "throughput_eps": (">=", 100_000),
+    "throughput_merge_eps": (">=", 150_000),
+    "peer_one_call_ratio": (">=", 2),
+    "peer_merge_ratio": (">=", 5),
     "merge_scaling_ratio": ("<=", 2.0),
     "fixed_overhead_s": ("<=", 15),
     "peer_ratio": (">=", 10),
@@ -79,8 +82,8 @@ TARGETS = {
 MERGE_ROUNDS = 3
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
-    "throughput_merge_eps", "throughput_kafka_eps", "peer_one_call_ratio", "naive_ratio",
-    "toast_ratio", "flat_ratio", "avro_ratio",
+    "throughput_kafka_eps", "naive_ratio", "toast_ratio", "flat_ratio", "avro_ratio",
+    "cpu_s_per_m", "merge_cpu_s_per_m",
 )  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
@@ -183,6 +186,7 @@ class Bench:
         out = self._recorded_batch(pipeline, rec, "bench-file")
         wall = out["wall_s"]
         self.figures["throughput_eps"] = events / wall
+        self.figures["cpu_s_per_m"] = sum(out["cpu_s"].values()) / events * 1e6
         self.details["throughput"] = out
         self.details["file_pipeline"] = pipeline
         self.details["file_workload"] = workload
@@ -237,10 +241,31 @@ class Bench:
         out = self._recorded_batch(pipeline, second, "bench-merge")
         events = sum(r.size for r in recorded_ranges(second))
         self.figures["throughput_merge_eps"] = events / out["wall_s"]
-        self.details["throughput_merge"] = out | {"events": events, "first_load": before}
+        self.figures["merge_cpu_s_per_m"] = sum(out["cpu_s"].values()) / events * 1e6
         self.say(f"MERGEd into tables that hold the keys: {events / out['wall_s']:,.0f} "
                  f"events/s ({out['wall_s']:.1f}s; the first load before it "
                  f"{before['wall_s']:.1f}s)")  # fmt: skip
+        peer = self._peer_steady(pipeline, first, second)
+        self.figures["peer_merge_ratio"] = events / out["wall_s"] / peer["eps"]
+        self.details["throughput_merge"] = out | {"events": events, "first_load": before,
+                                                  "peer": peer}  # fmt: skip
+
+    def _peer_steady(self, pipeline, first: Path, second: Path) -> dict:
+        """pyiceberg's upsert of the second half, each table's events in one call, into
+        tables that hold the first half (the peers step's one-call peer, in the steady
+        state)."""
+        from cdclake.iceberg.catalog import load_catalog
+
+        from cdclake_bench.peers import peer_upsert
+
+        namespace = f"peer_merge_{_tag()}"
+        self.say("pyiceberg upsert of the same batch into tables that hold the first half")
+        ranges = recorded_ranges(second)
+        wall = peer_upsert(load_catalog(pipeline.catalog), namespace, second, ranges,
+                           populated=(first, recorded_ranges(first)))  # fmt: skip
+        events = sum(r.size for r in ranges)
+        self.say(f"pyiceberg upsert into populated tables: {events / wall:,.0f} events/s")
+        return {"eps": events / wall, "wall_s": wall, "namespace": namespace}
 
     # ---- TOAST placeholders, side by side --------------------------------------------
     def throughput_toast(self) -> None:
