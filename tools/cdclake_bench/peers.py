@@ -35,12 +35,17 @@ from cdclake_bench.sources import _file_name
 
 
 def _records(rec: Path, ranges: list[OffsetRange], topic: str):
+    """The records of the topic's ranges (a recording's file may hold more)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parts = [pq.read_table(rec / _file_name(r.topic, r.partition)).append_column(
-        "partition", pa.array([r.partition] * (r.end - r.start), pa.int32()))
-        for r in ranges if r.topic == topic]  # fmt: skip
+    parts = []
+    for r in ranges:
+        if r.topic == topic:
+            within = [("offset", ">=", r.start), ("offset", "<", r.end)]
+            t = pq.read_table(rec / _file_name(r.topic, r.partition), filters=within)
+            parts.append(t.append_column("partition", pa.array([r.partition] * t.num_rows,
+                                                                pa.int32())))  # fmt: skip
     return pa.concat_tables(parts)
 
 
