@@ -364,6 +364,9 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
     assert set(merges) == {"batch", "walls_s", *(f"rows_{n}_s" for n in sizes.merge_rows)}
     assert [len(w) for w in merges["walls_s"].values()] == [3, 3]
     assert details["capture"]["rows"] == sizes.capture_rows
+    v3 = details["deletes_v3"]
+    assert [len(v3["walls_s"][v]) for v in ("2", "3")] == [sizes.v3_batches] * 2
+    assert set(v3["scans_s"]["3"]) == {"after_batches_s", "after_maintenance_s"}
 
 
 def load_catalog_for(stack):

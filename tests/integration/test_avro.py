@@ -1,6 +1,7 @@
 """Avro with a schema registry, from the real connector: a second connector on the source
 writes with Apicurio's Avro converter (the Confluent wire format) to the local stack's
-registry, whole envelopes or flattened; a pipeline with `kafka.format: avro` (or
+registry, whole envelopes or flattened (the metadata as fields with deletes rewritten, or
+as headers with deletes as tombstones); a pipeline with `kafka.format: avro` (or
 `avro-flat`) loads type_zoo, TOAST, a primary-key change, deletes and a new column (a new
 registry id), and the lake equals the source."""
 
@@ -21,11 +22,13 @@ from tests.integration.test_types import zoo_equal
 pytestmark = pytest.mark.integration
 
 
-def start_avro_capture(stack, registry, prefix: str, table: str, flat: bool) -> str:
+def start_avro_capture(stack, registry, prefix: str, table: str, flat: str | None) -> str:
+    """A capture of `table` in Avro; `flat`: flattened, its metadata as "fields" or as
+    "headers" (`tests.integration.test_flattened.VARIANTS`)."""
     overrides = {"table.include.list": table, **registry.converter_config("key"),
                  **registry.converter_config("value")}  # fmt: skip
     if flat:
-        overrides.update(flattening(prefix, table))
+        overrides.update(flattening(prefix, table, flat))
     return stack.start_capture(prefix, overrides)
 
 
@@ -46,9 +49,10 @@ def first_value(stack, topic: str) -> bytes:
         consumer.close()
 
 
-@pytest.mark.parametrize("fmt", ["avro", "avro-flat"])
+@pytest.mark.parametrize(("fmt", "flat"), [("avro", None), ("avro-flat", "fields"),
+                                           ("avro-flat", "headers")])  # fmt: skip
 def test_avro_records_from_the_connector_load_what_postgresql_holds(
-    stack, spark, tmp_path, registry, fmt
+    stack, spark, tmp_path, registry, fmt, flat
 ):
     n = uuid.uuid4().hex[:6]
     prefix, table = f"avro{n}", f"inventory.avro_{n}"
@@ -61,7 +65,7 @@ def test_avro_records_from_the_connector_load_what_postgresql_holds(
         conn.execute(f"insert into {table} select i, 'v' || i, repeat('x', 10000) || i, "
                      "i * 1.25, '\\x00ff'::bytea, '2026-11-27 10:00+01', i / 3.0 "
                      "from generate_series(1, 6) i")  # fmt: skip
-    capture = start_avro_capture(stack, registry, prefix, table, fmt == "avro-flat")
+    capture = start_avro_capture(stack, registry, prefix, table, flat)
     try:
         with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
             conn.execute(f"update {table} set v = 'w' where id = 1")  # big: unchanged TOAST
@@ -89,7 +93,7 @@ def test_type_zoo_through_avro_equals_the_source(stack, spark, tmp_path, registr
     prefix = f"avrozoo{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute("delete from inventory.type_zoo where id >= 100")  # an earlier run's
-    capture = start_avro_capture(stack, registry, prefix, "inventory.type_zoo", False)
+    capture = start_avro_capture(stack, registry, prefix, "inventory.type_zoo", None)
     try:
         with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
             conn.execute(

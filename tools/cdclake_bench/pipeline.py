@@ -25,11 +25,15 @@ KAFKA_LOGIN = {
 def bench_pipeline(
     work: Path, settings: StackSettings, workload: Workload, label: str,
     spark_conf: dict[str, str] | None = None, fmt: str = "json", registry: str | None = None,
+    table_properties: dict[str, str] | None = None,
 ) -> PipelineConfig:  # fmt: skip
     """Write and load `<work>/<label>.yaml` (namespace `<label>_<random>`; `fmt`: its
-    `kafka.format`; `registry`: the schema registry of an Avro format)."""
+    `kafka.format`; `registry`: the schema registry of an Avro format; `table_properties`:
+    every table's `properties`)."""
     prefix = workload.streams[0].topic.split(".", 1)[0]
-    tables = [s.topic.split(".", 1)[1] for s in workload.streams]
+    tables: list = [s.topic.split(".", 1)[1] for s in workload.streams]
+    if table_properties:
+        tables = [{"source": t, "properties": dict(table_properties)} for t in tables]
     raw = {
         "name": "bench",
         "topic_prefix": prefix,

