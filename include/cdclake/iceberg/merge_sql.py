@@ -12,7 +12,8 @@ from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema
 from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
 
 TABLE_PROPERTIES = {
-    "format-version": "2",
+    # v3: a MERGE's deletes are deletion vectors, one per data file (docs/performance.md)
+    "format-version": "3",
     "write.delete.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",
     "write.merge.mode": "merge-on-read",
