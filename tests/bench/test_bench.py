@@ -21,18 +21,17 @@ from cdclake.iceberg.catalog import load_catalog
 from cdclake.kafka.raw_rows import split_envelope
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 from cdclake_bench.events import Workload, generate_slice
-from cdclake_bench.runner import (
+from cdclake_bench.memory import peak_memory
+from cdclake_bench.report import (
     FIGURES,
     STEP_FIGURES,
     STEPS,
-    Sizes,
     committed_tables,
     job_tables,
-    peak_memory,
     render_stages,
-    run_bench,
     stage_seconds,
 )
+from cdclake_bench.runner import Sizes, run_bench
 from cdclake_bench.sources import _file_name, recorded_ranges
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cdclake_bench.runner import FIGURES, TARGETS
+from cdclake_bench.report import FIGURES, TARGETS
 
 REPO = Path(__file__).resolve().parents[2]
 # figures where more is better besides the targets' `>=` ones (the others: less is)

@@ -33,62 +33,38 @@ from cdclake.spark import spark_conf
 from cdclake_local.stack import LocalStack, StackSettings
 
 from cdclake_bench.avro_records import avro_recording
-from cdclake_bench.cpu import render_parts
-from cdclake_bench.events import Workload, generate_slice, toast_column
+from cdclake_bench.events import Workload, toast_column
 from cdclake_bench.jvm_archive import build_archive
+from cdclake_bench.memory import peak_memory
 from cdclake_bench.peers import HANDLER_BATCH
 from cdclake_bench.pipeline import bench_pipeline
+from cdclake_bench.report import (
+    FIGURES,
+    STEPS,
+    TARGETS,
+    committed_tables,
+    job_tables,
+    render_stages,
+    render_table,
+    stage_seconds,
+)
 from cdclake_bench.sources import (
     file_reader,
+    fill_select,
     flatten_recording,
+    produce_workload,
     record_workload,
     recorded_ranges,
     split_recording,
 )
 
 LOAD_JOB = Path(__file__).resolve().parents[2] / "jobs" / "load.py"
-# Steps in the order they run, and the figures each one produces.
-STEP_FIGURES = {
-    "throughput": ("throughput_eps", "cpu_s_per_m"),
-    "throughput_merge": ("throughput_merge_eps", "peer_merge_ratio", "merge_cpu_s_per_m"),
-    "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
-    "throughput_toast": ("toast_ratio",),
-    "throughput_flat": ("flat_ratio",),
-    "throughput_avro": ("avro_ratio",),
-    "throughput_kafka": ("throughput_kafka_eps",),
-    "fixed_overhead": ("fixed_overhead_s",),
-    "merge_scaling": ("merge_scaling_ratio",),
-    "deletes_v3": ("v3_write_ratio", "v3_read_ratio"),
-    "memory": ("memory_ratio",),
-    "capture": ("capture_ratio",),
-}
-STEPS = tuple(STEP_FIGURES)
-
 log = logging.getLogger(__name__)
-
-TARGETS = {
-    "throughput_eps": (">=", 100_000),
-    "throughput_merge_eps": (">=", 150_000),
-    "peer_one_call_ratio": (">=", 2),
-    "peer_merge_ratio": (">=", 5),
-    "merge_scaling_ratio": ("<=", 2.0),
-    "fixed_overhead_s": ("<=", 15),
-    "peer_ratio": (">=", 10),
-    "memory_ratio": ("<=", 1.5),
-    "capture_ratio": (">=", 3),
-}
-
 
 # batches into each table of the `merge_scaling` step (its figure: their medians)
 MERGE_ROUNDS = 3
-# Figures without a target, shown for context.
-EXTRA_FIGURES = (
-    "throughput_kafka_eps", "naive_ratio", "toast_ratio", "flat_ratio", "avro_ratio",
-    "cpu_s_per_m", "merge_cpu_s_per_m", "v3_write_ratio", "v3_read_ratio",
-)  # fmt: skip
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
-FIGURES = (*TARGETS, *EXTRA_FIGURES)
 
 
 @dataclass(frozen=True)
@@ -645,59 +621,6 @@ class Bench:
         self.say(f"Debezium capture: {rate:,.0f} events/s")
 
 
-def job_tables(stdout: str) -> list[dict]:
-    """The table results of the load job: its stdout has one JSON line per batch among
-    whatever else Spark and the job print."""
-    lines = [x for x in stdout.splitlines() if x.startswith('{"batch_id"')]
-    if not lines:
-        raise RuntimeError(f"no batch result in the load job's output: {stdout[-2000:]!r}")
-    return [t for line in lines for t in json.loads(line)["tables"]]
-
-
-def committed_tables(stdout: str) -> int:
-    """Tables the load job says it committed."""
-    return sum(1 for t in job_tables(stdout) if t["status"] == "committed")
-
-
-STAGES = ("state", "resolve", "write")
-
-
-def stage_seconds(tables: list[dict], parallel_tables: int) -> dict:
-    """Where a batch's time went, from its tables' `seconds`: the batch's read (with its
-    raw scan, or the resolve of the tables resolved range by range), then each table
-    stage summed over the tables (they overlap when tables load `parallel_tables` at a
-    time)."""
-    out = {"read_s": max((t["seconds"].get("read", 0.0) for t in tables), default=0.0)}
-    for stage in STAGES:
-        out[f"{stage}_s"] = round(sum(t["seconds"].get(stage, 0.0) for t in tables), 3)
-    out["tables"] = len(tables)
-    out["parallel_tables"] = parallel_tables
-    return out
-
-
-def render_stages(details: dict) -> str:
-    """A line per step that timed its batch's stages (the report's 'where the time goes')."""
-    lines = []
-    steps = [
-        (step, details.get(step, {}).get("stages"))
-        for step in ("throughput", "throughput_merge", "fixed_overhead")
-    ]
-    cpu = {s: details.get(s, {}).get("cpu_s") for s in ("throughput", "throughput_merge")}
-    cores = len(os.sched_getaffinity(0))  # the batches ran on this machine
-    for step, stages in steps:
-        if not stages:
-            continue
-        per_table = ", ".join(f"{s} {stages[f'{s}_s']:,.1f}s" for s in STAGES)
-        lines.append(
-            f"{step}: read {stages['read_s']:,.1f}s (with the raw scan, or the resolve "
-            f"range by range); summed over "
-            f"{stages['tables']} tables ({stages['parallel_tables']} at a time): {per_table}"
-        )
-        if cpu.get(step):
-            lines.append(f"  CPU: {render_parts(cpu[step], cores)}")
-    return "\n".join(["", "where the time goes:", *lines]) if lines else ""
-
-
 def _children_cpu_s() -> float:
     """User + system CPU seconds of this process's finished (waited-for) descendants."""
     import resource
@@ -708,151 +631,6 @@ def _children_cpu_s() -> float:
 
 def _tag() -> str:
     return uuid.uuid4().hex[:6]
-
-
-def produce_workload(client_config: dict, workload: Workload) -> list[OffsetRange]:
-    """Produce the workload to Kafka, with the producer's default batching."""
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient(client_config)
-    futures = admin.create_topics(
-        [NewTopic(s.topic, workload.partitions, 1) for s in workload.streams]
-    )
-    for f in futures.values():
-        f.result()
-    producer = Producer({**client_config, "acks": "all"})
-    ranges = []
-    for topic, partition, count in workload.slices():
-        for cols in generate_slice(workload, topic, partition, 0, count, set()):
-            for key, value, ts in zip(cols["key"], cols["value"], cols["timestamp"], strict=True):
-                while True:
-                    try:
-                        producer.produce(topic, value, key, partition=partition, timestamp=ts)
-                        break
-                    except BufferError:
-                        producer.poll(0.1)
-        producer.flush(600)
-        ranges.append(OffsetRange(topic, partition, 0, count))
-    return ranges
-
-
-_FILL_BY_TYPE = {
-    "bigint": "id", "int": "cast(id % 1000 as int)", "boolean": "true",
-    "timestamp": "current_timestamp()", "timestamp_ntz": "localtimestamp()",
-    "date": "current_date()",
-}  # fmt: skip
-
-
-def fill_select(spark, table: str, rows: int) -> str:
-    """SELECT of `rows` rows for every column of `table`, keys 1..rows, text of the size
-    the templates have."""
-    exprs = []
-    for f in spark.table(table).schema.fields:
-        kind = f.dataType.simpleString()
-        if f.name == "id":
-            expr = "id"
-        elif f.name == "_cdc_lsn":
-            expr = "1"
-        elif f.name == "_cdc_op":
-            expr = "'r'"
-        elif kind == "string":
-            expr = (
-                "concat_ws(' ', sha2(cast(id as string), 256), sha2(cast(id + 1 as string), 256))"
-            )
-        elif kind.startswith("decimal"):
-            expr = f"cast(id % 1000 as {kind})"
-        else:
-            expr = _FILL_BY_TYPE.get(kind, f"cast(null as {kind})")
-        exprs.append(f"cast({expr} as {kind}) as `{f.name}`")
-    return f"SELECT {', '.join(exprs)} FROM range(1, {rows + 1})"
-
-
-@dataclasses.dataclass
-class Peak:
-    """Peak memory of a process tree, in bytes: the summed proportional set size (each
-    shared page split among the processes that map it, so the pages forked Python
-    workers share with their daemon count once) and the summed resident set size."""
-
-    pss: int = 0
-    rss: int = 0
-
-
-def _pss(pid: int) -> int | None:
-    """The process's proportional set size (Linux `smaps_rollup`), or None."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def tree_memory(pid: int) -> Peak:
-    """The summed PSS (RSS where the kernel has none) and RSS of a process and all its
-    descendants, now."""
-    import psutil
-
-    top = psutil.Process(pid)
-    pss = rss = 0
-    for p in [top, *top.children(recursive=True)]:
-        try:
-            resident = p.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-        rss += resident
-        proportional = _pss(p.pid)
-        pss += resident if proportional is None else proportional
-    return Peak(pss, rss)
-
-
-def peak_memory(cmd: list[str]) -> tuple[Peak, str]:
-    """Run `cmd`; the peak memory of it and all its descendants (JVM, Python workers),
-    sampled every 0.2 s, and its output. Where the kernel has no PSS, RSS stands in."""
-    import psutil
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = Peak()
-    while proc.poll() is None:
-        try:
-            now = tree_memory(proc.pid)
-            peak = Peak(max(peak.pss, now.pss), max(peak.rss, now.rss))
-        except psutil.NoSuchProcess:
-            pass
-        time.sleep(0.2)
-    out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} failed: {err[-2000:]}")
-    return peak, out
-
-
-def render_table(figures: dict[str, float], sizes: Sizes | None = None) -> str:
-    lines = [f"{'figure':24} {'measured':>14} {'target':>12}  met", "-" * 58]
-    for name, (op, target) in TARGETS.items():
-        value = figures.get(name)
-        if value is None:
-            lines.append(f"{name:24} {'not measured':>14} {op + ' ' + str(target):>12}  -")
-            continue
-        met = value >= target if op == ">=" else value <= target
-        lines.append(
-            f"{name:24} {value:14,.2f} {op + ' ' + str(target):>12}  {'yes' if met else 'NO'}"
-        )
-    for name in EXTRA_FIGURES:
-        value = figures.get(name)
-        shown = "not measured" if value is None else f"{value:14,.2f}"
-        lines.append(f"{name:24} {shown:>14}")
-    if sizes is not None:
-        lines += [
-            "",
-            "sizes: " + ", ".join(f"{k}={_size_text(v)}" for k, v in asdict(sizes).items()),
-        ]
-    return "\n".join(lines)
-
-
-def _size_text(value: int | tuple[int, ...]) -> str:
-    return ",".join(f"{v:_}" for v in value) if isinstance(value, tuple) else f"{value:_}"
 
 
 def run_bench(

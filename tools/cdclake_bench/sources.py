@@ -166,3 +166,61 @@ def _generate_range(workload: Workload, r: dict) -> Iterator:
     raw = RawRows(r["topic"], r["partition"])
     for cols in generate_slice(workload, r["topic"], r["partition"], r["start"], r["end"]):
         yield _raw_batch(cols, raw)
+
+
+def produce_workload(client_config: dict, workload: Workload) -> list[OffsetRange]:
+    """Produce the workload to Kafka, with the producer's default batching."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(client_config)
+    futures = admin.create_topics(
+        [NewTopic(s.topic, workload.partitions, 1) for s in workload.streams]
+    )
+    for f in futures.values():
+        f.result()
+    producer = Producer({**client_config, "acks": "all"})
+    ranges = []
+    for topic, partition, count in workload.slices():
+        for cols in generate_slice(workload, topic, partition, 0, count, set()):
+            for key, value, ts in zip(cols["key"], cols["value"], cols["timestamp"], strict=True):
+                while True:
+                    try:
+                        producer.produce(topic, value, key, partition=partition, timestamp=ts)
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+        producer.flush(600)
+        ranges.append(OffsetRange(topic, partition, 0, count))
+    return ranges
+
+
+_FILL_BY_TYPE = {
+    "bigint": "id", "int": "cast(id % 1000 as int)", "boolean": "true",
+    "timestamp": "current_timestamp()", "timestamp_ntz": "localtimestamp()",
+    "date": "current_date()",
+}  # fmt: skip
+
+
+def fill_select(spark, table: str, rows: int) -> str:
+    """SELECT of `rows` rows for every column of `table`, keys 1..rows, text of the size
+    the templates have."""
+    exprs = []
+    for f in spark.table(table).schema.fields:
+        kind = f.dataType.simpleString()
+        if f.name == "id":
+            expr = "id"
+        elif f.name == "_cdc_lsn":
+            expr = "1"
+        elif f.name == "_cdc_op":
+            expr = "'r'"
+        elif kind == "string":
+            expr = (
+                "concat_ws(' ', sha2(cast(id as string), 256), sha2(cast(id + 1 as string), 256))"
+            )
+        elif kind.startswith("decimal"):
+            expr = f"cast(id % 1000 as {kind})"
+        else:
+            expr = _FILL_BY_TYPE.get(kind, f"cast(null as {kind})")
+        exprs.append(f"cast({expr} as {kind}) as `{f.name}`")
+    return f"SELECT {', '.join(exprs)} FROM range(1, {rows + 1})"
