@@ -9,10 +9,10 @@ metadata columns), or as headers of the same names (`add.headers`; a field wins)
 delete stays in the stream as its row before with the rewrite modes
 (`delete.tombstone.handling.mode=rewrite` or `rewrite-with-tombstone`: `__op` is `d`);
 otherwise the tombstone is the delete (`tombstone_deletes`), and so is a value whose
-payload is null (the JSON converter's form of the transform's tombstone). Every other field whose name
-starts with `__` is metadata and not loaded. A record without `__op` is a bad record
-naming the setting; without `__lsn` there is no re-send guard (`lost` says what a
-stream's records lack).
+payload is null (the JSON converter's form of the transform's tombstone). Every other
+field whose name starts with `__` is metadata and not loaded. A record without `__op` is
+a bad record naming the setting; without `__lsn` there is no re-send guard (`lost` says
+what a stream's records lack).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def lost(value_schema: str, headers: str | None) -> list[str]:
             "guard, a change re-sent after a connector restart can undo a newer one"
         )
     if not has("source_ts_ms"):
-        lacks.append("records have no __source_ts_ms: _cdc_source_ts_ms stays empty")
+        lacks.append("records have no __source_ts_ms: _cdc_source_ts stays empty")
     if not has("deleted"):
         lacks.append(
             "records have no __deleted (delete.tombstone.handling.mode rewrite): a "
