@@ -131,6 +131,16 @@ class ConnectorModes:
 
 
 @dataclass(frozen=True)
+class WatchConfig:
+    """Runs when records arrive: the load DAG is scheduled on an Airflow Asset that the
+    triggerer watches with the Kafka provider's MessageQueueTrigger, consuming through the
+    Airflow connection `conn_id` (its extra: librdkafka settings with a `group.id` of its
+    own and `enable.auto.commit` false)."""
+
+    conn_id: str = "cdclake_kafka"
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     """The captured PostgreSQL database and Debezium's signal and notification channels."""
 
@@ -175,6 +185,7 @@ class PipelineConfig:
     max_records_per_batch: int = 1_000_000
     parallel_tables: int = 4  # tables of one batch loaded at the same time
     schedule: str | None = None
+    watch: WatchConfig | None = None  # also run when records arrive
     on_error: OnError = OnError.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
@@ -230,6 +241,15 @@ class PipelineConfig:
             taken.add(table.source)
             tables.append(table)
         return replace(self, tables=tuple(tables), patterns=())
+
+    def watched_topics(self) -> list[str]:
+        """The topics of the listed tables, and a librdkafka regex (`^...`) for each
+        pattern: what a consumer subscribes to to see this pipeline's records."""
+        topics = [self.topic_for(t) for t in self.tables]
+        for pattern in self.patterns:
+            glob = re.escape(self.topic_for(pattern)).replace(r"\*", "[^.]*")
+            topics.append("^" + glob.replace(r"\?", "[^.]") + "$")
+        return topics
 
     def topic_for(self, table: TableConfig) -> str:
         return f"{self.topic_prefix}.{table.source}"

@@ -27,6 +27,7 @@ from cdclake.config import (
     SparkConfig,
     TableConfig,
     TimeoutsConfig,
+    WatchConfig,
 )
 from cdclake.config_reader import SCHEDULE_PRESETS, Reader, load_yaml, schedule_problem
 from cdclake.debezium.formats import WireFormat
@@ -168,6 +169,7 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         max_records_per_batch=max_records,
         parallel_tables=parallel_tables,
         schedule=_schedule(r, "schedule", r.get(raw, "", "schedule", str, None)),
+        watch=_parse_watch(r, raw, raw.get("schedule")),
         on_error=on_error,
         spark=spark,
         source=source,
@@ -187,6 +189,17 @@ def _schedule(r: Reader, where: str, schedule: str | None) -> str | None:
             f"{', '.join(SCHEDULE_PRESETS)} or null: {problem}",
         )
     return schedule
+
+
+def _parse_watch(r: Reader, raw: Mapping[str, Any], schedule: Any) -> WatchConfig | None:
+    """`watch:` (a mapping, `{}` for its defaults), or None when absent."""
+    if "watch" not in raw:
+        return None
+    watch_raw = r.mapping(raw, "", "watch")
+    if schedule in ("@once", "@continuous"):
+        raise r.fail("watch", f"cannot be combined with schedule {schedule!r}: give a cron "
+                     "expression, a periodic preset or no schedule")  # fmt: skip
+    return WatchConfig(conn_id=r.get(watch_raw, "watch", "conn_id", str, "cdclake_kafka"))
 
 
 def _parse_connector(r: Reader, raw: Mapping[str, Any]) -> ConnectorModes:

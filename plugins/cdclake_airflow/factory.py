@@ -13,7 +13,15 @@ import sys
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, AssetAlias, TriggerRule, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetAlias,
+    AssetOrTimeSchedule,
+    CronTriggerTimetable,
+    TriggerRule,
+    task,
+)
 from cdclake.config import PipelineConfig
 from cdclake.jvm import DRIVER_OPTIONS
 from cdclake.spark import spark_conf
@@ -100,13 +108,28 @@ def load_task(
     )
 
 
+def load_schedule(pipeline: PipelineConfig):
+    """The load DAG's schedule: `schedule` (cron, a preset or None), or with `watch:` the
+    pipeline's records asset, or both (runs on either)."""
+    if pipeline.watch is None:
+        return pipeline.schedule
+    from cdclake_airflow.watch import records_asset
+
+    records = records_asset(pipeline)
+    if pipeline.schedule is None:
+        return [records]
+    return AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable(pipeline.schedule, timezone="UTC"), assets=records
+    )
+
+
 def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     from cdclake_airflow import tasks
 
     dag = DAG(
         dag_id=f"cdclake__{pipeline.name}",
         description=f"Load Debezium changes of pipeline {pipeline.name} into Iceberg",
-        schedule=pipeline.schedule,
+        schedule=load_schedule(pipeline),
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,

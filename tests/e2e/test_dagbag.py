@@ -15,7 +15,11 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder={dags!r})
 import json
 errors = {{k: str(v) for k, v in bag.import_errors.items()}}
-schedules = {{k: d.schedule for k, d in bag.dags.items()}}
+def shown(s):  # a cron or preset as written; else the kind of schedule
+    if isinstance(s, list):
+        return [type(x).__name__ for x in s]
+    return s if s is None or isinstance(s, str) else type(s).__name__
+schedules = {{k: shown(d.schedule) for k, d in bag.dags.items()}}
 print(json.dumps({{"dags": sorted(bag.dags), "errors": errors, "schedules": schedules}}))
 """
 
@@ -88,6 +92,19 @@ def test_each_pipeline_is_maintained_on_its_own_schedule(tmp_path):
     assert bag["schedules"]["cdclake_maintenance__a"] == "@daily"
     assert bag["schedules"]["cdclake_maintenance__b"] == "@weekly"
     assert "cdclake__c" in bag["dags"] and "cdclake_maintenance__c" not in bag["dags"]
+
+
+def test_a_watched_pipeline_runs_on_its_records_asset_and_its_cron(tmp_path):
+    good = (ROOT / "include" / "pipelines" / "demo.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(good.replace("name: demo", "name: a") + "watch: {}\n")
+    (tmp_path / "b.yaml").write_text(
+        good.replace("name: demo", "name: b").replace('schedule: "*/5 * * * *"', "schedule: null")
+        + "watch: {conn_id: kafka_b}\n"
+    )
+    bag = dagbag(tmp_path)
+    assert bag["errors"] == {}
+    assert bag["schedules"]["cdclake__a"] == "AssetOrTimeSchedule"  # records, or every 5 min
+    assert bag["schedules"]["cdclake__b"] == ["Asset"]
 
 
 @pytest.mark.parametrize(

@@ -449,3 +449,31 @@ def test_snapshot_timeout_must_be_positive_before_anything_is_sent(timeout):
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert f"argument --timeout: {timeout!r} is not a number of seconds > 0" in out.stderr
+
+
+def test_watch_takes_its_connection_and_names_the_pipelines_topics(tmp_path):
+    p = load_pipeline(write(tmp_path, VALID))
+    assert p.watch is None
+    text = VALID.replace("  - public.orders\n", "  - public.orders\n  - {source: 'sales.o?d*'}\n")
+    p = load_pipeline(write(tmp_path, text + "watch: {}\n"))
+    assert p.watch.conn_id == "cdclake_kafka"
+    topics = p.watched_topics()
+    assert topics[:3] == ["pg.public.orders", "pg.public.items", "pg.public.audit"]
+    assert topics[3] == r"^pg\.sales\.o[^.]d[^.]*$"
+    p = load_pipeline(write(tmp_path, VALID + "watch: {conn_id: kafka_shop}\n"))
+    assert p.watch.conn_id == "kafka_shop"
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ("watch: {conn: x}\n", "watch.conn: unknown key (known: conn_id)"),
+        ("watch: yes\n", "watch: "),
+        ("schedule: '@once'\nwatch: {}\n", "watch: cannot be combined with schedule '@once'"),
+    ],
+)
+def test_a_bad_watch_is_refused_naming_it(tmp_path, extra, expected):
+    path = write(tmp_path, VALID + extra)
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert f"{path}: {expected}" in str(err.value)

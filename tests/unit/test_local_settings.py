@@ -81,12 +81,14 @@ def test_a_pipeline_without_the_kafka_login_variables_logs_in_to_nothing(monkeyp
         assert not [k for k in client if k.startswith("sasl.")], client
 
 
-def test_the_airflow_connection_cdclake_kafka_carries_the_kafka_login():
+def test_the_airflow_connection_cdclake_kafka_carries_the_kafka_login_and_watch_settings():
     import json
 
     from cdclake_local.airflow_home import connections
 
     login = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_PLAINTEXT",
              "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}  # fmt: skip
-    extra = connections(1, login, "db")["cdclake_kafka"]["extra"]
-    assert json.loads(extra) == login
+    conn = connections(1, login, "db")["cdclake_kafka"]
+    assert conn["conn_type"] == "kafka"
+    watch = {"group.id": "cdclake-watch-demo", "enable.auto.commit": "false"}
+    assert json.loads(conn["extra"]) == login | watch

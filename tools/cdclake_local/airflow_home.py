@@ -85,9 +85,17 @@ def airflow_env(home: Path) -> dict[str, str]:
     return {**os.environ, "AIRFLOW_HOME": str(home), "PATH": path}
 
 
+def kafka_connection(kafka: Mapping[str, str], group: str) -> dict:
+    """An Airflow connection of the Kafka provider for a pipeline's `watch:`: the
+    librdkafka settings `kafka` (bootstrap servers and SASL login), the watcher's own
+    consumer group, and no offset commits (each start waits at the end of the topics)."""
+    extra = {**kafka, "group.id": group, "enable.auto.commit": "false"}
+    return {"conn_type": "kafka", "extra": json.dumps(extra)}
+
+
 def connections(pg_port: int, kafka: Mapping[str, str], dbname: str) -> dict[str, dict]:
-    """The stack's Airflow connections; `cdclake_kafka` carries the librdkafka settings
-    `kafka` (bootstrap servers and SASL login) as its extra."""
+    """The stack's Airflow connections; `cdclake_kafka` is the demo pipeline's watch
+    connection (`kafka_connection`)."""
     return {
         "spark_default": {"conn_type": "spark", "host": "local[2]"},
         "cdclake_source": {
@@ -97,10 +105,7 @@ def connections(pg_port: int, kafka: Mapping[str, str], dbname: str) -> dict[str
             "login": "postgres",
             "schema": dbname,
         },
-        "cdclake_kafka": {
-            "conn_type": "generic",
-            "extra": json.dumps(dict(kafka)),
-        },
+        "cdclake_kafka": kafka_connection(kafka, "cdclake-watch-demo"),
     }
 
 

@@ -1,0 +1,144 @@
+"""Event-driven loads through the real scheduler and triggerer (`airflow standalone`): a
+pipeline with `watch:` and no cron schedule runs when records arrive on its topic, one
+run at a time; a burst of records queues no burst of runs, a backlog does not keep waking
+it, and the lake equals the source.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+import psycopg
+import pytest
+from cdclake.freshness import pipeline_freshness
+from cdclake.kafka.topics import fetch_watermarks
+from cdclake_local.airflow_home import connections, kafka_connection, setup_airflow_home
+from cdclake_local.airflow_server import AirflowServer
+
+from tests.conftest import ROOT
+from tests.integration.helpers import assert_lake_equals_source, make_pipeline
+
+pytestmark = pytest.mark.e2e
+
+WAKE_S = 240  # from the first record after the DAG is switched on to its first run
+IDLE_S = 600  # the burst loaded
+BURST = 5_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(what: str, check, timeout: float, server: AirflowServer, step: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s\n{server.tail()}")
+
+
+def active(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if r["state"] in ("queued", "running")]
+
+
+@pytest.fixture
+def watched(stack, tmp_path):
+    """A new source table with one row already in its topic, and a pipeline that watches
+    it, in a pipelines folder of its own."""
+    tag = uuid.uuid4().hex[:6]
+    table = f"watch_{tag}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table inventory.{table} (id int primary key, note text)")
+        conn.execute(f"insert into inventory.{table} values (0, 'before the watch')")
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    pipeline = make_pipeline(pipelines, f"watched_{tag}", [f"inventory.{table}"],
+                             schedule=None, watch={"conn_id": "cdclake_kafka_watch"})  # fmt: skip
+    topic = pipeline.topic_for(pipeline.tables[0])
+    stack.wait_for_capture()
+    marks = fetch_watermarks(pipeline.kafka, [topic])
+    assert sum(m.high for m in marks.values()) >= 1, f"{topic}: the first row not captured"
+    return pipeline, table
+
+
+@pytest.fixture
+def airflow(stack, watched, tmp_path):
+    pipeline, _ = watched
+    home, port = tmp_path / "airflow", free_port()
+    conns = connections(stack.s.pg_port, stack.broker.client_config(), stack.s.source_db)
+    conns["cdclake_kafka_watch"] = kafka_connection(stack.broker.client_config(),
+                                                    f"cdclake-watch-{pipeline.name}")  # fmt: skip
+    setup_airflow_home(ROOT, home, conns, port)
+    env = {k: v for k, v in stack.env().items() if k != "AIRFLOW_HOME"}
+    env["CDCLAKE_PIPELINES_DIR"] = str(pipeline.path.parent)
+    server = AirflowServer(home, port, env, tmp_path / "standalone.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_records_wake_the_dag_one_run_at_a_time(stack, watched, airflow):
+    pipeline, table = watched
+    dag_id = f"cdclake__{pipeline.name}"
+    wait(f"{dag_id} parsed", lambda: airflow.dag(dag_id), 180, airflow)
+    airflow.unpause(dag_id)
+    time.sleep(15)
+    assert airflow.runs(dag_id) == [], "a run without a record arriving after the switch-on"
+
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        # the watcher starts at the end of the topic: insert until a record wakes the DAG
+        def woken():
+            conn.execute(f"insert into inventory.{table} values "
+                         f"((select max(id) + 1 from inventory.{table}), 'wake')")  # fmt: skip
+            return airflow.runs(dag_id)
+
+        first = wait("a run woken by a record", woken, WAKE_S, airflow, step=3)
+        assert first[0]["run_type"] == "asset_triggered", first[0]
+        with conn.transaction():  # a burst while the first run is queued or running
+            conn.execute(f"insert into inventory.{table} select g, md5(g::text) "
+                         f"from generate_series(1000, 1000 + {BURST - 1}) g")  # fmt: skip
+        for step in range(5):
+            conn.execute(f"update inventory.{table} set note = %s where id %% 5 = %s",
+                         (f"round {step}", step))  # fmt: skip
+
+    samples: list[list[dict]] = []
+
+    def idle():
+        runs = airflow.runs(dag_id)
+        samples.append(active(runs))
+        return runs if not active(runs) and len(runs) > 1 else None
+
+    runs = wait("the burst loaded", idle, IDLE_S, airflow)
+    busiest = max(samples, key=len)
+    assert len(busiest) <= 2, f"more than one run queued behind the running one: {busiest}"
+    assert all(len([r for r in s if r["state"] == "running"]) <= 1 for s in samples)
+    failed = [r["dag_run_id"] for r in runs if r["state"] != "success"]
+    assert not failed, f"runs failed: {failed}\n{airflow.tail()}"
+    assert {r["run_type"] for r in runs} == {"asset_triggered"}, runs
+
+    events = airflow.asset_events(f"cdclake__{pipeline.name}__records")
+    topic = pipeline.topic_for(pipeline.tables[0])
+    assert events and all(e["extra"]["payload"]["topic"] == topic for e in events), events
+    assert len(runs) <= len(events) < BURST / 100, (len(runs), len(events))
+    print(f"{BURST:,} records: {len(events)} asset events, {len(runs)} runs")
+
+    stack.wait_for_capture()
+    wait("the last records loaded", lambda: not active(airflow.runs(dag_id))
+         and _unloaded(pipeline) == 0, 300, airflow)  # fmt: skip
+    settled = len(airflow.runs(dag_id))
+    time.sleep(30)
+    assert len(airflow.runs(dag_id)) == settled, "runs without new records"
+    assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
+def _unloaded(pipeline) -> int:
+    """Records in Kafka past the lake's committed offsets."""
+    rows = pipeline_freshness(pipeline, int(time.time() * 1000))
+    return sum(r.offsets_behind for r in rows)
