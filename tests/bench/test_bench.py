@@ -275,7 +275,9 @@ def test_thread_parts(process, thread, part):
     assert thread_part(process, thread) == part
 
 
-SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory")]
+# freshness runs Airflow's scheduler for minutes whatever the size; tests/e2e/test_watch.py
+# runs its event-driven path, and test_freshness_* below its figures' arithmetic
+SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory", "freshness")]
 
 
 def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
@@ -418,3 +420,20 @@ def test_a_run_builds_the_jvm_archive_once_and_says_so(tmp_path, monkeypatch):
     bench = runner.Bench(0, tmp_path, None, Sizes.smoke())
     bench.jvm_archive()
     assert bench.details["jvm_archive"]["error"] == "no spark-submit"
+
+
+def test_freshness_latency_is_first_poll_that_saw_a_record_committed():
+    from cdclake_bench.freshness import Poll, latencies_s, lag_growth, percentile
+
+    polls = [Poll(1000, {}, {0: 5}), Poll(2000, {0: 3}, {0: 8}), Poll(3000, {0: 8}, {0: 8})]
+    records = [(0, 0, 500), (0, 2, 900), (0, 3, 1500), (0, 7, 2500), (0, 8, 2900)]
+    lat, unseen = latencies_s(polls, records)
+    # offsets 0 and 2 seen committed at 2000, 3 and 7 at 3000, 8 never
+    assert lat == [1.5, 1.1, 1.5, 0.5] and unseen == 1
+    assert percentile(lat, 0.5) == 1.5 and percentile(lat, 0.95) == 1.5
+    assert [p.behind for p in polls] == [5, 5, 0]
+
+    steady = [Poll(t, {0: 0}, {0: 10 if t % 2 else 20}) for t in range(0, 90)]
+    assert lag_growth(steady, 0, 90)["growth"] == pytest.approx(1.0, abs=0.1)
+    growing = [Poll(t, {0: 0}, {0: t}) for t in range(0, 90)]
+    assert lag_growth(growing, 0, 90)["growth"] > 1.4

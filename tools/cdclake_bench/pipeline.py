@@ -34,15 +34,25 @@ def bench_pipeline(
     tables: list = [s.topic.split(".", 1)[1] for s in workload.streams]
     if table_properties:
         tables = [{"source": t, "properties": dict(table_properties)} for t in tables]
+    kafka = {"format": fmt, **({"schema_registry": {"url": registry}}
+                               if fmt.startswith("avro") else {})}  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    return write_pipeline(work / f"{label}.yaml", settings, label, prefix, tables, name="bench",
+                          kafka=kafka, spark={"conf": dict(spark_conf or {})})  # fmt: skip
+
+
+def write_pipeline(
+    path: Path, settings: StackSettings, label: str, prefix: str, tables: list, **fields
+) -> PipelineConfig:
+    """Write and load a pipeline file of the local stack: pipeline `label` (unless `fields`
+    names it), namespace `<label>_<random>`, the stack's Kafka and catalog; `fields` add
+    to the file's keys (`kafka` and `spark` to those sections)."""
+    kafka = {"bootstrap_servers": f"127.0.0.1:{settings.kafka_port}",
+             "properties": KAFKA_LOGIN, **fields.pop("kafka", {})}  # fmt: skip
     raw = {
-        "name": "bench",
+        "name": label,
         "topic_prefix": prefix,
-        "kafka": {
-            "bootstrap_servers": f"127.0.0.1:{settings.kafka_port}",
-            "properties": KAFKA_LOGIN,
-            "format": fmt,
-            **({"schema_registry": {"url": registry}} if fmt.startswith("avro") else {}),
-        },
+        "kafka": kafka,
         "catalog": {
             "name": "lake",
             "type": "jdbc",
@@ -53,9 +63,8 @@ def bench_pipeline(
         "namespace": f"{label}_{uuid.uuid4().hex[:8]}",
         "max_records_per_batch": 100_000_000,
         "tables": tables,
-        "spark": {"master": "local[2]", "conf": dict(spark_conf or {})},
+        "spark": {"master": "local[2]", **fields.pop("spark", {})},
+        **fields,
     }
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / f"{label}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return load_pipeline(path)

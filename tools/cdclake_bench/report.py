@@ -23,7 +23,12 @@ STEP_FIGURES = {
     "deletes_v3": ("v3_write_ratio", "v3_read_ratio"),
     "memory": ("memory_ratio",),
     "capture": ("capture_ratio",),
-}
+    "freshness": (
+        "freshness_cron_p95_s", "freshness_watch_p95_s", "freshness_cron_p50_s",
+        "freshness_watch_p50_s", "freshness_cron_max_s", "freshness_watch_max_s",
+        "freshness_cron_lag_growth", "freshness_watch_lag_growth",
+    ),
+}  # fmt: skip
 STEPS = tuple(STEP_FIGURES)
 
 TARGETS = {
@@ -36,12 +41,18 @@ TARGETS = {
     "peer_ratio": (">=", 10),
     "memory_ratio": ("<=", 1.5),
     "capture_ratio": (">=", 3),
+    "freshness_cron_p95_s": ("<=", 60),
+    "freshness_watch_p95_s": ("<=", 60),
+    "freshness_cron_lag_growth": ("<=", 1.5),
+    "freshness_watch_lag_growth": ("<=", 1.5),
 }
 
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
     "throughput_kafka_eps", "naive_ratio", "toast_ratio", "flat_ratio", "avro_ratio",
     "cpu_s_per_m", "merge_cpu_s_per_m", "v3_write_ratio", "v3_read_ratio",
+    "freshness_cron_p50_s", "freshness_watch_p50_s", "freshness_cron_max_s",
+    "freshness_watch_max_s",
 )  # fmt: skip
 FIGURES = (*TARGETS, *EXTRA_FIGURES)
 

@@ -87,6 +87,9 @@ class Sizes:
     peer_batch: int  # events a pydbzengine handler call gets (the engine's max.batch.size)
     peer_seconds: int  # the handler peer stops after the call that passes this
     v3_batches: int  # batches into each of the v2 and v3 tables of `deletes_v3`
+    fresh_rate: int  # `freshness`: source changes a second
+    fresh_seconds: int  # how long each mode's workload writes
+    fresh_keys: int
 
     @classmethod
     def at_scale(cls, scale: float) -> Sizes:
@@ -100,7 +103,8 @@ class Sizes:
             merge_rows=(n(100_000, 100), n(10_000_000, 1000)), merge_batch=n(10_000),
             memory_events=(n(1_000_000), n(10_000_000)), memory_keys=n(250_000, 4),
             capture_rows=n(20_000, 200), peer_batch=HANDLER_BATCH, peer_seconds=60,
-            v3_batches=n(50, 3),
+            v3_batches=n(50, 3), fresh_rate=2000, fresh_seconds=n(600, 30),
+            fresh_keys=n(20_000, 100),
         )  # fmt: skip
 
     @classmethod
@@ -111,7 +115,7 @@ class Sizes:
             events=300, keys=40, tables=1, kafka_events=40, kafka_keys=10,
             fixed_events=10, fixed_tables=1, merge_rows=(100, 1000), merge_batch=20,
             memory_events=(50, 500), memory_keys=10, capture_rows=20, peer_batch=64,
-            peer_seconds=600, v3_batches=2,
+            peer_seconds=600, v3_batches=2, fresh_rate=50, fresh_seconds=20, fresh_keys=100,
         )  # fmt: skip
 
     def replace(self, overrides: dict[str, str]) -> Sizes:
@@ -592,6 +596,11 @@ class Bench:
         }
 
     # ---- the real connector's capture rate -------------------------------------------------
+    def freshness(self) -> None:
+        """Source commit to lake visibility through the real scheduler, on a cron and on
+        records (cdclake_bench.freshness)."""
+        _freshness(self)
+
     def capture(self) -> None:
         import psycopg
 
@@ -619,6 +628,20 @@ class Bench:
             self.figures["capture_ratio"] = self.figures["throughput_eps"] / rate
         self.details["capture"] = {"rows": rows, "wall_s": wall, "capture_eps": rate}
         self.say(f"Debezium capture: {rate:,.0f} events/s")
+
+
+def _freshness(bench: Bench) -> None:
+    """Bench.freshness: cdclake_bench.freshness, its figures per mode."""
+    from cdclake_bench.freshness import run_freshness
+
+    z = bench.sizes
+    found = run_freshness(bench.stack, bench.work, z.fresh_rate, z.fresh_seconds, z.fresh_keys,
+                          bench.say)  # fmt: skip
+    for mode, out in found.items():
+        for figure in ("p50_s", "p95_s", "max_s"):
+            bench.figures[f"freshness_{mode}_{figure}"] = out[figure]
+        bench.figures[f"freshness_{mode}_lag_growth"] = out["lag"]["growth"]
+    bench.details["freshness"] = found
 
 
 def _children_cpu_s() -> float:
