@@ -423,7 +423,7 @@ def test_a_run_builds_the_jvm_archive_once_and_says_so(tmp_path, monkeypatch):
 
 
 def test_freshness_latency_is_first_poll_that_saw_a_record_committed():
-    from cdclake_bench.freshness import Poll, latencies_s, lag_growth, percentile
+    from cdclake_bench.freshness import Poll, lag_growth, latencies_s, percentile
 
     polls = [Poll(1000, {}, {0: 5}), Poll(2000, {0: 3}, {0: 8}), Poll(3000, {0: 8}, {0: 8})]
     records = [(0, 0, 500), (0, 2, 900), (0, 3, 1500), (0, 7, 2500), (0, 8, 2900)]
