@@ -14,6 +14,7 @@ lag growth compares its mean over the last third of the writes with the middle t
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 import shutil
 import socket
@@ -118,16 +119,31 @@ def summarize(phase: Phase, records: list[tuple[int, int, int]], runs: list[dict
         "lag_series": series,  # (seconds from the first write, offsets behind)
         "runs": len(runs),
         "run_states": sorted({r["state"] for r in runs}),
-        "run_s_median": statistics.median(_run_seconds(r) for r in done) if done else None,
+        **_run_times(done),
         **phase.written,
     }
 
 
-def _run_seconds(run: dict) -> float:
+def _run_times(runs: list[dict]) -> dict:
+    """Where a run's time goes, medians: running (start to end), queued (queued to start),
+    and idle between one run's end and the next one's start."""
     from datetime import datetime
 
-    start, end = (datetime.fromisoformat(run[k]) for k in ("start_date", "end_date"))
-    return (end - start).total_seconds()
+    def at(run: dict, key: str) -> float:
+        return datetime.fromisoformat(run[key]).timestamp() if run.get(key) else float("nan")
+
+    def median(values) -> float | None:
+        kept = [v for v in values if v == v]
+        return round(statistics.median(kept), 1) if kept else None
+
+    runs = sorted(runs, key=lambda r: at(r, "start_date"))
+    return {
+        "run_s_median": median(at(r, "end_date") - at(r, "start_date") for r in runs),
+        "queued_s_median": median(at(r, "start_date") - at(r, "queued_at") for r in runs),
+        "between_runs_s_median": median(
+            at(b, "start_date") - at(a, "end_date") for a, b in itertools.pairwise(runs)
+        ),
+    }
 
 
 # ---- the source writer ----------------------------------------------------------------
