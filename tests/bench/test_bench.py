@@ -326,6 +326,17 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
         assert lake_rows(catalog, merged["peer"]["namespace"], topic, column=None) == set(expected)
         # the second half changed the table
         assert final_state(recorded(split / "first", topic)) != expected
+        # the same MERGE and upsert into tables that also hold filler rows of other keys
+        big = details["throughput_merge_big"]
+        filler = set(range(sizes.keys + 1, sizes.keys + 1 + sizes.merge_rows[1] // sizes.tables))
+        sides = ((big["namespace"], "_cdc_kafka_offset"), (big["peer"]["namespace"], None))
+        for ns, column in sides:
+            found = lake_rows(catalog, ns, topic, column=column)
+            assert set(found) - set(expected) == filler, ns
+            if column is not None:
+                assert {k: v for k, v in found.items() if k in expected} == expected
+            else:
+                assert found & set(expected) == set(expected)
 
     assert details["peers"]["handler_events"] == sizes.events > 2 * sizes.peer_batch
     assert details["peers"]["handler_calls"] == -(-sizes.events // sizes.peer_batch)

@@ -147,10 +147,12 @@ def peer_handler(
 
 
 def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange],
-                populated: tuple[Path, list[OffsetRange]] | None = None) -> float:  # fmt: skip
+                populated: tuple[Path, list[OffsetRange]] | None = None,
+                prepare=None) -> float:  # fmt: skip
     """Seconds to apply every recorded event with pyiceberg upsert + delete, each
     table's events in one call, from the raw records (their split and keys timed);
-    `populated`: a recording (and its ranges) applied first, untimed."""
+    `populated`: a recording (and its ranges) applied first, untimed; `prepare`: called
+    with the tables' names (`namespace.table`) after it, untimed."""
     started = time.perf_counter()
     inputs = _inputs(rec, ranges)
     split_s = time.perf_counter() - started
@@ -160,6 +162,9 @@ def peer_upsert(catalog, namespace: str, rec: Path, ranges: list[OffsetRange],
     tables = _create_tables(catalog, namespace, every)
     for topic, (payloads, keys, _) in before.items():
         _apply(tables[topic], payloads, keys)
+    if prepare is not None:
+        prepare([".".join(t.name()[-2:]) for t in tables.values()])
+        tables = {topic: catalog.load_table(tuple(t.name()[-2:])) for topic, t in tables.items()}
     started = time.perf_counter()
     for topic, (payloads, keys, _) in inputs.items():
         _apply(tables[topic], payloads, keys)

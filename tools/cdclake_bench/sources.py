@@ -202,9 +202,9 @@ _FILL_BY_TYPE = {
 }  # fmt: skip
 
 
-def fill_select(spark, table: str, rows: int) -> str:
-    """SELECT of `rows` rows for every column of `table`, keys 1..rows, text of the size
-    the templates have."""
+def fill_select(spark, table: str, rows: int, start: int = 1) -> str:
+    """SELECT of `rows` rows for every column of `table`, keys from `start`, text of the
+    size the templates have."""
     exprs = []
     for f in spark.table(table).schema.fields:
         kind = f.dataType.simpleString()
@@ -223,4 +223,4 @@ def fill_select(spark, table: str, rows: int) -> str:
         else:
             expr = _FILL_BY_TYPE.get(kind, f"cast(null as {kind})")
         exprs.append(f"cast({expr} as {kind}) as `{f.name}`")
-    return f"SELECT {', '.join(exprs)} FROM range(1, {rows + 1})"
+    return f"SELECT {', '.join(exprs)} FROM range({start}, {start + rows})"
