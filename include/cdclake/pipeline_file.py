@@ -157,6 +157,7 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         notification_topic=r.get(source_raw, "source", "notification_topic", str, None) or None,
     )
     tables = _parse_tables(r, raw)
+    schedule = _schedule(r, "schedule", r.get(raw, "", "schedule", str, None))
     return PipelineConfig(
         name=name,
         path=r.path,
@@ -168,8 +169,8 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         patterns=tuple(t for t in tables if _is_glob(t.source)),
         max_records_per_batch=max_records,
         parallel_tables=parallel_tables,
-        schedule=_schedule(r, "schedule", r.get(raw, "", "schedule", str, None)),
-        watch=_parse_watch(r, raw, raw.get("schedule")),
+        schedule=schedule,
+        watch=_parse_watch(r, raw, schedule),
         on_error=on_error,
         spark=spark,
         source=source,
@@ -191,7 +192,7 @@ def _schedule(r: Reader, where: str, schedule: str | None) -> str | None:
     return schedule
 
 
-def _parse_watch(r: Reader, raw: Mapping[str, Any], schedule: Any) -> WatchConfig | None:
+def _parse_watch(r: Reader, raw: Mapping[str, Any], schedule: str | None) -> WatchConfig | None:
     """`watch:` (a mapping, `{}` for its defaults), or None when absent."""
     if "watch" not in raw:
         return None

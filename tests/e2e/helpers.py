@@ -4,7 +4,6 @@ token from a real api-server."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 
 def run_dag(dag_id: str, conf: dict | None = None, state: str = "success"):
@@ -63,14 +62,3 @@ def asset_events(run) -> dict[str, dict]:
     names = [name for name, _ in rows]
     assert len(names) == len(set(names)), f"more than one event for an asset: {names}"
     return dict(rows)
-
-
-def api_token(base: str, password: str) -> str:
-    """A JWT for `admin` from a real api-server (Airflow's simple auth manager)."""
-    req = urllib.request.Request(
-        f"{base}/auth/token",
-        data=json.dumps({"username": "admin", "password": password}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())["access_token"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -28,10 +27,10 @@ import pytest
 from cdclake.compare import compare_pipeline
 from cdclake.kafka.topics import fetch_watermarks
 from cdclake_local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
+from cdclake_local.airflow_server import api_token, healthy, log_tail, stop_group
 from cdclake_local.workload import apply_workload
 
 from tests.conftest import ROOT
-from tests.e2e.helpers import api_token
 
 pytestmark = pytest.mark.e2e
 
@@ -108,16 +107,6 @@ def free_port() -> int:
     pytest.fail(f"no free port in {PORTS.start}-{PORTS.stop - 1} for the api-server")
 
 
-def log_tail(path: Path, lines: int = 60) -> str:
-    """The end of a log, without the line in which Airflow prints a generated password."""
-    if not path.exists():
-        return f"({path} does not exist)"
-    kept = [
-        line for line in path.read_text(errors="replace").splitlines() if "Password" not in line
-    ]
-    return f"--- {path} (last {lines} lines)\n" + "\n".join(kept[-lines:])
-
-
 def wait_until(what: str, check: Callable[[], object], timeout: float, log: Path) -> object:
     deadline = time.monotonic() + timeout
     while True:
@@ -130,28 +119,6 @@ def wait_until(what: str, check: Callable[[], object], timeout: float, log: Path
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f}s\n{log_tail(log)}")
         time.sleep(2)
-
-
-def healthy(base: str) -> bool:
-    with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
-        health = json.loads(resp.read())
-    return all(part["status"] == "healthy" for part in health.values())
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the README's commands and every process they started (one process
-    group), then SIGKILL to whatever of it is left (Airflow's dag-processor may linger)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    time.sleep(2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

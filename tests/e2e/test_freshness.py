@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,10 +29,11 @@ from cdclake.config import PipelineConfig
 from cdclake.iceberg.catalog import load_catalog
 from cdclake.kafka.topics import fetch_watermarks
 from cdclake.offsets import SUMMARY_OFFSETS, decode_offsets
+from cdclake_local.airflow_server import api_token, free_port
 
 from tests.conftest import ROOT
 from tests.e2e.chromium import Chromium, chromium_binary
-from tests.e2e.helpers import api_token, asset_events
+from tests.e2e.helpers import asset_events
 from tests.e2e.test_demo_dag import run_dag
 from tests.integration.helpers import load_all, make_pipeline
 
@@ -314,13 +314,6 @@ def test_a_paused_and_a_missing_dag_are_shown(lake, airflow_app):
     assert ">paused: no scheduled loads</span>" in sections[lake.pipeline.name]
     assert ">DAG missing: nothing loads this pipeline</span>" in sections["no_dag_yet"]
     assert "../dags/cdclake__no_dag_yet" not in sections["no_dag_yet"]
-
-
-def free_port() -> int:
-    """A port the kernel says is free now (the api-server binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ it, and the lake equals the source.
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 
@@ -15,7 +14,7 @@ import pytest
 from cdclake.freshness import pipeline_freshness
 from cdclake.kafka.topics import fetch_watermarks
 from cdclake_local.airflow_home import connections, kafka_connection, setup_airflow_home
-from cdclake_local.airflow_server import AirflowServer
+from cdclake_local.airflow_server import AirflowServer, free_port
 
 from tests.conftest import ROOT
 from tests.integration.helpers import assert_lake_equals_source, make_pipeline
@@ -25,12 +24,6 @@ pytestmark = pytest.mark.e2e
 WAKE_S = 240  # from the first record after the DAG is switched on to its first run
 IDLE_S = 600  # the burst loaded
 BURST = 5_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait(what: str, check, timeout: float, server: AirflowServer, step: float = 2.0):

@@ -17,7 +17,6 @@ import bisect
 import itertools
 import random
 import shutil
-import socket
 import statistics
 import threading
 import time
@@ -31,7 +30,7 @@ from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.kafka.topics import fetch_watermarks
 from cdclake.lag import source_time_ms
 from cdclake_local.airflow_home import connections, kafka_connection, setup_airflow_home
-from cdclake_local.airflow_server import AirflowServer
+from cdclake_local.airflow_server import AirflowServer, free_port
 
 from cdclake_bench.pipeline import write_pipeline
 
@@ -248,18 +247,12 @@ def topic_records(pipeline: PipelineConfig) -> list[tuple[int, int, int]]:
 
 
 # ---- the step -----------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_airflow(stack, work: Path, pipelines: Path) -> AirflowServer:
     """A new AIRFLOW_HOME under `work` with the stack's connections and the watch one,
     and `airflow standalone` over the pipelines in `pipelines`."""
     home = work / "freshness-airflow"
     shutil.rmtree(home, ignore_errors=True)
-    port = _free_port()
+    port = free_port()
     client = stack.broker.client_config()
     conns = connections(stack.s.pg_port, client, stack.s.source_db)
     conns[WATCH_CONN] = kafka_connection(client, f"cdclake-watch-bench-{uuid.uuid4().hex[:6]}")

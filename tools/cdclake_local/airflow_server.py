@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,59 @@ from cdclake_local.procs import wait_for
 
 START_S = 180  # every component healthy
 REQUEST_S = 20
+
+
+def free_port() -> int:
+    """A port the kernel says is free now (the api-server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(base: str) -> bool:
+    """Whether every component the api-server at `base` reports on is healthy."""
+    try:
+        with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as resp:
+            health = json.loads(resp.read())
+    except OSError:
+        return False
+    return all(part.get("status") == "healthy" for part in health.values())
+
+
+def api_token(base: str, password: str) -> str:
+    """A JWT for `admin` from the api-server at `base` (Airflow's simple auth manager)."""
+    req = urllib.request.Request(
+        f"{base}/auth/token",
+        data=json.dumps({"username": "admin", "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=REQUEST_S) as resp:
+        return json.loads(resp.read())["access_token"]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The end of a log, without the line in which Airflow prints a generated password."""
+    if not path.exists():
+        return f"({path} does not exist)"
+    text = path.read_text(errors="replace")
+    kept = [line for line in text.splitlines() if "assword" not in line]
+    return f"--- {path} (last {lines} lines)\n" + "\n".join(kept[-lines:])
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group `proc` leads, then SIGKILL to whatever of it is left
+    (Airflow's dag-processor may linger)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    time.sleep(2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
 
 
 class AirflowServer:
@@ -48,7 +102,7 @@ class AirflowServer:
             wait_for(f"airflow standalone healthy (log {self.log})", self._healthy, START_S)
             passwords = self.home / PASSWORDS_FILE
             wait_for("the admin password", lambda: bool(self._password(passwords)), 30)
-            self.token = self._login(self._password(passwords))
+            self.token = api_token(self.base, self._password(passwords))
         except Exception:
             self.stop()
             raise
@@ -57,18 +111,10 @@ class AirflowServer:
     def _healthy(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
             raise StackError(f"airflow standalone exited {self.proc.returncode}\n{self.tail()}")
-        try:
-            with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=5) as r:
-                health = json.loads(r.read())
-        except OSError:
-            return False
-        return all(part.get("status") == "healthy" for part in health.values())
+        return healthy(self.base)
 
     def tail(self, lines: int = 40) -> str:
-        """The end of its log, without the line that prints the admin password."""
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        kept = [line for line in text.splitlines() if "assword" not in line]
-        return f"--- {self.log}\n" + "\n".join(kept[-lines:])
+        return log_tail(self.log, lines)
 
     @staticmethod
     def _password(path: Path) -> str | None:
@@ -77,15 +123,9 @@ class AirflowServer:
         except (OSError, ValueError):
             return None
 
-    def _login(self, password: str) -> str:
-        body = {"username": "admin", "password": password}
-        return self.request("POST", "/auth/token", body, auth=False)["access_token"]
-
-    def request(self, method: str, path: str, body: dict | None = None, auth: bool = True):
-        """JSON of an API call; None for a 404."""
-        headers = {"Content-Type": "application/json"}
-        if auth:
-            headers["Authorization"] = f"Bearer {self.token}"
+    def request(self, method: str, path: str, body: dict | None = None):
+        """JSON of an API call as admin; None for a 404."""
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data, headers, method=method)
         try:
@@ -123,18 +163,7 @@ class AirflowServer:
         return self.request("GET", f"/api/v2/assets/events?{query}")["asset_events"]
 
     def stop(self) -> None:
-        """SIGTERM to the process group, then SIGKILL to what is left of it."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        time.sleep(2)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-        self.proc = None
+        """Stop the process group (`stop_group`)."""
+        if self.proc is not None:
+            stop_group(self.proc)
+            self.proc = None
