@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-# cdclake's own modules do not import Airflow (which reads AIRFLOW_HOME when first
-# imported, below): imported here so that a moved name fails the demo's import test
-from cdclake.compare import compare_pipeline, render_comparison
 from cdclake.exceptions import CdclakeError
-from cdclake.freshness import render_freshness, status_rows
 from cdclake.jvm import archive_path
 from cdclake.pipeline_file import load_pipeline
 from cdclake_bench.jvm_archive import build_archive
+
+# cdclake's own modules do not import Airflow (which reads AIRFLOW_HOME when first
+# imported, below): imported here so that a moved name fails the demo's import test
+from cdclake_control.compare import compare_pipeline, render_comparison
+from cdclake_control.freshness import render_freshness, status_rows
 from cdclake_local.stack import LocalStack, StackSettings
 from cdclake_local.workload import apply_workload
 

@@ -1,3 +1,3 @@
-from cdclake.cli import main
+from cdclake_control.cli import main
 
 raise SystemExit(main())

@@ -3,7 +3,7 @@
 Every route requires what Airflow's own REST API requires: a valid JWT (the
 `Authorization: Bearer` header, or the `_token` cookie the Airflow UI holds after login)
 checked by the configured auth manager. A pipeline is listed only when the user may read
-its `cdclake__<pipeline>` DAG. The figures come from `cdclake.freshness` (Iceberg
+its `cdclake__<pipeline>` DAG. The figures come from `cdclake_control.freshness` (Iceberg
 snapshots and Kafka watermarks); whether the DAG is active, paused or missing and its last
 run from Airflow's metadata database (two queries for all pipelines). Links go to the
 Airflow UI's pages of the DAG and of its last run.
@@ -28,14 +28,14 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from cdclake.exceptions import CdclakeError
-from cdclake.freshness import (
+from cdclake.pipeline_file import read_pipelines
+from cdclake_control.freshness import (
     COLUMNS,
     TableFreshness,
     format_time,
     freshness_cells,
     pipeline_freshness,
 )
-from cdclake.pipeline_file import read_pipelines
 from fastapi import FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select

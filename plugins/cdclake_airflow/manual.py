@@ -190,7 +190,7 @@ def build_snapshot_dag(
     pipelines: Mapping[str, PipelineConfig], choices: Mapping[str, Sequence[str]] | None = None
 ) -> DAG:
     """`choices`: the tables the picker offers per pipeline (default `picker_tables`)."""
-    from cdclake.snapshot_filter import MAX_FILTER_CHARS
+    from cdclake_control.snapshot_filter import MAX_FILTER_CHARS
 
     from cdclake_airflow import tasks
     from cdclake_airflow.snapshot import SnapshotSensor

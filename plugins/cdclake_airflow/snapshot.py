@@ -50,7 +50,11 @@ class SnapshotTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from cdclake.pipeline_file import load_pipeline
-        from cdclake.signals import SnapshotProgress, notification_consumer, poll_notification
+        from cdclake_control.signals import (
+            SnapshotProgress,
+            notification_consumer,
+            poll_notification,
+        )
 
         pipeline = load_pipeline(self.pipeline_path)
         progress = SnapshotProgress(self.signal_id, blocking=self.blocking)
@@ -102,7 +106,7 @@ class SnapshotSensor(BaseSensorOperator):
         return None
 
     def execute_complete(self, context, event: dict) -> dict:
-        from cdclake.signals import SignalError, SnapshotProgress
+        from cdclake_control.signals import SignalError, SnapshotProgress
 
         data = event["progress"]
         progress = SnapshotProgress(

@@ -16,7 +16,7 @@ def plan(pipeline_path: str, **context) -> str:
     """Next batch plan as JSON; the batch id names the DAG run so commits can be traced."""
     from cdclake.jvm import driver_java_options, resolves_by_range
     from cdclake.pipeline_file import load_pipeline
-    from cdclake.planner import plan_pipeline
+    from cdclake_control.planner import plan_pipeline
 
     pipeline = load_pipeline(pipeline_path)
     run_id = context["run_id"]
@@ -58,7 +58,7 @@ def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
     from cdclake.kafka.topics import discover
     from cdclake.offsets import BatchPlan
     from cdclake.pipeline_file import load_pipeline
-    from cdclake.report import report_pipeline
+    from cdclake_control.report import report_pipeline
 
     pipeline = discover(load_pipeline(pipeline_path))  # the figures' tables and the events'
     batch = BatchPlan.from_json(plan_json)
@@ -80,8 +80,8 @@ def _pipeline_path(paths: dict[str, str], name: str) -> str:
 
 def backfill_plan(paths: dict[str, str], **context) -> dict:
     """Validate the form against the pipeline and Kafka; the plans of the backfill."""
-    from cdclake.backfill import describe, parse_request, plan_pipeline_backfill
     from cdclake.pipeline_file import load_pipeline
+    from cdclake_control.backfill import describe, parse_request, plan_pipeline_backfill
 
     params = context["params"]
     path = _pipeline_path(paths, params["pipeline"])
@@ -129,7 +129,7 @@ def backfill_report(plan: dict, **context) -> list[dict]:
     from cdclake.kafka.topics import discover
     from cdclake.offsets import plans_from_json
     from cdclake.pipeline_file import load_pipeline
-    from cdclake.report import report_pipeline
+    from cdclake_control.report import report_pipeline
 
     pipeline = discover(load_pipeline(plan["pipeline_path"]))
     plans = plans_from_json(plan["plans_json"]) if plan["batches"] else []
@@ -167,7 +167,7 @@ def source_dsn(pipeline) -> str:
 def snapshot_send(paths: dict[str, str], **context) -> dict:
     """Validate everything, then send the signal; what the sensor needs to follow it."""
     from cdclake.pipeline_file import load_pipeline
-    from cdclake.signals import parse_request, submit
+    from cdclake_control.signals import parse_request, submit
 
     params = context["params"]
     pipeline = load_pipeline(_pipeline_path(paths, params["pipeline"]))

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from cdclake.iceberg.maintenance import last_runs
-from cdclake.planner import plan_pipeline
+from cdclake_control.planner import plan_pipeline
 
 from tests.e2e.test_demo_dag import run_dag
 from tests.integration.helpers import assert_lake_equals_source, load_all

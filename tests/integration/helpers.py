@@ -10,12 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from cdclake.compare import compare_pipeline
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
 from cdclake.pipeline_file import load_pipeline
-from cdclake.planner import plan_pipeline
 from cdclake.resolve.placement import Placement
+from cdclake_control.compare import compare_pipeline
+from cdclake_control.planner import plan_pipeline
 
 from tests.conftest import DEMO_PIPELINE
 

@@ -15,7 +15,7 @@ import uuid
 import psycopg
 import pytest
 from cdclake.job import run_batch
-from cdclake.planner import plan_pipeline
+from cdclake_control.planner import plan_pipeline
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.integration.helpers import assert_lake_equals_source, make_pipeline

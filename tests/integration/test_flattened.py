@@ -77,7 +77,7 @@ def test_flattened_records_from_the_connector_load_what_postgresql_holds(
         pipeline = make_pipeline(tmp_path, f"it_flat_{n}", [table], topic_prefix=prefix,
                                  kafka=kafka)  # fmt: skip
         warned = plan_warnings(tmp_path / f"it_flat_{n}.yaml")
-        deleted = [w.split(" cdclake.planner: ")[1] for w in warned if "__deleted" in w]
+        deleted = [w.split(" cdclake_control.planner: ")[1] for w in warned if "__deleted" in w]
         assert deleted == ([] if variant == "fields" else [
             f"topic {prefix}.{table}: records have no __deleted (delete.tombstone.handling.mode "
             "rewrite): a tombstone is the delete; with drop.tombstones or mode drop, deletes "

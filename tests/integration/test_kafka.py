@@ -14,7 +14,7 @@ import pytest
 from cdclake.exceptions import DataLossError
 from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.kafka.topics import fetch_watermarks
-from cdclake.planner import plan_pipeline
+from cdclake_control.planner import plan_pipeline
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
@@ -83,10 +83,15 @@ def test_records_deleted_below_the_committed_offsets_fail_the_plan_until_a_snaps
     fails naming topic, partition, offsets and the recovery, and nothing is loaded; a
     rebuild is refused until told a snapshot completed; after an incremental snapshot of
     the table, the rebuild makes the lake equal to the source again."""
-    from cdclake.backfill import BackfillError, parse_request, plan_pipeline_backfill, run_backfill
-    from cdclake.cli import main
-    from cdclake.signals import follow_snapshot, submit
-    from cdclake.signals import parse_request as snapshot_request
+    from cdclake_control.backfill import (
+        BackfillError,
+        parse_request,
+        plan_pipeline_backfill,
+        run_backfill,
+    )
+    from cdclake_control.cli import main
+    from cdclake_control.signals import follow_snapshot, submit
+    from cdclake_control.signals import parse_request as snapshot_request
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 

@@ -46,8 +46,8 @@ def data_files(under: Path) -> set[str]:
 
 def start_submit(pipeline, batch: str) -> subprocess.Popen:
     """spark-submit of jobs/load.py with a plan, as the load DAG's task starts it."""
-    from cdclake.planner import plan_pipeline
     from cdclake.spark import spark_conf
+    from cdclake_control.planner import plan_pipeline
 
     conf = [
         x for k, v in spark_conf(pipeline, secrets=False).items() for x in ("--conf", f"{k}={v}")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from cdclake.compare import compare_pipeline
 from cdclake.exceptions import CommitConflictError, EndpointError
 from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.planner import plan_pipeline
 from cdclake.resolve.placement import MEASURED, Placement
+from cdclake_control.compare import compare_pipeline
+from cdclake_control.planner import plan_pipeline
 from cdclake_local.workload import apply_workload
 
 pytestmark = pytest.mark.integration
@@ -369,7 +369,7 @@ def test_a_first_load_resolved_by_range_holds_every_type_and_takes_later_merges(
     import uuid
 
     import psycopg
-    from cdclake.compare import compare_table
+    from cdclake_control.compare import compare_table
 
     from tests.integration.helpers import make_pipeline, stray_files
 

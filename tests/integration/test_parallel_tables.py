@@ -7,11 +7,11 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.compare import compare_pipeline
 from cdclake.exceptions import DecodeError
 from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.job import run_batch
-from cdclake.planner import plan_pipeline
+from cdclake_control.compare import compare_pipeline
+from cdclake_control.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline

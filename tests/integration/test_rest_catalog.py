@@ -18,10 +18,10 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
-from cdclake.compare import compare_pipeline
 from cdclake.pipeline_file import load_pipeline
-from cdclake.planner import plan_pipeline
 from cdclake.spark import spark_conf
+from cdclake_control.compare import compare_pipeline
+from cdclake_control.planner import plan_pipeline
 from cdclake_local.objectstore import (
     ACCESS_KEY_ENV,
     REGION,

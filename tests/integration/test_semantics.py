@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from cdclake.exceptions import DecodeError
 from cdclake.iceberg.catalog import load_catalog, table_state
-from cdclake.planner import plan_pipeline
 from cdclake.resolve.placement import Placement
+from cdclake_control.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.integration.helpers import (
@@ -385,7 +385,7 @@ def test_a_soft_deleted_key_the_lake_never_held_takes_the_row_before_its_delete(
 
 def test_incremental_snapshot_while_the_table_is_written(stack, spark, tmp_path):
 
-    from cdclake.signals import (
+    from cdclake_control.signals import (
         Action,
         SnapshotRequest,
         follow_snapshot,
@@ -505,7 +505,7 @@ def test_a_table_left_without_its_key_gets_it_back(stack, spark, tmp_path):
 
 
 def test_a_pattern_loads_every_matching_table_and_picks_up_new_ones(stack, spark, tmp_path):
-    from cdclake.freshness import pipeline_freshness
+    from cdclake_control.freshness import pipeline_freshness
 
     n = uuid.uuid4().hex[:6]
     for name in ("a", "b"):

@@ -7,7 +7,7 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.signals import SignalError, follow_snapshot, parse_request, submit
+from cdclake_control.signals import SignalError, follow_snapshot, parse_request, submit
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 
@@ -156,7 +156,7 @@ def test_signal_ids_fit_a_signal_table_whose_id_holds_42(stack, sig_pipeline, tm
 def test_the_cli_refuses_a_filter_that_is_not_read_only(
     stack, sig_pipeline, tmp_path, capsys, channel
 ):
-    from cdclake.cli import main
+    from cdclake_control.cli import main
 
     pipeline = make_pipeline(tmp_path, f"it_sig_cli_{N}", [T])  # T, with a Kafka signal topic
     before = signals(stack.source_dsn)

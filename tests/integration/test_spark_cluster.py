@@ -29,7 +29,7 @@ import psycopg
 import pytest
 from cdclake.job import run_batch
 from cdclake.kafka.reader import DRIVER_READ_RECORDS
-from cdclake.planner import plan_pipeline
+from cdclake_control.planner import plan_pipeline
 
 from tests.conftest import KAFKA_PORT, ROOT
 from tests.integration.helpers import assert_lake_equals_source, make_pipeline

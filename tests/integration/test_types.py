@@ -7,7 +7,7 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.compare import compare_table
+from cdclake_control.compare import compare_table
 
 from tests.integration.helpers import (
     assert_lake_equals_source,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cdclake.backfill import BackfillError, parse_request, parse_timestamp, plan_backfill
 from cdclake.offsets import PlanMode, Watermarks
 from cdclake.pipeline_file import load_pipeline
+from cdclake_control.backfill import BackfillError, parse_request, parse_timestamp, plan_backfill
 
 from tests.conftest import DEMO_PIPELINE
 

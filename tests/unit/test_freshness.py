@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from cdclake.freshness import TableFreshness, format_seconds, live_rows, render_freshness
-from cdclake.lag import (
+from cdclake.iceberg.catalog import live_rows
+from cdclake.offsets import BatchPlan, OffsetRange, Watermarks
+from cdclake_control.freshness import TableFreshness, format_seconds, render_freshness
+from cdclake_control.lag import (
     offsets_behind,
     oldest_per_topic,
     record_time_ms,
@@ -14,8 +16,7 @@ from cdclake.lag import (
     source_time_ms,
     unloaded_starts,
 )
-from cdclake.offsets import BatchPlan, OffsetRange, Watermarks
-from cdclake.report import TableReport, batches_by_topic, sum_counts
+from cdclake_control.report import TableReport, batches_by_topic, sum_counts
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from cdclake.signals import (
+from cdclake_control.signals import (
     Action,
     SignalError,
     SnapshotRequest,

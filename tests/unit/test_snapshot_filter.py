@@ -4,7 +4,7 @@ CATALOG is what pg_proc of PostgreSQL 15 (the local stack) says about the functi
 (every overload of the name); the integration tests ask a real source database."""
 
 import pytest
-from cdclake.snapshot_filter import (
+from cdclake_control.snapshot_filter import (
     MAX_FILTER_CHARS,
     FilterError,
     FunctionInfo,

@@ -3,6 +3,7 @@ of 10M rows, each beside pyiceberg's upsert of the same batch into tables filled
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -23,13 +24,7 @@ class SteadySteps:
         over the same keys are recorded; each topic-partition's first half is loaded into
         new tables (untimed), then its second half, timed, in a cold process of its own
         as the throughput step's batch."""
-        z = self.sizes
-        workload = Workload.standard(2 * z.events, z.keys, tables=z.tables)
-        rec = self.work / "recording-merge"
-        shutil.rmtree(rec, ignore_errors=True)
-        self.say(f"recording {2 * z.events:,} events over {z.keys:,} keys: a first load, "
-                 "then a batch of the same keys MERGEd into it")  # fmt: skip
-        first, second = split_recording(rec, record_workload(workload, rec, log_every=0))
+        workload, first, second = self._merge_recording()
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "merge")
         before = self._recorded_batch(pipeline, first, "bench-merge-first")
         out = self._recorded_batch(pipeline, second, "bench-merge")
@@ -49,12 +44,7 @@ class SteadySteps:
         all: its first half's keys and filler rows of other keys. Then pyiceberg's upsert
         of it into its own tables, filled alike."""
         z = self.sizes
-        workload = Workload.standard(2 * z.events, z.keys, tables=z.tables)
-        rec = self.work / "recording-merge"
-        if not (rec / "second").exists():
-            shutil.rmtree(rec, ignore_errors=True)
-            split_recording(rec, record_workload(workload, rec, log_every=0))
-        first, second = rec / "first", rec / "second"
+        workload, first, second = self._merge_recording()
         pipeline = bench_pipeline(self.work, self.stack.s, workload, "mergebig")
         self._recorded_batch(pipeline, first, "bench-mergebig-first")
         filler = z.merge_rows[1] // z.tables
@@ -72,6 +62,24 @@ class SteadySteps:
         self.figures["peer_merge_big_ratio"] = events / out["wall_s"] / peer["eps"]
         self.details["throughput_merge_big"] = out | {"events": events, "rows": z.merge_rows[1],
                                                       "peer": peer}  # fmt: skip
+
+    def _merge_recording(self) -> tuple[Workload, Path, Path]:
+        """Twice the throughput step's events over its keys, split into a first load and
+        a batch MERGEd into it (`split_recording`). A recording of the same sizes in
+        `<work>/recording-merge` is reused (the events are a function of the sizes); one
+        of other sizes is recorded again."""
+        z = self.sizes
+        workload = Workload.standard(2 * z.events, z.keys, tables=z.tables)
+        rec = self.work / "recording-merge"
+        sizes = {"events": 2 * z.events, "keys": z.keys, "tables": z.tables}
+        stamp = rec / "sizes.json"
+        if not stamp.exists() or json.loads(stamp.read_text()) != sizes:
+            shutil.rmtree(rec, ignore_errors=True)
+            self.say(f"recording {2 * z.events:,} events over {z.keys:,} keys: a first load, "
+                     "then a batch of the same keys MERGEd into it")  # fmt: skip
+            split_recording(rec, record_workload(workload, rec, log_every=0))
+            stamp.write_text(json.dumps(sizes))
+        return workload, rec / "first", rec / "second"
 
     def _fill(self, tables: list[str], rows: int, pipeline) -> None:
         """`rows` filler rows into each table, keys past the workload's."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote as urlquote
 from urllib.parse import urlencode, urlsplit
@@ -12,6 +12,11 @@ from cdclake.config import CatalogConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import ConfigError, DataLossError, EndpointError
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
 from cdclake.source import libpq_settings
+
+# Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
+_TOTAL_RECORDS = "total-records"
+_TOTAL_POSITION_DELETES = "total-position-deletes"
+_TOTAL_EQUALITY_DELETES = "total-equality-deletes"
 
 
 def sqlalchemy_uri(catalog: CatalogConfig) -> str:
@@ -163,6 +168,20 @@ class TableState:
     # The snapshot that committed `offsets` (the current one unless maintenance came after)
     offsets_summary: dict[str, str] = field(default_factory=dict)
     offsets_committed_at_ms: int | None = None
+
+
+def live_rows(summary: Mapping[str, str]) -> int | None:
+    """Rows a reader sees, from Iceberg's summary totals, without scanning the table.
+
+    total-records counts every row in live data files; each position delete hides one of
+    them (Spark's merge-on-read writes one per replaced or deleted row). Equality deletes
+    may hide any number of rows, so with any of them the count is unknown (None).
+    """
+    if _TOTAL_RECORDS not in summary:
+        return None
+    if int(summary.get(_TOTAL_EQUALITY_DELETES, 0)) > 0:
+        return None
+    return int(summary[_TOTAL_RECORDS]) - int(summary.get(_TOTAL_POSITION_DELETES, 0))
 
 
 def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
-from cdclake.iceberg.catalog import committed_from_snapshots, expired_ancestor_error
+from cdclake.iceberg.catalog import committed_from_snapshots, expired_ancestor_error, live_rows
 from cdclake.iceberg.merge_sql import (
     DELETED_AT,
     PIPELINE_PROPERTIES,
@@ -229,8 +229,6 @@ def prune_deleted_keys(spark, table: str) -> int:
     table now holds for the key (a re-sent change older than the ledger's LSN is older than
     that row too, and loses to it; a later delete of the row writes its own ledger row
     first). The row of a key that stays deleted stays."""
-    from cdclake.freshness import live_rows
-
     ledger = deleted_keys_table(table)
     keys = [n for n in table_columns(spark, ledger) if n != LSN]
 

@@ -5,7 +5,7 @@ The signal goes into the signal table with bound parameters only. Debezium 3.x s
 ignores the old singular `additional-condition`, so only `additional-conditions` is ever
 written. Debezium reports invalid signals only in its own log, so requests are validated
 here before anything is written, whichever channel (signal table or Kafka topic) sends
-them: filters can only read (cdclake.snapshot_filter) and fit where they are stored.
+them: filters can only read (cdclake_control.snapshot_filter) and fit where they are stored.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from enum import StrEnum
 
 from cdclake.config import KafkaConfig, TimeoutsConfig
 from cdclake.exceptions import CdclakeError
-from cdclake.snapshot_filter import FilterError, check_in_source, filter_sql, parse_filter
 from cdclake.source import connect_source
+
+from cdclake_control.snapshot_filter import FilterError, check_in_source, filter_sql, parse_filter
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import EndpointError
 from cdclake.iceberg.catalog import TableState, load_catalog, table_state
 from cdclake.kafka.topics import discover, fetch_watermarks
-from cdclake.lag import offsets_behind, source_lag
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_DELETES,
@@ -17,6 +16,8 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     BatchPlan,
 )
+
+from cdclake_control.lag import offsets_behind, source_lag
 
 _COUNTS = (SUMMARY_RECORDS, SUMMARY_UPSERTS, SUMMARY_DELETES)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
 from cdclake.jvm import resolves_by_range
-from cdclake.planner import plan_pipeline
 from cdclake.spark import build_session
+
+from cdclake_control.planner import plan_pipeline
 
 
 def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict:

@@ -1,7 +1,7 @@
 """How fresh the lake is, per table: what was last committed and what still waits in Kafka.
 
 Everything comes from the Iceberg snapshots and Kafka (its watermarks, and the first
-record waiting in each partition for "behind source", see `cdclake.lag`), so the figures
+record waiting in each partition for "behind source", see `cdclake_control.lag`), so the figures
 are the ones the loader itself acts on: the offsets and batch id are the exactly-once
 state written with the data, not a separate bookkeeping table that could disagree with it.
 """
@@ -9,20 +9,16 @@ state written with the data, not a separate bookkeeping table that could disagre
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from cdclake.config import PipelineConfig, TableConfig
-from cdclake.iceberg.catalog import TableState, load_catalog, table_state
+from cdclake.iceberg.catalog import TableState, live_rows, load_catalog, table_state
 from cdclake.kafka.topics import discover, fetch_watermarks
-from cdclake.lag import offsets_behind, source_lag
 from cdclake.offsets import SUMMARY_BATCH
 from cdclake.pipeline_file import load_pipeline, read_pipelines
 
-# Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
-_TOTAL_RECORDS = "total-records"
-_TOTAL_POSITION_DELETES = "total-position-deletes"
-_TOTAL_EQUALITY_DELETES = "total-equality-deletes"
+from cdclake_control.lag import offsets_behind, source_lag
 
 
 @dataclass(frozen=True)
@@ -33,7 +29,7 @@ class TableFreshness:
     exists: bool
     last_commit_ms: int | None  # when the snapshot holding the committed offsets was written
     offsets_behind: int  # records in Kafka past the committed offsets
-    # 0 when caught up, else the age of the oldest change not loaded yet (cdclake.lag);
+    # 0 when caught up, else the age of the oldest change not loaded yet (cdclake_control.lag);
     # None when that change's time is unknown
     seconds_behind_source: float | None
     rows: int | None  # live rows of the current snapshot; None when it cannot be told exactly
@@ -41,20 +37,6 @@ class TableFreshness:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def live_rows(summary: Mapping[str, str]) -> int | None:
-    """Rows a reader sees, from Iceberg's summary totals, without scanning the table.
-
-    total-records counts every row in live data files; each position delete hides one of
-    them (Spark's merge-on-read writes one per replaced or deleted row). Equality deletes
-    may hide any number of rows, so with any of them the count is unknown (None).
-    """
-    if _TOTAL_RECORDS not in summary:
-        return None
-    if int(summary.get(_TOTAL_EQUALITY_DELETES, 0)) > 0:
-        return None
-    return int(summary[_TOTAL_RECORDS]) - int(summary.get(_TOTAL_POSITION_DELETES, 0))
 
 
 def table_freshness(

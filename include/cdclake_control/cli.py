@@ -207,14 +207,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return command(args)
     if args.command == "plan":
         from cdclake.pipeline_file import load_pipeline
-        from cdclake.planner import plan_pipeline
+
+        from cdclake_control.planner import plan_pipeline
 
         plan = plan_pipeline(load_pipeline(args.pipeline), args.batch_id)
         print(plan.to_json())
         return 0
     if args.command == "run":
         from cdclake.pipeline_file import load_pipeline
-        from cdclake.runner import run_once
+
+        from cdclake_control.runner import run_once
 
         results = run_once(load_pipeline(args.pipeline), args.batch_id)
         print(json.dumps(results, indent=2, sort_keys=True))
@@ -232,8 +234,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "dead-letters":
         return _dead_letters(args)
     if args.command == "compare":
-        from cdclake.compare import compare_pipeline, render_comparison
         from cdclake.pipeline_file import load_pipeline
+
+        from cdclake_control.compare import compare_pipeline, render_comparison
 
         results = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
         print(render_comparison(results))
@@ -248,7 +251,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(build_archive(force=args.force))
         return 0
     if args.command == "status":
-        from cdclake.freshness import render_freshness, status_rows
+        from cdclake_control.freshness import render_freshness, status_rows
 
         rows = status_rows(args.pipeline, int(time.time() * 1000))
         print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json
@@ -260,8 +263,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _backfill(args: argparse.Namespace) -> int:
     import uuid
 
-    from cdclake.backfill import describe, parse_request, plan_pipeline_backfill, run_backfill
     from cdclake.pipeline_file import load_pipeline
+
+    from cdclake_control.backfill import (
+        describe,
+        parse_request,
+        plan_pipeline_backfill,
+        run_backfill,
+    )
 
     pipeline = load_pipeline(args.pipeline)
     request = parse_request(
@@ -287,7 +296,8 @@ def _snapshot(args: argparse.Namespace) -> int:
     import os
 
     from cdclake.pipeline_file import load_pipeline
-    from cdclake.signals import SignalError, follow_snapshot, parse_request, submit
+
+    from cdclake_control.signals import SignalError, follow_snapshot, parse_request, submit
 
     pipeline = load_pipeline(args.pipeline)
     filters = {}
