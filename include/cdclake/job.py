@@ -108,7 +108,8 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     records are read by Spark tasks (or by `read`), cached, and scanned by a Spark job."""
     records = sum(r.size for r in plan.ranges)
     source = KAFKA if read is None else read
-    if placement.driver_reads(records, read is None, isinstance(source, RawSource)):
+    limit = tuning.driver_read_records
+    if placement.driver_reads(records, limit, read is None, isinstance(source, RawSource)):
         rows = read_local(pipeline.kafka, plan.ranges, source=source)
         if rows is not None:
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)

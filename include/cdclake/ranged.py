@@ -74,9 +74,9 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
     loaded) one Spark job reads its ranges, a task each, and resolves them into typed
     rows, kept when they add up (`_ranged_topic`)."""
     source = KAFKA if read is None else read
-    records = plan.total
+    limit = tuning.driver_read_records
     if (not placement.by_range or not isinstance(source, RawSource)
-            or placement.driver_reads(records, read is None, True)):  # fmt: skip
+            or placement.driver_reads(plan.total, limit, read is None, True)):  # fmt: skip
         return {}
     topics = {r.topic for r in plan.ranges}
     tables = {pipeline.topic_for(t): t for t in pipeline.tables}

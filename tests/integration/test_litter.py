@@ -17,6 +17,7 @@ import pytest
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.leases import LEASE_DIR, Leases, process_space
 from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
+from cdclake.resolve.placement import MEASURED
 
 from tests.conftest import ROOT
 from tests.integration.helpers import (
@@ -96,8 +97,10 @@ def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_pa
     table = f"inventory.litter_{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute(f"create table {table} (id int primary key, v text)")
-        # a first load above DRIVER_READ_RECORDS: resolved range by range
-        conn.execute(f"insert into {table} select i, md5(i::text) from generate_series(1, 12000) i")
+        # a first load above what the driver reads: resolved range by range
+        rows = MEASURED.driver_read_records + 2_000
+        conn.execute(f"insert into {table} select i, md5(i::text) "
+                     f"from generate_series(1, {rows}) i")  # fmt: skip
     stack.wait_for_capture()
     pipeline = make_pipeline(tmp_path, f"it_litter_{n}", [table])
     target = pipeline.qualified_target(pipeline.tables[0])

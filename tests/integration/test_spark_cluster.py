@@ -28,7 +28,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.job import run_batch
-from cdclake.kafka.reader import DRIVER_READ_RECORDS
+from cdclake.resolve.placement import MEASURED
 from cdclake_control.planner import plan_pipeline
 
 from tests.conftest import KAFKA_PORT, ROOT
@@ -42,6 +42,7 @@ SECRET_ENV = "CDCLAKE_TEST_SPARK_SECRET"
 CONN_ID = "cdclake_test_cluster"
 READY_S = 90  # a JVM start on a busy machine
 STOP_S = 30
+BIG = MEASURED.driver_read_records + 500  # rows: a first load read range by range
 
 
 @dataclasses.dataclass
@@ -246,7 +247,7 @@ def test_cluster_load_equals_local_mode(stack, spark, cluster, tmp_path, capfd):
     local = make_pipeline(tmp_path, f"it_local_{n}", tables)
     create_tables(on_cluster, stack.source_dsn, [a, b])
     run_sql(stack.source_dsn, [
-        f"insert into {a} select i, md5(i::text), i from generate_series(1, 10500) i",
+        f"insert into {a} select i, md5(i::text), i from generate_series(1, {BIG}) i",
         f"insert into {b} select i, md5(i::text), i from generate_series(1, 1000) i",
         f"update {a} set n = n + 1 where id % 7 = 0",
         f"delete from {a} where id % 11 = 0",
@@ -262,7 +263,7 @@ def test_cluster_load_equals_local_mode(stack, spark, cluster, tmp_path, capfd):
     started = notes.read_text().splitlines()
     assert any("pyspark.daemon" in line for line in started), started
     plan = plan_pipeline(local, f"{n}-1")  # the same ranges: offsets are compared below
-    assert plan.total > DRIVER_READ_RECORDS and len(plan.ranges) == 4, plan
+    assert plan.total > MEASURED.driver_read_records and len(plan.ranges) == 4, plan
     assert figures(first) == figures(run_batch(spark, local, plan))
     assert {(f["resolved_by"], f["written_by"]) for f in figures(first).values()} == {
         ("ranges", "append")}  # fmt: skip
@@ -279,7 +280,7 @@ def test_cluster_load_equals_local_mode(stack, spark, cluster, tmp_path, capfd):
 
     # a small batch: the driver reads and resolves it, the executors MERGE
     plan = plan_pipeline(on_cluster, f"{n}-2")
-    assert 0 < plan.total <= DRIVER_READ_RECORDS, plan
+    assert 0 < plan.total <= MEASURED.driver_read_records, plan
     apps = cluster.apps()
     second = submit_load(on_cluster, plan, capfd)
     (app,) = cluster.apps() - apps

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from cdclake.kafka.reader import DRIVER_READ_RECORDS
-from cdclake.resolve.placement import Placement
+from cdclake.resolve.placement import MEASURED, Placement
 
-SMALL, BIG = DRIVER_READ_RECORDS, DRIVER_READ_RECORDS + 1
+LIMIT = MEASURED.driver_read_records
+SMALL, BIG = LIMIT, LIMIT + 1
 
 
 @pytest.mark.parametrize(
@@ -15,11 +15,12 @@ SMALL, BIG = DRIVER_READ_RECORDS, DRIVER_READ_RECORDS + 1
      (Placement.RANGES, False, True), (Placement.TASKS, False, False)],
 )  # fmt: skip
 def test_each_placement_takes_its_steps_of_the_rule(placement, small_in_driver, by_range):
-    assert placement.driver_reads(SMALL, from_kafka=True) is small_in_driver
-    assert placement.driver_reads(BIG, from_kafka=True, readable=True) is False  # never big
+    assert placement.driver_reads(SMALL, LIMIT, from_kafka=True) is small_in_driver
+    assert placement.driver_reads(BIG, LIMIT, from_kafka=True, readable=True) is False  # never big
     # another source the driver can read: only when the driver is asked for
-    assert placement.driver_reads(SMALL, False, readable=True) is (placement is Placement.DRIVER)
-    assert placement.driver_reads(SMALL, from_kafka=False) is False  # a DataFrame handed in
+    asked = placement is Placement.DRIVER
+    assert placement.driver_reads(SMALL, LIMIT, False, readable=True) is asked
+    assert placement.driver_reads(SMALL, LIMIT, from_kafka=False) is False  # a DataFrame handed in
     assert placement.by_range is by_range
 
 

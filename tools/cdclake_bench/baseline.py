@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -89,12 +90,19 @@ def command(args) -> int:
     """`cdclake bench`: the benchmark, and with `--baseline` the same of another revision."""
     from cdclake_bench.runner import Sizes, run_bench
 
+    # a SIGTERM (a CI job's timeout, `kill`) unwinds like Ctrl-C: each step's `finally`
+    # stops what it started (the freshness step's Airflow processes)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     overrides = dict(item.split("=", 1) for item in args.size)
     sizes = Sizes.at_scale(args.scale).replace(overrides)
     report = run_bench(args.scale, Path(args.work), Path(args.out), args.only, sizes)
     if args.baseline:
         _with_baseline(args, report)
     return 0
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _with_baseline(args, report: dict) -> None:

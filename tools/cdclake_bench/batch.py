@@ -16,11 +16,13 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.pipeline_file import load_pipeline
+from cdclake.resolve.placement import MEASURED, Placement
 from cdclake.spark import build_session
 
 from cdclake_bench.cpu import cpu_parts, cpu_snapshot
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int)
     p.add_argument("--tables", type=int, default=3)
     p.add_argument("--batch-id", default="bench-batch")
+    # where the changes are resolved: a recording, `driver` or by range (`auto`)
+    p.add_argument("--placement", choices=[m.value for m in Placement], default="auto")
+    p.add_argument("--driver-read-records", type=int, default=MEASURED.driver_read_records)
     args = p.parse_args(argv)
     pipeline = load_pipeline(args.pipeline)
     if args.recording is not None:
@@ -52,8 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session(pipeline, "local[2]", records=records)
     before = cpu_snapshot(os.getpid())
     started = time.perf_counter()
-    results = run_batch(spark, pipeline, BatchPlan(pipeline.name, args.batch_id, ranges),
-                        read=read)  # fmt: skip
+    results = run_batch(
+        spark,
+        pipeline,
+        BatchPlan(pipeline.name, args.batch_id, ranges),
+        read=read,
+        placement=Placement(args.placement),
+        tuning=replace(MEASURED, driver_read_records=args.driver_read_records),
+    )
     wall = time.perf_counter() - started
     cpu = cpu_parts(before, cpu_snapshot(os.getpid()))
     print(json.dumps({"wall_s": wall, "tables": len(results), "cpu_s": cpu,

@@ -26,13 +26,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 SLICE_RECORDS = 50_000  # records per Spark task: one cached block each, kept small
-# A batch of at most this many records is read by the driver (`read_local`). Spark tasks
-# reading it cost a job and a Python worker's start before any table's work: for 100
-# records over 10 topics, 6.5 s against 1.9 s read by the driver. Its rows (~4 KB each
-# for the connector's JSON with schemas) are held in the driver's memory, up to
-# DRIVER_READ_BYTES of them: records bigger than that in all (wide TOASTed values) are
-# left to Spark tasks after all.
-DRIVER_READ_RECORDS = 10_000
+# The raw rows of a batch the driver reads (`read_local`; `Tuning.driver_read_records`)
+# are held in its memory up to this many bytes: records bigger than that in all (wide
+# TOASTed values) are left to Spark tasks after all.
 DRIVER_READ_BYTES = 256 * 1024 * 1024
 
 

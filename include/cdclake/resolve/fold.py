@@ -4,7 +4,7 @@
 MERGE reads: each key's latest change in Kafka order (`KeyFold`: the LSN re-send guard, a
 tombstone following its delete, TOAST placeholders taking the key's last real value), or
 for a table without a key every change (`changelog_rows`), after the last truncate.
-It runs in the driver for a batch the driver read (`DRIVER_READ_RECORDS`), and in Spark
+It runs in the driver for a batch the driver read (`Tuning.driver_read_records`), and in Spark
 tasks for a bigger one (`resolve_task`), over all of a key's records of the batch.
 
 A record that cannot be applied (its payload is not a Debezium envelope of its schema,
