@@ -77,11 +77,48 @@ def test_connector_registration_configures_signals_and_notifications():
 
 def test_compose_pipeline_configs_are_valid(monkeypatch):
     monkeypatch.delenv("CDCLAKE_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv("SPARK_AUTH_SECRET", "a-secret")
     monkeypatch.delenv("CDCLAKE_CATALOG_URI", raising=False)
     for path in (ROOT / "docker" / "pipelines").glob("*.yaml"):
         pipeline = load_pipeline(path)
         assert pipeline.catalog.type == "rest"
         assert pipeline.kafka.bootstrap_servers == "kafka:9092"
+
+
+def test_every_endpoint_asks_for_a_login(compose):
+    """Kafka's listeners, Connect's REST API and Kafka clients, Spark's master and workers:
+    each asks for a login; only loopback ports are published, and nothing that takes no
+    login (the REST catalog fixture, Spark's web UIs) is."""
+    services, configs = compose["services"], compose["configs"]
+    kafka = services["kafka"]["environment"]
+    protocols = dict(p.split(":") for p in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = dict(x.split("://") for x in kafka["KAFKA_LISTENERS"].split(","))
+    assert set(protocols.values()) == {"SASL_PLAINTEXT"}, protocols
+    assert listeners["CONTROLLER"].startswith("localhost:")  # the node's own
+    assert "user_cdclake=" in configs["kafka-jaas"]["content"]
+    assert "--command-config" in services["kafka"]["healthcheck"]["test"][1]
+    connect = services["connect"]["environment"]
+    assert connect["CONNECT_REST_EXTENSION_CLASSES"].endswith(".BasicAuthSecurityRestExtension")
+    assert "cdclake=" in configs["connect-users"]["content"]
+    for client in ("", "PRODUCER_", "CONSUMER_", "ADMIN_"):
+        assert connect[f"CONNECT_{client}SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", client
+        assert "PlainLoginModule" in connect[f"CONNECT_{client}SASL_JAAS_CONFIG"], client
+        assert f"CONNECT_{client}SASL_JAAS_CONFIG" in connect["SENSITIVE_PROPERTIES"], client
+    register = services["connect-register"]["command"][-1]
+    assert "-u " in register and "-u " in services["connect"]["healthcheck"]["test"][1]
+    connector = json.loads((ROOT / "docker" / "debezium" / "inventory-connector.json").read_text())
+    assert connector["signal.consumer.security.protocol"] == "SASL_PLAINTEXT"
+    assert connector["signal.consumer.sasl.jaas.config"] == "${env:KAFKA_LOGIN}"
+    for name in ("spark-master", "spark-worker"):
+        assert "--properties-file" in services[name]["command"], name
+    assert "spark.authenticate true" in configs["spark-auth"]["content"]
+    pipeline = yaml.safe_load((ROOT / "docker" / "pipelines" / "inventory.yaml").read_text())
+    assert pipeline["spark"]["conf"]["spark.authenticate"] == "true"
+    assert pipeline["kafka"]["properties"]["security.protocol"].endswith(":-SASL_PLAINTEXT}")
+    published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
+    assert not {n for n, ports in published.items() if not all(
+        str(p).startswith("127.0.0.1:") for p in ports)}, published  # fmt: skip
+    assert not {"iceberg-rest", "spark-master", "spark-worker"} & set(published), published
 
 
 def pom_version(part: str, prop: str) -> str:
