@@ -75,14 +75,20 @@ def test_connector_registration_configures_signals_and_notifications():
     assert config["value.converter.schemas.enable"] == "true"
 
 
-def test_compose_pipeline_configs_are_valid(monkeypatch):
+def test_compose_pipeline_configs_are_valid(monkeypatch, compose):
     monkeypatch.delenv("CDCLAKE_KAFKA_BOOTSTRAP", raising=False)
     monkeypatch.setenv("SPARK_AUTH_SECRET", "a-secret")
     monkeypatch.delenv("CDCLAKE_CATALOG_URI", raising=False)
+    airflow = compose["services"]["airflow-scheduler"]["environment"]
     for path in (ROOT / "docker" / "pipelines").glob("*.yaml"):
         pipeline = load_pipeline(path)
         assert pipeline.catalog.type == "rest"
         assert pipeline.kafka.bootstrap_servers == "kafka:9092"
+        # every Airflow connection the pipeline names is defined for Airflow's services
+        conns = [pipeline.spark.conn_id, pipeline.source.conn_id]
+        conns += [pipeline.watch.conn_id] if pipeline.watch else []
+        missing = [c for c in conns if f"AIRFLOW_CONN_{c.upper()}" not in airflow]
+        assert not missing, f"{path.name}: no connection {missing} in docker-compose.yaml"
 
 
 def test_every_endpoint_asks_for_a_login(compose):
