@@ -46,7 +46,7 @@ CATCH_UP_S = 300  # after the writes, how long the last changes may take to be v
 DELETE_SHARE = 0.05
 
 
-@dataclass
+@dataclass(frozen=True)
 class Poll:
     """What the reader saw at `at_ms`: committed and end offset per partition."""
 
