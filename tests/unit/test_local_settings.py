@@ -69,16 +69,15 @@ def test_local_env_and_status_never_print_the_kafka_password(monkeypatch, tmp_pa
 
 def test_a_pipeline_without_the_kafka_login_variables_logs_in_to_nothing(monkeypatch):
     """The demo pipeline's SASL settings are empty without the variables: left out, so a
-    broker without authentication (docker-compose's) is reached in PLAINTEXT."""
+    broker without authentication is reached in PLAINTEXT."""
     from cdclake.pipeline_file import load_pipeline
 
     for name in ("CDCLAKE_KAFKA_SECURITY_PROTOCOL", "CDCLAKE_KAFKA_SASL_MECHANISM",
                  "CDCLAKE_KAFKA_USER", "CDCLAKE_KAFKA_PASSWORD"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    for path in (ROOT / "include/pipelines/demo.yaml", ROOT / "docker/pipelines/inventory.yaml"):
-        client = load_pipeline(path).kafka.client_config()
-        assert client["security.protocol"] == "PLAINTEXT"
-        assert not [k for k in client if k.startswith("sasl.")], client
+    client = load_pipeline(ROOT / "include/pipelines/demo.yaml").kafka.client_config()
+    assert client["security.protocol"] == "PLAINTEXT"
+    assert not [k for k in client if k.startswith("sasl.")], client
 
 
 def test_the_airflow_connection_cdclake_kafka_carries_the_kafka_login_and_watch_settings():
