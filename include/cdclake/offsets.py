@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-from cdclake.exceptions import ConfigError, DataLossError
+from cdclake.exceptions import ConfigError
 
 # Keys cdclake writes into each Iceberg snapshot summary it commits.
 SUMMARY_OFFSETS = "cdclake.offsets"  # the consumed offsets: the exactly-once state
@@ -121,66 +121,6 @@ def plans_from_json(text: str) -> list[BatchPlan]:
         raise ConfigError("a batch plan is a JSON object (or a list of them), "
                           f"not {type(data).__name__}: {json.dumps(data)[:200]}")  # fmt: skip
     return [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
-
-
-def plan_batch(
-    committed: Mapping[TopicPartition, int | None],
-    watermarks: Mapping[TopicPartition, Watermarks],
-    max_records: int,
-) -> tuple[OffsetRange, ...]:
-    """Cut the next batch: per partition from the committed offset towards the end.
-
-    A partition with nothing committed starts at its earliest offset. The cap is shared
-    fairly: small backlogs are taken whole and the rest is split evenly, so one busy table
-    cannot starve the others. Partitions with nothing to read are left out.
-    """
-    starts: dict[TopicPartition, int] = {}
-    for tp, marks in watermarks.items():
-        start = committed.get(tp)
-        if start is None:
-            start = marks.low
-        elif start < marks.low:
-            raise DataLossError(
-                f"{tp[0]} partition {tp[1]}: the last committed offset is {start} but the "
-                f"earliest offset still in Kafka is {marks.low}; records {start}..{marks.low - 1} "
-                "were deleted by retention before they were loaded. Recover by running an "
-                "incremental snapshot of that table (cdclake_snapshot DAG or `cdclake snapshot`) "
-                "and then a rebuild backfill."
-            )
-        elif start > marks.high:
-            raise DataLossError(
-                f"{tp[0]} partition {tp[1]}: the last committed offset {start} is beyond the "
-                f"end of the partition ({marks.high}); the topic was probably deleted and "
-                "recreated. Rebuild the table with a backfill in rebuild mode."
-            )
-        starts[tp] = start
-
-    return cut_batch(starts, {tp: m.high for tp, m in watermarks.items()}, max_records)
-
-
-def cut_batch(
-    starts: Mapping[TopicPartition, int], ends: Mapping[TopicPartition, int], max_records: int
-) -> tuple[OffsetRange, ...]:
-    """One batch from `starts` towards `ends`, at most `max_records` shared fairly."""
-    backlog = {tp: ends[tp] - s for tp, s in starts.items() if ends[tp] > s}
-    take = share_cap(backlog, max_records)
-    return tuple(
-        sorted(OffsetRange(tp[0], tp[1], starts[tp], starts[tp] + n) for tp, n in take.items() if n)
-    )
-
-
-def share_cap(backlog: Mapping[TopicPartition, int], cap: int) -> dict[TopicPartition, int]:
-    """Split `cap` records over partitions: smallest backlogs whole, the rest evenly."""
-    if cap <= 0:
-        raise ValueError("cap must be positive")
-    out: dict[TopicPartition, int] = {}
-    remaining = cap
-    ordered = sorted(backlog.items(), key=lambda kv: (kv[1], kv[0]))
-    for i, (tp, n) in enumerate(ordered):
-        share = remaining // (len(ordered) - i)
-        out[tp] = min(n, share)
-        remaining -= out[tp]
-    return out
 
 
 def encode_offsets(offsets: Mapping[TopicPartition, int]) -> str:

@@ -27,13 +27,9 @@ from typing import Any
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import CdclakeError
-from cdclake.offsets import (
-    BatchPlan,
-    PlanMode,
-    TopicPartition,
-    Watermarks,
-    cut_batch,
-)
+from cdclake.offsets import BatchPlan, PlanMode, TopicPartition, Watermarks
+
+from cdclake_control.planner import cut_batch
 
 log = logging.getLogger(__name__)
 
@@ -338,8 +334,8 @@ def plan_pipeline_backfill(
     pipeline: PipelineConfig, request: BackfillRequest, backfill_id: str
 ) -> list[BatchPlan]:
     """`plan_backfill` with the committed offsets from the catalog and Kafka's watermarks."""
-    from cdclake.iceberg.catalog import load_catalog, table_state
-    from cdclake.kafka.topics import fetch_watermarks, offsets_for_time
+    from cdclake_control.catalog import load_catalog, table_state
+    from cdclake_control.watermarks import fetch_watermarks, offsets_for_time
 
     cat = load_catalog(pipeline.catalog)
     tables = [pipeline.table_named(n) for n in request.tables]

@@ -23,8 +23,9 @@ from cdclake.debezium.connect import (
 )
 from cdclake.debezium.schema import DELETED, METADATA_COLUMNS
 from cdclake.exceptions import EndpointError
-from cdclake.iceberg.catalog import load_catalog
-from cdclake.source import connect_source, describe_dsn
+
+from cdclake_control.catalog import load_catalog
+from cdclake_control.source import connect_source, describe_dsn
 
 DEFAULT_MODES = ConnectorModes()
 _NUMERIC = ("numeric", "money")

@@ -13,12 +13,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from cdclake.config import PipelineConfig, TableConfig
-from cdclake.iceberg.catalog import TableState, live_rows, load_catalog, table_state
-from cdclake.kafka.topics import discover, fetch_watermarks
+from cdclake.iceberg.snapshots import live_rows
+from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH
-from cdclake.pipeline_file import load_pipeline, read_pipelines
+from cdclake.pipeline_file import load_pipeline
 
+from cdclake_control.catalog import TableState, load_catalog, table_state
 from cdclake_control.lag import offsets_behind, source_lag
+from cdclake_control.pipelines import read_pipelines
+from cdclake_control.watermarks import fetch_watermarks
 
 
 @dataclass(frozen=True)

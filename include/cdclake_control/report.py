@@ -7,8 +7,7 @@ from dataclasses import asdict, dataclass
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import EndpointError
-from cdclake.iceberg.catalog import TableState, load_catalog, table_state
-from cdclake.kafka.topics import discover, fetch_watermarks
+from cdclake.kafka.topics import discover
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_DELETES,
@@ -17,7 +16,9 @@ from cdclake.offsets import (
     BatchPlan,
 )
 
+from cdclake_control.catalog import TableState, load_catalog, table_state
 from cdclake_control.lag import offsets_behind, source_lag
+from cdclake_control.watermarks import fetch_watermarks
 
 _COUNTS = (SUMMARY_RECORDS, SUMMARY_UPSERTS, SUMMARY_DELETES)
 

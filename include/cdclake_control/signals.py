@@ -21,9 +21,9 @@ from enum import StrEnum
 
 from cdclake.config import KafkaConfig, TimeoutsConfig
 from cdclake.exceptions import CdclakeError
-from cdclake.source import connect_source
 
 from cdclake_control.snapshot_filter import FilterError, check_in_source, filter_sql, parse_filter
+from cdclake_control.source import connect_source
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +395,7 @@ def notification_consumer(
 
 def notification_offsets(kafka: KafkaConfig, topic: str) -> dict[int, int]:
     """End offsets of the notification topic: where to follow a signal sent now from."""
-    from cdclake.kafka.topics import fetch_watermarks
+    from cdclake_control.watermarks import fetch_watermarks
 
     return {p: m.high for (_, p), m in fetch_watermarks(kafka, [topic]).items()}
 

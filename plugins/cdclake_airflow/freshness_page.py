@@ -28,7 +28,6 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from cdclake.exceptions import CdclakeError
-from cdclake.pipeline_file import read_pipelines
 from cdclake_control.freshness import (
     COLUMNS,
     TableFreshness,
@@ -36,6 +35,7 @@ from cdclake_control.freshness import (
     freshness_cells,
     pipeline_freshness,
 )
+from cdclake_control.pipelines import read_pipelines
 from fastapi import FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select

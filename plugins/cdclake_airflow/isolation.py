@@ -16,7 +16,7 @@ from pathlib import Path
 from airflow.sdk import DAG
 from cdclake.config import PipelineConfig
 from cdclake.exceptions import ConfigError
-from cdclake.pipeline_file import read_pipelines
+from cdclake_control.pipelines import read_pipelines
 
 Builder = Callable[[PipelineConfig], DAG | None]  # None: this pipeline has no such DAG
 

@@ -30,8 +30,8 @@ MAINTAIN_APPLICATION = PROJECT_ROOT / "jobs" / "maintain.py"
 
 def report(pipeline_path: str, **context) -> list[dict]:
     """Log the figures the job stored with each table, and check they are this run's."""
-    from cdclake.iceberg.maintenance import last_runs
     from cdclake.kafka.topics import discover
+    from cdclake_control.catalog import last_runs
 
     pipeline = discover(load_pipeline(pipeline_path))
     run_id = context["run_id"]

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
 from cdclake.config import PipelineConfig
-from cdclake.pipeline_file import read_pipelines
+from cdclake_control.pipelines import read_pipelines
 
 from cdclake_airflow.factory import PROJECT_ROOT, load_task, spark_submit, tables_alias
 

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 
 import pyarrow.parquet as pq
 import pytest
-from cdclake.iceberg.catalog import load_catalog
 from cdclake.kafka.raw_rows import split_envelope
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 from cdclake_bench.events import Workload, generate_slice
@@ -33,6 +32,7 @@ from cdclake_bench.report import (
 )
 from cdclake_bench.runner import Sizes, run_bench
 from cdclake_bench.sources import _file_name, recorded_ranges
+from cdclake_control.catalog import load_catalog
 
 pytestmark = pytest.mark.integration
 

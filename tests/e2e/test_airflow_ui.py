@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from cdclake.kafka.topics import fetch_watermarks
 from cdclake_control.compare import compare_pipeline
+from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
 from cdclake_local.airflow_server import api_token, healthy, log_tail, stop_group
 from cdclake_local.workload import apply_workload

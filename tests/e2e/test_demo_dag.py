@@ -4,12 +4,12 @@ then once with none; the asset events each run left in Airflow's metadata DB."""
 from __future__ import annotations
 
 import pytest
-from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.jvm import QUICK_JIT_RECORDS
-from cdclake.kafka.topics import fetch_watermarks
 from cdclake.offsets import BatchPlan
 from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM
+from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.compare import compare_pipeline
+from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.workload import apply_workload
 
 from tests.e2e.helpers import asset_events, run_dag, xcom_of

@@ -26,9 +26,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.config import PipelineConfig
-from cdclake.iceberg.catalog import load_catalog
-from cdclake.kafka.topics import fetch_watermarks
 from cdclake.offsets import SUMMARY_OFFSETS, decode_offsets
+from cdclake_control.catalog import load_catalog
+from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_server import api_token, free_port
 
 from tests.conftest import ROOT

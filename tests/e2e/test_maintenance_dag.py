@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from cdclake.iceberg.maintenance import last_runs
+from cdclake_control.catalog import last_runs
 from cdclake_control.planner import plan_pipeline
 
 from tests.e2e.test_demo_dag import run_dag

@@ -11,8 +11,8 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.kafka.topics import fetch_watermarks
 from cdclake_control.freshness import pipeline_freshness
+from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_home import connections, kafka_connection, setup_airflow_home
 from cdclake_local.airflow_server import AirflowServer, free_port
 

@@ -12,9 +12,9 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DataLossError
-from cdclake.iceberg.catalog import load_catalog, table_state
-from cdclake.kafka.topics import fetch_watermarks
+from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.planner import plan_pipeline
+from cdclake_control.watermarks import fetch_watermarks
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 from cdclake.exceptions import CommitConflictError, EndpointError
-from cdclake.iceberg.catalog import load_catalog, table_state
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import MEASURED, Placement
+from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.planner import plan_pipeline
 from cdclake_local.workload import apply_workload
@@ -100,7 +100,7 @@ def test_unreachable_catalog_is_named(pipeline):
 def test_offsets_for_a_time_are_found_by_bisecting_records(stack, pipeline):
     import uuid
 
-    from cdclake.kafka.topics import fetch_watermarks, offsets_for_time
+    from cdclake_control.watermarks import fetch_watermarks, offsets_for_time
     from confluent_kafka import Producer
 
     topic = f"it_times_{uuid.uuid4().hex[:6]}"

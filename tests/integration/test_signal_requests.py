@@ -171,7 +171,7 @@ def test_the_cli_refuses_a_filter_that_is_not_read_only(
 
 def test_a_filter_that_is_not_read_only_is_not_sent_to_the_kafka_channel(stack, tmp_path):
     """The Kafka signal channel goes through the same checks: nothing reaches the topic."""
-    from cdclake.kafka.topics import fetch_watermarks
+    from cdclake_control.watermarks import fetch_watermarks
 
     pipeline = make_pipeline(tmp_path, f"it_sig_kafka_{N}", [T])
     topic = pipeline.source.signal_topic

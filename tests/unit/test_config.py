@@ -4,7 +4,8 @@ import pytest
 from cdclake.config import DeleteMode, OnError
 from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import ConfigError
-from cdclake.pipeline_file import load_pipeline, read_pipelines
+from cdclake.pipeline_file import load_pipeline
+from cdclake_control.pipelines import read_pipelines
 
 VALID = """
 name: shop

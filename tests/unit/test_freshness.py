@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cdclake.iceberg.catalog import live_rows
+from cdclake.iceberg.snapshots import live_rows
 from cdclake.offsets import BatchPlan, OffsetRange, Watermarks
 from cdclake_control.freshness import TableFreshness, format_seconds, render_freshness
 from cdclake_control.lag import (

@@ -9,10 +9,9 @@ from cdclake.offsets import (
     Watermarks,
     decode_offsets,
     encode_offsets,
-    plan_batch,
     plans_from_json,
-    share_cap,
 )
+from cdclake_control.planner import plan_batch, share_cap
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import psycopg
 from cdclake.config import PipelineConfig
-from cdclake.iceberg.catalog import load_catalog, table_state
-from cdclake.kafka.topics import fetch_watermarks
+from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.lag import source_time_ms
+from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_home import connections, kafka_connection, setup_airflow_home
 from cdclake_local.airflow_server import AirflowServer, free_port
 

@@ -320,7 +320,7 @@ class Bench(SteadySteps, ScalingSteps):
 
     # ---- peers on the recorded events ---------------------------------------------------
     def peers(self) -> None:
-        from cdclake.iceberg.catalog import load_catalog
+        from cdclake_control.catalog import load_catalog
 
         from cdclake_bench.peers import naive_merge, peer_handler, peer_upsert
 

@@ -294,26 +294,6 @@ def _expire(spark, actions, qualified: str, settings, now_ms: int, result: Table
     return offsets
 
 
-def last_runs(pipeline: PipelineConfig) -> list[dict | None]:
-    """Per table, the figures its last maintenance run stored (None: never maintained)."""
-    from pyiceberg.exceptions import NoSuchTableError
-
-    from cdclake.iceberg.catalog import load_catalog
-
-    cat = load_catalog(pipeline.catalog)
-    pipeline = discover(pipeline)
-    out: list[dict | None] = []
-    for table in pipeline.tables:
-        try:
-            ice = cat.load_table((pipeline.namespace, table.target))
-        except NoSuchTableError:
-            out.append(None)
-            continue
-        text = ice.properties.get(PROPERTY_LAST_RUN)
-        out.append(json.loads(text) if text else None)
-    return out
-
-
 def _fresh_table(spark, qualified: str):
     ice = load_iceberg_table(spark, qualified)
     ice.refresh()

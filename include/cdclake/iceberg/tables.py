@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
-from cdclake.iceberg.catalog import committed_from_snapshots, expired_ancestor_error, live_rows
 from cdclake.iceberg.merge_sql import (
     DELETED_AT,
     PIPELINE_PROPERTIES,
@@ -23,6 +22,7 @@ from cdclake.iceberg.merge_sql import (
     pipeline_properties_value,
     quote,
 )
+from cdclake.iceberg.snapshots import committed_from_snapshots, expired_ancestor_error, live_rows
 from cdclake.offsets import TopicPartition
 from cdclake.pipeline_file import partition_field
 

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote as urlquote
 from urllib.parse import urlencode, urlsplit
 
 from cdclake.config import CatalogConfig, PipelineConfig, TableConfig
-from cdclake.exceptions import ConfigError, DataLossError, EndpointError
-from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
-from cdclake.source import libpq_settings
+from cdclake.exceptions import ConfigError, EndpointError
+from cdclake.iceberg.maintenance import PROPERTY_LAST_RUN
+from cdclake.iceberg.snapshots import committed_from_snapshots, expired_ancestor_error
+from cdclake.kafka.topics import discover
+from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
-# Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
-_TOTAL_RECORDS = "total-records"
-_TOTAL_POSITION_DELETES = "total-position-deletes"
-_TOTAL_EQUALITY_DELETES = "total-equality-deletes"
+from cdclake_control.source import libpq_settings
 
 
 def sqlalchemy_uri(catalog: CatalogConfig) -> str:
@@ -109,29 +109,6 @@ def load_catalog(catalog: CatalogConfig):
         ) from exc
 
 
-def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:
-    """Offsets of the newest snapshot (walking back from current) that carries them.
-
-    Maintenance commits (compaction) carry none, so the walk skips them. The summaries
-    must raise `expired_ancestor_error` when the walk reaches an expired parent: "no
-    offsets" is only true of a table whose whole history has none (a new table), and
-    reading it from a cut history would silently reload every topic from its earliest offset.
-    """
-    for summary in summaries:
-        if SUMMARY_OFFSETS in summary:
-            return decode_offsets(summary[SUMMARY_OFFSETS])
-    return {}
-
-
-def expired_ancestor_error(table: str, snapshot_id: int, parent_id: int) -> DataLossError:
-    return DataLossError(
-        f"{table}: snapshot {snapshot_id}'s parent {parent_id} was expired before a snapshot "
-        "carrying cdclake.offsets was found, so the committed Kafka offsets are unknown. "
-        "Nothing was loaded (loading would replay every topic from its earliest offset). "
-        "Recover by rebuilding the table with a backfill in rebuild mode."
-    )
-
-
 def _ancestry_snapshots(table, name: str = "") -> Iterable:
     snap = table.current_snapshot()
     while snap is not None:
@@ -170,20 +147,6 @@ class TableState:
     offsets_committed_at_ms: int | None = None
 
 
-def live_rows(summary: Mapping[str, str]) -> int | None:
-    """Rows a reader sees, from Iceberg's summary totals, without scanning the table.
-
-    total-records counts every row in live data files; each position delete hides one of
-    them (Spark's merge-on-read writes one per replaced or deleted row). Equality deletes
-    may hide any number of rows, so with any of them the count is unknown (None).
-    """
-    if _TOTAL_RECORDS not in summary:
-        return None
-    if int(summary.get(_TOTAL_EQUALITY_DELETES, 0)) > 0:
-        return None
-    return int(summary[_TOTAL_RECORDS]) - int(summary.get(_TOTAL_POSITION_DELETES, 0))
-
-
 def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState:
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -207,3 +170,21 @@ def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState
         _summary(committed),
         committed.timestamp_ms if committed else None,
     )
+
+
+def last_runs(pipeline: PipelineConfig) -> list[dict | None]:
+    """Per table, the figures its last maintenance run stored (None: never maintained)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    cat = load_catalog(pipeline.catalog)
+    pipeline = discover(pipeline)
+    out: list[dict | None] = []
+    for table in pipeline.tables:
+        try:
+            ice = cat.load_table((pipeline.namespace, table.target))
+        except NoSuchTableError:
+            out.append(None)
+            continue
+        text = ice.properties.get(PROPERTY_LAST_RUN)
+        out.append(json.loads(text) if text else None)
+    return out

@@ -1,0 +1,51 @@
+"""Iceberg snapshot summaries: the committed offsets a table's history carries, and the
+rows a reader sees."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from cdclake.exceptions import DataLossError
+from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
+
+# Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
+_TOTAL_RECORDS = "total-records"
+_TOTAL_POSITION_DELETES = "total-position-deletes"
+_TOTAL_EQUALITY_DELETES = "total-equality-deletes"
+
+
+def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:
+    """Offsets of the newest snapshot (walking back from current) that carries them.
+
+    Maintenance commits (compaction) carry none, so the walk skips them. The summaries
+    must raise `expired_ancestor_error` when the walk reaches an expired parent: "no
+    offsets" is only true of a table whose whole history has none (a new table), and
+    reading it from a cut history would silently reload every topic from its earliest offset.
+    """
+    for summary in summaries:
+        if SUMMARY_OFFSETS in summary:
+            return decode_offsets(summary[SUMMARY_OFFSETS])
+    return {}
+
+
+def expired_ancestor_error(table: str, snapshot_id: int, parent_id: int) -> DataLossError:
+    return DataLossError(
+        f"{table}: snapshot {snapshot_id}'s parent {parent_id} was expired before a snapshot "
+        "carrying cdclake.offsets was found, so the committed Kafka offsets are unknown. "
+        "Nothing was loaded (loading would replay every topic from its earliest offset). "
+        "Recover by rebuilding the table with a backfill in rebuild mode."
+    )
+
+
+def live_rows(summary: Mapping[str, str]) -> int | None:
+    """Rows a reader sees, from Iceberg's summary totals, without scanning the table.
+
+    total-records counts every row in live data files; each position delete hides one of
+    them (Spark's merge-on-read writes one per replaced or deleted row). Equality deletes
+    may hide any number of rows, so with any of them the count is unknown (None).
+    """
+    if _TOTAL_RECORDS not in summary:
+        return None
+    if int(summary.get(_TOTAL_EQUALITY_DELETES, 0)) > 0:
+        return None
+    return int(summary[_TOTAL_RECORDS]) - int(summary.get(_TOTAL_POSITION_DELETES, 0))
