@@ -10,6 +10,8 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
+import msgspec
+
 from cdclake.debezium.connect import (
     ConnectField,
     parse_connect_schema,
@@ -42,15 +44,12 @@ class _Rows:
     def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column],
                  eager: Collection[str] | None = None) -> None:  # fmt: skip
         self.generic = row_decoder(fields, columns)
-        self.fields = {f.name: f for f in fields}
-        self.later, self.deferred, self.type = [], [], None
-        if _DECODE is not None:
-            types, later = typed_fields(fields, columns)
-            self.type = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
-            self.types = types
-            for name, fn in later:
-                now = eager is None or name in eager
-                (self.later if now else self.deferred).append((name, fn))
+        self.later, self.deferred = [], []
+        types, later = typed_fields(fields, columns)
+        self.type = TypedDict("Row", types, total=False)  # type: ignore[misc]  # noqa: UP013
+        for name, fn in later:
+            now = eager is None or name in eager
+            (self.later if now else self.deferred).append((name, fn))
 
     def finish(self, row: dict | None, deferred: bool = False) -> dict | None:
         """The row with its `eager` columns decoded (or its `deferred` ones)."""
@@ -75,18 +74,11 @@ class _Unparsed:
 
     def __init__(self, rows: _Rows) -> None:
         self.rows = rows
-        self.typed = None  # built when first needed
+        self.typed = msgspec.json.Decoder(rows.type).decode
 
     def settle(self, change: Change) -> None:
         change.after = self.row(change.after, change.partition, change.offset)
         change.before = self.row(change.before, change.partition, change.offset)
-
-    def _typed(self):
-        if self.typed is None:
-            from msgspec.json import Decoder
-
-            self.typed = Decoder(self.rows.type).decode
-        return self.typed
 
     def row(self, raw, partition: int, offset: int) -> dict | None:
         """One row (raw JSON, or None) of the record at `partition` and `offset`, decoded
@@ -95,7 +87,7 @@ class _Unparsed:
             return None
         rows = self.rows
         try:
-            row = self._typed()(raw)
+            row = self.typed(raw)
         except DECODE_ERRORS:  # decided field by field, as `_Envelopes.generic` does
             return rows.generic(parse_json(bytes(raw).decode()))
         rows.finish(row)
@@ -112,20 +104,15 @@ class _Envelopes:
                  eager: Collection[str] | None = None) -> None:  # fmt: skip
         self.rows = _Rows(fields, columns, eager)
         self.pending = self.rows if self.rows.deferred else None
-        self.typed = self.header = self.unparsed = None
-        if _DECODE is not None:
-            import msgspec
-
-            row = self.rows.type
-            envelope = msgspec.defstruct("Envelope", [
-                ("before", row | None, None), ("after", row | None, None),
-                ("op", Any, None), ("source", Source | None, None),
-            ])  # fmt: skip
-            self.typed = msgspec.json.Decoder(envelope).decode
-            # the operation and source only: the rows are kept as raw JSON, decoded by
-            # `unparsed` when the change is settled
-            self.header = HEADER
-            self.unparsed = _Unparsed(self.rows)
+        row = self.rows.type
+        envelope = msgspec.defstruct("Envelope", [
+            ("before", row | None, None), ("after", row | None, None),
+            ("op", Any, None), ("source", Source | None, None),
+        ])  # fmt: skip
+        self.typed = msgspec.json.Decoder(envelope).decode
+        # for `headers_only`: the rows are kept as raw JSON (`HEADER`), decoded by
+        # `unparsed` when the change is settled
+        self.unparsed = _Unparsed(self.rows)
 
     def generic(self, text: str, partition: int, offset: int):
         """An envelope `typed` refused (`decode_records` calls `typed` itself)."""
@@ -150,14 +137,10 @@ class KeyRows:
 
     def __init__(self, fields: Sequence[ConnectField], columns: Sequence[Column]) -> None:
         self.rows = _Rows(fields, columns)
-        self.typed = None
-        if _DECODE is not None:
-            from msgspec.json import Decoder
-
-            self.typed = Decoder(self.rows.type | None).decode
+        self.typed = msgspec.json.Decoder(self.rows.type | None).decode
 
     def __call__(self, text: str | None, partition: int, offset: int):
-        if self.typed is not None and text is not None:
+        if text is not None:
             try:
                 row = self.typed(text)
             except DECODE_ERRORS:
@@ -170,45 +153,24 @@ class KeyRows:
 # ---- records ---------------------------------------------------------------------------
 
 
-def _fast_json():
-    """msgspec's JSON decoder (3× `json.loads` here), when installed; its errors (a
-    payload it refuses, or one not of the expected types)."""
-    try:
-        from msgspec import DecodeError, ValidationError
-        from msgspec.json import Decoder
-    except ImportError:
-        return None, ()
-    return Decoder().decode, (DecodeError, ValidationError)
-
-
-_DECODE, DECODE_ERRORS = _fast_json()
-
-
-def _header_decoder():
-    """A decoder of an envelope's operation and source, its rows kept as raw JSON (a
-    JSON null as `NULL_ROW`)."""
-    if _DECODE is None:
-        return None, None
-    import msgspec
-
-    header = msgspec.defstruct("Header", [
-        ("before", msgspec.Raw, None), ("after", msgspec.Raw, None),
-        ("op", Any, None), ("source", Source | None, None),
-    ])  # fmt: skip
-    return msgspec.json.Decoder(header).decode, msgspec.Raw(b"null")
-
-
-HEADER, NULL_ROW = _header_decoder()
+# msgspec's errors: a payload it refuses, or one not of the expected types
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
+_DECODE = msgspec.json.Decoder().decode  # 3× `json.loads` here
+# an envelope's operation and source, its rows kept as raw JSON (a JSON null as NULL_ROW)
+HEADER = msgspec.json.Decoder(msgspec.defstruct("Header", [
+    ("before", msgspec.Raw, None), ("after", msgspec.Raw, None),
+    ("op", Any, None), ("source", Source | None, None),
+])).decode  # fmt: skip
+NULL_ROW = msgspec.Raw(b"null")
 
 
 def parse_json(text: str | None):
     if text is None:
         return None
-    if _DECODE is not None:
-        try:
-            return _DECODE(text)
-        except DECODE_ERRORS:
-            pass  # e.g. NaN, which `json` takes as Jackson may write it
+    try:
+        return _DECODE(text)
+    except DECODE_ERRORS:
+        pass  # e.g. NaN, which `json` takes as Jackson may write it
     try:
         return json.loads(text)
     except ValueError:
@@ -284,17 +246,15 @@ def decode_records(
                     raise BadRecord(f"value schema "
                                       f"{value_sid} is not among the batch's")  # fmt: skip
                 sid = value_sid
-                unparsed = headers_only and decode.header is not None
+                unparsed = headers_only
                 if unparsed:
-                    typed, plain, rest = decode.header, True, decode.unparsed
+                    typed, plain, rest = HEADER, True, decode.unparsed
                 else:
                     typed, plain, rest = decode.typed, not decode.rows.later, decode.pending
-            e = None
-            if typed is not None:
-                try:
-                    e = typed(value_text)
-                except DECODE_ERRORS:
-                    pass
+            try:
+                e = typed(value_text)
+            except DECODE_ERRORS:
+                e = None
             if e is not None:
                 after, before, op, source = e.after, e.before, e.op, e.source
                 if not plain:
