@@ -141,11 +141,11 @@ def record_row(
 class RawRows:
     """The raw rows of one reader task, gathered into Arrow batches.
 
-    A record whose key and value each have the schema of the last record that had one
-    (nearly every record) is split by comparing the start of its bytes with that
-    envelope's `{"schema":S,"payload":`, without building a row; others go through
-    `record_row`. `add_many` splits whole runs of such records with Arrow compute
-    functions. All give the same rows (unit tests check them side by side)."""
+    `add_many` splits each run of records whose key and value each have the schema of
+    the last record that had one (nearly every record) with Arrow compute functions, by
+    comparing the start of their bytes with that envelope's `{"schema":S,"payload":`;
+    any other record goes through `record_row` (`add`). Both give the same rows (a unit
+    test checks them side by side)."""
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
@@ -161,31 +161,14 @@ class RawRows:
 
     def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
             headers: str | None = None) -> None:  # fmt: skip
+        """One record, split by `record_row`; its schemas become the last ones."""
         self._rows += 1
-        key_part = self._split(key, self._head["key"])
-        value_part = self._split(value, self._head["value"]) if key_part is not None else None
-        if key_part is None or value_part is None:
-            self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
-                                     key, value, headers))  # fmt: skip
-            for side in ("key", "value"):
-                last = self.seen.last(side)
-                if last is not None:
-                    self._head[side] = (_HEAD + last[0] + _SEP, last[1])
-            return
-        c = self._cols
-        c["topic"].append(self.topic)
-        c["partition"].append(self.partition)
-        c["offset"].append(offset)
-        c["timestamp"].append(timestamp)
-        c["key_schema_id"].append(key_part[0])
-        c["key_schema"].append(None)
-        c["key_payload"].append(key_part[1])
-        c["value_schema_id"].append(value_part[0])
-        c["value_schema"].append(None)
-        c["value_payload"].append(value_part[1])
-        c["is_tombstone"].append(value is None)
-        c["error"].append(None)
-        c["headers"].append(headers)
+        self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
+                                 key, value, headers))  # fmt: skip
+        for side in ("key", "value"):
+            last = self.seen.last(side)
+            if last is not None:
+                self._head[side] = (_HEAD + last[0] + _SEP, last[1])
 
     def add_error(self, offset: int, timestamp: int, is_tombstone: bool, error: str,
                   headers: str | None = None) -> None:  # fmt: skip
@@ -273,19 +256,6 @@ class RawRows:
         self._flush()
         self._done.append(pa.RecordBatch.from_pydict(cols, schema=raw_arrow_schema()))
         self._rows += n
-
-    @staticmethod
-    def _split(data: bytes | None, head: tuple[bytes, int] | None):
-        """(schema id, payload text) of a record side with the last schema ((None, None)
-        for no data), or None when it needs the general path."""
-        if data is None:
-            return (None, None)
-        if head is None or not data.startswith(head[0]) or not data.endswith(b"}"):
-            return None
-        try:
-            return (head[1], data[len(head[0]) : -1].decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
 
     def _add_row(self, row: dict[str, object]) -> None:
         for name, values in self._cols.items():
