@@ -2,27 +2,11 @@
 batch's size.
 
 A load's JVM starts cold: it loads, parses and verifies thousands of Spark classes, and
-compiles the hot ones twice (C1, then C2), before the first table is done. Two options
-take most of that off a small batch, measured side by side on a spark-submit of 100
-events over 10 tables (2 cores):
-
-- A dynamic class-data-sharing archive, written by a JVM at its exit after a warm-up
-  load, holds Spark's classes ready to map: 21.8 and 22.3 s without it, 18.2 and 18.7 s
-  with it (40.6 vs 34.3 CPU s).
-- The client compiler alone (`-XX:TieredStopAtLevel=1`) for batches of at most
-  `QUICK_JIT_RECORDS` records: 19.8 and 19.7 s with both compilers, 14.2 and 13.8 s with
-  C1 only (36.8 vs 23.6 CPU s). C2's code is faster once compiled, which pays for big
-  batches that the Spark SQL jobs resolve: 1M events took 65.6 s with both, 81.2 s with
-  C1 only. Batches of 100,000 events, in a fresh session, cold: range by range 11.6,
-  10.7, 9.9 s with both, 8.4, 7.6, 7.9 s with C1 only; resolved in tasks by key 13.8,
-  14.1 against 10.2, 10.5 s; by the Spark SQL jobs 25.3, 24.6 against 19.5, 19.0 s. At
-  1M events, range by range C1 alone was still faster (16.2, 15.2 against 19.1, 18.4 s)
-  and in tasks by key even, but the Spark SQL jobs' path, which any topic may fall back
-  to, 24% slower: its break-even, between the two sizes, is near 300,000 records. A
-  batch that resolves range by range (`resolves_by_range`) keeps C1 alone up to 2M
-  records: 1M recorded events took 17.2-19.0 s cold with it, 20.1-22.9 s with both; 2M
-  generated events 28.9 and 29.0 s against 29.3 and 31.2 s. (The Spark SQL jobs have
-  since gone; these limits were not measured again without them.)
+compiles the hot ones twice (C1, then C2), before the first table is done. A dynamic
+class-data-sharing archive holds Spark's classes ready to map, and the client compiler
+alone (`-XX:TieredStopAtLevel=1`) spares a batch of up to `QUICK_JIT_RECORDS` records
+(`RANGED_QUICK_JIT_RECORDS` when it resolves range by range) C2's compiles, which pay only
+for bigger ones (the measurements: docs/performance.md, "The driver JVM").
 
 The archive is built by `cdclake jvm-archive` (cdclake_bench.jvm_archive). `driver_java_options`
 gives a driver the archive when it exists and the JIT for its batch. The JVM checks the
@@ -47,13 +31,9 @@ from pathlib import Path
 
 ARCHIVE_ENV = "CDCLAKE_JVM_ARCHIVE"
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
-# A batch of at most this many records runs its driver with the client compiler only:
-# below it every way of resolving a batch was faster so (above).
+# A batch of at most this many records runs its driver with the client compiler only,
+# and of at most `RANGED_QUICK_JIT_RECORDS` when it resolves range by range
 QUICK_JIT_RECORDS = 250_000
-# ... and of at most this many when the batch resolves range by range
-# (`resolves_by_range`; or, in a big initial snapshot, in tasks by key), where C1 alone
-# was faster or even at every size measured; only a topic that falls back to the Spark
-# SQL jobs is slower so.
 RANGED_QUICK_JIT_RECORDS = 2_000_000
 # the job writes its results to stdout: the JVM's own warnings (an archive that does not
 # match) must go to stderr

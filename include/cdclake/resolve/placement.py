@@ -60,12 +60,8 @@ class Tuning:
     them to reach each way a batch can take."""
 
     # A batch of at most this many records is read and resolved by the driver: no Spark
-    # job or Python worker before the tables' work, and one process's CPU. Cold batches
-    # (first loads of the connector's ~4 KB records), read and resolved by the driver
-    # against range by range: 10,000 records 3.3, 3.4 s against 5.1, 5.2 s; 20,000 3.7,
-    # 4.2 against 5.4, 5.5 s; 40,000 5.1, 5.3 against 5.6, 5.7 s; 100,000 in one table
-    # 6.1, 6.9 against 5.8, 6.8 s, in three 6.7, 6.8 against 7.2, 7.7 s; 150,000 in three
-    # 8.8 against 7.8 s. The driver used a third less CPU up to 100,000.
+    # job or Python worker before the tables' work, and one process's CPU. Up to here
+    # it was faster than range by range, cold (docs/performance.md, "Small batches").
     driver_read_records: int = 50_000
     # A keyed table that holds no row is written by an append that checks no other
     # commit added rows (`append_to_empty`), instead of a MERGE.
@@ -76,9 +72,8 @@ class Tuning:
     # 10M-row table took 9.2 s without it. A smaller table is cheaper to join whole than
     # the extra job that collects the keys. Text keys whose literals would pass
     # `key_filter_chars` characters go without. A MERGE of more changes gives each integer
-    # key column the range of its values instead: 100,000 changes to the newest 5% of a
-    # 10M-row table took 2.4-3.1 s with it, 7.0-12.0 s without; spread over the whole
-    # table no slower (7.9-12.5 s against 8.5-16.8 s).
+    # key column the range of its values instead (100,000 changes to the newest 5% of a
+    # 10M-row table: 2.4-3.1 s with it, 7.0-12.0 s without).
     key_filter_rows: int = 1_000_000
     key_filter_keys: int = 20_000
     key_filter_chars: int = 1_000_000
