@@ -1,4 +1,5 @@
-"""The raw scan in Python (small batches the driver reads) against the Spark job."""
+"""The raw scan of rows the driver holds, and of a DataFrame in Spark tasks (tallies of
+parts of the batch added up)."""
 
 import base64
 
@@ -55,11 +56,12 @@ def batch() -> pa.Table:
     })  # fmt: skip
 
 
-def test_the_python_scan_equals_the_spark_scan(spark):
+@pytest.mark.parametrize("parts", [1, 3, 8], ids=["one task", "three tasks", "eight tasks"])
+def test_the_scan_in_tasks_adds_up_to_the_scan_of_the_whole(spark, parts):
     rows = batch()
     got = scan_rows(rows, MEASURED.truncate_text)
-    assert got == scan_raw(arrow_frame(spark, rows), MEASURED.truncate_text)
-    # and both are right, not equally wrong
+    frame = arrow_frame(spark, rows).repartition(parts)
+    assert got == scan_raw(frame, MEASURED.truncate_text)
     items = got.schemas[ITEMS]
     assert len(items["value"]) == 2 and len(items["key"]) == 1
     newest = items["value"][-1][1]  # oldest first: the schema of offset 2 is the last used

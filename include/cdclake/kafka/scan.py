@@ -2,14 +2,15 @@
 (the schemas of each topic, the records that are not envelopes, which topics may hold a
 truncate).
 
-`scan_raw` is one Spark job over the raw DataFrame; `scan_rows` gives the same answer
-for raw rows the driver holds (small batches, read by the driver itself).
+`scan_rows` reads raw rows the driver holds (small batches, read by the driver itself);
+`scan_raw` runs the same in the Spark tasks over a raw DataFrame and adds up their
+tallies.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,95 +32,100 @@ class RawScan:
 
 
 def scan_raw(raw, truncate_text: str) -> RawScan:
-    """One Spark job for the schema collection and the broken-envelope check of every
-    topic of the batch (instead of one job each)."""
-    from pyspark.sql import functions as F
+    """`scan_rows` of a batch's raw records in Spark: one job whose tasks each tally
+    their rows (`_Tally`), added up by the driver."""
+    import json
 
-    sides = [
-        F.struct(F.lit(side).alias("side"), F.col(f"{side}_schema_id").alias("sid"),
-                 F.col(f"{side}_schema").alias("text"))
-        for side in ("key", "value")
-    ]  # fmt: skip
-    sides.append(
-        F.struct(F.lit("error").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.col("error").alias("text"))
-    )  # fmt: skip
-    sides.append(
-        F.struct(F.lit("truncate").alias("side"), F.lit(None).cast("long").alias("sid"),
-                 F.when(F.col("value_payload").rlike(truncate_text), F.lit("t")).alias("text"))
-    )  # fmt: skip
-    at = F.struct("partition", "offset")
-    is_error = F.col("s.side") == "error"
-    flagged = F.col("s.side").isin("error", "truncate") & F.col("s.text").isNotNull()
-    rows = (
-        raw.select("topic", "partition", "offset", "error", F.explode(F.array(*sides)).alias("s"))
-        .where(F.col("s.sid").isNotNull() | flagged)
-        .groupBy("topic", F.col("s.side").alias("side"), F.col("s.sid").alias("sid"))
-        .agg(
-            # a schema counts for the records that split; its text may come from any
-            # record (the reader sends it with the first one of a task only)
-            F.max(F.when(F.col("error").isNull(), at)).alias("last"),
-            F.first("s.text", ignorenulls=True).alias("text"),
-            F.min(F.when(is_error, F.struct("partition", "offset", F.col("s.text")))).alias(
-                "first"
-            ),
-            F.count(F.lit(1)).alias("n"),
-        )
-        .collect()
-    )
-    schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
-    broken: dict[str, tuple[int, int, str]] = {}
-    broken_count = 0
-    truncates = set()
-    for r in sorted(rows, key=lambda r: (r["topic"], _age(r["last"]))):
-        if r["side"] == "truncate":
-            truncates.add(r["topic"])
-        elif r["side"] == "error":
-            broken[r["topic"]] = (r["first"][0], r["first"][1], r["first"][2])
-            broken_count += r["n"]
-        elif r["last"] is not None:
-            schemas.setdefault(r["topic"], {}).setdefault(r["side"], []).append(
-                (r["sid"], r["text"])
-            )
-    return RawScan(schemas, broken, broken_count, frozenset(truncates))
+    def task(batches):
+        import pyarrow as pa
+
+        tally = _Tally()
+        for b in batches:
+            tally.add_rows(b, truncate_text)
+        yield pa.RecordBatch.from_pydict({"tally": [json.dumps(tally.to_json())]})
+
+    total = _Tally()
+    for row in raw.mapInArrow(task, "tally string").collect():
+        total.merge(_Tally.from_json(json.loads(row.tally)))
+    return total.scan()
 
 
-def _age(last) -> tuple[int, int]:
-    """Where a schema was last used, to order a topic's schemas oldest first: by offset,
-    then partition (-1 when no record that split used it)."""
-    return (last["offset"], last["partition"]) if last else (-1, -1)
+def scan_rows(rows: pa.Table | pa.RecordBatch, truncate_text: str) -> RawScan:
+    """What one pass over raw rows (the reader's Arrow rows) tells."""
+    tally = _Tally()
+    tally.add_rows(rows, truncate_text)
+    return tally.scan()
 
 
-def scan_rows(rows: pa.Table, truncate_text: str) -> RawScan:
-    """`scan_raw` of raw rows held by the driver (an Arrow table of the reader's rows)."""
-    truncate = re.compile(truncate_text, re.ASCII)  # Java's \s: ASCII whitespace only
-    last: dict[tuple[str, str, int], tuple[int, int]] = {}  # (partition, offset)
-    texts: dict[tuple[str, str, int], str | None] = {}
-    broken: dict[str, tuple[int, int, str]] = {}
-    broken_count = 0
-    truncates = set()
-    columns = rows.drop_columns(["key_payload"]).to_pydict()
-    for i, topic in enumerate(columns["topic"]):
-        partition, offset = columns["partition"][i], columns["offset"][i]
-        error = columns["error"][i]
-        for side in ("key", "value"):
-            sid = columns[f"{side}_schema_id"][i]
-            if sid is None:
-                continue
-            group = (topic, side, sid)
-            if texts.get(group) is None:
-                texts[group] = columns[f"{side}_schema"][i]
-            if error is None:
-                last[group] = max(last.get(group, (partition, offset)), (partition, offset))
-        if error is not None:
-            broken_count += 1
-            broken[topic] = min(broken.get(topic, (partition, offset, error)),
-                                (partition, offset, error))  # fmt: skip
-        payload = columns["value_payload"][i]
-        if payload is not None and truncate.search(payload):
-            truncates.add(topic)
-    schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
-    # the order of `_age`: by offset, then partition
-    for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
-        schemas.setdefault(topic, {}).setdefault(side, []).append((sid, texts[(topic, side, sid)]))
-    return RawScan(schemas, broken, broken_count, frozenset(truncates))
+Group = tuple[str, str, int]  # topic, side ("key" or "value"), schema id
+
+
+@dataclass
+class _Tally:
+    """What a pass has met so far: each schema's text and where a record that split last
+    used it (partition, offset), the first broken record of each topic and their count,
+    and the topics that may hold a truncate. Tallies of parts of a batch add up."""
+
+    last: dict[Group, tuple[int, int]] = field(default_factory=dict)
+    texts: dict[Group, str | None] = field(default_factory=dict)
+    broken: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    broken_count: int = 0
+    truncates: set[str] = field(default_factory=set)
+
+    def add_rows(self, rows, truncate_text: str) -> None:
+        truncate = re.compile(truncate_text, re.ASCII)  # Java's \s: ASCII whitespace only
+        columns = rows.drop_columns(["key_payload"]).to_pydict()
+        for i, topic in enumerate(columns["topic"]):
+            partition, offset = columns["partition"][i], columns["offset"][i]
+            error = columns["error"][i]
+            for side in ("key", "value"):
+                sid = columns[f"{side}_schema_id"][i]
+                if sid is not None:
+                    self._use((topic, side, sid), columns[f"{side}_schema"][i],
+                              None if error is not None else (partition, offset))  # fmt: skip
+            if error is not None:
+                self._broke(topic, (partition, offset, error), 1)
+            payload = columns["value_payload"][i]
+            if payload is not None and truncate.search(payload):
+                self.truncates.add(topic)
+
+    def _use(self, group: Group, text: str | None, at: tuple[int, int] | None) -> None:
+        if self.texts.get(group) is None:  # the reader sends a text with a task's first use
+            self.texts[group] = text
+        if at is not None:
+            self.last[group] = max(self.last.get(group, at), at)
+
+    def _broke(self, topic: str, first: tuple[int, int, str], count: int) -> None:
+        self.broken_count += count
+        self.broken[topic] = min(self.broken.get(topic, first), first)
+
+    def merge(self, other: _Tally) -> None:
+        for group, text in other.texts.items():
+            self._use(group, text, other.last.get(group))
+        for topic, first in other.broken.items():
+            self._broke(topic, first, 0)
+        self.broken_count += other.broken_count
+        self.truncates |= other.truncates
+
+    def scan(self) -> RawScan:
+        """The schemas of each topic that a record that split used, oldest first by
+        where they were last used (offset, then partition)."""
+        schemas: dict[str, dict[str, list[tuple[int, str]]]] = {}
+        last = self.last
+        for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
+            schemas.setdefault(topic, {}).setdefault(side, []).append(
+                (sid, self.texts[(topic, side, sid)]))  # fmt: skip
+        return RawScan(schemas, self.broken, self.broken_count, frozenset(self.truncates))
+
+    def to_json(self) -> dict:
+        return {"groups": [[*g, self.texts[g], self.last.get(g)] for g in self.texts],
+                "broken": [[t, *first] for t, first in self.broken.items()],
+                "broken_count": self.broken_count, "truncates": sorted(self.truncates)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict) -> _Tally:
+        tally = cls(broken_count=data["broken_count"], truncates=set(data["truncates"]))
+        for topic, side, sid, text, at in data["groups"]:
+            tally._use((topic, side, sid), text, None if at is None else tuple(at))
+        tally.broken = {t: (p, o, e) for t, p, o, e in data["broken"]}
+        return tally
