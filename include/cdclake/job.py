@@ -61,7 +61,7 @@ def run_batch(
     pipeline = discover(pipeline, {r.topic for r in plan.ranges})
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
-    conf = batch_conf(sum(r.size for r in plan.ranges), pipeline.spark.conf)
+    conf = batch_conf(plan.total <= tuning.driver_read_records, pipeline.spark.conf)
     with batch_settings(spark, conf) as before:
         return _run_batch(spark, pipeline, plan, read, before, placement, tuning)
 

@@ -224,17 +224,18 @@ def _import_jvm_names(spark: SparkSession) -> None:
         java_import(spark._jvm, name)
 
 
-# A batch of at most this many records evaluates its expressions interpreted: each
-# table's MERGE or append compiles to Java classes per query, which costs more than
-# evaluating them for a few thousand rows (the 100-event spark-submit over 10 tables:
-# 6.5-6.7 s, 9.5-9.8 CPU s, against 7.0-7.3 s, 10.0-10.4 CPU s compiled).
+# A batch the driver reads (`Tuning.driver_read_records`) evaluates its expressions
+# interpreted (`batch_conf`): each table's MERGE or append compiles to Java classes per
+# query, which costs more than evaluating them for the rows of such a batch
+# (docs/performance.md, "Small batches").
+#
+# A batch of at most SMALL_BATCH_RECORDS records read by Spark tasks is read into one
+# partition (`SMALL_BATCH_PARTITIONS`): each task carries the whole plan, and
+# deserialising it for each of a dozen near-empty tasks cost more than the rows.
+# Shuffles keep their partitions and adaptive execution: a small batch's MERGE into a
+# 10M-row table took 16.2 s with one shuffle partition and no adaptive execution (which
+# turns the join into a broadcast), 10.1 s with them.
 SMALL_BATCH_RECORDS = 10_000
-# Its raw records are also read into one partition (`SMALL_BATCH_PARTITIONS`): each
-# task carries the whole decode plan, and deserialising it for each of a dozen
-# near-empty tasks cost more than the rows. Shuffles keep their partitions and adaptive
-# execution: a small batch's MERGE into a 10M-row table took 16.2 s with one shuffle
-# partition and no adaptive execution (which turns the join into a broadcast), 10.1 s
-# with them.
 SMALL_BATCH_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
@@ -266,9 +267,10 @@ def cache_level(records: int):
     return StorageLevel.MEMORY_AND_DISK
 
 
-def batch_conf(records: int, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
-    """Session settings for a batch of `records` records; the pipeline's own win."""
-    if records > SMALL_BATCH_RECORDS:
+def batch_conf(small: bool, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
+    """Session settings for a batch (`small`: one the driver reads); the pipeline's own
+    win."""
+    if not small:
         return {}
     return {k: v for k, v in SMALL_BATCH_CONF.items() if k not in pipeline_conf}
 
