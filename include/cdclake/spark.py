@@ -224,10 +224,10 @@ def _import_jvm_names(spark: SparkSession) -> None:
         java_import(spark._jvm, name)
 
 
-# A batch the driver reads (`Tuning.driver_read_records`) evaluates its expressions
-# interpreted (`batch_conf`): each table's MERGE or append compiles to Java classes per
-# query, which costs more than evaluating them for the rows of such a batch
-# (docs/performance.md, "Small batches").
+# A batch of at most `Tuning.driver_read_records` records (the size the driver reads)
+# evaluates its expressions interpreted (`batch_conf`), wherever it is read: each
+# table's MERGE or append compiles to Java classes per query, which costs more than
+# evaluating them for the rows of such a batch (docs/performance.md, "Small batches").
 #
 # A batch of at most SMALL_BATCH_RECORDS records read by Spark tasks is read into one
 # partition (`SMALL_BATCH_PARTITIONS`): each task carries the whole plan, and
@@ -268,8 +268,8 @@ def cache_level(records: int):
 
 
 def batch_conf(small: bool, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
-    """Session settings for a batch (`small`: one the driver reads); the pipeline's own
-    win."""
+    """Session settings for a batch (`small`: of at most the records the driver reads);
+    the pipeline's own win."""
     if not small:
         return {}
     return {k: v for k, v in SMALL_BATCH_CONF.items() if k not in pipeline_conf}
