@@ -45,7 +45,7 @@ def scan_raw(raw, truncate_text: str) -> RawScan:
         yield pa.RecordBatch.from_pydict({"tally": [json.dumps(tally.to_json())]})
 
     total = _Tally()
-    for row in raw.mapInArrow(task, "tally string").collect():
+    for row in raw.select(*SCAN_COLUMNS).mapInArrow(task, "tally string").collect():
         total.merge(_Tally.from_json(json.loads(row.tally)))
     return total.scan()
 
@@ -58,6 +58,9 @@ def scan_rows(rows: pa.Table | pa.RecordBatch, truncate_text: str) -> RawScan:
 
 
 Group = tuple[str, str, int]  # topic, side ("key" or "value"), schema id
+# the raw rows' columns a tally reads
+SCAN_COLUMNS = ["topic", "partition", "offset", "error", "key_schema_id", "key_schema",
+                "value_schema_id", "value_schema", "value_payload"]  # fmt: skip
 
 
 @dataclass
@@ -74,7 +77,7 @@ class _Tally:
 
     def add_rows(self, rows, truncate_text: str) -> None:
         truncate = re.compile(truncate_text, re.ASCII)  # Java's \s: ASCII whitespace only
-        columns = rows.drop_columns(["key_payload"]).to_pydict()
+        columns = rows.select(SCAN_COLUMNS).to_pydict()
         for i, topic in enumerate(columns["topic"]):
             partition, offset = columns["partition"][i], columns["offset"][i]
             error = columns["error"][i]
