@@ -25,7 +25,7 @@ from cdclake.kafka.scan import scan_rows
 from cdclake.resolve.fold import (
     RAW_COLUMNS,
     REASON,
-    TRUNCATE_MARK,
+    TaskReports,
     grouped_by_kafka_key,
     resolve_rows,
     resolve_task,
@@ -296,7 +296,8 @@ def test_a_placeholder_takes_the_first_real_value_of_equal_offsets():
     rows = raw_table(parts)
     local = resolve_rows(rows, *topic_of(rows))
     got = local.rows.to_pylist()
-    assert [(r["id"], r["name"], r[f"{TOAST_PREFIX}name"]) for r in got] == [(1, "a", False)]
+    assert [(r["id"], r["name"]) for r in got] == [(1, "a")]
+    assert not local.toast  # no placeholder left for the table's value: no flags
 
 
 def test_a_truncate_drops_what_came_before(spark):
@@ -474,7 +475,7 @@ def test_arrow_types_of_the_lake_types():
 
 def tasks_resolve(spark, rows: pa.Table, tasks: int = 3):
     """The resolve run in Spark tasks, the records shuffled by their Kafka key: (resolved
-    rows, reporting rows)."""
+    rows, the tasks' reports added up)."""
     from pyspark.sql import functions as F
 
     schema, keys, values = topic_of(rows)
@@ -483,8 +484,9 @@ def tasks_resolve(spark, rows: pa.Table, tasks: int = 3):
         arrow_frame(spark, rows).select(*RAW_COLUMNS).repartition(tasks, "key_payload")
         .mapInArrow(task, columns_ddl(task_columns(schema)))
     )  # fmt: skip
+    reports = frame.where(F.col(REASON).isNotNull()).collect()
     return (ordered(frame.where(F.col(REASON).isNull()).drop(REASON)),
-            frame.where(F.col(REASON).isNotNull()).collect())  # fmt: skip
+            TaskReports.of(r[REASON] for r in reports))  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -497,9 +499,8 @@ def test_tasks_grouped_by_key_resolve_as_the_driver(spark, seed):
     one = local.truncate is not None
     got, reported = tasks_resolve(spark, rows, tasks=1 if one else 3)
     same(mine, got, True)
-    assert [(r[REASON], r[PARTITION], r[OFFSET]) for r in reported] == (
-        [(TRUNCATE_MARK, local.truncate.partition, local.truncate.offset)] if one else []
-    )
+    assert reported.truncate == local.truncate
+    assert (reported.counts, reported.max_source_ms) == (local.counts, local.max_source_ms)
 
 
 def test_tasks_report_the_records_that_cannot_be_applied(spark):
@@ -507,7 +508,7 @@ def test_tasks_report_the_records_that_cannot_be_applied(spark):
                           (key_record(2), value_record("c", None, item(2, "b")))]})  # fmt: skip
     got, reported = tasks_resolve(spark, rows)
     assert [r["id"] for r in got] == [2]
-    assert [(r[REASON], r[OFFSET]) for r in reported] == [("unknown operation x", 0)]
+    assert reported.bad == [(0, 0, "unknown operation x")]
 
 
 def test_a_task_flags_a_placeholder_whatever_the_others_met(spark):

@@ -114,8 +114,9 @@ def decode_records(
     row is its row before); `BadRecord` for a record that cannot be applied."""
     keys, values, deletes = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(RECORD_COLUMNS).to_pydict()
-    headers = (rows.column("headers").to_pylist() if "headers" in rows.column_names
-               else [None] * rows.num_rows)  # fmt: skip
+    texts = (rows.column("headers").to_pylist() if "headers" in rows.column_names
+             else [None] * rows.num_rows)  # fmt: skip
+    headers = [header_values(h) for h in texts]
     ident = identifier(schema.key_names)
     changes: list[Change] = []
     for partition, offset, tombstone, key_sid, key_text, value_sid, value_text, head in zip(
@@ -143,15 +144,14 @@ def decode_records(
         if not tombstone:
             check_change(change)
         changes.append(change)
-    if any(h is not None for h in headers):
+    if any(headers):
         changed_from(changes, headers, cols["key_schema_id"], keys, ident)
     return changes
 
 
-def _meta(payload: dict, headers: str | None) -> tuple[str, int | None, int | None]:
+def _meta(payload: dict, found: dict[str, str]) -> tuple[str, int | None, int | None]:
     """A flattened row's operation, LSN and source time: each the transform's field,
-    else its header."""
-    found = header_values(headers) if headers is not None else {}
+    else its header (`found`: the record's `header_values`)."""
     meta: list = []
     for name in ("op", "lsn", "source_ts_ms"):
         value = payload.get(f"{META}{name}")

@@ -280,8 +280,8 @@ def decode_records(
             check_change(change)
         append(change)
     if "headers" in rows.column_names and rows.column("headers").null_count < rows.num_rows:
-        changed_from(changes, rows.column("headers").to_pylist(), cols["key_schema_id"], keys,
-                     ident)  # fmt: skip
+        headers = [header_values(h) for h in rows.column("headers").to_pylist()]
+        changed_from(changes, headers, cols["key_schema_id"], keys, ident)
     return changes
 
 
@@ -302,12 +302,13 @@ def check_change(change: Change) -> None:
         raise BadRecord("record has no key")
 
 
-def changed_from(changes: list[Change], headers: list, key_sids: list, keys: Mapping,
-                 ident) -> None:  # fmt: skip
-    """Each create with an old key (the `__debezium.oldkey` header: a primary-key change)
-    takes its values (`Change.from_key`), decoded as the record's own key is."""
+def changed_from(changes: list[Change], headers: list[dict[str, str]], key_sids: list,
+                 keys: Mapping, ident) -> None:  # fmt: skip
+    """Each create with an old key (the `__debezium.oldkey` header, in its record's
+    `header_values`: a primary-key change) takes its values (`Change.from_key`), decoded
+    as the record's own key is."""
     for change, found, sid in zip(changes, headers, key_sids, strict=True):
-        text = header_values(found).get(OLD_KEY_HEADER)
+        text = found.get(OLD_KEY_HEADER)
         if text is None or change.op != "c" or keys.get(sid) is None:
             continue
         data = parse_json(text)

@@ -17,7 +17,8 @@ were not there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,7 @@ class TopicResolved:
     truncate: Truncate | None
     counts: dict[bool, int]  # rows per deleted flag
     max_source_ms: int | None  # the latest source timestamp of the rows
-    toast: bool  # the rows carry the TOAST flags (a placeholder was in the batch)
+    toast: bool  # the rows carry the TOAST flags (a placeholder was left for the table)
     # records that cannot be applied: (partition, offset, reason), in Kafka order
     bad: tuple[tuple[int, int, str], ...] = ()
 
@@ -158,7 +159,7 @@ def resolve_changes(
     changes: Sequence[Change], schema: TopicSchema
 ) -> tuple[list[dict], Truncate | None, bool]:
     """Each key's resolved row (dicts of `result_columns`), the truncate, and whether the
-    rows carry the TOAST flags (a placeholder was among the values)."""
+    rows carry the TOAST flags (a placeholder was left for the table's value)."""
     check_key_types(schema)
     truncate = last_truncate(changes)
     toasty = toastable(schema)
@@ -173,9 +174,7 @@ def resolve_changes(
         groups.setdefault(key, []).append(c)
     found = any(is_placeholder(c.after.get(col.name), col)
                 for _, c in rows if c.after is not None for col in toasty)  # fmt: skip
-    toast = found
-    toast_cols = toasty if toast else []
-    toast_of = ToastColumns(toast_cols)
+    toast_of = ToastColumns(toasty if found else [])
     out, shape = [], RowShape(schema, toast_of)
     for key, group in groups.items():
         fold = KeyFold()
@@ -183,7 +182,7 @@ def resolve_changes(
             fold.add(c, toast_of)
         if fold.r is not None:
             out.append(fold.row(key, shape))
-    return out, truncate, toast
+    return out, truncate, any(row[flag] for row in out for *_, flag in shape.toast)
 
 
 class KeyFold:
@@ -439,10 +438,9 @@ def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, s
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                "value_schema_id", "value_payload", "headers")  # fmt: skip
 TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
-# a column of what `resolve_task` returns: NULL on a resolved row; on a row that only
-# reports, the reason of a record that cannot be applied, or `TRUNCATE_MARK`
+# a column of what `resolve_task` returns: NULL on a resolved row; on each task's last row,
+# what its resolve found besides its rows (`task_report`)
 REASON = "_cdc_reason"
-TRUNCATE_MARK = "truncate"
 
 
 def grouped_by_kafka_key(schema: TopicSchema, key_schemas: Mapping[int, str], table_key) -> bool:
@@ -455,8 +453,8 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
                  value_schemas: Mapping[int, str]):  # fmt: skip
     """A `mapInArrow` function: the raw records of some keys (all of each key's records
     in the batch) -> their resolved rows (`task_columns`: a keyed table's with the TOAST
-    flags, False where the task met no placeholder), then a row for each record that
-    cannot be applied and for a truncate (`REASON`)."""
+    flags, False where the task met no placeholder), then a row that reports the rest
+    (`REASON`: `task_report`)."""
     key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
     columns = task_columns(schema)
 
@@ -474,14 +472,8 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
                   else pa.nulls(rows.num_rows, arrow_type(type_))
                   for name, type_ in columns]  # fmt: skip
         yield from pa.Table.from_arrays(arrays, names=[n for n, _ in columns]).to_batches()
-        marks = [{PARTITION: p, OFFSET: o, REASON: why} for p, o, why in done.bad]
-        if done.truncate is not None:
-            t = done.truncate
-            marks.append({PARTITION: t.partition, OFFSET: t.offset, LSN: t.lsn,
-                          REASON: TRUNCATE_MARK})  # fmt: skip
-        if marks:
-            yield from rows_table([{**dict.fromkeys(n for n, _ in columns), **m} for m in marks],
-                                  columns).to_batches()  # fmt: skip
+        report = {**dict.fromkeys(n for n, _ in columns), REASON: task_report(done)}
+        yield from rows_table([report], columns).to_batches()
 
     return task
 
@@ -490,3 +482,37 @@ def task_columns(schema: TopicSchema) -> list[tuple[str, str]]:
     """(name, Spark type) of what `resolve_task` returns."""
     keyed = bool(schema.key_names)
     return [*result_columns(schema, keyed, keyed), (REASON, "string")]
+
+
+def task_report(done: TopicResolved) -> str:
+    """What a task's resolve found besides its rows, as JSON: see `TaskReports`."""
+    t = done.truncate
+    last = None if t is None else [t.partition, t.offset, t.lsn]
+    return json.dumps({"counts": [done.counts.get(False, 0), done.counts.get(True, 0)],
+                       "max_ms": done.max_source_ms, "toast": done.toast, "bad": done.bad,
+                       "truncate": last})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskReports:
+    """The tasks' reports (`task_report`) added up: the rows per deleted flag, the latest
+    source time, whether a task left a placeholder, the records that cannot be applied
+    (in Kafka order) and the last truncate."""
+
+    counts: dict[bool, int]
+    max_source_ms: int | None
+    toast: bool
+    bad: list[tuple[int, int, str]]
+    truncate: Truncate | None
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> TaskReports:
+        found = [json.loads(t) for t in texts]
+        alive, deleted = (sum(r["counts"][i] for r in found) for i in (0, 1))
+        counts = {flag: n for flag, n in ((False, alive), (True, deleted)) if n}
+        latest = [r["max_ms"] for r in found if r["max_ms"] is not None]
+        bad = sorted((p, o, why) for r in found for p, o, why in r["bad"])
+        truncates = [Truncate(*r["truncate"]) for r in found if r["truncate"]]
+        last = max(truncates, key=lambda t: (t.offset, t.partition), default=None)
+        return cls(counts, max(latest, default=None), any(r["toast"] for r in found), bad,
+                   last)  # fmt: skip

@@ -9,21 +9,21 @@ import logging
 
 from cdclake.batch import Batch, Resolved, TableResult
 from cdclake.config import OnError, TableConfig
-from cdclake.debezium.schema import DELETED, LSN, OFFSET, PARTITION, SOURCE_TS, TopicSchema
+from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.reader import arrow_frame
 from cdclake.resolve.fold import (
     RAW_COLUMNS,
     REASON,
     TASK_RECORDS,
-    TRUNCATE_MARK,
+    TaskReports,
     grouped_by_kafka_key,
     resolve_rows,
     resolve_task,
     task_columns,
 )
 from cdclake.resolve.rows import columns_ddl
-from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX, Truncate
+from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
@@ -82,50 +82,23 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
     task = resolve_task(schema, key_schemas, value_schemas)
     out = spread.mapInArrow(task, columns_ddl(columns)).persist(cache_level(result.records))
     try:
-        flags = [n for n, _ in columns if n.startswith(TOAST_PREFIX)]
-        from_key = [n for n, _ in columns if n.startswith(FROM_KEY_PREFIX)]
-        stats, marks = _stats_and_marks(out, flags)
-        truncates = [Truncate(m[PARTITION], m[OFFSET], m[LSN]) for m in marks
-                     if m[REASON] == TRUNCATE_MARK]  # fmt: skip
-        truncate = max(truncates, key=lambda t: (t.offset, t.partition), default=None)
-        if truncate is not None and by_key:  # the raw scan missed it: the whole topic
+        reports = out.where(F.col(REASON).isNotNull()).select(REASON).collect()
+        found = TaskReports.of(r[0] for r in reports)
+        if found.truncate is not None and by_key:  # the raw scan missed it: the whole topic
             log.warning("%s: a truncate the raw scan did not see; resolving again in one "
                         "task", topic)  # fmt: skip
             out.unpersist()
             return _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
                                      value_schemas, result, one_task=True)  # fmt: skip
-        bad = [(m[PARTITION], m[OFFSET], m[REASON]) for m in marks if m[REASON] != TRUNCATE_MARK]
-        _bad_records(batch, topic, table, sorted(bad), result)
+        _bad_records(batch, topic, table, found.bad, result)
     except BaseException:
         out.unpersist()
         raise
-    counts = {r[DELETED]: r["n"] for r in stats}
-    max_ts = max((r["ts"] for r in stats if r["ts"] is not None), default=None)
-    max_ms = None if max_ts is None else int(max_ts.timestamp() * 1000)
     rows = out.where(F.col(REASON).isNull()).drop(REASON)
-    toast = any(r["toast"] for r in stats)
-    if not toast:  # no placeholder: the MERGE keeps no table value
-        rows = rows.drop(*flags, *from_key)
-    return Resolved(rows, truncate, counts, max_ms, toast, cached=out)
-
-
-def _stats_and_marks(out, flags: list[str]):
-    """In one Spark job: the rows per deleted flag with their latest source time and
-    whether any of them has a TOAST `flags` set, and the rows that report a record that
-    cannot be applied or a truncate."""
-    from functools import reduce
-
-    from pyspark.sql import functions as F
-
-    reported = F.col(REASON).isNotNull()
-    flagged = reduce(lambda a, b: a | b, [F.col(f) for f in flags], F.lit(False))
-    grouped = out.groupBy(
-        F.when(reported, F.struct(PARTITION, OFFSET, LSN, REASON)).alias("mark"), DELETED
-    ).agg(F.count(F.lit(1)).alias("n"), F.max(SOURCE_TS).alias("ts"),
-          F.max(F.coalesce(flagged, F.lit(False))).alias("toast"))  # fmt: skip
-    rows = grouped.collect()
-    stats = [r for r in rows if r["mark"] is None]
-    return stats, [r["mark"] for r in rows if r["mark"] is not None]
+    if not found.toast:  # no placeholder: the MERGE keeps no table value
+        rows = rows.drop(*(n for n, _ in columns if n.startswith((TOAST_PREFIX, FROM_KEY_PREFIX))))
+    return Resolved(rows, found.truncate, found.counts, found.max_source_ms, found.toast,
+                    cached=out)  # fmt: skip
 
 
 def _bad_records(batch: Batch, topic: str, table: TableConfig,
