@@ -199,6 +199,11 @@ def build_session(
     for key, value in later.items():
         spark.conf.set(key, value)
     spark.sparkContext.setLogLevel("WARN")
+    # Iceberg logs an ERROR with its stack for each metadata file its removal of
+    # orphan files finds already deleted (`write.metadata.delete-after-commit`), and goes on
+    log4j = spark._jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setLevel("org.apache.iceberg.ReachableFileUtil",
+                                            log4j.Level.OFF)  # fmt: skip
     _import_jvm_names(spark)
     return spark
 

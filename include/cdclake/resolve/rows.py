@@ -110,10 +110,7 @@ def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) 
         kind = arrow_type(type_)
         values = data[name]
         try:
-            if isinstance(values, pa.Array):  # a column decoded as one (`column_decoder`)
-                arrays.append(values if values.type == kind else values.cast(kind))
-            else:
-                arrays.append(pa.array(values, type=kind))
+            arrays.append(pa.array(values, type=kind))
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise DecodeError(f"column {name!r} ({type_}): {exc}") from None
         fields.append(pa.field(name, kind))
