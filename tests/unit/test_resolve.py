@@ -23,17 +23,19 @@ from cdclake.kafka.raw_rows import OLD_KEY_HEADER, RawRows, kept_headers
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
 from cdclake.resolve.fold import (
-    RAW_COLUMNS,
-    REASON,
-    TaskReports,
-    grouped_by_kafka_key,
     resolve_rows,
-    resolve_task,
-    task_columns,
 )
 from cdclake.resolve.placement import MEASURED
 from cdclake.resolve.rows import arrow_type, columns_ddl
 from cdclake.resolve.rules import FROM_KEY_PREFIX, HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
+from cdclake.resolve.tasks import (
+    RAW_COLUMNS,
+    REASON,
+    TaskReports,
+    grouped_by_kafka_key,
+    resolve_task,
+    task_columns,
+)
 
 from tests.debezium_records import (
     ITEM_COLUMNS,

@@ -5,7 +5,7 @@ MERGE reads: each key's latest change in Kafka order (`KeyFold`: the LSN re-send
 tombstone following its delete, TOAST placeholders taking the key's last real value), or
 for a table without a key every change (`changelog_rows`), after the last truncate.
 It runs in the driver for a batch the driver read (`Tuning.driver_read_records`), and in Spark
-tasks for a bigger one (`resolve_task`), over all of a key's records of the batch.
+tasks for a bigger one (`cdclake.resolve.tasks`), over all of a key's records of the batch.
 
 A record that cannot be applied (its payload is not a Debezium envelope of its schema,
 its operation is unknown, it has no key, a value does not fit its column) raises
@@ -17,8 +17,7 @@ were not there.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,6 @@ from cdclake.debezium.schema import (
 )
 from cdclake.exceptions import DecodeError
 from cdclake.resolve.rows import (
-    arrow_type,
     columns_ddl,
     columns_table,
     cycles_uncollected,
@@ -431,88 +429,3 @@ def decode_each(rows: pa.Table, schema: TopicSchema, key_schemas: Mapping[int, s
         except BadRecord as why:
             bad.append((one["partition"][0].as_py(), one["offset"][0].as_py(), str(why)))
     return changes
-
-
-# ---- the same in Spark tasks, for batches the driver did not read -------------------------
-
-RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
-               "value_schema_id", "value_payload", "headers")  # fmt: skip
-TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
-# a column of what `resolve_task` returns: NULL on a resolved row; on each task's last row,
-# what its resolve found besides its rows (`task_report`)
-REASON = "_cdc_reason"
-
-
-def grouped_by_kafka_key(schema: TopicSchema, key_schemas: Mapping[int, str], table_key) -> bool:
-    """Whether all the records of a key in the batch have the same Kafka key text: the
-    key is the Kafka key (not a configured one) and has one schema in the batch."""
-    return bool(schema.key_names) and not table_key and len(key_schemas) == 1
-
-
-def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
-                 value_schemas: Mapping[int, str]):  # fmt: skip
-    """A `mapInArrow` function: the raw records of some keys (all of each key's records
-    in the batch) -> their resolved rows (`task_columns`: a keyed table's with the TOAST
-    flags, False where the task met no placeholder), then a row that reports the rest
-    (`REASON`: `task_report`)."""
-    key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
-    columns = task_columns(schema)
-
-    def task(batches):
-        import pyarrow as pa
-
-        parts = [b for b in batches if b.num_rows]
-        if not parts:
-            return
-        done = resolve_rows(pa.Table.from_batches(parts), schema, key_schemas, value_schemas)
-        rows = done.rows
-        arrays = [rows[name] if name in rows.column_names
-                  else pa.array([False] * rows.num_rows, pa.bool_())
-                  if name.startswith(TOAST_PREFIX)  # a TOAST flag
-                  else pa.nulls(rows.num_rows, arrow_type(type_))
-                  for name, type_ in columns]  # fmt: skip
-        yield from pa.Table.from_arrays(arrays, names=[n for n, _ in columns]).to_batches()
-        report = {**dict.fromkeys(n for n, _ in columns), REASON: task_report(done)}
-        yield from rows_table([report], columns).to_batches()
-
-    return task
-
-
-def task_columns(schema: TopicSchema) -> list[tuple[str, str]]:
-    """(name, Spark type) of what `resolve_task` returns."""
-    keyed = bool(schema.key_names)
-    return [*result_columns(schema, keyed, keyed), (REASON, "string")]
-
-
-def task_report(done: TopicResolved) -> str:
-    """What a task's resolve found besides its rows, as JSON: see `TaskReports`."""
-    t = done.truncate
-    last = None if t is None else [t.partition, t.offset, t.lsn]
-    return json.dumps({"counts": [done.counts.get(False, 0), done.counts.get(True, 0)],
-                       "max_ms": done.max_source_ms, "toast": done.toast, "bad": done.bad,
-                       "truncate": last})  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TaskReports:
-    """The tasks' reports (`task_report`) added up: the rows per deleted flag, the latest
-    source time, whether a task left a placeholder, the records that cannot be applied
-    (in Kafka order) and the last truncate."""
-
-    counts: dict[bool, int]
-    max_source_ms: int | None
-    toast: bool
-    bad: list[tuple[int, int, str]]
-    truncate: Truncate | None
-
-    @classmethod
-    def of(cls, texts: Iterable[str]) -> TaskReports:
-        found = [json.loads(t) for t in texts]
-        alive, deleted = (sum(r["counts"][i] for r in found) for i in (0, 1))
-        counts = {flag: n for flag, n in ((False, alive), (True, deleted)) if n}
-        latest = [r["max_ms"] for r in found if r["max_ms"] is not None]
-        bad = sorted((p, o, why) for r in found for p, o, why in r["bad"])
-        truncates = [Truncate(*r["truncate"]) for r in found if r["truncate"]]
-        last = max(truncates, key=lambda t: (t.offset, t.partition), default=None)
-        return cls(counts, max(latest, default=None), any(r["toast"] for r in found), bad,
-                   last)  # fmt: skip

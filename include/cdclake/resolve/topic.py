@@ -13,17 +13,19 @@ from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.reader import arrow_frame
 from cdclake.resolve.fold import (
+    resolve_rows,
+)
+from cdclake.resolve.rows import columns_ddl
+from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX
+from cdclake.resolve.tasks import (
     RAW_COLUMNS,
     REASON,
     TASK_RECORDS,
     TaskReports,
     grouped_by_kafka_key,
-    resolve_rows,
     resolve_task,
     task_columns,
 )
-from cdclake.resolve.rows import columns_ddl
-from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
