@@ -22,9 +22,7 @@ from cdclake.exceptions import DecodeError
 from cdclake.kafka.raw_rows import OLD_KEY_HEADER, RawRows, kept_headers
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
-from cdclake.resolve.fold import (
-    resolve_rows,
-)
+from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.placement import MEASURED
 from cdclake.resolve.rows import arrow_type, columns_ddl
 from cdclake.resolve.rules import FROM_KEY_PREFIX, HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX

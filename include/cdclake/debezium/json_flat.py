@@ -114,9 +114,8 @@ def decode_records(
     row is its row before); `BadRecord` for a record that cannot be applied."""
     keys, values, deletes = decoders or row_decoders(schema, key_schemas, value_schemas)
     cols = rows.select(RECORD_COLUMNS).to_pydict()
-    texts = (rows.column("headers").to_pylist() if "headers" in rows.column_names
-             else [None] * rows.num_rows)  # fmt: skip
-    headers = [header_values(h) for h in texts]
+    headers = ([header_values(h) for h in rows.column("headers").to_pylist()]
+               if "headers" in rows.column_names else [{}] * rows.num_rows)  # fmt: skip
     ident = identifier(schema.key_names)
     changes: list[Change] = []
     for partition, offset, tombstone, key_sid, key_text, value_sid, value_text, head in zip(

@@ -12,9 +12,7 @@ from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.reader import arrow_frame
-from cdclake.resolve.fold import (
-    resolve_rows,
-)
+from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.rows import columns_ddl
 from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX
 from cdclake.resolve.tasks import (
