@@ -28,10 +28,6 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping gives the same key twice (PyYAML would keep the last one silently)."""
 
-    def __init__(self, field: str, first_line: int, line: int) -> None:
-        super().__init__(problem=f"{field}: duplicate key (lines {first_line} and {line})")
-        self.field, self.first_line, self.line = field, first_line, line
-
 
 class StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a duplicate key in any mapping, naming its path and lines."""
@@ -58,7 +54,8 @@ def _refuse_duplicates(node: yaml.Node, where: str, seen: set[int]) -> None:
         here = f"{where}.{key_node.value}" if where else str(key_node.value)
         line = key_node.start_mark.line + 1
         if key_node.value in first:
-            raise DuplicateKeyError(here, first[key_node.value], line)
+            lines = f"lines {first[key_node.value]} and {line}"
+            raise DuplicateKeyError(problem=f"{here}: duplicate key ({lines})")
         first[key_node.value] = line
         _refuse_duplicates(value_node, here, seen)
 
