@@ -304,21 +304,14 @@ def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
             raise r.fail(where, "must be a string '<schema>.<table>' or a mapping")
         r.strict(where, item)
         source = r.get(item, where, "source", str)
-        parts = source.split(".")
-        if _is_glob(source):
-            if len(parts) != 2 or not all(_GLOB.match(p) for p in parts):
-                raise r.fail(
-                    f"{where}.source",
-                    f"{source!r} must be '<schema>.<table>' (a pattern may use * and ?)",
-                )
-            if "target" in item:
-                raise r.fail(
-                    f"{where}.target",
-                    "a pattern's tables keep their own names; list a table by name to rename it",
-                )
-        elif len(parts) != 2 or not all(IDENTIFIER.match(p) for p in parts):
-            raise r.fail(f"{where}.source", f"{source!r} must be '<schema>.<table>'")
-        target = "" if _is_glob(source) else r.get(item, where, "target", str, parts[1])
+        parts, glob = source.split("."), _is_glob(source)
+        if len(parts) != 2 or not all((_GLOB if glob else IDENTIFIER).match(p) for p in parts):
+            how = " (a pattern may use * and ?)" if glob else ""
+            raise r.fail(f"{where}.source", f"{source!r} must be '<schema>.<table>'{how}")
+        if glob and "target" in item:
+            raise r.fail(f"{where}.target", "a pattern's tables keep their own names; list a "
+                         "table by name to rename it")  # fmt: skip
+        target = "" if glob else r.get(item, where, "target", str, parts[1])
         if target and not IDENTIFIER.match(target):
             raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
         key = _names(r, item, where, "key")
