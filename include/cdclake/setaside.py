@@ -75,18 +75,16 @@ def set_aside_misfits(
     first = unfit.orderBy("partition", "offset").limit(1).collect()[0]
     target = batch.pipeline.qualified_target(table)
     if first._misfit.startswith(NOT_READABLE):
-        raise DecodeError(
-            f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
-            f"Nothing of this batch was written to {target}. To go on, set kafka.format to "
-            "what the connector writes, or on_error: dead_letter (these records are set "
-            "aside)."
-        )
+        go_on = ("set kafka.format to what the connector writes, or on_error: dead_letter "
+                 "(these records are set aside).")  # fmt: skip
+    else:
+        go_on = ("set on_error: dead_letter (these records are set aside), or take the new "
+                 "type: drop the column from the lake table, load (records of the old type in "
+                 "the same batch are set aside or fail), and run an incremental snapshot of the "
+                 "table.")  # fmt: skip
     raise DecodeError(
         f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
-        f"Nothing of this batch was written to {target}. To go "
-        "on, set on_error: dead_letter (these records are set aside), or take the new type: "
-        "drop the column from the lake table, load (records of the old type in the same "
-        "batch are set aside or fail), and run an incremental snapshot of the table."
+        f"Nothing of this batch was written to {target}. To go on, {go_on}"
     )
 
 
