@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from cdclake.exceptions import CdclakeError
+
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
@@ -53,8 +55,6 @@ def run_job(
     """What every spark-submit entry point does around its work: parse the arguments, die
     with spark-submit, log to stderr, and turn a cdclake error into its message and exit
     status 2."""
-    from cdclake.exceptions import CdclakeError
-
     args = parser.parse_args(argv)
     exit_with_parent()  # a killed spark-submit (task timeout, manual kill) takes us along
     logging.basicConfig(

@@ -11,8 +11,10 @@ import datetime as dt
 import logging
 import uuid
 from collections import defaultdict
+from itertools import groupby
 
 from cdclake.config import PipelineConfig
+from cdclake.exceptions import ConfigError
 from cdclake.iceberg.deadletters import mark_replayed
 from cdclake.iceberg.tables import DEAD_LETTERS
 from cdclake.job import run_batch
@@ -94,12 +96,10 @@ def raw_rows(pipeline: PipelineConfig, records: list):
     from cdclake.kafka.raw_rows import kept_headers, raw_arrow_schema
 
     kafka = pipeline.kafka
-    parts: dict[tuple[str, int], list] = defaultdict(list)
-    for r in records:
-        parts[(r.topic, r.partition)].append(r)
     batches = []
-    for (topic, partition), found in sorted(parts.items()):
-        found.sort(key=lambda r: r.offset)
+    records = sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
+    for (topic, partition), group in groupby(records, key=lambda r: (r.topic, r.partition)):
+        found = list(group)
         writer = kafka.format.raw_rows(topic, partition, kafka.schema_registry)
         writer.add_many([r.offset for r in found], [0] * len(found),
                         [r.raw_key for r in found], [r.raw_value for r in found],
@@ -110,8 +110,6 @@ def raw_rows(pipeline: PipelineConfig, records: list):
 
 def parse_since(text: str) -> dt.datetime:
     """An ISO 8601 date or time (UTC when it names no offset), or epoch milliseconds."""
-    from cdclake.exceptions import ConfigError
-
     text = text.strip()
     try:
         if text.isdigit():
@@ -124,8 +122,6 @@ def parse_since(text: str) -> dt.datetime:
 
 def _topic(pipeline: PipelineConfig, table: str) -> str:
     """The topic of the pipeline's table named `table` (its target, or its source)."""
-    from cdclake.exceptions import ConfigError
-
     for t in discover(pipeline).tables:
         if table in (t.target, t.source, pipeline.qualified_target(t)):
             return pipeline.topic_for(t)
