@@ -195,6 +195,7 @@ _MAINTENANCE_MINIMUM = {
     "delete_file_threshold": 1,
     "orphan_older_than_hours": ORPHAN_MIN_HOURS,
 }
+_ORPHAN_WHY = " (younger unreferenced files may belong to a load that is still committing)"
 
 
 def _parse_maintenance(r: Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
@@ -208,11 +209,7 @@ def _parse_maintenance(r: Reader, raw: Mapping[str, Any]) -> MaintenanceConfig:
     for name, minimum in _MAINTENANCE_MINIMUM.items():
         value = r.get(raw, "maintenance", name, int, getattr(defaults, name))
         if value < minimum:
-            why = (
-                " (younger unreferenced files may belong to a load that is still committing)"
-                if name == "orphan_older_than_hours"
-                else ""
-            )
+            why = _ORPHAN_WHY if name == "orphan_older_than_hours" else ""
             raise r.fail(f"maintenance.{name}", f"must be at least {minimum}, got {value}{why}")
         numbers[name] = value
     return MaintenanceConfig(enabled=enabled, schedule=schedule, **numbers)
