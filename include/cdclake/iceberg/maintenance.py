@@ -119,27 +119,17 @@ def check_offsets_kept(
         )
 
 
-def run_maintenance(
-    pipeline: PipelineConfig, spark=None, now_ms: int | None = None, run_id: str | None = None
-) -> dict:
-    """`cdclake maintain` and jobs/maintain.py: maintain every table, figures as a dict."""
+def run_maintenance(pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> dict:
+    """`cdclake maintain` and jobs/maintain.py: maintain every table of the pipeline and the
+    namespace's dead letters, figures as a dict; the retention windows end now."""
     import uuid
 
     if spark is None:
         from cdclake.spark import build_session
 
         spark = build_session(pipeline, pipeline.spark.master)
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = int(time.time() * 1000)
     run_id = run_id or uuid.uuid4().hex
-    results = maintain_pipeline(spark, pipeline, now_ms, run_id)
-    return {"pipeline": pipeline.name, "run_id": run_id, "tables": [asdict(r) for r in results]}
-
-
-def maintain_pipeline(
-    spark, pipeline: PipelineConfig, now_ms: int, run_id: str
-) -> list[TableMaintenance]:
-    """Maintain every table of the pipeline and the namespace's dead letters; `now_ms`
-    anchors the retention windows."""
     pipeline = discover(pipeline)
     with Leases(spark) as leases:  # its rewrites write data files, as loads do
         results = [maintain_table(spark, pipeline, t, now_ms, run_id, leases)
@@ -150,7 +140,7 @@ def maintain_pipeline(
             expired = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
             leases.done(dead)
             log.info("%s: %d snapshot(s) expired", dead, expired)
-    return results
+    return {"pipeline": pipeline.name, "run_id": run_id, "tables": [asdict(r) for r in results]}
 
 
 def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
@@ -171,10 +161,8 @@ def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
     return max(0, before - _count_snapshots(spark, name))
 
 
-def maintain_table(
-    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str,
-    leases: Leases | None = None,
-) -> TableMaintenance:  # fmt: skip
+def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int,
+                   run_id: str, leases: Leases) -> TableMaintenance:  # fmt: skip
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
         log.info("%s: does not exist yet; nothing to maintain", qualified)
@@ -182,8 +170,8 @@ def maintain_table(
     settings = pipeline.maintenance
     started = time.monotonic()
     result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
-    if leases is not None:  # sweeps the files of loads that died before their commit
-        result.dead_load_files_removed = leases.take(qualified)
+    # sweeps the files of loads that died before their commit
+    result.dead_load_files_removed = leases.take(qualified)
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
     result.snapshots_before = _count_snapshots(spark, qualified)
     result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
@@ -214,8 +202,7 @@ def maintain_table(
     fresh_table(spark, qualified).updateProperties().set(
         PROPERTY_LAST_RUN, json.dumps(asdict(result), sort_keys=True)
     ).commit()
-    if leases is not None:
-        leases.done(qualified)
+    leases.done(qualified)
     log.info(
         "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
         "%d orphan file(s) removed, %d deleted-keys ledger row(s) pruned",
