@@ -284,10 +284,7 @@ def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
     field = cls.getDeclaredField("COMMIT_PROPERTIES")
     field.setAccessible(True)
     local = field.get(None)
-    jmap = jvm.java.util.HashMap()
-    for k, v in properties.items():
-        jmap.put(k, v)
-    local.set(jmap)
+    local.set(properties)  # py4j passes a Python mapping as a java.util.HashMap
     try:
         yield
     finally:
