@@ -75,19 +75,12 @@ def write_dead_letters(spark, namespace: str, rows) -> None:
     for name, kinds in (("raw_value", DEAD_LETTER_RAW), ("replayed_at", DEAD_LETTER_REPLAY)):
         if name not in columns:  # a table of an older version
             spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({kinds})")
-    rows.createOrReplaceTempView("cdclake_dead_letters_new")
-    try:
-        # a record set aside again (by a replay) is pending again, with its new reason
-        spark.sql(
-            f"MERGE INTO {table} t USING cdclake_dead_letters_new s "
-            "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
-            "WHEN MATCHED AND t.batch_id <> s.batch_id THEN UPDATE SET batch_id = s.batch_id, "
-            "error = s.error, recorded_at = s.recorded_at, replayed_at = NULL, "
-            "replayed_in = NULL "
-            "WHEN NOT MATCHED THEN INSERT *"
-        )
-    finally:
-        spark.catalog.dropTempView("cdclake_dead_letters_new")
+    # a record set aside again (by a replay) is pending again, with its new reason
+    _merge_by_record(spark, table, rows, "cdclake_dead_letters_new",
+        "WHEN MATCHED AND t.batch_id <> s.batch_id THEN UPDATE SET batch_id = s.batch_id, "
+        "error = s.error, recorded_at = s.recorded_at, replayed_at = NULL, replayed_in = NULL "
+        "WHEN NOT MATCHED THEN INSERT *",
+    )  # fmt: skip
 
 
 def mark_replayed(spark, namespace: str, pipeline: str, batch_id: str,
@@ -96,18 +89,23 @@ def mark_replayed(spark, namespace: str, pipeline: str, batch_id: str,
     replayed by `batch_id`, but those it set aside again; returns how many were."""
     table = f"{namespace}.{DEAD_LETTERS}"
     frame = spark.createDataFrame(records, "topic string, `partition` int, `offset` bigint")
-    frame.createOrReplaceTempView("cdclake_dead_letters_replayed")
     # the pipeline's name is an identifier, the batch id cdclake's own: plain literals
-    condition = (
-        f"t.pipeline = '{pipeline}' AND t.replayed_at IS NULL AND t.batch_id <> '{batch_id}'"
-    )
+    _merge_by_record(spark, table, frame, "cdclake_dead_letters_replayed",
+        f"WHEN MATCHED AND t.pipeline = '{pipeline}' AND t.replayed_at IS NULL AND t.batch_id "
+        f"<> '{batch_id}' THEN UPDATE SET replayed_at = current_timestamp(), "
+        f"replayed_in = '{batch_id}'",
+    )  # fmt: skip
+    return spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_in = '{batch_id}'").first()[0]
+
+
+def _merge_by_record(spark, table: str, rows, view: str, clauses: str) -> None:
+    """MERGE `rows` into the dead-letter table by record (topic, partition, offset)."""
+    rows.createOrReplaceTempView(view)
     try:
         spark.sql(
-            f"MERGE INTO {table} t USING cdclake_dead_letters_replayed s "
+            f"MERGE INTO {table} t USING {view} s "
             "ON t.topic = s.topic AND t.`partition` = s.`partition` AND t.`offset` = s.`offset` "
-            f"WHEN MATCHED AND {condition} THEN UPDATE SET replayed_at = current_timestamp(), "
-            f"replayed_in = '{batch_id}'"
+            + clauses
         )
     finally:
-        spark.catalog.dropTempView("cdclake_dead_letters_replayed")
-    return spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_in = '{batch_id}'").first()[0]
+        spark.catalog.dropTempView(view)

@@ -33,10 +33,16 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdclake.exceptions import CommitConflictError
-from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
+from cdclake.iceberg.tables import (
+    deleted_keys_table,
+    fresh_table,
+    load_iceberg_table,
+    spark_actions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +275,7 @@ class _Held:
 
 def list_leases(io, root: str) -> list[LeaseEntry]:
     found: dict[str, dict[str, int]] = {}
-    it = io.listPrefix(root).iterator()
-    while it.hasNext():
-        info = it.next()
+    for info in java_items(io.listPrefix(root)):
         base = str(info.location()).rstrip("/").rsplit("/", 1)[-1]
         for suffix in (LIVE, START):
             if base.endswith(suffix) and not base.startswith("."):
@@ -285,22 +289,14 @@ def remove_unreferenced(spark, table: str, older_than_ms: int) -> int:
     Nothing when the table or its data location does not exist."""
     if not spark.catalog.tableExists(table):
         return 0
-    ice = load_iceberg_table(spark, table)
-    ice.refresh()
+    ice = fresh_table(spark, table)
     props = dict(ice.properties())
     location = props.get("write.data.path") or f"{str(ice.location()).rstrip('/')}/data"
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(location)
+    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(location)
     hadoop = None if lists_by_prefix(ice) else path.getFileSystem(spark._jsc.hadoopConfiguration())
     if hadoop is not None and not hadoop.exists(path):
         return 0
-    actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
-    result = orphan_files(actions, ice).location(location).olderThan(older_than_ms).execute()
-    count, it = 0, result.orphanFileLocations().iterator()
-    while it.hasNext():
-        log.debug("%s: removed %s", table, it.next())
-        count += 1
-    return count
+    return remove_orphans(spark, ice, older_than_ms, location)
 
 
 def lists_by_prefix(ice) -> bool:
@@ -309,10 +305,27 @@ def lists_by_prefix(ice) -> bool:
     return not str(ice.io().getClass().getName()).endswith(".HadoopFileIO")
 
 
-def orphan_files(actions, ice):
-    """Iceberg's DeleteOrphanFiles action on `ice`, listing as `lists_by_prefix` says."""
-    action = actions.deleteOrphanFiles(ice)
-    return action.usePrefixListing(True) if lists_by_prefix(ice) else action
+def remove_orphans(spark, ice, older_than_ms: int, location: str | None = None) -> int:
+    """Iceberg's DeleteOrphanFiles on `ice` (under `location`, else all of the table's),
+    listing as `lists_by_prefix` says; how many files it deleted."""
+    action = spark_actions(spark).deleteOrphanFiles(ice).olderThan(older_than_ms)
+    if location is not None:
+        action = action.location(location)
+    if lists_by_prefix(ice):
+        action = action.usePrefixListing(True)
+    count = 0
+    for path in java_items(action.execute().orphanFileLocations()):
+        log.debug("%s: removed %s", ice.name(), path)
+        count += 1
+    return count
+
+
+def java_items(iterable) -> Iterator:
+    """The items of a Java Iterable, by hasNext/next (py4j's own iteration takes any
+    error for the end)."""
+    it = iterable.iterator()
+    while it.hasNext():
+        yield it.next()
 
 
 def _delete(io, path: str) -> None:

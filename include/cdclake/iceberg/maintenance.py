@@ -29,15 +29,16 @@ from dataclasses import asdict, dataclass, field
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
-from cdclake.iceberg.leases import Leases, orphan_files
+from cdclake.iceberg.leases import Leases, remove_orphans
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
     committed_offsets,
     conflicts_reported,
     deleted_keys_table,
+    fresh_table,
     jvm_ancestors,
-    load_iceberg_table,
     prune_deleted_keys,
+    spark_actions,
 )
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
@@ -85,9 +86,6 @@ class TableMaintenance:
     dead_load_files_removed: int = 0
     seconds: float = 0.0
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def expiry_bounds(
     ancestry: Sequence[tuple[int, bool]], cutoff_ms: int, retain_last: int
@@ -121,27 +119,17 @@ def check_offsets_kept(
         )
 
 
-def run_maintenance(
-    pipeline: PipelineConfig, spark=None, now_ms: int | None = None, run_id: str | None = None
-) -> dict:
-    """`cdclake maintain` and jobs/maintain.py: maintain every table, figures as a dict."""
+def run_maintenance(pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> dict:
+    """`cdclake maintain` and jobs/maintain.py: maintain every table of the pipeline and the
+    namespace's dead letters, figures as a dict; the retention windows end now."""
     import uuid
 
     if spark is None:
         from cdclake.spark import build_session
 
         spark = build_session(pipeline, pipeline.spark.master)
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = int(time.time() * 1000)
     run_id = run_id or uuid.uuid4().hex
-    results = maintain_pipeline(spark, pipeline, now_ms, run_id)
-    return {"pipeline": pipeline.name, "run_id": run_id, "tables": [r.to_dict() for r in results]}
-
-
-def maintain_pipeline(
-    spark, pipeline: PipelineConfig, now_ms: int, run_id: str
-) -> list[TableMaintenance]:
-    """Maintain every table of the pipeline and the namespace's dead letters; `now_ms`
-    anchors the retention windows."""
     pipeline = discover(pipeline)
     with Leases(spark) as leases:  # its rewrites write data files, as loads do
         results = [maintain_table(spark, pipeline, t, now_ms, run_id, leases)
@@ -152,34 +140,29 @@ def maintain_pipeline(
             expired = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
             leases.done(dead)
             log.info("%s: %d snapshot(s) expired", dead, expired)
-    return results
+    return {"pipeline": pipeline.name, "run_id": run_id, "tables": [asdict(r) for r in results]}
 
 
 def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
     """Compact and expire a table cdclake keeps beside the loaded ones (no offsets in it):
     dead letters, deleted-keys ledgers. Returns the snapshots expired."""
-    actions = spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
-        spark._jsparkSession
-    )
+    actions = spark_actions(spark)
     with _conflicts_reported(name, "rewrite_data_files"):
-        actions.rewriteDataFiles(_fresh_table(spark, name)).option(
+        actions.rewriteDataFiles(fresh_table(spark, name)).option(
             "target-file-size-bytes", str(settings.target_file_size_bytes)
         ).option("remove-dangling-deletes", "true").execute()
     before = _count_snapshots(spark, name)
     with _conflicts_reported(name, "expire_snapshots"):
-        actions.expireSnapshots(_fresh_table(spark, name)).expireOlderThan(
+        actions.expireSnapshots(fresh_table(spark, name)).expireOlderThan(
             now_ms - settings.expire_older_than_hours * HOUR_MS
         ).retainLast(max(1, settings.retain_last)).execute()
-    orphan_files(actions, _fresh_table(spark, name)).olderThan(
-        now_ms - settings.orphan_older_than_hours * HOUR_MS
-    ).execute()
+    remove_orphans(spark, fresh_table(spark, name),
+                   now_ms - settings.orphan_older_than_hours * HOUR_MS)  # fmt: skip
     return max(0, before - _count_snapshots(spark, name))
 
 
-def maintain_table(
-    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str,
-    leases: Leases | None = None,
-) -> TableMaintenance:  # fmt: skip
+def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int,
+                   run_id: str, leases: Leases) -> TableMaintenance:  # fmt: skip
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
         log.info("%s: does not exist yet; nothing to maintain", qualified)
@@ -187,29 +170,26 @@ def maintain_table(
     settings = pipeline.maintenance
     started = time.monotonic()
     result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
-    if leases is not None:  # sweeps the files of loads that died before their commit
-        result.dead_load_files_removed = leases.take(qualified)
+    # sweeps the files of loads that died before their commit
+    result.dead_load_files_removed = leases.take(qualified)
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
     result.snapshots_before = _count_snapshots(spark, qualified)
     result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
-    actions = spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
-        spark._jsparkSession
-    )
 
-    offsets = _rewrite_files(spark, actions, qualified, settings, result, offsets)
-    offsets = _expire(spark, actions, qualified, settings, now_ms, result, offsets)
+    offsets = _rewrite_files(spark, qualified, settings, result, offsets)
+    offsets = _expire(spark, qualified, settings, now_ms, result, offsets)
 
-    orphans = (
-        orphan_files(actions, _fresh_table(spark, qualified))
-        .olderThan(now_ms - settings.orphan_older_than_hours * HOUR_MS)
-        .execute()
+    result.orphan_files_removed = remove_orphans(
+        spark, fresh_table(spark, qualified), now_ms - settings.orphan_older_than_hours * HOUR_MS
     )
-    result.orphan_files_removed = _java_count(orphans.orphanFileLocations())
     offsets = _checked(spark, qualified, "remove_orphan_files", offsets)
 
     result.snapshots_after = _count_snapshots(spark, qualified)
     result.data_files_after, result.delete_files_after = _count_files(spark, qualified)
-    result.offsets_snapshot_id = _offsets_snapshot_id(_fresh_table(spark, qualified), qualified)
+    ancestors = jvm_ancestors(fresh_table(spark, qualified), qualified)
+    result.offsets_snapshot_id = next(
+        (snapshot_id for snapshot_id, _, s in ancestors if SUMMARY_OFFSETS in s), None
+    )
     for (topic, partition), offset in sorted(offsets.items()):
         result.offsets.setdefault(topic, {})[str(partition)] = offset
     ledger = deleted_keys_table(qualified)
@@ -219,11 +199,10 @@ def maintain_table(
         result.side_tables[ledger] = maintain_side_table(spark, ledger, settings, now_ms)
     result.seconds = round(time.monotonic() - started, 3)
     # a metadata-only commit: Iceberg re-applies it on top of a concurrent load
-    _fresh_table(spark, qualified).updateProperties().set(
-        PROPERTY_LAST_RUN, json.dumps(result.to_dict(), sort_keys=True)
+    fresh_table(spark, qualified).updateProperties().set(
+        PROPERTY_LAST_RUN, json.dumps(asdict(result), sort_keys=True)
     ).commit()
-    if leases is not None:
-        leases.done(qualified)
+    leases.done(qualified)
     log.info(
         "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
         "%d orphan file(s) removed, %d deleted-keys ledger row(s) pruned",
@@ -235,12 +214,13 @@ def maintain_table(
     return result
 
 
-def _rewrite_files(spark, actions, qualified: str, settings, result: TableMaintenance,
+def _rewrite_files(spark, qualified: str, settings, result: TableMaintenance,
                    offsets: dict) -> dict:  # fmt: skip
     """Compact data files, then rewrite position deletes; the offsets, checked after each."""
+    actions = spark_actions(spark)
     with _conflicts_reported(qualified, "rewrite_data_files"):
         rewrite = (
-            actions.rewriteDataFiles(_fresh_table(spark, qualified))
+            actions.rewriteDataFiles(fresh_table(spark, qualified))
             .option("target-file-size-bytes", str(settings.target_file_size_bytes))
             .option("min-input-files", str(settings.min_input_files))
             .option("delete-file-threshold", str(settings.delete_file_threshold))
@@ -255,7 +235,7 @@ def _rewrite_files(spark, actions, qualified: str, settings, result: TableMainte
 
     with _conflicts_reported(qualified, "rewrite_position_delete_files"):
         deletes = (
-            actions.rewritePositionDeletes(_fresh_table(spark, qualified))
+            actions.rewritePositionDeletes(fresh_table(spark, qualified))
             # all of them: rewriting drops the deletes of data files step 1 replaced, which
             # Iceberg's dangling-delete check (and min-input-files grouping) leave behind;
             # loads keep at most one delete file per data file, so this stays small
@@ -269,10 +249,10 @@ def _rewrite_files(spark, actions, qualified: str, settings, result: TableMainte
     return offsets
 
 
-def _expire(spark, actions, qualified: str, settings, now_ms: int, result: TableMaintenance,
+def _expire(spark, qualified: str, settings, now_ms: int, result: TableMaintenance,
             offsets: dict) -> dict:  # fmt: skip
     """Expire old snapshots, keeping the newest with offsets; the offsets, checked."""
-    ice = _fresh_table(spark, qualified)
+    ice = fresh_table(spark, qualified)
     before_expiry = _count_snapshots(spark, qualified)
     ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
     for _, timestamp_ms, summary in jvm_ancestors(ice, qualified):
@@ -283,8 +263,8 @@ def _expire(spark, actions, qualified: str, settings, now_ms: int, result: Table
         ancestry, now_ms - settings.expire_older_than_hours * HOUR_MS, settings.retain_last
     )
     with _conflicts_reported(qualified, "expire_snapshots"):
-        expired = actions.expireSnapshots(ice).expireOlderThan(older_than).retainLast(retain)
-        expired = expired.execute()
+        expired = spark_actions(spark).expireSnapshots(ice).expireOlderThan(older_than)
+        expired = expired.retainLast(retain).execute()
     result.files_deleted_by_expiry = int(
         expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
         + expired.deletedEqualityDeleteFilesCount()
@@ -294,23 +274,10 @@ def _expire(spark, actions, qualified: str, settings, now_ms: int, result: Table
     return offsets
 
 
-def _fresh_table(spark, qualified: str):
-    ice = load_iceberg_table(spark, qualified)
-    ice.refresh()
-    return ice
-
-
 def _checked(spark, qualified: str, step: str, before: dict[TopicPartition, int]):
     after = committed_offsets(spark, qualified)
     check_offsets_kept(qualified, step, before, after)
     return after
-
-
-def _offsets_snapshot_id(ice, qualified: str) -> int | None:
-    for snapshot_id, _, summary in jvm_ancestors(ice, qualified):
-        if SUMMARY_OFFSETS in summary:
-            return snapshot_id
-    return None
 
 
 def _count_snapshots(spark, qualified: str) -> int:
@@ -322,15 +289,6 @@ def _count_files(spark, qualified: str) -> tuple[int, int]:
     rows = spark.sql(f"SELECT content, count(*) AS n FROM {qualified}.files GROUP BY content")
     counts = {r["content"]: r["n"] for r in rows.collect()}
     return int(counts.get(0, 0)), int(counts.get(1, 0) + counts.get(2, 0))
-
-
-def _java_count(iterable) -> int:
-    it = iterable.iterator()
-    n = 0
-    while it.hasNext():
-        it.next()
-        n += 1
-    return n
 
 
 def _conflicts_reported(qualified: str, step: str):

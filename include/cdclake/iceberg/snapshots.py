@@ -8,11 +8,6 @@ from collections.abc import Iterable, Mapping
 from cdclake.exceptions import DataLossError
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
 
-# Iceberg's own snapshot summary totals (spec: "Snapshot summary", metrics)
-_TOTAL_RECORDS = "total-records"
-_TOTAL_POSITION_DELETES = "total-position-deletes"
-_TOTAL_EQUALITY_DELETES = "total-equality-deletes"
-
 
 def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:
     """Offsets of the newest snapshot (walking back from current) that carries them.
@@ -44,8 +39,6 @@ def live_rows(summary: Mapping[str, str]) -> int | None:
     them (Spark's merge-on-read writes one per replaced or deleted row). Equality deletes
     may hide any number of rows, so with any of them the count is unknown (None).
     """
-    if _TOTAL_RECORDS not in summary:
+    if "total-records" not in summary or int(summary.get("total-equality-deletes", 0)) > 0:
         return None
-    if int(summary.get(_TOTAL_EQUALITY_DELETES, 0)) > 0:
-        return None
-    return int(summary[_TOTAL_RECORDS]) - int(summary.get(_TOTAL_POSITION_DELETES, 0))
+    return int(summary["total-records"]) - int(summary.get("total-position-deletes", 0))

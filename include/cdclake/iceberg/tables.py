@@ -36,6 +36,9 @@ ICEBERG_CONFLICTS = (
     "Found conflicting files",
     "AlreadyExistsException",
 )
+DELETED_KEYS_PREFIX = "_cdclake_deleted_keys__"  # + the table's name: its deleted-keys ledger
+DEAD_LETTERS = "_cdclake_dead_letters"  # the namespace's dead-letter table
+TRUNCATED_BELOW = "cdclake.truncated-below-lsn"  # table property: the last truncate's LSN
 
 
 @contextmanager
@@ -185,12 +188,6 @@ def ensure_table(
     return names + [n for n in existing if n not in names and n not in internal]
 
 
-DELETED_KEYS_PREFIX = "_cdclake_deleted_keys__"
-
-
-TRUNCATED_BELOW = "cdclake.truncated-below-lsn"
-
-
 def mark_truncated(spark, table: str, lsn: int, current: int | None) -> int:
     """Remember a truncate's LSN (unless `current`, the table's, is already higher) before
     the MERGE that applies it commits: re-sent changes from before it, in later batches,
@@ -274,9 +271,6 @@ def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> Non
     deleted.select(*(quote(k) for k in wanted), LSN).writeTo(ledger).append()
 
 
-DEAD_LETTERS = "_cdclake_dead_letters"
-
-
 @contextmanager
 def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
     """Snapshot-summary properties for every Iceberg commit this thread makes inside.
@@ -290,10 +284,7 @@ def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
     field = cls.getDeclaredField("COMMIT_PROPERTIES")
     field.setAccessible(True)
     local = field.get(None)
-    jmap = jvm.java.util.HashMap()
-    for k, v in properties.items():
-        jmap.put(k, v)
-    local.set(jmap)
+    local.set(properties)  # py4j passes a Python mapping as a java.util.HashMap
     try:
         yield
     finally:
@@ -304,6 +295,20 @@ def load_iceberg_table(spark, table: str):
     """The JVM Iceberg `Table` behind a Spark table name (catalog.namespace.table)."""
     jvm = spark.sparkContext._jvm
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+
+
+def fresh_table(spark, table: str):
+    """`load_iceberg_table` with its metadata read again: as other writers left it."""
+    ice = load_iceberg_table(spark, table)
+    ice.refresh()
+    return ice
+
+
+def spark_actions(spark):
+    """Iceberg's Spark actions (compaction, expiry, orphan removal) through the JVM."""
+    return spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
+        spark._jsparkSession
+    )
 
 
 def jvm_ancestors(ice, table: str) -> Iterator[tuple[int, int, dict[str, str]]]:
@@ -324,8 +329,7 @@ def jvm_ancestors(ice, table: str) -> Iterator[tuple[int, int, dict[str, str]]]:
 def committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
     """The table's committed offsets, by the planner's walk (`committed_from_snapshots`),
     read through the JVM from the table as it is now."""
-    ice = load_iceberg_table(spark, table)
-    ice.refresh()
+    ice = fresh_table(spark, table)
     return committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
 
 
@@ -360,8 +364,7 @@ def table_state(spark, table: str) -> TableState:
     lookup and one metadata read instead of one each."""
     if not spark.catalog.tableExists(table):
         return TableState(False, {}, None, empty=True)
-    ice = load_iceberg_table(spark, table)
-    ice.refresh()
+    ice = fresh_table(spark, table)
     snap = ice.currentSnapshot()
     committed = committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
     properties = dict(ice.properties())
@@ -447,9 +450,7 @@ def apply_table_settings(spark, table: str, state: TableState, properties: Mappi
 
 def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:
     """Snapshot id and summary of the table's current snapshot, read through the JVM."""
-    ice = load_iceberg_table(spark, table)
-    ice.refresh()
-    snap = ice.currentSnapshot()
+    snap = fresh_table(spark, table).currentSnapshot()
     if snap is None:
         return None, {}
     return int(snap.snapshotId()), dict(snap.summary())
