@@ -56,11 +56,10 @@ class FailedTopic:
 def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
                    placement: Placement, tuning: Tuning):  # fmt: skip
     """The topics read and resolved range by range, or whose ranges failed ({} when
-    none is): the driver reads
-    the head of each eligible topic's ranges for its schemas (all at once, while it
-    looks the lake tables up), then for each topic (as many at a time as tables are
-    loaded) one Spark job reads its ranges, a task each, and resolves them into typed
-    rows, kept when they add up (`_ranged_topic`)."""
+    none is): the driver reads the head of each eligible topic's ranges for its schemas
+    (all at once, while it looks the lake tables up), then for each topic (as many at a
+    time as tables are loaded) one Spark job reads its ranges, a task each, and resolves
+    them into typed rows, kept when they add up (`_ranged_topic`)."""
     source = KAFKA if read is None else read
     limit = tuning.driver_read_records
     if (not placement.by_range or not isinstance(source, RawSource)

@@ -268,9 +268,7 @@ def cache_level(records: int):
 def batch_conf(small: bool, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
     """Session settings for a batch (`small`: of at most the records the driver reads);
     the pipeline's own win."""
-    if not small:
-        return {}
-    return {k: v for k, v in SMALL_BATCH_CONF.items() if k not in pipeline_conf}
+    return {k: v for k, v in SMALL_BATCH_CONF.items() if small and k not in pipeline_conf}
 
 
 @contextmanager
