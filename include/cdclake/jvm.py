@@ -26,7 +26,6 @@ import importlib.util
 import logging
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 ARCHIVE_ENV = "CDCLAKE_JVM_ARCHIVE"
@@ -51,22 +50,12 @@ def driver_java_options(records: int | None = None, ranged: bool = False) -> str
     archive = archive_path()
     if archive is not None and archive.is_file():
         parts.append(f"-XX:SharedArchiveFile={archive} -Xshare:auto")
-    limit = max(QUICK_JIT_RECORDS, RANGED_QUICK_JIT_RECORDS if ranged else 0)
+    limit = RANGED_QUICK_JIT_RECORDS if ranged else QUICK_JIT_RECORDS
     if records is not None and records <= limit:
         parts.append("-XX:TieredStopAtLevel=1")
     if parts:
         parts.append(_LOG_TO_STDERR)
     return " ".join(parts)
-
-
-def driver_conf(user_conf: Mapping[str, str], records: int | None = None,
-                ranged: bool = False) -> dict[str, str]:  # fmt: skip
-    """`spark.driver.extraJavaOptions` of `driver_java_options`, unless the pipeline's
-    own Spark settings (`user_conf`) set it."""
-    if DRIVER_OPTIONS in user_conf:
-        return {}
-    options = driver_java_options(records, ranged)
-    return {DRIVER_OPTIONS: options} if options else {}
 
 
 def resolves_by_range(pipeline, ranges=None) -> bool:

@@ -8,13 +8,13 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from cdclake.config import DeleteMode, PipelineConfig, TableConfig
+from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
-from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CdclakeError
-from cdclake.iceberg.tables import conflicts_reported, ensure_namespace, ensure_table, table_columns
+from cdclake.iceberg.tables import table_columns
 from cdclake.kafka.reader import KAFKA, RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Placement, Tuning
@@ -24,18 +24,6 @@ from cdclake.setaside import misfits
 from cdclake.spark import cache_level
 
 log = logging.getLogger(__name__)
-
-
-def ranged_cache_level():
-    """The storage level of a topic's rows resolved range by range: in memory, spilled
-    to disk when storage memory runs short. A cached block is built whole before it can
-    spill, which is why a big batch's raw records are cached on disk only
-    (`cache_level`); here a block is one range's rows, at most `Tuning.range_keys`
-    (~1 KB each from the connector), whatever the batch's size. A 1M-event batch took
-    1.2 s less cold than with its rows on disk (side by side)."""
-    from pyspark import StorageLevel
-
-    return StorageLevel.MEMORY_AND_DISK
 
 
 @dataclass
@@ -68,11 +56,10 @@ class FailedTopic:
 def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
                    placement: Placement, tuning: Tuning):  # fmt: skip
     """The topics read and resolved range by range, or whose ranges failed ({} when
-    none is): the driver reads
-    the head of each eligible topic's ranges for its schemas (all at once, while it
-    looks the lake tables up), then for each topic (as many at a time as tables are
-    loaded) one Spark job reads its ranges, a task each, and resolves them into typed
-    rows, kept when they add up (`_ranged_topic`)."""
+    none is): the driver reads the head of each eligible topic's ranges for its schemas
+    (all at once, while it looks the lake tables up), then for each topic (as many at a
+    time as tables are loaded) one Spark job reads its ranges, a task each, and resolves
+    them into typed rows, kept when they add up (`_ranged_topic`)."""
     source = KAFKA if read is None else read
     limit = tuning.driver_read_records
     if (not placement.by_range or not isinstance(source, RawSource)
@@ -87,18 +74,16 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
     ranges_of = {topic: [r for r in plan.ranges if r.topic == topic] for topic in eligible}
     # the heads of the ranges are read while the lake tables are looked up (a cold
     # catalog's first lookups take a second or two)
-    from concurrent.futures import ThreadPoolExecutor
-
     threading.Thread(target=start_python_workers, args=(spark,), daemon=True).start()
     with ThreadPoolExecutor(len(eligible)) as pool:
-        heads = {topic: pool.submit(_head_read, reader, ranges_of[topic]) for topic in eligible}
+        heads = {topic: pool.submit(head_schemas, reader,
+                                    [dataclasses.asdict(r) for r in ranges_of[topic]])
+                 for topic in eligible}  # fmt: skip
         work = {}
         for topic in eligible:
             qualified = pipeline.qualified_target(tables[topic])
             exists = spark.catalog.tableExists(qualified)
             work[topic] = (tables[topic], table_columns(spark, qualified) if exists else {})
-        if not all(known for _, known in work.values()):  # created while ranges resolve
-            ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
     done: dict[str, RangedTopic | FailedTopic] = {}
 
     def resolve(topic: str) -> None:
@@ -108,8 +93,11 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
         if got is not None:
             done[topic] = got
 
-    try:
-        _each(list(work), resolve, pipeline.parallel_tables)
+    try:  # every topic resolves; then the first error is raised
+        with ThreadPoolExecutor(max(1, min(pipeline.parallel_tables, len(work)))) as pool:
+            futures = [pool.submit(resolve, topic) for topic in work]
+        for future in futures:
+            future.result()
     except BaseException:
         for topic in done.values():
             topic.release()
@@ -123,21 +111,21 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
     """One topic's ranges read and resolved by a Spark job (`head`: the future of their
     head read): its rows when they add up, a FailedTopic when a read or a task failed,
     or None (the log says why) when the topic takes the general path."""
-    from concurrent.futures import ThreadPoolExecutor
+    from pyspark import StorageLevel
 
     topic = ranges[0].topic
-    frame = creating = created = planned = None
+    frame = None
     try:
         planned = _topic_plan(head, table, topic, known, pipeline.kafka.format, tuning)
         if planned is None:
             return None
         topic_plan, ddl = planned
-        new = not known and topic_plan.value_schema is not None
-        if new:
-            creating = ThreadPoolExecutor(1)
-            created = creating.submit(_create_table, spark, pipeline, table,
-                                      topic_plan.schema)  # fmt: skip
-        level = (ranged_cache_level() if topic_plan.schema.key_names
+        # A keyed topic's rows in memory, spilled to disk when storage memory runs short.
+        # A cached block is built whole before it can spill, which is why a big batch's
+        # raw records are cached on disk only (`cache_level`); here a block is one range's
+        # rows, at most `Tuning.range_keys` (~1 KB each from the connector), whatever the
+        # batch's size. A 1M-event batch took 1.2 s less cold than with its rows on disk.
+        level = (StorageLevel.MEMORY_AND_DISK if topic_plan.schema.key_names
                  # a changelog: a row per record, not per key
                  else cache_level(sum(r.size for r in ranges)))  # fmt: skip
         frame = (
@@ -146,46 +134,17 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
             .persist(level)
         )
         got = _ranged_topic(frame, topic_plan)
-    except CdclakeError:  # the rows do not add up: nothing of the batch is written
+    except Exception as exc:
         if frame is not None:
             frame.unpersist()
-        raise
-    except Exception as exc:  # a read, a task, a bug: its table fails with the error
-        log.error("%s: its ranges failed: %s", topic, _brief(exc))
-        if frame is not None:
-            frame.unpersist()
-        return FailedTopic(exc)
-    finally:
-        if creating is not None:
-            creating.shutdown()
-    if got is not None and creating is not None:
-        try:  # the rows were typed for the columns it was created with
-            got = dataclasses.replace(got, known=created.result())
-        except CdclakeError:
-            frame.unpersist()
+        if isinstance(exc, CdclakeError):  # the rows do not add up: nothing is written
             raise
-        except Exception as exc:  # the load creates it, or fails, as for any table
-            log.warning("%s: its table could not be created while its ranges resolved: "
-                        "%s", topic, _headline(exc))  # fmt: skip
-    if got is None and frame is not None:
+        # a read, a task, a bug: its table fails with the error
+        log.error("%s: its ranges failed: %s", topic, _brief(exc))
+        return FailedTopic(exc)
+    if got is None:
         frame.unpersist()
     return got
-
-
-def _create_table(spark, pipeline: PipelineConfig, table: TableConfig,
-                  schema: TopicSchema) -> dict[str, str]:  # fmt: skip
-    """Create the lake table of a topic whose ranges resolve meanwhile (on a cold JVM
-    a creation takes a second or more, while the range tasks keep the cores busy in
-    Python); its columns. The load then finds it as a table that holds no row. Errors
-    are raised where the table's load would raise them."""
-    qualified = pipeline.qualified_target(table)
-    with conflicts_reported(
-        f"{qualified}: another run created or changed this table at the same time; this "
-        "run's batch was not committed to it. Plan again."
-    ):
-        ensure_table(spark, qualified, schema, table.properties, table.partition_by,
-                     table.delete_mode is DeleteMode.SOFT, existing={})  # fmt: skip
-    return table_columns(spark, qualified)
 
 
 WORKERS_JOB_GROUP = "cdclake-python-workers"
@@ -233,17 +192,10 @@ def _import_range_modules(batches):
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]}, pa.schema([("pid", pa.int64())]))
 
 
-def _head_read(reader, ranges: list[OffsetRange]):
-    """`head_schemas` of the ranges."""
-    heads = [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-             for r in ranges]  # fmt: skip
-    return head_schemas(reader, heads)
-
-
 def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
                 fmt: WireFormat, tuning: Tuning) -> tuple[TopicPlan, str] | None:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
-    (`head`, the future of its `_head_read`: a read that failed raises), and the schema
+    (`head`, the future of its `head_schemas`: a read that failed raises), and the schema
     of their rows; None (the log says why) when the topic must take the general path."""
     found = head.result()
     why = None
@@ -293,12 +245,6 @@ def _ranged_topic(frame, plan: TopicPlan):
     return RangedTopic(got, rows, plan.known, frame)
 
 
-def _headline(exc: BaseException, limit: int = 500) -> str:
-    """An error's type and first line (an analysis error's last lines are a schema)."""
-    first = (str(exc).strip().splitlines() or [""])[0][:limit]
-    return f"{type(exc).__name__}: {first}"
-
-
 def _brief(exc: BaseException, limit: int = 500) -> str:
     """An error's text for one log line: its last line that is not a stack frame (a
     Spark job's error ends with the task's own), cut to `limit` characters."""
@@ -306,13 +252,3 @@ def _brief(exc: BaseException, limit: int = 500) -> str:
     lines = [line for line in lines if line and not line.startswith(("at ", "..."))]
     text = lines[-1] if lines else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _each(items: list, fn: Callable, threads: int) -> None:
-    """`fn` of every item, `threads` at a time; the first error is raised once all ran."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max(1, min(threads, len(items) or 1))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-    for f in futures:
-        f.result()

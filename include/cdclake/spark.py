@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from cdclake.config import CatalogConfig, PipelineConfig
 from cdclake.exceptions import ConfigError
-from cdclake.jvm import driver_conf, resolves_by_range
+from cdclake.jvm import DRIVER_OPTIONS, driver_java_options, resolves_by_range
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,15 +39,10 @@ class SparkJar(Enum):
     POSTGRES_JDBC = "postgresql"  # the JDBC catalog
 
 
-def uses_s3(catalog: CatalogConfig) -> bool:
-    """Whether the catalog's files live on S3 (Iceberg's S3FileIO and the AWS SDK)."""
-    io_impl = catalog.properties.get("io-impl", "")
-    return catalog.warehouse.startswith(S3_SCHEMES) or io_impl.endswith("S3FileIO")
-
-
 def needed_jars(catalog: CatalogConfig) -> tuple[SparkJar, ...]:
     needed = [SparkJar.ICEBERG_RUNTIME]
-    if uses_s3(catalog):
+    io_impl = catalog.properties.get("io-impl", "")  # files on S3: S3FileIO and the AWS SDK
+    if catalog.warehouse.startswith(S3_SCHEMES) or io_impl.endswith("S3FileIO"):
         needed.append(SparkJar.ICEBERG_AWS)
     if catalog.type == "jdbc":
         needed.append(SparkJar.POSTGRES_JDBC)
@@ -161,7 +156,9 @@ def spark_conf(
         conf["spark.jars"] = ",".join(str(j) for j in spark_jars(pipeline))
     if ranged is None:
         ranged = resolves_by_range(pipeline)
-    conf.update(driver_conf(pipeline.spark.conf, records, ranged))
+    options = driver_java_options(records, ranged)
+    if options:
+        conf[DRIVER_OPTIONS] = options
     conf.update(pipeline.spark.conf)
     if not secrets:
         conf = {k: v for k, v in conf.items() if not is_secret(k)}
@@ -204,7 +201,10 @@ def build_session(
     log4j = spark._jvm.org.apache.logging.log4j
     log4j.core.config.Configurator.setLevel("org.apache.iceberg.ReachableFileUtil",
                                             log4j.Level.OFF)  # fmt: skip
-    _import_jvm_names(spark)
+    from py4j.java_gateway import java_import
+
+    for name in JVM_NAMES:
+        java_import(spark._jvm, name)
     return spark
 
 
@@ -220,13 +220,6 @@ JVM_NAMES = (
     "org.apache.spark.sql.api.python.PythonSQLUtils",
     "org.apache.spark.api.python.SerDeUtil",
 )
-
-
-def _import_jvm_names(spark: SparkSession) -> None:
-    from py4j.java_gateway import java_import
-
-    for name in JVM_NAMES:
-        java_import(spark._jvm, name)
 
 
 # A batch of at most `Tuning.driver_read_records` records (the size the driver reads)
@@ -275,9 +268,7 @@ def cache_level(records: int):
 def batch_conf(small: bool, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
     """Session settings for a batch (`small`: of at most the records the driver reads);
     the pipeline's own win."""
-    if not small:
-        return {}
-    return {k: v for k, v in SMALL_BATCH_CONF.items() if k not in pipeline_conf}
+    return {k: v for k, v in SMALL_BATCH_CONF.items() if small and k not in pipeline_conf}
 
 
 @contextmanager

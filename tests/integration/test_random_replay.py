@@ -8,7 +8,6 @@ import dataclasses
 import random
 import uuid
 from functools import partial
-from pathlib import Path
 
 import pytest
 import yaml
@@ -407,53 +406,10 @@ def test_a_toast_placeholder_resolved_in_tasks_takes_the_last_real_value(stack, 
     assert lake_names(spark, pipeline) == {1: "a", 2: "b"}
 
 
-def test_a_new_table_is_created_while_its_ranges_resolve(stack, spark, tmp_path):
-    """The lake table of a topic seen for the first time is created while its range
-    tasks run, not after them: here the task waits until the table's metadata is written
-    before it reads its range. The rows then load into it as a first load, under its
-    key."""
-    import time
-    from urllib.parse import urlparse
-
-    from cdclake.iceberg.tables import load_iceberg_table
-    from pyspark import TaskContext
-
-    v = value_record
-    records = [(key_record(k), v("c", None, item(k, f"n{k}"), lsn=100 + k)) for k in range(5)]
-    name = f"it_early_{uuid.uuid4().hex[:6]}"
-    pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    read = records_source(records).open(pipeline.kafka)
-    namespace = Path(urlparse(pipeline.catalog.warehouse).path) / pipeline.namespace
-    seen = tmp_path / "table-seen"
-
-    def reader(r: dict):
-        if TaskContext.get() is not None:
-            deadline = time.monotonic() + 60
-            while not seen.exists() and time.monotonic() < deadline:
-                if list(namespace.glob("*/metadata/*.metadata.json")):
-                    seen.touch()
-                time.sleep(0.05)
-        yield from read(r)
-
-    topic = pipeline.topic_for(pipeline.tables[0])
-    plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
-    (result,) = run_batch(spark, pipeline, plan, read=RawSource(lambda kafka: reader))
-    assert seen.exists(), "the table did not exist while the range task ran"
-    assert (result.resolved_by, result.written_by, result.upserts) == ("ranges", "append", 5)
-    assert lake_names(spark, pipeline) == {k: f"n{k}" for k in range(5)}
-    target = pipeline.qualified_target(pipeline.tables[0])
-    assert list(load_iceberg_table(spark, target).schema().identifierFieldNames()) == ["id"]
-
-
-def test_a_table_that_cannot_be_created_while_its_ranges_resolve_fails_its_load(
-    stack, spark, tmp_path, caplog
-):
-    """A creation that fails while the ranges resolve, or before they do for a keyed
-    table whose tasks would write its files (here a partition column the source does
-    not have), is tried again by the table's load, which fails with the
-    creation's own error, naming the table; nothing is written."""
-    import logging
-
+def test_a_table_that_cannot_be_created_fails_its_load(stack, spark, tmp_path):
+    """A new table's creation that fails after its ranges resolved (here a partition
+    column the source does not have) fails the table's load with the creation's own
+    error, naming the table; nothing is written."""
     v = value_record
     records = [(key_record(k), v("c", None, item(k, f"n{k}"), lsn=100 + k)) for k in range(3)]
     name = f"it_nocreate_{uuid.uuid4().hex[:6]}"
@@ -461,13 +417,9 @@ def test_a_table_that_cannot_be_created_while_its_ranges_resolve_fails_its_load(
         tmp_path, name, [{"source": "public.items", "partition_by": ["no_such_column"]}]
     )
     target = pipeline.qualified_target(pipeline.tables[0])
-    with caplog.at_level(logging.WARNING, logger="cdclake.ranged"):
-        with pytest.raises(Exception, match="no_such_column") as failed:
-            load_one(spark, pipeline, f"{name}-0", records_source(records), 0, len(records))
+    with pytest.raises(Exception, match="no_such_column") as failed:
+        load_one(spark, pipeline, f"{name}-0", records_source(records), 0, len(records))
     assert any(target in n for n in failed.value.__notes__), failed.value.__notes__
-    warned = [r.getMessage() for r in caplog.records
-              if "its table could not be created" in r.getMessage()]  # fmt: skip
-    assert len(warned) == 1 and "no_such_column" in warned[0], warned
     assert not spark.catalog.tableExists(target)
 
 

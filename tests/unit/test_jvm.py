@@ -8,7 +8,6 @@ from cdclake.jvm import (
     QUICK_JIT_RECORDS,
     RANGED_QUICK_JIT_RECORDS,
     archive_path,
-    driver_conf,
     driver_java_options,
     resolves_by_range,
 )
@@ -70,10 +69,21 @@ def test_a_configured_key_over_several_partitions_keeps_a_batch_off_the_range_pa
     assert not resolves_by_range(Pipeline(), ranges(("a", 0), ("c", 0), ("c", 1)))
 
 
-def test_the_pipeline_own_driver_options_win(archive):
+def test_the_pipeline_own_driver_options_win(archive, tmp_path):
+    from cdclake.pipeline_file import load_pipeline
+    from cdclake.spark import spark_conf
+
     archive.write_bytes(b"built")
-    assert driver_conf({DRIVER_OPTIONS: "-Xss4m"}, 10) == {}
-    assert "SharedArchiveFile" in driver_conf({}, 10)[DRIVER_OPTIONS]
+    path = tmp_path / "p.yaml"
+    text = (
+        "name: shop\ntopic_prefix: pg\nkafka: {bootstrap_servers: 'k:9092'}\n"
+        "catalog: {name: lake, type: rest, uri: 'http://127.0.0.1:8181', warehouse: wh}\n"
+        "namespace: shop\ntables: [public.orders]\nspark: {conf: {spark.jars: /opt/mine.jar}}\n"
+    )
+    path.write_text(text)
+    assert "SharedArchiveFile" in spark_conf(load_pipeline(path), records=10)[DRIVER_OPTIONS]
+    path.write_text(text.replace("{spark.jars:", f"{{{DRIVER_OPTIONS}: -Xss4m, spark.jars:"))
+    assert spark_conf(load_pipeline(path), records=10)[DRIVER_OPTIONS] == "-Xss4m"
 
 
 def test_the_archive_can_be_switched_off(monkeypatch, tmp_path):

@@ -1,5 +1,5 @@
 """One batch in a process of its own (`python -m cdclake_bench.batch`): its driver JVM
-starts with the Java options a load of that many records gets (`jvm.driver_conf`), and
+starts with the Java options a load of that many records gets (`jvm.driver_java_options`), and
 the parent can sample the peak memory of its JVM and Python workers from the outside.
 
 The events are either a recording (`--recording`) or generated inside the executors (a

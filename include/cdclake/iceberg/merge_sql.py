@@ -37,13 +37,8 @@ def build_create_sql(
     cols += [f"{quote(name)} {kind}" for name, kind in METADATA_COLUMNS.items()]
     if soft_delete:
         cols.append(f"{DELETED} boolean")
-    props = _properties_sql(
-        {
-            **TABLE_PROPERTIES,
-            **properties,
-            PIPELINE_PROPERTIES: pipeline_properties_value(properties),
-        }
-    )
+    wanted = {**TABLE_PROPERTIES, **properties}
+    props = _properties_sql({**wanted, PIPELINE_PROPERTIES: pipeline_properties_value(properties)})
     partitioned = f" PARTITIONED BY ({', '.join(partition_by)})" if partition_by else ""
     return (
         f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) USING iceberg{partitioned} "

@@ -217,28 +217,24 @@ def _staged(spark, qualified: str, before_id: int | None, name: str | None,
         if ice.refs().get(name).snapshotId() == before_id:  # the offsets move alone
             commit_empty(spark, qualified, props, branch=name)
             ice = load_iceberg_table(spark, qualified)
-        _fast_forward(ice, qualified, before_id, name)
+        # main takes the branch and the branch goes, in one metadata commit; refused
+        # when main is no longer at `before_id`'s line (another commit reached it)
+        try:
+            ice.manageSnapshots().fastForwardBranch("main", name).removeBranch(name).commit()
+        except Exception as exc:
+            if "Cannot fast-forward" not in str(exc):
+                raise
+            raise CommitConflictError(
+                f"{qualified}: another commit reached the table after snapshot {before_id}, "
+                "which this batch's offsets were read from; nothing of the batch was "
+                "committed. Plan again."
+            ) from exc
     except BaseException:
         try:
             load_iceberg_table(spark, qualified).manageSnapshots().removeBranch(name).commit()
         except Exception as exc:  # the next load removes it
             log.warning("%s: branch %s not removed: %s", qualified, name, exc)
         raise
-
-
-def _fast_forward(ice, qualified: str, before_id: int, name: str) -> None:
-    """Main takes the branch `name` and the branch goes, in one metadata commit; refused
-    when main is no longer at `before_id`'s line (another commit reached it)."""
-    try:
-        ice.manageSnapshots().fastForwardBranch("main", name).removeBranch(name).commit()
-    except Exception as exc:
-        if "Cannot fast-forward" not in str(exc):
-            raise
-        raise CommitConflictError(
-            f"{qualified}: another commit reached the table after snapshot {before_id}, "
-            "which this batch's offsets were read from; nothing of the batch was "
-            "committed. Plan again."
-        ) from exc
 
 
 def _check_commit(spark, qualified: str, before_id: int | None,
