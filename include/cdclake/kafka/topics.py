@@ -10,17 +10,6 @@ from cdclake.config import KafkaConfig, PipelineConfig
 from cdclake.exceptions import EndpointError
 
 
-def _unreachable(kafka: KafkaConfig, why: str) -> EndpointError:
-    """The error of brokers that did not answer: the servers the client used (a
-    `bootstrap.servers` property wins over the field), why and what to check."""
-    return EndpointError(
-        f"Kafka at {kafka.servers} {why} -- check that "
-        "the brokers run there and are reachable from this host (kafka.bootstrap_servers, "
-        "or bootstrap.servers and the security settings under kafka.properties); a slow "
-        "network may need larger timeouts in the pipeline file"
-    )
-
-
 @contextmanager
 def topic_metadata(kafka: KafkaConfig, timeout: float | None) -> Iterator[tuple[object, object]]:
     """A planner consumer and the cluster's topic metadata; an unreachable broker is an
@@ -58,7 +47,14 @@ def _topics(kafka: KafkaConfig, consumer, errors: list, timeout: float | None):
             if down or time.monotonic() >= deadline:
                 why = next((e for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN), exc)
                 limits = f"connect {kafka.timeouts.connect_s:g}s, request {timeout:g}s"
-                raise _unreachable(kafka, f"could not be reached ({limits}): {why}") from exc
+                # the servers the client used: a `bootstrap.servers` property wins
+                raise EndpointError(
+                    f"Kafka at {kafka.servers} could not be reached ({limits}): {why} -- check "
+                    "that the brokers run there and are reachable from this host "
+                    "(kafka.bootstrap_servers, or bootstrap.servers and the security settings "
+                    "under kafka.properties); a slow network may need larger timeouts in the "
+                    "pipeline file"
+                ) from exc
 
 
 def list_topics(kafka: KafkaConfig, timeout: float | None = None) -> list[str]:
