@@ -246,17 +246,15 @@ def _load_table(
     state = table_state(spark, qualified)
     batch.compile_for(qualified, state.rows)
     committed = state.committed
+    ends = {(r.topic, r.partition): r.end for r in ranges}
     if plan.mode == PlanMode.REPLAY:
         # re-applied records never regress newer rows (LSN check in the MERGE), and the
         # committed offsets never move backwards
-        ends = {(r.topic, r.partition): max(r.end, committed.get((r.topic, r.partition), 0))
-                for r in ranges}  # fmt: skip
+        ends = {tp: max(end, committed.get(tp, 0)) for tp, end in ends.items()}
     elif _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         result.status = "already_committed"
         return result
-    else:
-        ends = {(r.topic, r.partition): r.end for r in ranges}
     known = table_columns(spark, qualified) if state.exists else {}
     ranged = batch.ranged.get(topic)
     if ranged is not None and known != ranged.known:
