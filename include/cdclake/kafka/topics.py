@@ -75,15 +75,14 @@ Raw = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
 def raw_records(
-    kafka: KafkaConfig, wanted: Iterable[tuple[str, int, int]], timeout: float | None = None
+    kafka: KafkaConfig, wanted: Iterable[tuple[str, int, int]]
 ) -> dict[tuple[str, int, int], Raw]:
     """The records at (topic, partition, offset) exactly as Kafka holds them: key, value
     and headers as bytes. A partition is read once, from its first wanted offset to its
     last; a record Kafka no longer holds is an EndpointError naming it."""
-    from confluent_kafka import Consumer
-    from confluent_kafka import TopicPartition as KafkaTP
+    from confluent_kafka import Consumer, TopicPartition
 
-    timeout = kafka.timeouts.request_s if timeout is None else timeout
+    timeout = kafka.timeouts.request_s
     by_partition: dict[tuple[str, int], set[int]] = {}
     for topic, partition, offset in wanted:
         by_partition.setdefault((topic, partition), set()).add(offset)
@@ -92,7 +91,7 @@ def raw_records(
     out: dict[tuple[str, int, int], Raw] = {}
     try:
         for (topic, partition), offsets in sorted(by_partition.items()):
-            consumer.assign([KafkaTP(topic, partition, min(offsets))])
+            consumer.assign([TopicPartition(topic, partition, min(offsets))])
             last, idle = max(offsets), time.monotonic() + timeout
             while time.monotonic() < idle:
                 msg = consumer.poll(1.0)
