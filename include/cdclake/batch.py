@@ -12,7 +12,7 @@ from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.leases import Leases
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import MEASURED, Placement, Tuning
+from cdclake.resolve.placement import Placement, Tuning
 from cdclake.resolve.rules import Truncate
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
@@ -73,21 +73,19 @@ class Batch:
 
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
-        read_seconds: float, rows=None,
-        ranged: dict[str, object] | None = None,
-        before: Mapping[str, str | None] | None = None, leases: Leases | None = None,
-        placement: Placement = Placement.AUTO, tuning: Tuning = MEASURED,
+        read_seconds: float, rows, ranged: dict[str, object], before: Mapping[str, str | None],
+        leases: Leases, placement: Placement, tuning: Tuning,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.placement, self.tuning = placement, tuning
-        self.leases = leases or Leases(spark)  # write leases of the batch's tables
+        self.leases = leases  # write leases of the batch's tables
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
-        self.ranged = ranged or {}  # topics read and resolved range by range (not in `raw`)
+        self.ranged = ranged  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
         self.dead_letter_lock = threading.Lock()
         # the session settings a small batch changed (`batch_conf`), with their values
         # before it: put back by `compile_for`
-        self.interpreted = dict(before or {})
+        self.interpreted = dict(before)
         self.settings_lock = threading.Lock()
 
     def compile_for(self, table: str, target_rows: int) -> None:

@@ -71,16 +71,13 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
                tuning: Tuning):  # fmt: skip
     started = time.perf_counter()
     leases = Leases(spark)  # taken on each table before its data files are written
+    raw, ranged = None, {}
     try:
         ranged = read_by_range(spark, pipeline, plan, read, placement, tuning)
-    except BaseException:
-        leases.close()
-        raise
-    rest = dataclasses.replace(plan, ranges=tuple(r for r in plan.ranges if r.topic not in ranged))
-    raw = None
-    try:
-        if rest.ranges:
-            raw, scan, rows = _read(spark, pipeline, rest, read, placement, tuning)
+        rest = tuple(r for r in plan.ranges if r.topic not in ranged)
+        if rest:
+            rest_plan = dataclasses.replace(plan, ranges=rest)
+            raw, scan, rows = _read(spark, pipeline, rest_plan, read, placement, tuning)
             raw, scan = handle_broken_envelopes(spark, pipeline, plan, raw, scan, leases)
         else:
             scan, rows = RawScan({}, {}, 0), None
@@ -103,10 +100,10 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     (an Arrow table, or None).
 
     A small batch from Kafka (or, asked for, another `RawSource`) is read by the driver:
-    its rows become a local relation
-    (no Spark job, no Python worker to start) and are scanned in Python. Otherwise the
-    records are read by Spark tasks (or by `read`), cached, and scanned by a Spark job."""
-    records = sum(r.size for r in plan.ranges)
+    its rows become a local relation (no Spark job, no Python worker to start) and are
+    scanned in Python. Otherwise the records are read by Spark tasks (or by `read`),
+    cached, and scanned by a Spark job."""
+    records = plan.total
     source = KAFKA if read is None else read
     limit = tuning.driver_read_records
     if placement.driver_reads(records, limit, read is None, isinstance(source, RawSource)):
@@ -116,7 +113,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
             return raw, scan_rows(rows, tuning.truncate_text), rows
         log.info("batch %s: more than %d MiB of records; read by Spark tasks",
                  plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
-    raw = (read or KAFKA)(spark, pipeline.kafka, plan.ranges)
+    raw = source(spark, pipeline.kafka, plan.ranges)
     if records <= SMALL_BATCH_RECORDS:
         raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
     raw = raw.persist(cache_level(records))
@@ -191,15 +188,12 @@ def _load(batch: Batch, table: TableConfig) -> TableResult:
     if isinstance(batch.ranged.get(topic), FailedTopic):
         raise batch.ranged[topic].error
     if topic in batch.ranged:
-        schemas = batch.ranged[topic].accepted.schemas
-        return _load_table(batch, table, batch.ranges_of(table), None, schemas)
+        return _load_table(batch, table, None, batch.ranged[topic].accepted.schemas)
     if topic in batch.scan.broken:  # on_error: fail (dead letters were taken out)
         partition, offset, error = batch.scan.broken[topic]
         raise DecodeError(f"{topic} partition {partition} offset {offset}: {error}")
     table_raw = batch.raw.where(F.col("topic") == topic)
-    return _load_table(
-        batch, table, batch.ranges_of(table), table_raw, batch.scan.schemas.get(topic, {})
-    )
+    return _load_table(batch, table, table_raw, batch.scan.schemas.get(topic, {}))
 
 
 def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
@@ -239,13 +233,10 @@ def _check_plan_start(
 
 
 def _load_table(
-    batch: Batch,
-    table: TableConfig,
-    ranges: list[OffsetRange],
-    raw,
-    schemas: dict[str, list[tuple[int, str]]],
+    batch: Batch, table: TableConfig, raw, schemas: dict[str, list[tuple[int, str]]]
 ) -> TableResult:
     spark, pipeline, plan = batch.spark, batch.pipeline, batch.plan
+    ranges = batch.ranges_of(table)
     qualified = pipeline.qualified_target(table)
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
@@ -255,17 +246,15 @@ def _load_table(
     state = table_state(spark, qualified)
     batch.compile_for(qualified, state.rows)
     committed = state.committed
+    ends = {(r.topic, r.partition): r.end for r in ranges}
     if plan.mode == PlanMode.REPLAY:
         # re-applied records never regress newer rows (LSN check in the MERGE), and the
         # committed offsets never move backwards
-        ends = {(r.topic, r.partition): max(r.end, committed.get((r.topic, r.partition), 0))
-                for r in ranges}  # fmt: skip
+        ends = {tp: max(end, committed.get(tp, 0)) for tp, end in ends.items()}
     elif _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         result.status = "already_committed"
         return result
-    else:
-        ends = {(r.topic, r.partition): r.end for r in ranges}
     known = table_columns(spark, qualified) if state.exists else {}
     ranged = batch.ranged.get(topic)
     if ranged is not None and known != ranged.known:

@@ -65,12 +65,7 @@ class BatchPlan:
         return sum(r.size for r in self.ranges)
 
     def to_dict(self) -> dict:
-        return {
-            "pipeline": self.pipeline,
-            "batch_id": self.batch_id,
-            "ranges": [asdict(r) for r in self.ranges],
-            "mode": self.mode,
-        }
+        return {**asdict(self), "ranges": [asdict(r) for r in self.ranges]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))

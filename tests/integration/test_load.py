@@ -162,7 +162,7 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path):
     lake equal to the source."""
     import uuid
 
-    from cdclake.kafka.reader import read_local, read_ranges
+    from cdclake.kafka.reader import KAFKA, read_local
     from cdclake.kafka.scan import scan_raw, scan_rows
 
     from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
@@ -176,7 +176,7 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path):
     assert len(plan.ranges) == 3 and all(r.size for r in plan.ranges)
 
     local = read_local(pipeline.kafka, plan.ranges)
-    frame = read_ranges(spark, pipeline.kafka, plan.ranges)
+    frame = KAFKA(spark, pipeline.kafka, plan.ranges)
     order = ["topic", "partition", "offset"]
     assert local.sort_by([(c, "ascending") for c in order]).to_pylist() == [
         r.asDict() for r in frame.orderBy(*order).collect()

@@ -87,19 +87,15 @@ class SchemaIds:
 
     def __init__(self) -> None:
         self.sent: set[int] = set()
-        self._last: dict[str, tuple[bytes, int]] = {}
-
-    def last(self, side: str) -> tuple[bytes, int] | None:
-        """The last schema of `side` and its id (sent already), if any."""
-        return self._last.get(side)
+        self.last: dict[str, tuple[bytes, int]] = {}  # per side: its last schema and id
 
     def id_of(self, side: str, schema: bytes) -> tuple[int, bool]:
         """The schema's id, and whether this is the first record of the task with it."""
-        last = self._last.get(side)
+        last = self.last.get(side)
         if last is not None and last[0] == schema:
             return last[1], False
         sid = schema_id(schema)
-        self._last[side] = (schema, sid)
+        self.last[side] = (schema, sid)
         first = sid not in self.sent
         self.sent.add(sid)
         return sid, first
@@ -165,10 +161,8 @@ class RawRows:
         self._rows += 1
         self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
                                  key, value, headers))  # fmt: skip
-        for side in ("key", "value"):
-            last = self.seen.last(side)
-            if last is not None:
-                self._head[side] = (_HEAD + last[0] + _SEP, last[1])
+        for side, (schema, sid) in self.seen.last.items():
+            self._head[side] = (_HEAD + schema + _SEP, sid)
 
     def add_error(self, offset: int, timestamp: int, is_tombstone: bool, error: str,
                   headers: str | None = None) -> None:  # fmt: skip

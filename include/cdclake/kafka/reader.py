@@ -12,7 +12,7 @@ a known type.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -34,11 +34,8 @@ DRIVER_READ_BYTES = 256 * 1024 * 1024
 
 def slice_ranges(ranges: Sequence[OffsetRange], size: int = SLICE_RECORDS) -> list[OffsetRange]:
     """Cut ranges into tasks of at most `size` records, so partitions read in parallel."""
-    out = []
-    for r in ranges:
-        for start in range(r.start, r.end, size):
-            out.append(OffsetRange(r.topic, r.partition, start, min(start + size, r.end)))
-    return out
+    return [OffsetRange(r.topic, r.partition, start, min(start + size, r.end))
+            for r in ranges for start in range(r.start, r.end, size)]  # fmt: skip
 
 
 # A function a Spark task calls with one offset range ({"topic", "partition", "start",
@@ -49,10 +46,10 @@ RangeReader = Callable[[dict], Iterator["pa.RecordBatch"]]
 @dataclass(frozen=True)
 class RawSource:
     """Where a batch's raw records come from when Spark tasks read them: `open` gives,
-    for the pipeline's Kafka settings, the `RangeReader` the tasks call. Called like
-    `read_ranges`, it makes the raw records DataFrame of the ranges, cut into tasks of at
-    most `SLICE_RECORDS` records. Kafka is the source of every pipeline; benchmarks read
-    recorded or generated records through the same code."""
+    for the pipeline's Kafka settings, the `RangeReader` the tasks call. Called (as in
+    `KAFKA(spark, kafka, ranges)`), it makes the raw records DataFrame of the ranges, cut
+    into tasks of at most `SLICE_RECORDS` records. Kafka is the source of every
+    pipeline; benchmarks read recorded or generated records through the same code."""
 
     open: Callable[[KafkaConfig], RangeReader]
 
@@ -91,24 +88,16 @@ def _sql_text(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def idle_timeout(kafka: KafkaConfig, timeout_s: float | None = None) -> float:
-    """A slice's wait for its next records: `timeouts.request_s`, a minute at least."""
-    return timeout_s if timeout_s is not None else max(60.0, kafka.timeouts.request_s)
-
-
 def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> RangeReader:
-    return partial(_read_slice, kafka.client_config(), timeout_s=idle_timeout(kafka, timeout_s),
-                   fmt=kafka.format, registry=kafka.schema_registry)  # fmt: skip
+    """The reader of slices from Kafka; a slice waits `timeout_s` for its next records, by
+    default `timeouts.request_s`, a minute at least."""
+    if timeout_s is None:
+        timeout_s = max(60.0, kafka.timeouts.request_s)
+    return partial(_read_slice, kafka.client_config(), timeout_s=timeout_s, fmt=kafka.format,
+                   registry=kafka.schema_registry)  # fmt: skip
 
 
 KAFKA = RawSource(_kafka_reader)
-
-
-def read_ranges(
-    spark: SparkSession, kafka: KafkaConfig, ranges: Sequence[OffsetRange],
-    timeout_s: float | None = None,
-) -> DataFrame:  # fmt: skip
-    return RawSource(partial(_kafka_reader, timeout_s=timeout_s))(spark, kafka, ranges)
 
 
 def read_local(
@@ -116,26 +105,17 @@ def read_local(
     max_bytes: int = DRIVER_READ_BYTES, source: RawSource | None = None,
 ) -> pa.Table | None:  # fmt: skip
     """Read the ranges in this process, slice after slice, from Kafka (or `source`): the
-    raw rows the Spark tasks of `read_ranges` would yield, as one Arrow table. None as
+    raw rows the Spark tasks of `KAFKA` would yield, as one Arrow table. None as
     soon as the rows hold more than `max_bytes` (what was read is dropped; the caller
     reads with Spark tasks)."""
     import pyarrow as pa
 
-    if source is None or source is KAFKA:
-        client_config, timeout_s = kafka.client_config(), idle_timeout(kafka, timeout_s)
-        reader = None
-    else:
-        reader = source.open(kafka)
+    from_kafka = source is None or source is KAFKA
+    reader = _kafka_reader(kafka, timeout_s) if from_kafka else source.open(kafka)
     batches, held = [], 0
     for r in slice_ranges(ranges):
-        row = {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-        read = (
-            reader(row)
-            if reader is not None
-            else _read_slice(
-                client_config, row, timeout_s, max_bytes - held, kafka.format, kafka.schema_registry
-            )
-        )
+        # from Kafka, a batch comes as soon as its records pass what is left of the budget
+        read = reader(asdict(r), batch_bytes=max_bytes - held) if from_kafka else reader(asdict(r))
         for batch in read:
             held += batch.nbytes
             if held > max_bytes:
@@ -213,10 +193,12 @@ def _read_slice(
                 continue
             idle_since = time.monotonic()
             got, next_offset, last = _records(msgs, next_offset, end, last)
-            offsets, stamps, keys, values, olds = got
+            if not got:
+                continue
+            offsets, stamps, keys, values, heads = zip(*got, strict=True)
             held += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
             rows.add_many(offsets, stamps, keys, values,
-                          olds if any(k is not None for k in olds) else None)  # fmt: skip
+                          heads if any(h is not None for h in heads) else None)  # fmt: skip
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield rows.batch()
                 held = 0
@@ -227,15 +209,11 @@ def _read_slice(
 
 
 def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
-    """The records of `msgs` below `end` as lists (offsets, timestamps, keys, values,
+    """The records of `msgs` below `end` as (offset, timestamp, key, value,
     `kept_headers`), and the next offset and last key read."""
     from confluent_kafka import KafkaException
 
-    offsets: list[int] = []
-    stamps: list[int] = []
-    keys: list[bytes | None] = []
-    values: list[bytes | None] = []
-    heads: list[str | None] = []
+    records: list[tuple[int, int, bytes | None, bytes | None, str | None]] = []
     for msg in msgs:
         err = msg.error()
         if err is not None:
@@ -248,23 +226,15 @@ def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
         if offset >= end:
             next_offset = end
             break
-        key, value = msg.key(), msg.value()
+        key, value, stamp = msg.key(), msg.value(), msg.timestamp()[1]
         if value is None and key is not None and offset > next_offset and key != last:
             # a tombstone right after a gap, not after a record of its key (a transaction
             # marker between the two): the log cleaner of a compacted topic removed its
             # delete (Debezium writes the two one after the other). A tombstone at the
             # delete's offset stands in for it, so that this one deletes the row rather
             # than following a delete of an earlier batch.
-            offsets.append(offset - 1)
-            stamps.append(msg.timestamp()[1])
-            keys.append(key)
-            values.append(None)
-            heads.append(None)
+            records.append((offset - 1, stamp, key, None, None))
         next_offset, last = offset + 1, key
-        offsets.append(offset)
-        stamps.append(msg.timestamp()[1])
-        keys.append(key)
-        values.append(value)
         headers = msg.headers()
-        heads.append(kept_headers(headers) if headers else None)
-    return (offsets, stamps, keys, values, heads), next_offset, last
+        records.append((offset, stamp, key, value, kept_headers(headers) if headers else None))
+    return records, next_offset, last

@@ -34,7 +34,7 @@ class RawScan:
 def scan_raw(raw, truncate_text: str) -> RawScan:
     """`scan_rows` of a batch's raw records in Spark: one job whose tasks each tally
     their rows (`_Tally`), added up by the driver."""
-    import json
+    import pickle
 
     def task(batches):
         import pyarrow as pa
@@ -42,11 +42,11 @@ def scan_raw(raw, truncate_text: str) -> RawScan:
         tally = _Tally()
         for b in batches:
             tally.add_rows(b, truncate_text)
-        yield pa.RecordBatch.from_pydict({"tally": [json.dumps(tally.to_json())]})
+        yield pa.RecordBatch.from_pydict({"tally": [pickle.dumps(tally)]})
 
     total = _Tally()
-    for row in raw.select(*SCAN_COLUMNS).mapInArrow(task, "tally string").collect():
-        total.merge(_Tally.from_json(json.loads(row.tally)))
+    for row in raw.select(*SCAN_COLUMNS).mapInArrow(task, "tally binary").collect():
+        total.merge(pickle.loads(row.tally))
     return total.scan()
 
 
@@ -119,16 +119,3 @@ class _Tally:
             schemas.setdefault(topic, {}).setdefault(side, []).append(
                 (sid, self.texts[(topic, side, sid)]))  # fmt: skip
         return RawScan(schemas, self.broken, self.broken_count, frozenset(self.truncates))
-
-    def to_json(self) -> dict:
-        return {"groups": [[*g, self.texts[g], self.last.get(g)] for g in self.texts],
-                "broken": [[t, *first] for t, first in self.broken.items()],
-                "broken_count": self.broken_count, "truncates": sorted(self.truncates)}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: dict) -> _Tally:
-        tally = cls(broken_count=data["broken_count"], truncates=set(data["truncates"]))
-        for topic, side, sid, text, at in data["groups"]:
-            tally._use((topic, side, sid), text, None if at is None else tuple(at))
-        tally.broken = {t: (p, o, e) for t, p, o, e in data["broken"]}
-        return tally

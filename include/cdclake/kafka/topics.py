@@ -10,17 +10,6 @@ from cdclake.config import KafkaConfig, PipelineConfig
 from cdclake.exceptions import EndpointError
 
 
-def _unreachable(kafka: KafkaConfig, why: str) -> EndpointError:
-    """The error of brokers that did not answer: the servers the client used (a
-    `bootstrap.servers` property wins over the field), why and what to check."""
-    return EndpointError(
-        f"Kafka at {kafka.servers} {why} -- check that "
-        "the brokers run there and are reachable from this host (kafka.bootstrap_servers, "
-        "or bootstrap.servers and the security settings under kafka.properties); a slow "
-        "network may need larger timeouts in the pipeline file"
-    )
-
-
 @contextmanager
 def topic_metadata(kafka: KafkaConfig, timeout: float | None) -> Iterator[tuple[object, object]]:
     """A planner consumer and the cluster's topic metadata; an unreachable broker is an
@@ -58,7 +47,14 @@ def _topics(kafka: KafkaConfig, consumer, errors: list, timeout: float | None):
             if down or time.monotonic() >= deadline:
                 why = next((e for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN), exc)
                 limits = f"connect {kafka.timeouts.connect_s:g}s, request {timeout:g}s"
-                raise _unreachable(kafka, f"could not be reached ({limits}): {why}") from exc
+                # the servers the client used: a `bootstrap.servers` property wins
+                raise EndpointError(
+                    f"Kafka at {kafka.servers} could not be reached ({limits}): {why} -- check "
+                    "that the brokers run there and are reachable from this host "
+                    "(kafka.bootstrap_servers, or bootstrap.servers and the security settings "
+                    "under kafka.properties); a slow network may need larger timeouts in the "
+                    "pipeline file"
+                ) from exc
 
 
 def list_topics(kafka: KafkaConfig, timeout: float | None = None) -> list[str]:
@@ -79,15 +75,14 @@ Raw = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
 def raw_records(
-    kafka: KafkaConfig, wanted: Iterable[tuple[str, int, int]], timeout: float | None = None
+    kafka: KafkaConfig, wanted: Iterable[tuple[str, int, int]]
 ) -> dict[tuple[str, int, int], Raw]:
     """The records at (topic, partition, offset) exactly as Kafka holds them: key, value
     and headers as bytes. A partition is read once, from its first wanted offset to its
     last; a record Kafka no longer holds is an EndpointError naming it."""
-    from confluent_kafka import Consumer
-    from confluent_kafka import TopicPartition as KafkaTP
+    from confluent_kafka import Consumer, TopicPartition
 
-    timeout = kafka.timeouts.request_s if timeout is None else timeout
+    timeout = kafka.timeouts.request_s
     by_partition: dict[tuple[str, int], set[int]] = {}
     for topic, partition, offset in wanted:
         by_partition.setdefault((topic, partition), set()).add(offset)
@@ -96,7 +91,7 @@ def raw_records(
     out: dict[tuple[str, int, int], Raw] = {}
     try:
         for (topic, partition), offsets in sorted(by_partition.items()):
-            consumer.assign([KafkaTP(topic, partition, min(offsets))])
+            consumer.assign([TopicPartition(topic, partition, min(offsets))])
             last, idle = max(offsets), time.monotonic() + timeout
             while time.monotonic() < idle:
                 msg = consumer.poll(1.0)
