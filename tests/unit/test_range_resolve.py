@@ -142,16 +142,24 @@ def test_ranges_resolve_as_in_spark(spark, seed, toast, resends):
     same(want, ordered(arrow_frame(spark, rows, got.ddl)), got.toast)
 
 
-def folded(parts: dict[int, list], partition: int, batch: int = 7, follow_toast: bool = False):
-    """One range of `parts` read and folded (following the TOAST columns from its start
-    with `follow_toast`): the fold, and unless it must be folded again, its rows (sorted
-    by key) and summary."""
+@pytest.mark.parametrize("seed", range(40))
+def test_a_range_folded_in_steps_resolves_as_in_one(seed):
+    """A range folded a few changes at a time (each step holding what the next needs
+    of the keys' earlier changes) gives the rows and summary of one step over it all."""
+    parts = history(seed, partitions=1 + seed % 2, toast=seed % 3 > 0, resends=True)
+    whole, whole_summaries = range_rows(parts, batch=5)
+    steps, step_summaries = range_rows(parts, batch=5, tuning=Tuning(fold_records=1 + seed % 4))
+    assert [dataclasses.asdict(s) for s in step_summaries] == \
+        [dataclasses.asdict(s) for s in whole_summaries]  # fmt: skip
+    assert pa.Table.from_batches(steps).equals(pa.Table.from_batches(whole))
+
+
+def folded(parts: dict[int, list], partition: int, batch: int = 7):
+    """One range of `parts` read and folded: the fold, its rows (sorted by key) and
+    summary."""
     plan = plan_of(parts)
     r = next(h for h in heads(parts) if h["partition"] == partition)
-    fold = RangeFold(plan, partition, follow_toast=follow_toast)
-    fold = _read_range(reader_of(parts, batch), r, fold)
-    if fold.restart:
-        return fold, None, None
+    fold = _read_range(reader_of(parts, batch), r, RangeFold(plan, partition))
     out = list(fold.finish())
     (summary,), (hashes,) = ends(out)
     table = pa.Table.from_batches(out)
@@ -216,10 +224,8 @@ def test_placeholders_take_the_values_they_stand_for(seed):
     and is NULL and flagged (the MERGE keeps the table's value) when none is there."""
     records, state, held = toast_history(seed)
     parts = {0: records}
-    fold, _, _ = folded(parts, 0, batch=2 + seed % 6)
-    assert fold.restart  # a placeholder met: read again, following the TOAST columns
-    _, rows, (summary, _) = folded(parts, 0, batch=2 + seed % 6, follow_toast=True)
-    assert summary.toast and summary.reason is None
+    _, rows, (summary, _) = folded(parts, 0, batch=2 + seed % 6)
+    assert summary.reason is None
     written = {r["id"]: r for r in rows.to_pylist()}
     mark = TOAST_PLACEHOLDER.encode()
     for row in written.values():  # deleted keys' rows too (written with soft deletes)
@@ -255,7 +261,7 @@ def test_a_placeholder_after_a_null_takes_the_last_real_value():
     records = [(key_record(1), v("c", None, item(1, "a"), lsn=10)),
                (key_record(1), v("u", None, item(1, None), lsn=11)),
                (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=12))]  # fmt: skip
-    _, rows, _ = folded({0: records}, 0, follow_toast=True)
+    _, rows, _ = folded({0: records}, 0)
     assert rows.column("name").to_pylist() == ["a"]
 
 
@@ -299,7 +305,6 @@ def test_a_truncate_starts_the_range_again(spark, batch):
     ]  # fmt: skip
     parts = {0: records}
     fold, rows, (summary, _) = folded(parts, 0, batch=batch)
-    assert not fold.restart
     assert summary.truncate == [5, 15] and summary.reason is None
     assert rows.column("id").to_pylist() == [2, 4]
     out, _ = range_rows(parts, batch=batch)
@@ -442,25 +447,31 @@ def test_a_key_folds_across_batches_and_streams_of_many_rows(spark):
     assert names[1] == ("r2", False) and names[7] == ("r2", True)
 
 
-def test_a_placeholder_in_one_range_gives_every_range_the_flags():
+def test_a_placeholder_left_in_one_range_gives_every_range_the_flags():
+    """A range whose placeholder takes its key's earlier value in the range carries no
+    flags; one whose placeholder is left to the table does, and the topic's every row
+    then has them."""
     with_placeholder = item(1, "__debezium_unavailable_value")
     parts = {
         0: [(key_record(2), value_record("c", None, item(2, "two"), lsn=10))],
         1: [(key_record(1), value_record("c", None, item(1, "one"), lsn=11)),
-            (key_record(1), value_record("u", None, with_placeholder, lsn=12))],
+            (key_record(1), value_record("u", None, with_placeholder, lsn=12)),
+            (key_record(3), value_record("u", None, item(3, TOAST_PLACEHOLDER), lsn=13))],
     }  # fmt: skip
     out, summaries = range_rows(parts)
     assert [s.toast for s in sorted(summaries, key=lambda s: s.partition)] == [False, True]
     got = accepted(out, parts)
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
     assert rows[1]["name"] == "one" and rows[1][f"{TOAST_PREFIX}name"] is False
+    assert rows[3]["name"] is None and rows[3][f"{TOAST_PREFIX}name"] is True
     assert rows[2][f"{TOAST_PREFIX}name"] is False  # filled in for the range without
+    out, summaries = range_rows({1: parts[1][:2]})
+    assert [s.toast for s in summaries] == [False]  # the placeholder took a value
 
 
 def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark):
-    """The rows of a range are decoded only for the changes written, until a
-    placeholder's text is met: the range is then read again from its start, following
-    the TOAST columns, and the placeholder takes the value of a change read before it."""
+    """A placeholder met late in a range takes the value of a change read batches before
+    it, the range read once."""
     v = value_record
     records = [(key_record(k), v("c", None, item(k, f"first{k}"), lsn=10 + k)) for k in range(8)]
     records += [(key_record(3), v("u", None, item(3, TOAST_PLACEHOLDER), lsn=50))]
@@ -471,25 +482,23 @@ def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark
         return reader_of({0: records}, 4)(r)
 
     out, (summary,) = range_rows({0: records}, batch=4, reader=counted)
-    assert reads == [0, 0, 0]  # the head, the range, the range again
-    assert summary.toast and summary.records == len(records)
+    assert reads == [0, 0]  # the head, the range
+    assert summary.records == len(records)
     got = accepted(out, {0: records})
     rows = {r["id"]: r for r in unpacked(out, got).to_pylist()}
-    assert rows[3]["name"] == "first3" and rows[3][f"{TOAST_PREFIX}name"] is False
+    assert rows[3]["name"] == "first3" and not got.toast  # nothing left to the table
     want, _, _ = both(spark, raw_table({0: records}))
     same(want, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
 
 
-def test_a_value_that_does_not_fit_is_seen_only_in_a_change_that_is_written():
-    """Rows are decoded for the changes written: a later change of the key replaces a
-    bad one; a bad one that is written stops the range."""
+def test_a_value_that_does_not_fit_stops_the_range_even_when_replaced():
+    """Every change is checked, the ones a later change of the key replaces too."""
     v = value_record
     bad = v("u", None, {**item(1, "a"), "day": "many"}, lsn=2)
     replaced = [(key_record(1), bad), (key_record(1), v("u", None, item(1, "b"), lsn=3))]
-    out, (summary,) = range_rows({0: replaced})
-    assert summary.reason is None and summary.counts == {False: 1}
-    out, (summary,) = range_rows({0: replaced[:1]})
-    assert summary.reason is not None and "day" in summary.reason, summary.reason
+    for records in (replaced, replaced[:1]):
+        out, (summary,) = range_rows({0: records})
+        assert summary.reason is not None and "day" in summary.reason, summary.reason
 
 
 @pytest.mark.parametrize(
@@ -564,35 +573,14 @@ def test_a_fold_reports_its_records():
     assert (summary.partition, summary.counts, summary.reason) == (3, {False: 1}, None)
 
 
-@pytest.mark.parametrize("column", ["name", "blob"])
-def test_a_placeholder_the_text_search_misses_stops_the_range(column):
-    blind = dataclasses.replace(MEASURED, toast_texts=("(never in a payload)",))
-    mark = {"name": TOAST_PLACEHOLDER, "blob": TOAST_B64}[column]
-    deleted = {**item(2, "two"), column: mark}  # written too, with soft deletes
-    live = {**item(1, "one"), column: mark}
-    v = value_record
-    histories = [
-        [(key_record(2), v("c", None, deleted, lsn=1)),
-         (key_record(2), v("d", deleted, None, lsn=2))],
-        [(key_record(1), v("c", None, item(1, "one"), lsn=3)),
-         (key_record(1), v("u", None, live, lsn=4))],
-    ]  # fmt: skip
-    for records in histories:
-        out, (summary,) = range_rows({0: records}, tuning=blind)
-        assert summary.reason is not None and "did not see" in summary.reason, summary.reason
-        assert repr(column) in summary.reason
-    records = histories[0] + histories[1]
-    out, (summary,) = range_rows({0: records})
-    assert summary.reason is None and summary.toast
-
-
 def test_a_range_with_too_many_keys_stops():
     """An initial snapshot makes every record a new key: the range's memory would grow
-    with its records, so it stops once it holds more than `range_keys` keys."""
+    with its records, so it stops once it holds more than `range_keys` keys after a fold
+    step (`fold_records`)."""
     records = [(key_record(k), value_record("r", None, item(k, "s"), lsn=None))
                for k in range(1, 30)]  # fmt: skip
-    out, (summary,) = range_rows({0: records}, batch=7,
-                                 tuning=dataclasses.replace(MEASURED, range_keys=10))  # fmt: skip
+    tuning = dataclasses.replace(MEASURED, range_keys=10, fold_records=7)
+    out, (summary,) = range_rows({0: records}, batch=7, tuning=tuning)
     assert summary.reason == "more than 10 keys in one partition's range"
     assert summary.records == 14 and len(out) == 1  # stopped after the second read batch
 
@@ -674,28 +662,6 @@ def test_key_hashes_are_equal_for_equal_keys_only(columns, rows):
     assert whole == "a key is in more than one partition"
     assert isinstance(accept([RangeSummary(TOPIC, 0), RangeSummary(TOPIC, 1)], items_plan(),
                              [first[:1], first[1:]]), AcceptedTopic)  # fmt: skip
-
-
-def test_the_placeholder_search_finds_what_match_substring_finds():
-    """The whole-buffer search of a batch's payloads against Arrow's `match_substring`:
-    slices, nulls, empty values, and halves of a needle at the end of one JSON value
-    and the start of the next (which must not count)."""
-    import pyarrow.compute as pc
-    from cdclake.resolve.ranges import holds_any
-
-    texts = MEASURED.toast_texts
-    ph, b64 = texts
-    values = ['{"a":1}', None, "", f'{{"x":"{ph}"}}', f'{{"y":"{ph[:9]}"}}', f'{{"{ph[9:]}":0}}',
-              f'{{"b":"{b64}"}}', '{"z":2}', None]  # fmt: skip
-    for kind in (pa.string(), pa.large_string()):
-        full = pa.array(values, kind)
-        for lo in range(len(values)):
-            for hi in range(lo, len(values) + 1):
-                part = full.slice(lo, hi - lo)
-                want = any(pc.any(pc.match_substring(part, n)).as_py() for n in texts)
-                assert holds_any(part, texts) == bool(want), (kind, lo, hi)
-    assert holds_any(pa.array(values[4:6]), texts) is False
-    assert holds_any(pa.array([None, None], pa.string()), texts) is False
 
 
 def test_the_python_workers_start_ahead_of_the_range_tasks(spark):

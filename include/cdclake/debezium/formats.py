@@ -5,17 +5,15 @@ a converter (JSON, or Avro with a schema registry) and a shape (the whole envelo
 flattened), each shape one module with the functions of `Codec`. The reader splits each
 record with the format's `raw_rows` into schema ids, schema text and payload (an Avro
 record as the JSON converter would have written it); the batch's topic shape
-comes from the row fields of its schemas (`key_fields`, `value_fields`); the folds decode
-raw rows into `Change`s with `decode_records`, which raises `BadRecord` for a record that
-cannot be applied. Everything after a `Change` (the CDC rules, the MERGE) is the same
-for every format.
+comes from the row fields of its schemas (`key_fields`, `value_fields`); DuckDB decodes
+the raw rows into a table of changes (`cdclake.debezium.json_sql.decoded`), a reason
+beside each record that cannot be applied. Everything after that table (the CDC rules,
+the MERGE) is the same for every format.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,43 +30,6 @@ class Unsupported(Exception):
 
 class BadRecord(Unsupported):
     """A record that cannot be applied (the message says why)."""
-
-
-@dataclass(slots=True)
-class Change:
-    """One record, decoded: what the CDC rules read."""
-
-    partition: int
-    offset: int
-    is_tombstone: bool
-    key: dict | None
-    after: dict | None
-    before: dict | None
-    op: str | None
-    source_ts_ms: int | None
-    lsn: int | None
-    ident: tuple = ()  # the key's values: from its key, else its row after, else before
-    # what decodes the rest of its rows when it is settled (the format's own object, with
-    # a `settle(change)` method), None once they are
-    pending: Any = None
-    # a create of a key that was another's (a primary-key change): that key's values, from
-    # the record's `__debezium.oldkey` header
-    from_key: tuple | None = None
-
-
-def settle(change: Change) -> Change:
-    """The change with every column of its rows decoded."""
-    rows = change.pending
-    if rows is not None:
-        change.pending = None
-        rows.settle(change)
-    return change
-
-
-def by_column(rows: Sequence[dict | None], names: Iterable[str]) -> dict[str, list]:
-    """Decoded rows (None: no row, all its values None) as the values of each column
-    named."""
-    return {name: [None if r is None else r.get(name) for r in rows] for name in names}
 
 
 class RawRowsWriter(Protocol):
@@ -92,18 +53,6 @@ class Codec(Protocol):
     def value_fields(self, text: str, where: str) -> tuple[Any, ...]:
         """A value schema: the fields of the rows it carries; `DecodeError` (naming
         `where`) for a schema that is not of this format."""
-
-    def row_decoders(self, schema: Any, key_schemas: Mapping[int, str],
-                     value_schemas: Mapping[int, str]) -> Any:  # fmt: skip
-        """What `decode_records` needs of the schemas, built once per topic and task."""
-
-    def decode_records(
-        self, rows: pa.Table | pa.RecordBatch, schema: Any,
-        key_schemas: Mapping[int, str], value_schemas: Mapping[int, str],
-        decoders: Any = None, headers_only: bool = False,
-    ) -> list[Change]:  # fmt: skip
-        """Raw rows of one topic -> one change per record; `BadRecord` for a record that
-        cannot be applied. `headers_only`: rows decoded only when the change is settled."""
 
 
 class WireFormat(StrEnum):

@@ -17,33 +17,17 @@ what a stream's records lack).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from cdclake.debezium.connect import ConnectField, parse_connect_schema
-from cdclake.debezium.formats import BadRecord, Change
-from cdclake.debezium.json_records import (
-    RECORD_COLUMNS,
-    KeyRows,
-    changed_from,
-    check_change,
-    decode_key,
-    identifier,
-    key_fields,
-    parse_json,
-)
-from cdclake.debezium.json_values import row_decoder
-from cdclake.debezium.schema import TopicSchema
+from cdclake.debezium.json_records import key_fields
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.raw_rows import header_values
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-__all__ = ["decode_records", "key_fields", "lost", "row_decoders", "value_fields"]
+__all__ = ["key_fields", "lost", "tombstone_deletes", "value_fields"]
 META = "__"  # the transform's prefix of the fields (and headers) it adds
-_NO_OP = ("has no __op field or header: flattened records need the transform's "
-          "add.fields=op,lsn,source.ts_ms or add.headers=op,lsn,source.ts_ms")  # fmt: skip
+NO_OP = ("has no __op field or header: flattened records need the transform's "
+         "add.fields=op,lsn,source.ts_ms or add.headers=op,lsn,source.ts_ms")  # fmt: skip
 
 
 def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
@@ -67,7 +51,7 @@ def lost(value_schema: str, headers: str | None) -> list[str]:
 
     lacks = []
     if not has("op"):
-        lacks.append(f"records {_NO_OP}; they cannot be loaded")
+        lacks.append(f"records {NO_OP}; they cannot be loaded")
     if not has("lsn"):
         lacks.append(
             "records have no __lsn (add.fields or add.headers lsn): no re-send "
@@ -84,93 +68,9 @@ def lost(value_schema: str, headers: str | None) -> list[str]:
     return lacks
 
 
-def row_decoders(schema: TopicSchema, key_schemas: Mapping[int, str],
-                 value_schemas: Mapping[int, str]) -> tuple[dict, dict, bool]:  # fmt: skip
-    """The row decoders of each key and value schema, and whether a tombstone is a delete
-    (`tombstone_deletes`)."""
-    keys = {sid: KeyRows(key_fields(text), schema.key) for sid, text in key_schemas.items()}
-    values = {sid: row_decoder(value_fields(text, "value"), schema.columns)
-              for sid, text in value_schemas.items()}  # fmt: skip
-    return keys, values, tombstone_deletes(value_schemas.values())
-
-
 def tombstone_deletes(value_schemas: Iterable[str]) -> bool:
     """Whether the transform writes deletes as tombstones only: its value schema has no
     `__deleted` field (`delete.tombstone.handling.mode` tombstone, the default, or drop),
     so a tombstone is the delete of its key. With `__deleted` (rewrite modes) a delete is
     a record of its own, and a tombstone follows it as in whole envelopes."""
     return not any(parse_connect_schema(text).child(f"{META}deleted") for text in value_schemas)
-
-
-def decode_records(
-    rows: pa.Table | pa.RecordBatch,
-    schema: TopicSchema,
-    key_schemas: Mapping[int, str],
-    value_schemas: Mapping[int, str],
-    decoders: tuple[dict, dict] | None = None,
-    headers_only: bool = False,
-) -> list[Change]:
-    """Raw rows of one topic -> changes, one per record, each decoded whole (a delete's
-    row is its row before); `BadRecord` for a record that cannot be applied."""
-    keys, values, deletes = decoders or row_decoders(schema, key_schemas, value_schemas)
-    cols = rows.select(RECORD_COLUMNS).to_pydict()
-    headers = ([header_values(h) for h in rows.column("headers").to_pylist()]
-               if "headers" in rows.column_names else [{}] * rows.num_rows)  # fmt: skip
-    ident = identifier(schema.key_names)
-    changes: list[Change] = []
-    for partition, offset, tombstone, key_sid, key_text, value_sid, value_text, head in zip(
-        *(cols[c] for c in RECORD_COLUMNS), headers, strict=True
-    ):
-        key = None if key_sid is None else decode_key(keys, key_sid, key_text, partition, offset)
-        after = before = op = ts = lsn = None
-        if value_sid is not None:
-            decode = values.get(value_sid)
-            if decode is None:
-                raise BadRecord(f"value schema {value_sid} is not among the batch's")
-            payload = parse_json(value_text)
-            if payload is None:  # the transform's delete as a tombstone, with its schema
-                op = "d"
-            elif not isinstance(payload, dict):
-                raise BadRecord("value is not a flattened row")
-            else:
-                op, lsn, ts = _meta(payload, head)
-                row = decode(payload)
-                after, before = (None, row) if op == "d" else (row, None)
-        if tombstone and deletes:  # the delete itself: no LSN, no row before
-            tombstone, op = False, "d"
-        change = Change(partition, offset, bool(tombstone), key, after, before, op, ts, lsn,
-                        ident(key, after, before))  # fmt: skip
-        if not tombstone:
-            check_change(change)
-        changes.append(change)
-    if any(headers):
-        changed_from(changes, headers, cols["key_schema_id"], keys, ident)
-    return changes
-
-
-def _meta(payload: dict, found: dict[str, str]) -> tuple[str, int | None, int | None]:
-    """A flattened row's operation, LSN and source time: each the transform's field,
-    else its header (`found`: the record's `header_values`)."""
-    meta: list = []
-    for name in ("op", "lsn", "source_ts_ms"):
-        value = payload.get(f"{META}{name}")
-        if value is None and f"{META}{name}" in found:
-            value = _header(found[f"{META}{name}"], name != "op")
-        if name == "op":
-            if value is None:
-                raise BadRecord(f"record {_NO_OP}")
-        elif value is not None and type(value) is not int:
-            raise BadRecord(f"{META}{name} is not an integer: {str(value)[:40]!r}")
-        meta.append(value)
-    return meta[0], meta[1], meta[2]
-
-
-def _header(text: str, number: bool):
-    """A header's value: as Connect's SimpleHeaderConverter writes it (text), or as its
-    JsonConverter does (an envelope with its payload)."""
-    if text[:1] == "{":
-        data = parse_json(text)
-        text = data.get("payload") if isinstance(data, dict) else text
-    if number and isinstance(text, str) and text.lstrip("-").isdigit():
-        return int(text)
-    return text

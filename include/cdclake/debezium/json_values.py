@@ -10,9 +10,9 @@ import datetime as dt
 import json
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.connect import (
     CONNECT_DATE,
@@ -37,9 +37,6 @@ from cdclake.debezium.connect import (
     decimal_params,
 )
 from cdclake.debezium.formats import BadRecord
-from cdclake.debezium.schema import (
-    Column,
-)
 from cdclake.exceptions import DecodeError
 
 if TYPE_CHECKING:
@@ -280,58 +277,3 @@ def _java_double(value: float, field: ConnectField) -> str:
     text = "".join(map(str, digits)).rstrip("0") or "0"
     power = exponent + len(digits) - 1
     return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
-
-
-def row_decoder(fields: Sequence[ConnectField], columns: Sequence[Column]):
-    """A function from a parsed row (dict, or None) to a dict of every unified column."""
-    by_name = {f.name: f for f in fields}
-    plan = [(c.name, decoder(by_name[c.name]) if c.name in by_name else None) for c in columns]
-
-    def decode(parsed):
-        if parsed is None:
-            return None
-        if not isinstance(parsed, dict):
-            raise BadRecord(f"{parsed!r:.60} is not a row")
-        row = {}
-        for name, fn in plan:
-            value = parsed.get(name) if fn is not None else None
-            row[name] = None if value is None else fn(value)
-        return row
-
-    return decode
-
-
-_INT_TYPES = {"int8": _INT32, "int16": _INT32, "int32": _INT32, "int64": _INT64}
-
-
-def typed_fields(fields: Sequence[ConnectField], columns: Sequence[Column]):
-    """msgspec types of a row's fields, and the decoders of those it only parses: a
-    plain text, boolean, integer or double column is type-checked by msgspec as its
-    decoder would check it; any other is parsed as JSON and then decoded."""
-    from typing import Annotated
-
-    from msgspec import Meta
-
-    wanted = {c.name for c in columns}
-    types, later = {}, []
-    for f in fields:
-        if f.name not in wanted:
-            continue
-        kind = f.type if f.logical is None else None
-        if kind == "string":
-            types[f.name] = str | None
-        elif kind == "boolean":
-            types[f.name] = bool | None
-        elif kind in _INT_TYPES:
-            low, high = _INT_TYPES[kind]
-            types[f.name] = Annotated[int, Meta(ge=low, le=high)] | None
-        elif kind in ("float64", "double"):
-            types[f.name] = float | None
-        else:
-            types[f.name] = Any
-            later.append((f.name, decoder(f)))
-    return types, later
-
-
-# an envelope's source as the resolve reads it: other fields are skipped unparsed
-Source = TypedDict("Source", {"ts_ms": int | None, "lsn": int | None}, total=False)  # noqa: UP013

@@ -3,11 +3,8 @@ caller asks for (the tests run each place, the benchmark compares them)."""
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 from enum import Enum
-
-from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 
 class Placement(Enum):
@@ -79,13 +76,13 @@ class Tuning:
     key_filter_chars: int = 1_000_000
     # A range whose fold holds more keys than this (an initial snapshot: every record a
     # new key) stops and its topic takes the general path, whose tasks hold ~50,000
-    # records each: a task's memory stays bounded (a key's state is its latest row, ~5 KB
-    # of Python objects for the connector's rows of ~1 KB of values).
+    # records each: a task's memory stays bounded (a fold holds a few decoded changes of
+    # each key).
     range_keys: int = 100_000
-    # how a TOAST placeholder appears in a payload: as text, or as base64 of its bytes
-    toast_texts: tuple[str, ...] = (
-        TOAST_PLACEHOLDER, base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()[:36],
-    )  # fmt: skip
+    # A range's fold decodes and folds its read batches this many records at a time
+    # (`cdclake.resolve.ranges`): each step is a DuckDB query (~75 ms to plan) and a pass
+    # over what the fold holds.
+    fold_records: int = 50_000
     # a truncate event's payload has this in its text; a row's own "op" column can match
     # too, which only costs the extra check job
     truncate_text: str = r'"op"\s*:\s*"t"'

@@ -43,7 +43,7 @@ class TopicPlan:
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
     key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
     format: WireFormat = WireFormat.JSON
-    tuning: Tuning = MEASURED  # its range_keys and toast_texts
+    tuning: Tuning = MEASURED  # its range_keys and fold_records
 
     @cached_property
     def schema(self) -> TopicSchema:

@@ -3,8 +3,7 @@ Arrow forms of the lake's Spark types."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from cdclake.debezium.schema import (
@@ -101,6 +100,16 @@ def rows_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> pa.T
     return columns_table({name: [r[name] for r in rows] for name, _ in columns}, columns)
 
 
+def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
+    """Arrow arrays by name (a missing one: nulls) as a table of (name, Spark type)
+    columns, each cast to its type."""
+    import pyarrow as pa
+
+    n = len(next(iter(data.values()))) if data else 0
+    return pa.table([data[name].cast(arrow_type(t)) if name in data else pa.nulls(n, arrow_type(t))
+                     for name, t in columns], names=[name for name, _ in columns])  # fmt: skip
+
+
 def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) -> pa.Table:
     """Columns' values (lists by name) as an Arrow table of (name, Spark type) columns."""
     import pyarrow as pa
@@ -115,22 +124,6 @@ def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) 
             raise DecodeError(f"column {name!r} ({type_}): {exc}") from None
         fields.append(pa.field(name, kind))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-
-@contextmanager
-def cycles_uncollected() -> Iterator[None]:
-    """Python's cyclic collector paused: the changes, rows and key states a resolve makes
-    are many objects without reference cycles (reference counting frees them), which
-    the collector would walk again and again as they pile up (~35% of a decode)."""
-    import gc
-
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> int | None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from cdclake.debezium.schema import Column, TopicSchema
 
-ROW_OPS = ("c", "u", "d", "r")
 TRUNCATE = "t"
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PREFIX = "_cdc_toast_"

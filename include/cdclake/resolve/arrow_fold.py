@@ -1,0 +1,243 @@
+"""Each key's resolved row from a table of decoded changes (`json_sql.changes_sql`'s), all
+in Arrow and numpy: the truncate, the changes folded (`cdclake.resolve.latest`) and the
+rows taken column by column; a column SQL left as JSON text is decoded value by value
+(`json_values.decoder`), for the rows written only."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdclake.debezium.json_sql import leaf
+from cdclake.debezium.json_values import decoder
+from cdclake.debezium.schema import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, TopicSchema
+from cdclake.resolve.latest import NO_LSN, UNDECIDED, Records, latest
+from cdclake.resolve.rows import arrow_type
+from cdclake.resolve.rules import (
+    FROM_KEY_PREFIX,
+    TOAST_PLACEHOLDER,
+    TOAST_PREFIX,
+    TRUNCATE,
+    Truncate,
+    toastable,
+)
+
+# a TOAST placeholder as each type of `toastable` column holds it in decoded changes (an
+# array as its JSON text)
+_MARKS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode(),
+          "array<string>": f'["{TOAST_PLACEHOLDER}"]'}  # fmt: skip
+
+
+def _np(column) -> np.ndarray:
+    return column.to_numpy(zero_copy_only=False)
+
+
+def last_truncate(changes: pa.Table) -> Truncate | None:
+    """The truncate with the highest offset (then partition)."""
+    cut = pc.and_(pc.equal(changes["op"], TRUNCATE), pc.invert(changes["is_tombstone"]))
+    at = np.flatnonzero(_np(pc.fill_null(cut, False)))
+    if not len(at):
+        return None
+    offsets, partitions = _np(changes["offset"])[at], _np(changes["partition"])[at]
+    i = int(at[np.lexsort((partitions, offsets))[-1]])
+    return Truncate(changes["partition"][i].as_py(), changes["offset"][i].as_py(),
+                    changes["lsn"][i].as_py())  # fmt: skip
+
+
+def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) -> np.ndarray:
+    """The indices of the changes a resolve folds (see `fold._applied`)."""
+    ops = changes["op"]
+    keep = _np(pc.fill_null(pc.not_equal(ops, TRUNCATE), True))
+    no_key = np.logical_and.reduce([_np(pc.is_null(k)) for k in keys])
+    keep &= ~(_np(changes["is_tombstone"]) & no_key)
+    if truncate is not None:
+        partitions, offsets = _np(changes["partition"]), _np(changes["offset"])
+        lsns, known = _np(pc.fill_null(changes["lsn"], 0)), _np(pc.is_valid(changes["lsn"]))
+        same = partitions == truncate.partition
+        later = offsets > truncate.offset
+        if truncate.lsn is None:
+            keep &= ~same | later
+        else:
+            keep &= np.where(same, later, ~known | (lsns > truncate.lsn))
+    return np.flatnonzero(keep)
+
+
+DECIDED = "decided"  # a held change's `Records.decided` (a fold in steps)
+
+
+def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
+    """(the changes a resolve folds, their keys, the TOAST columns followed, whether a
+    placeholder is among them, the truncate, `latest`'s winners); `follow`: follow the
+    TOAST columns' last real values even without a placeholder (a fold in steps)."""
+    types = {c.name: arrow_type(c.type) for c in schema.key}
+    keys = [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
+                          for side in ("key", "after", "before")))
+            for k in schema.key_names]  # fmt: skip
+    truncate = last_truncate(changes)
+    at = pa.array(applied(changes, keys, truncate))
+    picked = changes.take(at)
+    keys = [k.take(at) for k in keys]
+    toasty = [c for c in toastable(schema) if c.type in _MARKS]
+    real, found = [], False
+    for c in toasty:
+        values = picked[f"after__{c.name}"]
+        mark = pc.equal(values, pa.scalar(_MARKS[c.type], values.type))
+        found = found or bool(pc.any(mark).as_py())
+        real.append(_np(pc.and_(pc.is_valid(values), pc.invert(pc.fill_null(mark, False)))))
+    codes = [_np(pc.dictionary_encode(pa.chunked_array([k]) if isinstance(k, pa.Array) else k)
+                 .combine_chunks().indices) for k in keys]  # fmt: skip
+    key = (np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)[1].ravel()
+           if len(codes) > 1 else codes[0])  # fmt: skip
+    lsn, n = picked["lsn"], picked.num_rows
+    decided = (_np(pc.fill_null(picked[DECIDED], UNDECIDED)).astype(np.int8)
+               if DECIDED in picked.column_names
+               else np.full(n, UNDECIDED, np.int8))  # fmt: skip
+    records = Records(
+        key=key.astype(np.int64),
+        partition=_np(picked["partition"]).astype(np.int64),
+        offset=_np(picked["offset"]).astype(np.int64),
+        tombstone=_np(picked["is_tombstone"]),
+        create=_np(pc.fill_null(pc.equal(picked["op"], "c"), False)),
+        lsn=_np(pc.fill_null(lsn, 0)).astype(np.int64),
+        has_lsn=_np(pc.is_valid(lsn)),
+        has_after=_np(pc.fill_null(picked["has_after"], False)),
+        real=np.stack(real, axis=1) if ((found or follow) and real) else np.zeros((n, 0), bool),
+        decided=decided,
+    )
+    return picked, keys, toasty, found, truncate, latest(records)
+
+
+def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema):
+    """(what a fold in steps holds after `changes` (decoded changes of one partition, in
+    offset order): the changes the next step needs of `held` and them, with what was
+    decided of each (`DECIDED`); the truncate among `changes`, if any; how many keys
+    they are of)."""
+    if held is not None:
+        new = changes.append_column(DECIDED, pa.nulls(changes.num_rows, pa.int8()))
+        changes = pa.concat_tables([held, new], promote_options="permissive")
+    picked, _, _, _, truncate, won = _folded(changes, schema, follow=True)
+    kept = picked.take(pa.array(won.keep))
+    if DECIDED in kept.column_names:
+        kept = kept.drop_columns([DECIDED])
+    kept = kept.append_column(DECIDED, pa.array(won.decided, pa.int8()))
+    return kept, truncate, len(won.last)
+
+
+def resolve_table(changes: pa.Table, schema: TopicSchema, fields: dict):
+    """(resolved rows as a table of `result_columns`, the truncate, toast flags set)."""
+    picked, keys, toasty, found, truncate, won = _folded(changes, schema, follow=False)
+    rows = _rows(picked, keys, won, schema, fields, toasty if found else [])
+    flags = [f"{TOAST_PREFIX}{c.name}" for c in toasty if f"{TOAST_PREFIX}{c.name}" in rows]
+    left = any(pc.any(rows[f]).as_py() for f in flags)
+    if not left:  # every placeholder took a value: the rows carry no TOAST flags
+        for name in [*flags, *(f"{FROM_KEY_PREFIX}{k}" for k in schema.key_names)]:
+            rows.pop(name, None)
+    return rows, truncate, left
+
+
+def _rows(picked, keys, won, schema, fields, toasty):
+    has = won.last >= 0
+    last, change, after = won.last[has], won.change[has], won.after[has]
+    tomb = _np(picked["is_tombstone"])
+    ops = _np(pc.fill_null(picked["op"], ""))
+    deleted = tomb[last] | (ops[last] == "d")
+    from_after = np.where(deleted, after, last)
+    from_before = deleted & (after < 0) & (change >= 0) & (ops[np.maximum(change, 0)] == "d")
+    out = {}
+    for c in schema.columns:
+        a = picked[f"after__{c.name}"].take(pa.array(np.maximum(from_after, 0)))
+        b = picked[f"before__{c.name}"].take(pa.array(np.maximum(change, 0)))
+        value = pc.if_else(
+            pa.array(from_before),
+            b,
+            pc.if_else(pa.array(from_after >= 0), a, pa.nulls(len(a), a.type)),
+        )
+        out[c.name] = value
+    for i, k in enumerate(schema.key_names):
+        out[k] = keys[i].take(pa.array(last))
+    at = np.where(tomb[last] & (change >= 0), change, last)
+    lsn, known = _np(pc.fill_null(picked["lsn"], 0)), _np(pc.is_valid(picked["lsn"]))
+    kept_lsn = won.lsn[has]  # the highest LSN of the key's kept changes (NONE: none)
+    row_known = known[last] | (kept_lsn != NO_LSN)
+    row_lsn = np.where(known[last], lsn[last], kept_lsn)
+    before = np.maximum(change, 0)
+    stale_known = np.where(tomb[last], (change >= 0) & known[before], known[last])
+    stale = np.where(tomb[last], lsn[before], lsn[last])
+    ts = picked["ts_ms"].take(pa.array(at))
+    out.update(
+        {
+            "_cdc_deleted": pa.array(deleted),
+            "_cdc_op": pa.array(np.where(tomb[last], "d", ops[last])),
+            "_cdc_source_ts": pc.multiply(ts, 1000).cast(pa.timestamp("us", "UTC")),
+            "_cdc_lsn": pa.array(row_lsn, mask=~row_known),
+            "_cdc_check_lsn": pa.array(stale, mask=~stale_known),
+            "_cdc_has_values": pa.array(~deleted | (after >= 0)),
+            "_cdc_kafka_partition": picked["partition"].take(pa.array(at)),
+            "_cdc_kafka_offset": picked["offset"].take(pa.array(at)),
+        }
+    )
+    left = np.zeros(len(last), bool)  # a TOAST column left to the table
+    for j, c in enumerate(toasty):
+        holder = won.toast[has, j]
+        value = out[c.name]
+        mark = pc.fill_null(pc.equal(value, pa.scalar(_MARKS[c.type], value.type)), False)
+        held = picked[f"after__{c.name}"].take(pa.array(np.maximum(holder, 0)))
+        filled = pc.if_else(pa.array(holder >= 0), held, pa.nulls(len(held), held.type))
+        out[c.name] = pc.if_else(mark, filled, value)
+        unresolved = pc.and_(mark, pa.array(holder < 0))
+        out[f"{TOAST_PREFIX}{c.name}"] = unresolved
+        left |= _np(unresolved)
+    for c in schema.columns:  # as the lake holds them, the TOAST columns filled
+        out[c.name] = _lake_values(out[c.name], c, fields.get(c.name))
+    if toasty:  # the key its last create was changed from (a primary-key change)
+        create = won.create[has]
+        wanted = pa.array(left & (create >= 0))
+        for k in schema.key:
+            old = picked[f"from__{k.name}"].take(pa.array(np.maximum(create, 0)))
+            out[f"{FROM_KEY_PREFIX}{k.name}"] = pc.if_else(
+                wanted, old, pa.nulls(len(old), old.type)
+            )
+    return out
+
+
+def _lake_values(value, column, f):
+    """A column's values as the lake holds them: JSON text decoded in Python, decimals
+    from their unscaled value."""
+    if f is not None and leaf(f, "x").value is None:  # JSON text: decoded in Python
+        fn = decoder(f)
+        return pa.array([None if t is None else fn(json.loads(t))
+                         for t in value.to_pylist()], arrow_type(column.type))  # fmt: skip
+    if column.type.startswith("decimal("):  # the unscaled value
+        whole = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+        return whole.cast(pa.decimal128(38, 0)).view(arrow_type(column.type))
+    return value
+
+
+def changelog_table(changes: pa.Table, schema: TopicSchema, fields: dict) -> dict:
+    """The rows of a table without a key: every change but tombstones, in order (a
+    delete's row is its row before, a truncate's none), a TOAST placeholder taking the
+    change's own row before's value."""
+    t = changes.filter(pc.invert(changes["is_tombstone"]))
+    ops = pc.fill_null(t["op"], "")
+    deleted, truncate = pc.equal(ops, "d"), pc.equal(ops, TRUNCATE)
+    out = {}
+    for c in schema.columns:
+        after, before = t[f"after__{c.name}"], t[f"before__{c.name}"]
+        none = pa.nulls(len(after), after.type)
+        value = pc.if_else(deleted, before, pc.if_else(truncate, none, after))
+        if c.type in _MARKS:
+            mark = pc.fill_null(pc.equal(value, pa.scalar(_MARKS[c.type], value.type)), False)
+            value = pc.if_else(mark, before, value)
+        out[c.name] = _lake_values(value, c, fields.get(c.name))
+    out.update({
+        DELETED: deleted,
+        OP: t["op"],
+        SOURCE_TS: pc.multiply(t["ts_ms"], 1000).cast(pa.timestamp("us", "UTC")),
+        LSN: t["lsn"],
+        PARTITION: t["partition"],
+        OFFSET: t["offset"],
+    })  # fmt: skip
+    return out

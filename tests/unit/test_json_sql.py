@@ -1,0 +1,206 @@
+"""DuckDB's SQL of each plainly typed Connect field (`json_sql.leaf`) gives the lake value
+and the verdict its Python decoder (`json_values.decoder`) gives, on values of every JSON
+type, at and past each range's ends and ±infinity."""
+
+import json
+import math
+
+import pyarrow as pa
+import pytest
+from cdclake.debezium.connect import (
+    CONNECT_DATE,
+    DATE,
+    DECIMAL,
+    INFINITY_DAYS,
+    INFINITY_MICROS,
+    INFINITY_MILLIS,
+    MICRO_TIMESTAMP,
+    NANO_TIMESTAMP,
+    TIMESTAMP,
+    ZONED_TIMESTAMP,
+    ConnectField,
+)
+from cdclake.debezium.formats import BadRecord
+from cdclake.debezium.json_sql import _TYPED, changes_sql, leaf
+from cdclake.debezium.json_values import decoder
+
+duckdb = pytest.importorskip("duckdb")
+
+
+def field(kind: str, logical: str | None = None, **params: str) -> ConnectField:
+    return ConnectField(name="x", type=kind, optional=True, logical=logical,
+                        params=tuple(sorted(params.items())), fields=(), items=None,
+                        values=None)  # fmt: skip
+
+
+VALUES = [
+    0, 1, -1, 7, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, 1.5, -0.0, 3.4e38,
+    1e39, 1e300, "NaN", "Infinity", "-Infinity", "abc", "", "AQID", "%%%", True, False, None,
+    [1], {"a": 1}, *INFINITY_DAYS, *INFINITY_MILLIS, *INFINITY_MICROS, 1795334231546046, -1500,
+    2932896, 2932897, -719162, -719163, 253402300799999, 253402300800000,
+    "AeJA", "/w==", "gA==", "AA==", "f////w==", "gAAAAAAAAAAAAAAAAAAAAA==", "S3Xh",
+    "Ejs+lzvAAAAAAAAAAAAAAAA=", "AQAAAAAAAAAAAAAAAAAAAAAA", "2026-11-22T07:57:11.546046Z",
+    "2026-11-22T07:57:11+02:00", "2026-11-22T07:57:11", "infinity", "-infinity",
+]  # fmt: skip
+FIELDS = [field(k) for k in ("int8", "int16", "int32", "int64", "float32", "float64",
+                             "boolean", "string", "bytes")] + [
+    field("int32", DATE), field("int32", CONNECT_DATE), field("int64", TIMESTAMP),
+    field("int64", MICRO_TIMESTAMP), field("int64", NANO_TIMESTAMP),
+    field("string", ZONED_TIMESTAMP), field("string", "io.debezium.data.Json"),
+    field("bytes", DECIMAL, scale="2", **{"connect.decimal.precision": "10"}),
+    field("bytes", DECIMAL, scale="0"), field("bytes", DECIMAL, scale="-3",
+                                              **{"connect.decimal.precision": "5"}),
+]  # fmt: skip
+
+
+def python(f: ConnectField, value):
+    """The Python decoder's lake value as SQL gives it, and whether it refused it."""
+    if value is None:
+        return None, False
+    try:
+        return as_sql(f, decoder(f)(value)), False
+    except BadRecord:
+        return None, True
+
+
+def as_sql(f: ConnectField, value):
+    """A Python decoder's lake value as SQL gives it (days as a date, microseconds as a
+    timestamp)."""
+    if value is None or f.logical not in (DATE, CONNECT_DATE, TIMESTAMP, MICRO_TIMESTAMP,
+                                          NANO_TIMESTAMP, ZONED_TIMESTAMP, DECIMAL):  # fmt: skip
+        return value
+    if f.logical == DECIMAL:  # SQL gives the unscaled value of the lake decimal
+        return int(value.scaleb(max(0, int(f.param("scale", "0")))))
+    if f.logical == ZONED_TIMESTAMP:
+        return pa.scalar(value, pa.int64()).cast(pa.timestamp("us", "UTC")).as_py()
+    if f.logical in (DATE, CONNECT_DATE):
+        return pa.scalar(value, pa.int32()).cast(pa.date32()).as_py()
+    return pa.scalar(value, pa.int64()).cast(pa.timestamp("us")).as_py()
+
+
+@pytest.mark.parametrize("f", FIELDS, ids=lambda f: f"{f.type}-{(f.logical or '').split('.')[-1]}")
+def test_the_sql_of_a_field_decodes_as_its_python_decoder(f):
+    """The value and verdict of the Python decoder, but that a plainly typed field takes
+    a value of another JSON type DuckDB converts (as `from_json_strict` converts it)."""
+    con, got = duckdb.connect(), leaf(f, "j.x")
+    query = (f"SELECT {got.value}, {got.error} FROM (SELECT from_json(?, "
+             """'{"x":"JSON"}') AS j)""")  # fmt: skip
+    converts = f.type in _TYPED or f.type == "float32"  # see json_sql's docstring
+    for value in VALUES:
+        want, refused = python(f, value)
+        lake, why = con.execute(query, [json.dumps({"x": value})]).fetchall()[0]
+        if converts and refused and why is None:  # a value DuckDB converts: as it casts
+            cast = "DOUBLE" if f.type == "float32" else _TYPED[f.type]
+            (strict,) = con.execute(
+                f"SELECT TRY(from_json_strict(?, '{{\"x\":\"{cast}\"}}')).x",
+                [json.dumps({"x": value})]).fetchall()[0]  # fmt: skip
+            assert lake == (pytest.approx(strict, rel=1e-6) if f.type == "float32" else strict)
+            continue
+        assert (why is not None) == refused, (value, lake, why, want)
+        if refused:
+            assert why.startswith("field 'x': ") and (" is not " in why or " does not fit " in why)
+        elif isinstance(want, float) and math.isnan(want):
+            assert math.isnan(lake), (value, lake)
+        else:
+            assert lake == want, (value, lake, want)
+
+
+def _resolved(records):
+    """The rows `resolve_rows` gives records (key, value, old key header) of one
+    partition, by key."""
+    from cdclake.kafka.raw_rows import OLD_KEY_HEADER, RawRows, kept_headers
+    from cdclake.resolve.fold import resolve_rows
+
+    from tests.unit.test_resolve import TOPIC, topic_of
+
+    raw = RawRows(TOPIC, 0)
+    for offset, (key, value, old) in enumerate(records):
+        raw.add(offset, 1000 + offset, key, value, kept_headers([(OLD_KEY_HEADER, old)]))
+    rows = pa.Table.from_batches([raw.batch()])
+    return {r["id"]: r for r in resolve_rows(rows, *topic_of(rows)).rows.to_pylist()}
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_a_key_changed_from_another_names_it_as_the_python_resolve_does(wrapped):
+    """A primary-key change's create with its TOAST column unchanged: the placeholder
+    is left flagged with the old key of its `__debezium.oldkey` header (as the JSON
+    converter writes a key, or its payload alone), never the value of a row the new key
+    had before; a create whose every value is real names no key."""
+    from cdclake.resolve.rules import TOAST_PLACEHOLDER
+
+    from tests.unit.test_resolve import item, key_record, value_record
+
+    v = value_record
+    old = key_record(2) if wrapped else b'{"id": 2}'
+    got = _resolved([
+        (key_record(3), v("c", None, item(3, "stale"), lsn=9), None),
+        (key_record(3), v("d", item(3, None), None, lsn=10), None),
+        (key_record(3), None, None),
+        (key_record(2), v("c", None, item(2, "long"), lsn=11), None),
+        (key_record(2), v("d", item(2, None), None, lsn=12), None),
+        (key_record(2), None, None),
+        (key_record(3), v("c", None, item(3, TOAST_PLACEHOLDER), lsn=12), old),
+        (key_record(4), v("c", None, item(4, "whole"), lsn=13), key_record(1)),
+    ])  # fmt: skip
+    assert (got[3]["name"], got[3]["_cdc_toast_name"], got[3]["_cdc_from_id"]) == (None, True, 2)
+    assert got[2]["_cdc_deleted"] and got[2]["name"] == "long" and got[2]["_cdc_from_id"] is None
+    assert got[4]["name"] == "whole" and got[4]["_cdc_from_id"] is None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_fold_in_steps_gives_the_rows_of_one_fold(seed):
+    """A random history of one partition (re-sends, truncates, TOAST placeholders, snapshot
+    reads) decoded by `changes_sql` and folded in random steps (`fold_step`): what is held
+    at the end resolves to the rows of the whole history, and holds no more records than
+    the needed ones of its keys."""
+    import random
+
+    from cdclake.debezium.json_records import key_fields, value_fields
+    from cdclake.resolve.arrow_fold import fold_step, resolve_table
+
+    from tests.unit.test_resolve import history, raw_table, topic_of
+
+    rows = raw_table(history(seed, partitions=1, toast=seed % 3 != 0))
+    schema, keys, values = topic_of(rows)
+    [key_text], [value_text] = keys.values(), values.values()
+    kf, vf = key_fields(key_text), value_fields(value_text, "value")
+    con = duckdb.connect()
+    con.register("raw", rows)
+    changes = con.sql(changes_sql(kf, vf, schema)).to_arrow_table()
+    fields = {f.name: f for f in vf}
+    want, want_truncate, _ = resolve_table(changes, schema, fields)
+    rnd = random.Random(seed)
+    cuts = sorted(rnd.sample(range(1, changes.num_rows), min(4, changes.num_rows - 1)))
+    held, truncate = None, None
+    for start, end in zip([0, *cuts], [*cuts, changes.num_rows], strict=True):
+        held, found, _ = fold_step(held, changes.slice(start, end - start), schema)
+        truncate = found or truncate
+    got, _, _ = resolve_table(held, schema, fields)
+    names = [n for n in want if n in got]
+    for n in set(want) - set(got):  # TOAST flags: only where a kept change holds a placeholder
+        assert not any(want[n].to_pylist()), n
+    rows_of = lambda data: sorted(zip(*(data[n].to_pylist() for n in names), strict=True),  # noqa: E731
+                                  key=repr)  # fmt: skip
+    assert rows_of(got) == rows_of(want)
+    assert truncate == want_truncate
+    assert held.num_rows <= 8 * 6  # a few records per key of at most 6 keys
+
+
+@pytest.mark.parametrize("kind", sorted(_TYPED))
+def test_a_typed_read_gives_the_checked_values_or_refuses_the_record(kind):
+    """`from_json_strict` into a field's SQL type (the unchecked read) gives the value the
+    checked leaf gives, or refuses the record where the leaf says it does not fit."""
+    f = field(kind)
+    con, got = duckdb.connect(), leaf(f, "j.x")
+    checked = f'SELECT {got.value}, {got.error} FROM (SELECT from_json(?, \'{{"x":"JSON"}}\') AS j)'
+    typed = f'SELECT TRY(from_json_strict(?, \'{{"x":"{_TYPED[kind]}"}}\'))'
+    for value in [*VALUES, 'a"b\\c\u00e9\n', {"a": [1, {"b": None}]}, " 12 ", "1e3", "0x10"]:
+        text = json.dumps({"x": value})
+        lake, why = con.execute(checked, [text]).fetchall()[0]
+        (row,) = con.execute(typed, [text]).fetchall()[0]
+        if why is not None:
+            assert row is None, (value, row, why)
+        elif isinstance(lake, float) and math.isnan(lake):
+            assert math.isnan(row["x"]), value
+        else:
+            assert row == {"x": lake}, (value, row, lake)
