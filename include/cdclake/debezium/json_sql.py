@@ -402,17 +402,16 @@ def decoded(rows, schema, key_schemas, value_schemas):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from cdclake.debezium.json_records import key_fields
-
     codec = schema.format.codec
     deletes = schema.format.flat and tombstone_deletes(value_schemas.values())
     con = duckdb.connect(config={"threads": 1})
     pairs = pa.table({"k": rows["key_schema_id"], "v": rows["value_schema_id"]})
     parts, fields = [], {}
-    for k, v in sorted({(r["k"], r["v"]) for r in pairs.to_pylist()}, key=repr):
+    found_pairs = pairs.group_by(["k", "v"]).aggregate([]).to_pylist()
+    for k, v in sorted(((p["k"], p["v"]) for p in found_pairs), key=repr):
         same = pc.and_kleene(_same(rows["key_schema_id"], k), _same(rows["value_schema_id"], v))
         part = rows.filter(same)
-        kf = key_fields(key_schemas[k]) if k is not None else ()
+        kf = codec.key_fields(key_schemas[k]) if k is not None else ()
         vf = codec.value_fields(value_schemas[v], "value") if v is not None else ()
         fields.update({f.name: f for f in vf})
         flat = None
