@@ -208,6 +208,15 @@ def _typed(f) -> str | None:
     return _TYPED.get(f.type) if f.logical not in _DECODED else None
 
 
+def _row_spec(by_name, columns, checked: bool, more=()) -> str:
+    """A row's `from_json` structure: each column of the row's schema as JSON text, or
+    unchecked its SQL type where it has one (`_typed`), then the fields `more` as JSON."""
+    kinds = [f'"{c.name}":"{(not checked and _typed(by_name[c.name])) or "JSON"}"'
+             for c in columns if c.name in by_name]  # fmt: skip
+    kinds += [f'"{m}":"JSON"' for m in more]
+    return "{" + ",".join(kinds) + "}" if kinds else '"JSON"'  # none DuckDB can name
+
+
 def _row_values(by_name, columns, at: str, checked: bool):
     """Each column's (name, lake value) over a row read at `at` (NULL for a column the
     row's schema lacks), and the checks of its values; unchecked, a plainly typed field is
@@ -233,13 +242,7 @@ def event_parts(fields, columns, checked: bool = True) -> tuple[str, list[str], 
     `before__<name>`: the lake value, or its JSON text where `leaf` leaves it to
     Python), and those of what can be wrong with it."""
     by_name = {f.name: f for f in fields}
-
-    def kind(name):
-        return (not checked and _typed(by_name[name])) or "JSON"
-
-    row = "{" + ",".join(f'"{c.name}":"{kind(c.name)}"' for c in columns
-                         if c.name in by_name) + "}"  # fmt: skip
-    row = row if row != "{}" else '"JSON"'  # a row of no column DuckDB can name
+    row = _row_spec(by_name, columns, checked)
     spec = '{"op":"JSON","source":{"ts_ms":"JSON","lsn":"JSON"},"after":' + row + \
         ',"before":' + row + "}"  # fmt: skip
     picked = ["e.op ->> '$' AS op", "e.after IS NOT NULL AS has_after"]
@@ -305,14 +308,7 @@ def flat_parts(fields, columns, meta: frozenset[str], deletes: bool, checked: bo
     headers stand in for missing ones; a null payload, and with `deletes` a tombstone,
     is the delete of its key. Also gives the tombstone flag and the broken-record checks."""
     by_name = {f.name: f for f in fields}
-
-    def kind(name):
-        return (not checked and _typed(by_name[name])) or "JSON"
-
-    spec = "{" + ",".join([*(f'"{c.name}":"{kind(c.name)}"' for c in columns
-                             if c.name in by_name),
-                           *(f'"{m}":"JSON"' for m in sorted(meta))]) + "}"  # fmt: skip
-    spec = spec if spec != "{}" else '"JSON"'
+    spec = _row_spec(by_name, columns, checked, sorted(meta))
 
     def given(name: str) -> str:  # the field, else the header (text, or a JSON envelope)
         head = f"json_extract_string(headers, '$.\"{name}\"')"
