@@ -105,48 +105,6 @@ def test_the_sql_of_a_field_decodes_as_its_python_decoder(f):
             assert lake == want, (value, lake, want)
 
 
-def _resolved(records):
-    """The rows `resolve_rows` gives records (key, value, old key header) of one
-    partition, by key."""
-    from cdclake.kafka.raw_rows import OLD_KEY_HEADER, RawRows, kept_headers
-    from cdclake.resolve.fold import resolve_rows
-
-    from tests.unit.test_resolve import TOPIC, topic_of
-
-    raw = RawRows(TOPIC, 0)
-    for offset, (key, value, old) in enumerate(records):
-        raw.add(offset, 1000 + offset, key, value, kept_headers([(OLD_KEY_HEADER, old)]))
-    rows = pa.Table.from_batches([raw.batch()])
-    return {r["id"]: r for r in resolve_rows(rows, *topic_of(rows)).rows.to_pylist()}
-
-
-@pytest.mark.parametrize("wrapped", [True, False])
-def test_a_key_changed_from_another_names_it_as_the_python_resolve_does(wrapped):
-    """A primary-key change's create with its TOAST column unchanged: the placeholder
-    is left flagged with the old key of its `__debezium.oldkey` header (as the JSON
-    converter writes a key, or its payload alone), never the value of a row the new key
-    had before; a create whose every value is real names no key."""
-    from cdclake.resolve.rules import TOAST_PLACEHOLDER
-
-    from tests.unit.test_resolve import item, key_record, value_record
-
-    v = value_record
-    old = key_record(2) if wrapped else b'{"id": 2}'
-    got = _resolved([
-        (key_record(3), v("c", None, item(3, "stale"), lsn=9), None),
-        (key_record(3), v("d", item(3, None), None, lsn=10), None),
-        (key_record(3), None, None),
-        (key_record(2), v("c", None, item(2, "long"), lsn=11), None),
-        (key_record(2), v("d", item(2, None), None, lsn=12), None),
-        (key_record(2), None, None),
-        (key_record(3), v("c", None, item(3, TOAST_PLACEHOLDER), lsn=12), old),
-        (key_record(4), v("c", None, item(4, "whole"), lsn=13), key_record(1)),
-    ])  # fmt: skip
-    assert (got[3]["name"], got[3]["_cdc_toast_name"], got[3]["_cdc_from_id"]) == (None, True, 2)
-    assert got[2]["_cdc_deleted"] and got[2]["name"] == "long" and got[2]["_cdc_from_id"] is None
-    assert got[4]["name"] == "whole" and got[4]["_cdc_from_id"] is None
-
-
 @pytest.mark.parametrize("seed", range(30))
 def test_a_fold_in_steps_gives_the_rows_of_one_fold(seed):
     """A random history of one partition (re-sends, truncates, TOAST placeholders, snapshot

@@ -517,12 +517,16 @@ def test_only_a_key_of_one_kafka_schema_groups_by_kafka_key():
     assert not grouped_by_kafka_key(keyed, {**keys, 99: "{}"}, ())
 
 
-def test_a_key_changed_from_another_takes_nothing_of_its_earlier_row():
+@pytest.mark.parametrize("wrapped", [True, False], ids=["envelope", "payload"])
+def test_a_key_changed_from_another_takes_nothing_of_its_earlier_row(wrapped):
     """A primary-key change (`UPDATE … SET id = 3 WHERE id = 2`) sends the new key's create
     with its unchanged TOAST column as a placeholder, and the old key in the
-    `__debezium.oldkey` header: the placeholder is left flagged with the old key named
-    (the write takes that key's value), never the value of a row key 3 had before."""
+    `__debezium.oldkey` header (as the JSON converter writes a key, or its payload alone):
+    the placeholder is left flagged with the old key named (the write takes that key's
+    value), never the value of a row key 3 had before; a create whose every value is real
+    names no key."""
     v = value_record
+    old = key_record(2) if wrapped else b'{"id": 2}'
     records = [
         (key_record(3), v("c", None, item(3, "stale"), lsn=9), None),
         (key_record(3), v("d", item(3, None), None, lsn=10), None),
@@ -530,7 +534,8 @@ def test_a_key_changed_from_another_takes_nothing_of_its_earlier_row():
         (key_record(2), v("c", None, item(2, "long"), lsn=11), None),
         (key_record(2), v("d", item(2, None), None, lsn=12), None),
         (key_record(2), None, None),
-        (key_record(3), v("c", None, item(3, TOAST_PLACEHOLDER), lsn=12), key_record(2)),
+        (key_record(3), v("c", None, item(3, TOAST_PLACEHOLDER), lsn=12), old),
+        (key_record(4), v("c", None, item(4, "whole"), lsn=13), key_record(1)),
     ]
     raw = RawRows(TOPIC, 0)
     for offset, (key, value, old_key) in enumerate(records):
@@ -541,3 +546,4 @@ def test_a_key_changed_from_another_takes_nothing_of_its_earlier_row():
     assert (three["name"], three[f"{TOAST_PREFIX}name"], three[f"{FROM_KEY_PREFIX}id"]) == (
         None, True, 2)  # fmt: skip
     assert two[DELETED] and two["name"] == "long" and two[f"{FROM_KEY_PREFIX}id"] is None
+    assert got[4]["name"] == "whole" and got[4][f"{FROM_KEY_PREFIX}id"] is None
