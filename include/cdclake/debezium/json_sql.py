@@ -393,7 +393,7 @@ def decoded(rows, schema, key_schemas, value_schemas):
     """Raw rows of one topic (JSON with schema, any mix of its key and value schemas) as
     `changes_sql` reads them, each run of one (key, value) schema pair by its query, read
     unchecked first (see the module); and the value fields each JSON-text column is
-    decoded by (those of the newest value schema)."""
+    decoded by (with several value schemas, those of the last pair in schema id order)."""
     import duckdb
     import pyarrow as pa
     import pyarrow.compute as pc
