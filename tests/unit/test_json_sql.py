@@ -21,7 +21,7 @@ from cdclake.debezium.connect import (
     ConnectField,
 )
 from cdclake.debezium.formats import BadRecord
-from cdclake.debezium.json_sql import _TYPED, changes_sql, leaf
+from cdclake.debezium.json_sql import _TYPED, changes_sql, lake_values, leaf
 from cdclake.debezium.json_values import decoder
 
 duckdb = pytest.importorskip("duckdb")
@@ -124,16 +124,15 @@ def test_a_fold_in_steps_gives_the_rows_of_one_fold(seed):
     kf, vf = key_fields(key_text), value_fields(value_text, "value")
     con = duckdb.connect()
     con.register("raw", rows)
-    changes = con.sql(changes_sql(kf, vf, schema)).to_arrow_table()
-    fields = {f.name: f for f in vf}
-    want, want_truncate, _ = resolve_table(changes, schema, fields)
+    changes = lake_values(con.sql(changes_sql(kf, vf, schema)).to_arrow_table(), vf, schema)
+    want, want_truncate, _ = resolve_table(changes, schema)
     rnd = random.Random(seed)
     cuts = sorted(rnd.sample(range(1, changes.num_rows), min(4, changes.num_rows - 1)))
     held, truncate = None, None
     for start, end in zip([0, *cuts], [*cuts, changes.num_rows], strict=True):
         held, found, _ = fold_step(held, changes.slice(start, end - start), schema)
         truncate = found or truncate
-    got, _, _ = resolve_table(held, schema, fields)
+    got, _, _ = resolve_table(held, schema)
     names = [n for n in want if n in got]
     for n in set(want) - set(got):  # TOAST flags: only where a kept change holds a placeholder
         assert not any(want[n].to_pylist()), n

@@ -15,6 +15,7 @@ from cdclake.debezium.connect import (
     INFINITY_DAYS,
     INFINITY_MICROS,
     INFINITY_MILLIS,
+    arrow_type,
 )
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import DELETED, OFFSET, OP, PARTITION, topic_schema
@@ -24,7 +25,7 @@ from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.placement import MEASURED
-from cdclake.resolve.rows import arrow_type, columns_ddl
+from cdclake.resolve.rows import columns_ddl
 from cdclake.resolve.rules import FROM_KEY_PREFIX, HAS_VALUES, TOAST_PLACEHOLDER, TOAST_PREFIX
 from cdclake.resolve.tasks import (
     RAW_COLUMNS,
@@ -441,6 +442,25 @@ def test_a_bad_value_in_a_superseded_change_is_left_out_with_it():
     done = resolve_rows(rows, *topic_of(rows))
     assert [b[:2] for b in done.bad] == [(0, 0)]
     assert [(r["id"], r["name"]) for r in done.rows.to_pylist()] == [(1, "b")]
+
+
+def test_each_value_schema_decodes_its_own_records():
+    """`time(3)` altered to `time(6)` within one batch (Debezium's Time in milliseconds,
+    then MicroTime): each change is read by its own schema, whichever comes last; a value
+    its field's decoder refuses, in a change a later one supersedes, names its record."""
+    v = value_record
+    ms = [*ITEM_COLUMNS, col("t", "int32", "io.debezium.time.Time")]
+    us = [*ITEM_COLUMNS, col("t", "int64", "io.debezium.time.MicroTime")]
+    rows = raw_table({0: [
+        (key_record(1), v("c", None, {**item(1, "a"), "t": 45_296_789}, lsn=5, columns=ms)),
+        (key_record(2), v("c", None, {**item(2, "b"), "t": "noon"}, lsn=6, columns=us)),
+        (key_record(2), v("u", None, {**item(2, "b"), "t": 45_296_789_000}, lsn=7, columns=us)),
+        (key_record(3), v("c", None, {**item(3, "c"), "t": 1_000}, lsn=8, columns=ms)),
+    ]})  # fmt: skip
+    done = resolve_rows(rows, *topic_of(rows))
+    assert done.bad == ((0, 1, "field 't': 'noon' is not a int64"),)
+    got = {r["id"]: r["t"] for r in done.rows.to_pylist()}
+    assert got == {1: "12:34:56.789000", 2: "12:34:56.789000", 3: "00:00:01.000000"}
 
 
 def test_a_record_whose_key_holds_no_value_cannot_be_applied():

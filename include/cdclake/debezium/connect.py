@@ -1,18 +1,17 @@
-"""Debezium / Kafka Connect JSON schemas: what a field is, how Spark parses it, and which
-lossless Iceberg-compatible type it becomes.
-
-Parsing happens in the JVM (`from_json` with a type derived from the record's own schema)
-and every conversion is a Spark column expression: no Python per row.
-"""
+"""Debezium / Kafka Connect JSON schemas: what a field is, which lossless
+Iceberg-compatible type it becomes in the lake, and that type's Arrow form."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdclake.exceptions import DecodeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
@@ -169,3 +168,48 @@ INFINITY_MICROS = (9223372036825200000, -9223372036832400000)
 LAKE_MAX_DATE, LAKE_MIN_DATE = "9999-12-31", "0001-01-01"
 LAKE_MAX_TIMESTAMP = "9999-12-31 23:59:59.999999"
 LAKE_MIN_TIMESTAMP = "0001-01-01 00:00:00"
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at the commas outside <> and ()."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def arrow_type(ddl: str) -> pa.DataType:
+    """The Arrow type Spark reads as the Spark type `ddl` (the lake's types)."""
+    import pyarrow as pa
+
+    ddl = ddl.strip()
+    simple = {
+        "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+        "boolean": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
+        "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
+        "timestamp_ntz": pa.timestamp("us"),
+    }  # fmt: skip
+    if ddl in simple:
+        return simple[ddl]
+    if ddl.startswith("decimal("):
+        precision, scale = (int(x) for x in ddl[8:-1].split(","))
+        return pa.decimal128(precision, scale)
+    if ddl.startswith("array<"):
+        return pa.list_(arrow_type(ddl[6:-1]))
+    if ddl.startswith("map<"):
+        key, value = _split_top(ddl[4:-1])
+        return pa.map_(arrow_type(key), arrow_type(value))
+    if ddl.startswith("struct<"):
+        fields = []
+        for part in _split_top(ddl[7:-1]):
+            name, _, type_ = part.partition(":")
+            fields.append(pa.field(name.strip("`"), arrow_type(type_)))
+        return pa.struct(fields)
+    raise DecodeError(f"type {ddl} has no Arrow form here")

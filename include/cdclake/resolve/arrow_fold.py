@@ -1,21 +1,16 @@
-"""Each key's resolved row from a table of decoded changes (`json_sql.changes_sql`'s), all
+"""Each key's resolved row from a table of decoded changes (`json_sql.decoded`'s), all
 in Arrow and numpy: the truncate, the changes folded (`cdclake.resolve.latest`) and the
-rows taken column by column; a column SQL left as JSON text is decoded value by value
-(`json_values.decoder`), for the rows written only."""
+rows taken column by column."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdclake.debezium.json_sql import leaf
-from cdclake.debezium.json_values import decoder
+from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, TopicSchema
 from cdclake.resolve.latest import NO_LSN, UNDECIDED, Records, latest
-from cdclake.resolve.rows import arrow_type
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
     TOAST_PLACEHOLDER,
@@ -25,14 +20,21 @@ from cdclake.resolve.rules import (
     toastable,
 )
 
-# a TOAST placeholder as each type of `toastable` column holds it in decoded changes (an
-# array as its JSON text)
-_MARKS = {"string": TOAST_PLACEHOLDER, "binary": TOAST_PLACEHOLDER.encode(),
-          "array<string>": f'["{TOAST_PLACEHOLDER}"]'}  # fmt: skip
+# the types of `toastable` columns a TOAST placeholder can stand in
+_MARKED = ("string", "binary", "array<string>")
 
 
 def _np(column) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
+
+
+def _marked(values) -> pa.Array:
+    """Which values are a TOAST placeholder (null: null), as their type holds it (an
+    array: the placeholder alone)."""
+    if pa.types.is_list(values.type):  # the one element joins to itself alone
+        values = pc.binary_join(values, "\n")
+    mark = TOAST_PLACEHOLDER.encode() if pa.types.is_binary(values.type) else TOAST_PLACEHOLDER
+    return pc.equal(values, pa.scalar(mark, values.type))
 
 
 def last_truncate(changes: pa.Table) -> Truncate | None:
@@ -80,11 +82,11 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
     at = pa.array(applied(changes, keys, truncate))
     picked = changes.take(at)
     keys = [k.take(at) for k in keys]
-    toasty = [c for c in toastable(schema) if c.type in _MARKS]
+    toasty = [c for c in toastable(schema) if c.type in _MARKED]
     real, found = [], False
     for c in toasty:
         values = picked[f"after__{c.name}"]
-        mark = pc.equal(values, pa.scalar(_MARKS[c.type], values.type))
+        mark = _marked(values)
         found = found or bool(pc.any(mark).as_py())
         real.append(_np(pc.and_(pc.is_valid(values), pc.invert(pc.fill_null(mark, False)))))
     codes = [_np(pc.dictionary_encode(pa.chunked_array([k]) if isinstance(k, pa.Array) else k)
@@ -126,10 +128,10 @@ def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema):
     return kept, truncate, len(won.last)
 
 
-def resolve_table(changes: pa.Table, schema: TopicSchema, fields: dict):
+def resolve_table(changes: pa.Table, schema: TopicSchema):
     """(resolved rows as a table of `result_columns`, the truncate, toast flags set)."""
     picked, keys, toasty, found, truncate, won = _folded(changes, schema, follow=False)
-    rows = _rows(picked, keys, won, schema, fields, toasty if found else [])
+    rows = _rows(picked, keys, won, schema, toasty if found else [])
     flags = [f"{TOAST_PREFIX}{c.name}" for c in toasty if f"{TOAST_PREFIX}{c.name}" in rows]
     left = any(pc.any(rows[f]).as_py() for f in flags)
     if not left:  # every placeholder took a value: the rows carry no TOAST flags
@@ -138,7 +140,7 @@ def resolve_table(changes: pa.Table, schema: TopicSchema, fields: dict):
     return rows, truncate, left
 
 
-def _rows(picked, keys, won, schema, fields, toasty):
+def _rows(picked, keys, won, schema, toasty):
     has = won.last >= 0
     last, change, after = won.last[has], won.change[has], won.after[has]
     tomb = _np(picked["is_tombstone"])
@@ -183,15 +185,13 @@ def _rows(picked, keys, won, schema, fields, toasty):
     for j, c in enumerate(toasty):
         holder = won.toast[has, j]
         value = out[c.name]
-        mark = pc.fill_null(pc.equal(value, pa.scalar(_MARKS[c.type], value.type)), False)
+        mark = pc.fill_null(_marked(value), False)
         held = picked[f"after__{c.name}"].take(pa.array(np.maximum(holder, 0)))
         filled = pc.if_else(pa.array(holder >= 0), held, pa.nulls(len(held), held.type))
         out[c.name] = pc.if_else(mark, filled, value)
         unresolved = pc.and_(mark, pa.array(holder < 0))
         out[f"{TOAST_PREFIX}{c.name}"] = unresolved
         left |= _np(unresolved)
-    for c in schema.columns:  # as the lake holds them, the TOAST columns filled
-        out[c.name] = _lake_values(out[c.name], c, fields.get(c.name))
     if toasty:  # the key its last create was changed from (a primary-key change)
         create = won.create[has]
         wanted = pa.array(left & (create >= 0))
@@ -203,20 +203,7 @@ def _rows(picked, keys, won, schema, fields, toasty):
     return out
 
 
-def _lake_values(value, column, f):
-    """A column's values as the lake holds them: JSON text decoded in Python, decimals
-    from their unscaled value."""
-    if f is not None and leaf(f, "x").value is None:  # JSON text: decoded in Python
-        fn = decoder(f)
-        return pa.array([None if t is None else fn(json.loads(t))
-                         for t in value.to_pylist()], arrow_type(column.type))  # fmt: skip
-    if column.type.startswith("decimal("):  # the unscaled value
-        whole = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
-        return whole.cast(pa.decimal128(38, 0)).view(arrow_type(column.type))
-    return value
-
-
-def changelog_table(changes: pa.Table, schema: TopicSchema, fields: dict) -> dict:
+def changelog_table(changes: pa.Table, schema: TopicSchema) -> dict:
     """The rows of a table without a key: every change but tombstones, in order (a
     delete's row is its row before, a truncate's none), a TOAST placeholder taking the
     change's own row before's value."""
@@ -228,10 +215,9 @@ def changelog_table(changes: pa.Table, schema: TopicSchema, fields: dict) -> dic
         after, before = t[f"after__{c.name}"], t[f"before__{c.name}"]
         none = pa.nulls(len(after), after.type)
         value = pc.if_else(deleted, before, pc.if_else(truncate, none, after))
-        if c.type in _MARKS:
-            mark = pc.fill_null(pc.equal(value, pa.scalar(_MARKS[c.type], value.type)), False)
-            value = pc.if_else(mark, before, value)
-        out[c.name] = _lake_values(value, c, fields.get(c.name))
+        if c.type in _MARKED:
+            value = pc.if_else(pc.fill_null(_marked(value), False), before, value)
+        out[c.name] = value
     out.update({
         DELETED: deleted,
         OP: t["op"],

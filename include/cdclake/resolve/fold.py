@@ -70,7 +70,7 @@ def resolve_rows(
     from cdclake.resolve.arrow_fold import changelog_table, resolve_table
 
     check_key_types(schema)
-    changes, fields = decoded(rows, schema, key_schemas, value_schemas)
+    changes = decoded(rows, schema, key_schemas, value_schemas)
     bad: tuple = ()
     if changes is not None and changes["reason"].null_count != changes.num_rows:
         wrong = changes.filter(pc.is_valid(changes["reason"]))
@@ -81,9 +81,9 @@ def resolve_rows(
     if changes is None or not changes.num_rows:
         data, truncate, toast = {}, None, False
     elif keyed:
-        data, truncate, toast = resolve_table(changes, schema, fields)
+        data, truncate, toast = resolve_table(changes, schema)
     else:
-        data, truncate, toast = changelog_table(changes, schema, fields), None, False
+        data, truncate, toast = changelog_table(changes, schema), None, False
     columns = result_columns(schema, keyed, toast)
     table = typed_table(data, columns)
     counts: dict[bool, int] = {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.formats import Unsupported
 from cdclake.debezium.schema import DELETED, TopicSchema
 from cdclake.exceptions import CdclakeError
@@ -35,7 +36,7 @@ from cdclake.kafka.reader import RangeReader
 from cdclake.resolve.arrow_fold import changelog_table, fold_step, resolve_table
 from cdclake.resolve.fold import check_key_types
 from cdclake.resolve.range_plan import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan
-from cdclake.resolve.rows import arrow_type, result_columns, tally, typed_table
+from cdclake.resolve.rows import result_columns, tally, typed_table
 from cdclake.resolve.rules import TOAST_PREFIX
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ class RangeFold:
         # each read batch is decoded (`drain`), nothing held
         self.changelog = False
         self._pending: list = []
-        self._fields: dict = {}
         self._held = None  # the changes a fold in steps needs (`arrow_fold.fold_step`)
         self._raw: list = []
         self._raw_rows = 0
@@ -143,7 +143,7 @@ class RangeFold:
 
         from cdclake.debezium.json_sql import decoded
 
-        found, self._fields = decoded(raw, self.schema, self._texts["key"], self._texts["value"])
+        found = decoded(raw, self.schema, self._texts["key"], self._texts["value"])
         if found is not None and found["reason"].null_count != found.num_rows:
             raise Unsupported("a record that cannot be applied: "
                               + str(pc.drop_null(found["reason"])[0]))  # fmt: skip
@@ -157,7 +157,7 @@ class RangeFold:
         found = self._decoded(pa.Table.from_batches([raw]))
         if found is None or not found.num_rows:
             return
-        data = changelog_table(found, self.schema, self._fields)
+        data = changelog_table(found, self.schema)
         if len(data[DELETED]):
             self._pending.append(typed_table(data, self.plan.columns()))
 
@@ -199,7 +199,7 @@ class RangeFold:
         self._fold_sql(None)
         if self._held is None:
             return
-        data, _, self.summary.toast = resolve_table(self._held, self.schema, self._fields)
+        data, _, self.summary.toast = resolve_table(self._held, self.schema)
         table = typed_table(data, result_columns(self.schema, True, self.summary.toast))
         for start in range(0, table.num_rows, BATCH_ROWS):
             yield table.slice(start, BATCH_ROWS)

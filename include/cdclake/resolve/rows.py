@@ -1,11 +1,11 @@
-"""The resolved rows as Arrow tables of the lake's columns (what the MERGE reads), and the
-Arrow forms of the lake's Spark types."""
+"""The resolved rows as Arrow tables of the lake's columns (what the MERGE reads)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import (
     DELETED,
     LSN,
@@ -29,51 +29,6 @@ if TYPE_CHECKING:
 
 
 # ---- the table the MERGE reads -----------------------------------------------------------
-
-
-def _split_top(text: str) -> list[str]:
-    """Split at the commas outside <> and ()."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts]
-
-
-def arrow_type(ddl: str) -> pa.DataType:
-    """The Arrow type Spark reads as the Spark type `ddl` (the lake's types)."""
-    import pyarrow as pa
-
-    ddl = ddl.strip()
-    simple = {
-        "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-        "boolean": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
-        "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
-        "timestamp_ntz": pa.timestamp("us"),
-    }  # fmt: skip
-    if ddl in simple:
-        return simple[ddl]
-    if ddl.startswith("decimal("):
-        precision, scale = (int(x) for x in ddl[8:-1].split(","))
-        return pa.decimal128(precision, scale)
-    if ddl.startswith("array<"):
-        return pa.list_(arrow_type(ddl[6:-1]))
-    if ddl.startswith("map<"):
-        key, value = _split_top(ddl[4:-1])
-        return pa.map_(arrow_type(key), arrow_type(value))
-    if ddl.startswith("struct<"):
-        fields = []
-        for part in _split_top(ddl[7:-1]):
-            name, _, type_ = part.partition(":")
-            fields.append(pa.field(name.strip("`"), arrow_type(type_)))
-        return pa.struct(fields)
-    raise DecodeError(f"type {ddl} has no Arrow form here")
 
 
 def columns_ddl(columns: Sequence[tuple[str, str]]) -> str:

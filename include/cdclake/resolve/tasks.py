@@ -9,9 +9,10 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import TopicSchema
 from cdclake.resolve.fold import TopicResolved, resolve_rows
-from cdclake.resolve.rows import arrow_type, result_columns, rows_table
+from cdclake.resolve.rows import result_columns, rows_table
 from cdclake.resolve.rules import TOAST_PREFIX, Truncate
 
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
