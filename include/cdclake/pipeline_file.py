@@ -309,6 +309,8 @@ def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
             raise r.fail(f"{where}.target", "a pattern's tables keep their own names; list a "
                          "table by name to rename it")  # fmt: skip
         target = "" if glob else r.get(item, where, "target", str, parts[1])
+        if not glob and not target.strip():
+            raise r.fail(f"{where}.target", "must not be empty")
         if target and not IDENTIFIER.match(target):
             raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
         key = _names(r, item, where, "key")
