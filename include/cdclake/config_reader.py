@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -132,14 +132,18 @@ class Reader:
             raise self.fail(here, f"must be a {kind.__name__}, got {type(value).__name__}")
         return value
 
+    def one_of(self, data: Mapping[str, Any], where: str, key: str, choices: Sequence[str],
+               default: Any = ...) -> Any:  # fmt: skip
+        """The key's string, which must be one of `choices` (`default` without it)."""
+        value = self.get(data, where, key, str, default)
+        if value is not None and value not in choices:
+            here = f"{where}.{key}" if where else key
+            raise self.fail(here, f"{value!r} is not one of {list(choices)}")
+        return value
+
     def choice(self, data: Mapping[str, Any], where: str, key: str, kind: type[E], default: E) -> E:
         """The member of the Enum `kind` whose value the key holds (`default` without it)."""
-        value = self.get(data, where, key, str, default.value)
-        try:
-            return kind(value)
-        except ValueError:
-            here = f"{where}.{key}" if where else key
-            raise self.fail(here, f"{value!r} is not one of {[e.value for e in kind]}") from None
+        return kind(self.one_of(data, where, key, [e.value for e in kind], default.value))
 
     def _missing(self, data: Mapping[str, Any], where: str, key: str) -> ConfigError:
         """`key is required`, or, when the mapping holds a key not asked for yet that looks

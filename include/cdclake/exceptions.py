@@ -25,9 +25,5 @@ class CommitConflictError(CdclakeError):
     """Another run committed to the same table while this one was working."""
 
 
-class StackError(CdclakeError):
-    """The local stack could not be started, stopped or inspected."""
-
-
 class MaintenanceError(CdclakeError):
     """Table maintenance would have changed what a table says it has consumed."""

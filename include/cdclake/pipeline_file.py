@@ -164,12 +164,9 @@ def _parse_connector(r: Reader, raw: Mapping[str, Any]) -> ConnectorModes:
         if name in raw and dotted in raw:
             raise r.fail(f"connector.{dotted}", f"give connector.{name} or {dotted}, not both")
         key = dotted if dotted in raw else name
-        value = r.get(raw, "connector", key, str, None)
-        if value is None:
-            continue
-        if value not in choices:
-            raise r.fail(f"connector.{key}", f"{value!r} is not one of {list(choices)}")
-        modes[name] = value
+        value = r.one_of(raw, "connector", key, choices, None)
+        if value is not None:
+            modes[name] = value
     return ConnectorModes(**modes)
 
 
@@ -238,9 +235,7 @@ def _parse_catalog(r: Reader, raw: Mapping[str, Any]) -> CatalogConfig:
     name = r.get(raw, "catalog", "name", str)
     if not IDENTIFIER.match(name):
         raise r.fail("catalog.name", f"{name!r} is not a valid identifier")
-    kind = r.get(raw, "catalog", "type", str)
-    if kind not in ("jdbc", "rest"):
-        raise r.fail("catalog.type", f"{kind!r} is not one of ['jdbc', 'rest']")
+    kind = r.one_of(raw, "catalog", "type", ("jdbc", "rest"))
     warehouse = r.get(raw, "catalog", "warehouse", str)
     if "://" not in warehouse:  # a local path, relative to the config file
         warehouse = (r.path.parent / warehouse).resolve().as_uri()
@@ -309,6 +304,8 @@ def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
             raise r.fail(f"{where}.target", "a pattern's tables keep their own names; list a "
                          "table by name to rename it")  # fmt: skip
         target = "" if glob else r.get(item, where, "target", str, parts[1])
+        if not glob and not target.strip():
+            raise r.fail(f"{where}.target", "must not be empty")
         if target and not IDENTIFIER.match(target):
             raise r.fail(f"{where}.target", f"{target!r} is not a valid identifier")
         key = _names(r, item, where, "key")

@@ -9,7 +9,7 @@ import uuid
 
 import psycopg
 import pytest
-from cdclake.exceptions import StackError
+from cdclake_local import StackError
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 from tests.integration.test_avro import avro_pipeline

@@ -7,7 +7,8 @@ import configparser
 import stat
 
 import pytest
-from cdclake.exceptions import StackError
+from cdclake.exceptions import CdclakeError
+from cdclake_local import StackError
 from cdclake_local.airflow_home import (
     API_PORT_ENV,
     PASSWORDS_FILE,
@@ -79,3 +80,10 @@ def test_a_bad_api_port_is_refused_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv(API_PORT_ENV, value)
     with pytest.raises(StackError, match=rf"^{API_PORT_ENV}: '{value}' is not a TCP port"):
         api_port_from_env()
+
+
+def test_stack_errors_belong_to_the_local_tools_and_are_cdclake_errors():
+    import cdclake.exceptions
+
+    assert not hasattr(cdclake.exceptions, "StackError")
+    assert issubclass(StackError, CdclakeError)

@@ -345,6 +345,16 @@ LONG_NAME = "p" * 101
             id="empty warehouse (read as the config's directory)",
         ),
         pytest.param(
+            "target: order_items", "target: ''",
+            "tables[1].target: must not be empty",
+            id="empty target of a table listed by name",
+        ),
+        pytest.param(
+            "target: order_items", "target: '${TARGET_UNSET:-}'",
+            "tables[1].target: must not be empty",
+            id="target empty after interpolation",
+        ),
+        pytest.param(
             "topic_prefix: pg", "topic_prefix: pg/main",
             "topic_prefix: 'pg/main' must be",
             id="slash in topic prefix",

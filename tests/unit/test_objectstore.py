@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from cdclake.exceptions import StackError
+from cdclake_local import StackError
 from cdclake_local.objectstore import (
     ACCESS_KEY_ENV,
     SECRET_KEY_ENV,

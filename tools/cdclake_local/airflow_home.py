@@ -19,8 +19,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from cdclake.exceptions import StackError
-
+from cdclake_local import StackError
 from cdclake_local.procs import write_private
 
 API_PORT_ENV = "CDCLAKE_AIRFLOW_PORT"

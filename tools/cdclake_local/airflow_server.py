@@ -18,8 +18,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from cdclake.exceptions import StackError
-
+from cdclake_local import StackError
 from cdclake_local.airflow_home import PASSWORDS_FILE, airflow_env, api_url
 from cdclake_local.procs import wait_for
 

@@ -16,9 +16,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from cdclake.exceptions import StackError
-
-from cdclake_local import maven
+from cdclake_local import StackError, maven
 from cdclake_local.procs import (
     port_free,
     running,

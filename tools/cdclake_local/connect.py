@@ -24,9 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cdclake.exceptions import StackError
-
-from cdclake_local import maven
+from cdclake_local import StackError, maven
 from cdclake_local.broker import LocalBroker, java
 from cdclake_local.procs import (
     log_tail,

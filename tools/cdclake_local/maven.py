@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cdclake.exceptions import StackError
+from cdclake_local import StackError
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdclake.exceptions import StackError
-
+from cdclake_local import StackError
 from cdclake_local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 import psycopg
-from cdclake.exceptions import StackError
 
+from cdclake_local import StackError
 from cdclake_local.procs import pid_alive, port_in_use, wait_for
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from cdclake.exceptions import StackError
+from cdclake_local import StackError
 
 log = logging.getLogger(__name__)
 

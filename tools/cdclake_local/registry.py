@@ -22,9 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from cdclake.exceptions import StackError
-
-from cdclake_local import maven
+from cdclake_local import StackError, maven
 from cdclake_local.broker import java
 from cdclake_local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 

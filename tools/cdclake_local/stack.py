@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from cdclake.exceptions import StackError
 
-from cdclake_local import maven, rest_catalog
+from cdclake_local import StackError, maven, rest_catalog
 from cdclake_local.airflow_home import airflow_env, connections, setup_airflow_home
 from cdclake_local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
 from cdclake_local.connect import LocalConnect, connector_config
