@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema
-from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
+from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX, Truncate
 
 TABLE_PROPERTIES = {
     # v3: a MERGE's deletes are deletion vectors, one per data file (docs/performance.md)
@@ -75,8 +75,7 @@ def build_merge_sql(
     source_view: str,
     schema: TopicSchema,
     toast_columns: Sequence[str] = (),
-    truncate_lsn: int | None = None,
-    truncate: bool = False,
+    truncate: Truncate | None = None,
     dropped_columns: Sequence[str] = (),
     soft_delete: bool = False,
     deleted_lsn: bool = False,
@@ -101,7 +100,7 @@ def build_merge_sql(
     after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
     if key_values is not None:
-        on += key_filter_sql(schema, key_values, truncate)
+        on += key_filter_sql(schema, key_values, truncate is not None)
     fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
     if after_truncate:
         fresh = f"({fresh}{after_truncate})"
@@ -132,8 +131,8 @@ def build_merge_sql(
             f" WHEN NOT MATCHED AND s.{DELETED} THEN INSERT ({insert_cols}) "
             f"VALUES ({insert_vals.removesuffix(', false')}, true)"
         )
-    if truncate:
-        sql += _truncated(truncate_lsn, soft_delete)
+    if truncate is not None:
+        sql += _truncated(truncate.lsn, soft_delete)
     return sql
 
 

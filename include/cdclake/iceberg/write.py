@@ -101,8 +101,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             toast_columns = [c.name for c in toastable(schema)] if resolved.toast else []
             merge_sql = build_merge_sql(
                 target, view, schema, toast_columns,
-                truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-                dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
+                truncate=truncate, dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
                 truncated_below=below, key_values=_key_filter(state, schema, rows, truncate,
                                                               counts, batch.tuning),
             )  # fmt: skip
