@@ -27,3 +27,9 @@ class CommitConflictError(CdclakeError):
 
 class MaintenanceError(CdclakeError):
     """Table maintenance would have changed what a table says it has consumed."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (at most 300 characters) for a message of ours: a library's
+    errors (Java's, PostgreSQL's) can run to a stack trace."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

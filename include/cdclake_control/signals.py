@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from cdclake.config import KafkaConfig, TimeoutsConfig
-from cdclake.exceptions import CdclakeError
+from cdclake.exceptions import CdclakeError, first_line
 
 from cdclake_control.snapshot_filter import FilterError, check_in_source, filter_sql, parse_filter
 from cdclake_control.source import connect_source
@@ -260,10 +260,6 @@ def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> int
     return id_chars
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
 def send_to_signal_table(
     dsn: str, signal_table: str, signal_id: str, request: SnapshotRequest,
     timeouts: TimeoutsConfig | None = None,
@@ -281,7 +277,7 @@ def send_to_signal_table(
             conn.execute(statement, (signal_id, request.action.value, data))
     except psycopg.Error as exc:
         raise SignalError(
-            f"signal {signal_id} could not be written to {signal_table}: {_first_line(exc)}"
+            f"signal {signal_id} could not be written to {signal_table}: {first_line(exc)}"
         ) from None
     log.info("signal %s sent: %s %s", signal_id, request.action.value, list(request.tables))
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cdclake.exceptions import CdclakeError
+from cdclake.exceptions import CdclakeError, first_line
 
 # Debezium keeps every filter of a running incremental snapshot in the connector's offsets
 # (`incremental_snapshot_collections`), stored with each snapshot record; cdclake caps a
@@ -162,7 +162,7 @@ def check_in_source(conn, table: str, condition: str) -> None:
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise FilterError(f"filter for {table!r} is not a valid condition: {first}") from None
 
 

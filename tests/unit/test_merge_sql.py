@@ -3,6 +3,7 @@
 import pytest
 from cdclake.debezium.schema import Column, TopicSchema
 from cdclake.iceberg.merge_sql import KeyRange, build_merge_sql, key_filter_sql
+from cdclake.resolve.rules import Truncate
 
 ID = Column("id", "bigint", False)
 ONE_KEY = TopicSchema(key=(ID,), columns=(ID, Column("name", "string")))
@@ -48,14 +49,15 @@ def test_a_text_key_with_a_quote_or_backslash_is_written_as_utf8_bytes():
 @pytest.mark.parametrize(
     "schema, values, truncate, why",
     [
-        (ONE_KEY, {"id": [1]}, True, "cannot go with a truncate"),  # NOT MATCHED BY SOURCE
-        (TWO_KEYS, {"name": ["x"]}, False, "takes some of the key columns"),
-        (TWO_KEYS, {}, False, "takes some of the key columns"),
-        (TWO_KEYS, {"code": KeyRange(1, 2)}, False, "no key range on 'code' of type string"),
+        # a truncate's NOT MATCHED BY SOURCE must see every row
+        (ONE_KEY, {"id": [1]}, Truncate(0, 5, 100), "cannot go with a truncate"),
+        (TWO_KEYS, {"name": ["x"]}, None, "takes some of the key columns"),
+        (TWO_KEYS, {}, None, "takes some of the key columns"),
+        (TWO_KEYS, {"code": KeyRange(1, 2)}, None, "no key range on 'code' of type string"),
         (TopicSchema(key=(Column("d", "date", False),), columns=(Column("d", "date", False),)),
-         {"d": ["2024-01-01"]}, False, "no key filter on 'd' of type date"),
-        (ONE_KEY, {"id": [None]}, False, "needs a value of 'id'"),
-        (TopicSchema(key=(TEXT,), columns=(TEXT,)), {"code": ["\ud800"]}, False, "surrogate"),
+         {"d": ["2024-01-01"]}, None, "no key filter on 'd' of type date"),
+        (ONE_KEY, {"id": [None]}, None, "needs a value of 'id'"),
+        (TopicSchema(key=(TEXT,), columns=(TEXT,)), {"code": ["\ud800"]}, None, "surrogate"),
     ],
 )  # fmt: skip
 def test_a_key_filter_is_refused_where_it_would_change_the_outcome(schema, values, truncate, why):

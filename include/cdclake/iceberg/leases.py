@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from cdclake.exceptions import CommitConflictError
+from cdclake.exceptions import CommitConflictError, first_line
 from cdclake.iceberg.tables import (
     deleted_keys_table,
     fresh_table,
@@ -164,7 +164,7 @@ class Leases:
             entries = list_leases(io, root)
         except Exception as exc:  # maintenance's orphan removal is what is left
             log.info("%s: no write lease (its FileIO does not list its files: %s)", table,
-                     _first_line(exc))  # fmt: skip
+                     first_line(exc))  # fmt: skip
             held.delete(START)
             held.delete(LIVE)
             return 0
@@ -243,7 +243,7 @@ class Leases:
                 removed += remove_unreferenced(self.spark, table, oldest)
         except Exception as exc:  # the dead leases stay: a later run sweeps again
             log.warning("%s: the files of %d dead load(s) were not removed: %s", held.table,
-                        len(dead), _first_line(exc))  # fmt: skip
+                        len(dead), first_line(exc))  # fmt: skip
             return removed
         for e in dead:
             _delete(held.io, f"{held.root}/{e.name}{LIVE}")
@@ -333,7 +333,3 @@ def _delete(io, path: str) -> None:
         io.deleteFile(path)
     except Exception as exc:  # already gone
         log.debug("%s: not deleted: %s", path, exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

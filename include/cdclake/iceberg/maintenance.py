@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
@@ -55,12 +56,17 @@ HOUR_MS = 3_600_000
 _CONFLICTS = ("ValidationException", "CommitFailedException", "Found conflicting files")
 
 
+class MaintenanceStatus(StrEnum):
+    MAINTAINED = "maintained"
+    MISSING = "missing"  # the table does not exist yet
+
+
 @dataclass
 class TableMaintenance:
     """What maintenance did to one table (file counts are of the current snapshot)."""
 
     table: str
-    status: str  # maintained | missing
+    status: MaintenanceStatus
     run_id: str = ""
     snapshots_before: int = 0
     snapshots_after: int = 0
@@ -166,10 +172,10 @@ def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: 
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
         log.info("%s: does not exist yet; nothing to maintain", qualified)
-        return TableMaintenance(table=qualified, status="missing", run_id=run_id)
+        return TableMaintenance(table=qualified, status=MaintenanceStatus.MISSING, run_id=run_id)
     settings = pipeline.maintenance
     started = time.monotonic()
-    result = TableMaintenance(table=qualified, status="maintained", run_id=run_id)
+    result = TableMaintenance(table=qualified, status=MaintenanceStatus.MAINTAINED, run_id=run_id)
     # sweeps the files of loads that died before their commit
     result.dead_load_files_removed = leases.take(qualified)
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema
-from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX
+from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX, Truncate
 
 TABLE_PROPERTIES = {
     # v3: a MERGE's deletes are deletion vectors, one per data file (docs/performance.md)
@@ -75,8 +75,7 @@ def build_merge_sql(
     source_view: str,
     schema: TopicSchema,
     toast_columns: Sequence[str] = (),
-    truncate_lsn: int | None = None,
-    truncate: bool = False,
+    truncate: Truncate | None = None,
     dropped_columns: Sequence[str] = (),
     soft_delete: bool = False,
     deleted_lsn: bool = False,
@@ -101,7 +100,9 @@ def build_merge_sql(
     after_truncate, insert_when = _insert_conditions(truncated_below, deleted_lsn)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in schema.key_names)
     if key_values is not None:
-        on += key_filter_sql(schema, key_values, truncate)
+        if truncate is not None:  # WHEN NOT MATCHED BY SOURCE must see every row
+            raise ValueError("a key filter cannot go with a truncate")
+        on += key_filter_sql(schema, key_values)
     fresh = f"(s.{STALE_CHECK_LSN} IS NULL OR t.{LSN} IS NULL OR s.{STALE_CHECK_LSN} > t.{LSN})"
     if after_truncate:
         fresh = f"({fresh}{after_truncate})"
@@ -132,8 +133,8 @@ def build_merge_sql(
             f" WHEN NOT MATCHED AND s.{DELETED} THEN INSERT ({insert_cols}) "
             f"VALUES ({insert_vals.removesuffix(', false')}, true)"
         )
-    if truncate:
-        sql += _truncated(truncate_lsn, soft_delete)
+    if truncate is not None:
+        sql += _truncated(truncate.lsn, soft_delete)
     return sql
 
 
@@ -182,14 +183,11 @@ class KeyRange:
     high: int
 
 
-def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyRange],
-                   truncate: bool = False) -> str:  # fmt: skip
+def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyRange]) -> str:
     """` AND t.<column> IN (...)` for each key column of `key_values` with its values
     (NULLs match nothing and are left out), or ` AND t.<column> BETWEEN <low> AND
     <high>` for an integer one with a `KeyRange`. Any of the key columns will do: a row
     whose value of one of them is outside the batch's matches no change."""
-    if truncate:  # WHEN NOT MATCHED BY SOURCE must see every row
-        raise ValueError("a key filter cannot go with a truncate")
     types = {k.name: k.type for k in schema.key}
     if not key_values or not set(key_values) <= set(types):
         raise ValueError(f"a key filter takes some of the key columns {sorted(types)}, "

@@ -140,18 +140,16 @@ def ensure_table(
     table: str,
     schema: TopicSchema,
     properties: Mapping[str, str],
-    partition_by: Sequence[str] = (),
-    soft_delete: bool = False,
-    existing: Mapping[str, str] | None = None,
+    partition_by: Sequence[str],
+    soft_delete: bool,
+    existing: Mapping[str, str],
 ) -> list[str]:
     """Create the table on first sight, or evolve it: add new columns, widen promoted
     ones. A table created with the other `delete_mode` is refused (ConfigError). Returns
     the table's source columns (metadata columns excluded), which may include columns
-    the source has dropped since. `existing` saves the catalog lookups when the caller
-    has read the table's column types (empty: it does not exist)."""
+    the source has dropped since. `existing`: the table's column types as the caller
+    read them (empty: it does not exist)."""
     keys = ", ".join(quote(k) for k in schema.key_names)
-    if existing is None:
-        existing = table_columns(spark, table) if spark.catalog.tableExists(table) else {}
     if not existing:
         _create(spark, table, build_create_sql(table, schema, properties, partition_by,
                                                soft_delete))  # fmt: skip

@@ -64,7 +64,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
     ):
         soft = table.delete_mode is DeleteMode.SOFT
         lake_columns = ensure_table(spark, qualified, schema, table.properties,
-                                    table.partition_by, soft, existing=known)  # fmt: skip
+                                    table.partition_by, soft, known)  # fmt: skip
         if state.exists:
             apply_table_settings(spark, qualified, state, table.properties,
                                  table.partition_by)  # fmt: skip
@@ -101,8 +101,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             toast_columns = [c.name for c in toastable(schema)] if resolved.toast else []
             merge_sql = build_merge_sql(
                 target, view, schema, toast_columns,
-                truncate_lsn=truncate.lsn if truncate else None, truncate=truncate is not None,
-                dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
+                truncate=truncate, dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
                 truncated_below=below, key_values=_key_filter(state, schema, rows, truncate,
                                                               counts, batch.tuning),
             )  # fmt: skip
@@ -278,10 +277,8 @@ def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, coun
         values[k.name] = sorted({r[i] for r in rows if r[i] is not None})
         if not values[k.name]:
             return None
-    if (
-        sum(len(v) for vs in values.values() for v in vs if isinstance(v, str))
-        > tuning.key_filter_chars
-    ):
+    chars = sum(len(v) for vs in values.values() for v in vs if isinstance(v, str))
+    if chars > tuning.key_filter_chars:
         return None
     try:
         key_filter_sql(schema, values)
