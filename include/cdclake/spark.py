@@ -223,7 +223,7 @@ JVM_NAMES = (
 
 
 # A batch of at most `Tuning.driver_read_records` records (the size the driver reads)
-# evaluates its expressions interpreted (`batch_conf`), wherever it is read: each
+# evaluates its expressions interpreted (`SMALL_BATCH_CONF`), wherever it is read: each
 # table's MERGE or append compiles to Java classes per query, which costs more than
 # evaluating them for the rows of such a batch (docs/performance.md, "Small batches").
 #
@@ -263,12 +263,6 @@ def cache_level(records: int):
     if records > LARGE_BATCH_RECORDS:
         return StorageLevel.DISK_ONLY
     return StorageLevel.MEMORY_AND_DISK
-
-
-def batch_conf(small: bool, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
-    """Session settings for a batch (`small`: of at most the records the driver reads);
-    the pipeline's own win."""
-    return {k: v for k, v in SMALL_BATCH_CONF.items() if small and k not in pipeline_conf}
 
 
 @contextmanager
