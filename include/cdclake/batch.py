@@ -83,7 +83,7 @@ class Batch:
         self.ranged = ranged  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
         self.dead_letter_lock = threading.Lock()
-        # the session settings a small batch changed (`batch_conf`), with their values
+        # the session settings a small batch changed (`SMALL_BATCH_CONF`), with their values
         # before it: put back by `compile_for`
         self.interpreted = dict(before)
         self.settings_lock = threading.Lock()

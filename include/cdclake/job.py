@@ -33,9 +33,9 @@ from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
+    SMALL_BATCH_CONF,
     SMALL_BATCH_PARTITIONS,
     SMALL_BATCH_RECORDS,
-    batch_conf,
     batch_settings,
     cache_level,
 )
@@ -61,7 +61,8 @@ def run_batch(
     pipeline = discover(pipeline, {r.topic for r in plan.ranges})
     if plan.mode == PlanMode.REBUILD:
         _drop_for_rebuild(spark, pipeline, plan)
-    conf = batch_conf(plan.total <= tuning.driver_read_records, pipeline.spark.conf)
+    small = plan.total <= tuning.driver_read_records  # the pipeline's own settings win
+    conf = {k: v for k, v in SMALL_BATCH_CONF.items() if small and k not in pipeline.spark.conf}
     with batch_settings(spark, conf) as before:
         return _run_batch(spark, pipeline, plan, read, before, placement, tuning)
 

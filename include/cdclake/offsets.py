@@ -71,10 +71,6 @@ class BatchPlan:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> BatchPlan:
-        return cls.from_dict(json.loads(text))
-
-    @classmethod
     def from_dict(cls, data: dict) -> BatchPlan:
         if not isinstance(data, dict):
             raise ConfigError(f"a batch plan is a JSON object, not {type(data).__name__}")

@@ -29,10 +29,7 @@ def handle_broken_envelopes(
 
     if pipeline.on_error is not OnError.DEAD_LETTER or not scan.broken_count:
         return raw, scan
-    dead = raw.where(F.col("error").isNotNull()).select(
-        "topic", "partition", "offset",
-        F.col("key_payload").alias("key"), F.col("value_payload").alias("value"), "error",
-    )  # fmt: skip
+    dead = _dead_letter_rows(raw.where(F.col("error").isNotNull()), F.col("error"))
     set_aside(spark, pipeline, plan, dead, scan.broken_count, leases)
     return raw.where(F.col("error").isNull()), dataclasses.replace(scan, broken={})
 
@@ -61,11 +58,7 @@ def set_aside_misfits(
     marked = raw.withColumn("_misfit", reason)
     unfit = marked.where(F.col("_misfit").isNotNull())
     if batch.pipeline.on_error is OnError.DEAD_LETTER:
-        dead = unfit.select(
-            "topic", "partition", "offset",
-            F.col("key_payload").alias("key"), F.col("value_payload").alias("value"),
-            F.col("_misfit").alias("error"),
-        )  # fmt: skip
+        dead = _dead_letter_rows(unfit, F.col("_misfit"))
         result.dead_letters += batch.dead_letters(dead, dead.count())
         left = {
             side: [(sid, t) for sid, t in versions if (side, sid) not in rejected]
@@ -86,6 +79,14 @@ def set_aside_misfits(
         f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
         f"Nothing of this batch was written to {target}. To go on, {go_on}"
     )
+
+
+def _dead_letter_rows(raw, error):
+    """Raw rows as `set_aside` takes them: the record's place, its payloads and `error`."""
+    from pyspark.sql import functions as F
+
+    return raw.select("topic", "partition", "offset", F.col("key_payload").alias("key"),
+                      F.col("value_payload").alias("value"), error.alias("error"))  # fmt: skip
 
 
 # the start of the reason of a value schema that is not of the pipeline's format (e.g. a

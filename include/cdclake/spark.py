@@ -39,19 +39,16 @@ class SparkJar(Enum):
     POSTGRES_JDBC = "postgresql"  # the JDBC catalog
 
 
-def needed_jars(catalog: CatalogConfig) -> tuple[SparkJar, ...]:
+def spark_jars(pipeline: PipelineConfig) -> list[Path]:
+    """The `SparkJar`s the pipeline's catalog needs, from the folder CDCLAKE_SPARK_JARS
+    names; a missing folder or jar is a ConfigError saying what to run or set."""
+    catalog = pipeline.catalog
     needed = [SparkJar.ICEBERG_RUNTIME]
     io_impl = catalog.properties.get("io-impl", "")  # files on S3: S3FileIO and the AWS SDK
     if catalog.warehouse.startswith(S3_SCHEMES) or io_impl.endswith("S3FileIO"):
         needed.append(SparkJar.ICEBERG_AWS)
     if catalog.type == "jdbc":
         needed.append(SparkJar.POSTGRES_JDBC)
-    return tuple(needed)
-
-
-def spark_jars(pipeline: PipelineConfig) -> list[Path]:
-    """The jars of `needed_jars` from the folder CDCLAKE_SPARK_JARS names; a missing
-    folder or jar is a ConfigError saying what to run or set."""
     how = (
         f"run `python -m cdclake local up` (it resolves stack/spark/pom.xml from Maven Central) "
         f'and `eval "$(python -m cdclake local env)"`, or set spark.conf.spark.jars or '
@@ -64,13 +61,13 @@ def spark_jars(pipeline: PipelineConfig) -> list[Path]:
             f"names no folder of jars -- {how}"
         )
     found = []
-    for jar in needed_jars(pipeline.catalog):
+    for jar in needed:
         matches = sorted(Path(folder).glob(f"{jar.value}-[0-9]*.jar"))
         if len(matches) != 1:
             what = "no" if not matches else f"{len(matches)} versions of"
             raise ConfigError(
                 f"{pipeline.path}: {what} {jar.value} jar in {folder} ({SPARK_JARS_ENV}); "
-                f"a {pipeline.catalog.type} catalog needs one -- {how}"
+                f"a {catalog.type} catalog needs one -- {how}"
             )
         found.append(matches[0])
     return found
@@ -223,7 +220,7 @@ JVM_NAMES = (
 
 
 # A batch of at most `Tuning.driver_read_records` records (the size the driver reads)
-# evaluates its expressions interpreted (`batch_conf`), wherever it is read: each
+# evaluates its expressions interpreted (`SMALL_BATCH_CONF`), wherever it is read: each
 # table's MERGE or append compiles to Java classes per query, which costs more than
 # evaluating them for the rows of such a batch (docs/performance.md, "Small batches").
 #
@@ -263,12 +260,6 @@ def cache_level(records: int):
     if records > LARGE_BATCH_RECORDS:
         return StorageLevel.DISK_ONLY
     return StorageLevel.MEMORY_AND_DISK
-
-
-def batch_conf(small: bool, pipeline_conf: Mapping[str, str]) -> dict[str, str]:
-    """Session settings for a batch (`small`: of at most the records the driver reads);
-    the pipeline's own win."""
-    return {k: v for k, v in SMALL_BATCH_CONF.items() if small and k not in pipeline_conf}
 
 
 @contextmanager

@@ -31,9 +31,10 @@ def plan(pipeline_path: str, **context) -> str:
 
 
 def has_work(plan_json: str) -> bool:
-    from cdclake.offsets import BatchPlan
+    from cdclake.offsets import plans_from_json
 
-    return bool(BatchPlan.from_json(plan_json).ranges)
+    [batch] = plans_from_json(plan_json)
+    return bool(batch.ranges)
 
 
 def emit_changed(outlet_events, pipeline, reports) -> list[str]:
@@ -56,12 +57,12 @@ def emit_changed(outlet_events, pipeline, reports) -> list[str]:
 def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
     """Per-table figures, and an asset event for each table the batch changed."""
     from cdclake.kafka.topics import discover
-    from cdclake.offsets import BatchPlan
+    from cdclake.offsets import plans_from_json
     from cdclake.pipeline_file import load_pipeline
     from cdclake_control.report import report_pipeline
 
     pipeline = discover(load_pipeline(pipeline_path))  # the figures' tables and the events'
-    batch = BatchPlan.from_json(plan_json)
+    [batch] = plans_from_json(plan_json)
     reports = report_pipeline(pipeline, [batch], int(time.time() * 1000))
     emit_changed(context["outlet_events"], pipeline, reports)
     return [r.to_dict() for r in reports]

@@ -3,6 +3,8 @@ then once with none; the asset events each run left in Airflow's metadata DB."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from cdclake.jvm import QUICK_JIT_RECORDS
 from cdclake.offsets import BatchPlan
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 def plan_of(run) -> BatchPlan:
     value = xcom_of(run, "plan")
-    return BatchPlan.from_dict(value) if isinstance(value, dict) else BatchPlan.from_json(value)
+    return BatchPlan.from_dict(value if isinstance(value, dict) else json.loads(value))
 
 
 def loaded_by(pipeline, plan: BatchPlan) -> dict[str, int]:

@@ -70,7 +70,7 @@ def test_offsets_round_trip_through_the_snapshot_summary_text():
 
 def test_plan_round_trips_through_json():
     plan = BatchPlan("demo", "run-1", (OffsetRange("a", 0, 1, 5), OffsetRange("b", 2, 0, 3)))
-    again = BatchPlan.from_json(plan.to_json())
+    [again] = plans_from_json(plan.to_json())
     assert again == plan
     assert again.total == 7
 
