@@ -20,6 +20,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from cdclake.debezium.registry import RegistryConfig, UnknownSchema, schema_text
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.raw_rows import RawRows
@@ -197,18 +199,7 @@ def envelope(registry: RegistryConfig, data: bytes) -> bytes:
     except Exception as exc:  # fastavro's errors of bytes that do not match the schema
         why = str(exc) or ("it ends early" if isinstance(exc, EOFError) else "")
         raise ValueError(f"not Avro of schema id {sid} ({type(exc).__name__}: {why})") from None
-    return b'{"schema":' + found.schema + b',"payload":' + _encode(payload) + b"}"
-
-
-def _json_encoder():
-    try:
-        from msgspec.json import encode
-    except ImportError:
-        return lambda value: json.dumps(value, separators=(",", ":")).encode()
-    return encode
-
-
-_encode = _json_encoder()
+    return b'{"schema":' + found.schema + b',"payload":' + msgspec.json.encode(payload) + b"}"
 
 
 class AvroRawRows:

@@ -79,7 +79,8 @@ def parse_connect_schema(schema: Mapping[str, Any] | str, name: str = "") -> Con
 
 # ---- Spark types ---------------------------------------------------------------------
 
-_PRIMITIVE_PARSE = {
+# the lake types of the Connect types without a logical type or nested values
+_LAKE_TYPES = {
     "int8": "int",
     "int16": "int",
     "int32": "int",
@@ -90,26 +91,8 @@ _PRIMITIVE_PARSE = {
     "double": "double",
     "boolean": "boolean",
     "string": "string",
-    "bytes": "string",  # base64 text in JSON
+    "bytes": "binary",
 }
-
-
-def parse_type(f: ConnectField) -> str:
-    """The Spark type `from_json` should read this field's JSON as (DDL string)."""
-    if f.type == "struct":
-        if f.logical == VARIABLE_SCALE_DECIMAL:
-            return "struct<scale:int,value:string>"
-        if f.logical in (GEOMETRY, GEOGRAPHY):
-            return "struct<wkb:string,srid:int>"
-        return "string"  # kept as its JSON text
-    if f.type == "array" and f.items is not None:
-        return f"array<{parse_type(f.items)}>"
-    if f.type == "map" and f.values is not None:
-        return f"map<string,{parse_type(f.values)}>"
-    try:
-        return _PRIMITIVE_PARSE[f.type]
-    except KeyError:
-        raise DecodeError(f"field {f.name!r} has unknown Connect type {f.type!r}") from None
 
 
 def lake_type(f: ConnectField) -> str:
@@ -130,17 +113,16 @@ def lake_type(f: ConnectField) -> str:
         return "string"  # exact decimal text: the scale varies per value
     if lg in (GEOMETRY, GEOGRAPHY):
         return GEO_LAKE_TYPE
-    if f.type == "bytes":
-        return "binary"
-    if f.type in ("int8", "int16"):
-        return "int"
     if f.type == "array" and f.items is not None:
         return f"array<{lake_type(f.items)}>"
     if f.type == "map" and f.values is not None:
         return f"map<string,{lake_type(f.values)}>"
     if f.type == "struct":
-        return "string"
-    return parse_type(f)
+        return "string"  # kept as its JSON text
+    try:
+        return _LAKE_TYPES[f.type]
+    except KeyError:
+        raise DecodeError(f"field {f.name!r} has unknown Connect type {f.type!r}") from None
 
 
 def decimal_params(f: ConnectField) -> tuple[int, int]:

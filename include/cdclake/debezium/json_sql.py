@@ -270,18 +270,9 @@ def key_parts(fields, key, at: str = "k") -> tuple[str, list[str], list[str]]:
     """A key's `from_json` structure, and over it (`at`) its columns' value expressions
     (in the order of `key`) and those of what can be wrong with them."""
     by_name = {f.name: f for f in fields}
-    spec = "{" + ",".join(f'"{c.name}":"JSON"' for c in key if c.name in by_name) + "}"
-    spec = spec if spec != "{}" else '"JSON"'  # a key of no column DuckDB can name
-    values, errors = [], []
-    for c in key:
-        f = by_name.get(c.name)
-        if f is None:
-            values.append("NULL")
-            continue
-        got = leaf(f, f"{at}.{c.name}")
-        values.append(got.value or f"CAST({at}.{c.name} AS VARCHAR)")
-        errors.append(got.error.replace("'field ", "'key field ", 1))
-    return spec, values, errors
+    values, errors = _row_values(by_name, key, f"{at}.", True)
+    errors = [e.replace("'field ", "'key field ", 1) for e in errors]
+    return _row_spec(by_name, key, True), [v for _, v in values], errors
 
 
 def old_key_parts(fields, key, op: str = "(e.op ->> '$')") -> tuple[list[str], list[str]]:

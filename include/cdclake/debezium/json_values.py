@@ -12,7 +12,7 @@ import math
 import struct
 from collections.abc import Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cdclake.debezium.connect import (
     CONNECT_DATE,
@@ -38,10 +38,6 @@ from cdclake.debezium.connect import (
 )
 from cdclake.debezium.formats import BadRecord
 from cdclake.exceptions import DecodeError
-
-if TYPE_CHECKING:
-    pass
-
 
 # ---- values ----------------------------------------------------------------------------
 

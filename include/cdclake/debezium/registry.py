@@ -37,13 +37,6 @@ class RegistryConfig:
 def schema_text(registry: RegistryConfig, sid: int) -> str:
     """The Avro schema (JSON text) of id `sid`; `UnknownSchema` when the registry holds
     none; `EndpointError` naming the URL when it cannot be asked."""
-    found = _fetch(registry, sid)
-    if isinstance(found, UnknownSchema):
-        raise found
-    return found
-
-
-def _fetch(registry: RegistryConfig, sid: int) -> str | UnknownSchema:
     url = f"{registry.url.rstrip('/')}/schemas/ids/{sid}"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if registry.user_info:
@@ -56,7 +49,9 @@ def _fetch(registry: RegistryConfig, sid: int) -> str | UnknownSchema:
             break
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
-                return UnknownSchema(f"schema id {sid} is not in the registry at {registry.url}")
+                raise UnknownSchema(
+                    f"schema id {sid} is not in the registry at {registry.url}"
+                ) from None
             if exc.code in (401, 403):
                 raise EndpointError(
                     f"schema registry at {registry.url} refused the "
@@ -72,6 +67,6 @@ def _fetch(registry: RegistryConfig, sid: int) -> str | UnknownSchema:
         time.sleep(1.0 + attempt)
     kind = body.get("schemaType", "AVRO") if isinstance(body, dict) else None
     if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        return UnknownSchema(f"schema id {sid} in the registry at {registry.url} is not an "
-                             f"Avro schema ({kind or 'no schema'})")  # fmt: skip
+        raise UnknownSchema(f"schema id {sid} in the registry at {registry.url} is not an "
+                            f"Avro schema ({kind or 'no schema'})")  # fmt: skip
     return body["schema"]

@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdclake.debezium.connect import (
-    ConnectField,
-    lake_type,
-)
+from cdclake.debezium.connect import ConnectField, lake_type
 from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import DecodeError
 

@@ -15,13 +15,11 @@ from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
     TOAST_PLACEHOLDER,
     TOAST_PREFIX,
+    TOAST_TYPES,
     TRUNCATE,
     Truncate,
     toastable,
 )
-
-# the types of `toastable` columns a TOAST placeholder can stand in
-_MARKED = ("string", "binary", "array<string>")
 
 
 def _np(column) -> np.ndarray:
@@ -82,7 +80,7 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
     at = pa.array(applied(changes, keys, truncate))
     picked = changes.take(at)
     keys = [k.take(at) for k in keys]
-    toasty = [c for c in toastable(schema) if c.type in _MARKED]
+    toasty = toastable(schema)
     real, found = [], False
     for c in toasty:
         values = picked[f"after__{c.name}"]
@@ -215,7 +213,7 @@ def changelog_table(changes: pa.Table, schema: TopicSchema) -> dict:
         after, before = t[f"after__{c.name}"], t[f"before__{c.name}"]
         none = pa.nulls(len(after), after.type)
         value = pc.if_else(deleted, before, pc.if_else(truncate, none, after))
-        if c.type in _MARKED:
+        if c.type in TOAST_TYPES:
             value = pc.if_else(pc.fill_null(_marked(value), False), before, value)
         out[c.name] = value
     out.update({

@@ -99,10 +99,11 @@ def latest(records: Records) -> Latest:
         "after": _highest(key, offset, kept & records.has_after[order], keys),
         "create": create,
     }
-    lsn = np.full(keys, NO_LSN)
-    with_lsn = np.flatnonzero(kept & records.has_lsn[order])
+    lsn, has_lsn = np.full(keys, NO_LSN), records.has_lsn[order]
+    with_lsn = np.flatnonzero(kept & has_lsn)
     np.maximum.at(lsn, key[with_lsn], records.lsn[order][with_lsn])
-    top = _highest_lsn(key, records.lsn[order], records.has_lsn[order], keys)
+    # each key's record of highest LSN: what later records' re-send check compares with
+    top = _highest(key, np.where(has_lsn, records.lsn[order], 0), has_lsn, keys)
     ends = np.flatnonzero(np.r_[first[1:], True]) if n else np.zeros(0, np.int64)
     needed = np.concatenate([*winners.values(), toast.ravel(), top, ends])
     marked = np.zeros(n, bool)
@@ -166,9 +167,3 @@ def _last(key, mask, keys: int) -> np.ndarray:
     last = np.r_[key[at][1:] != key[at][:-1], True] if len(at) else at.astype(bool)
     out[key[at][last]] = at[last]
     return out
-
-
-def _highest_lsn(key, lsn, has_lsn, keys: int) -> np.ndarray:
-    """Per key, the position of a record with its highest LSN (what later records'
-    re-send check compares with); NONE for a key with none."""
-    return _highest(key, np.where(has_lsn, lsn, 0), has_lsn, keys)

@@ -9,7 +9,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema, topic_schema
@@ -17,9 +16,6 @@ from cdclake.kafka.reader import RangeReader
 from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.rows import columns_ddl, result_columns
 from cdclake.resolve.rules import Truncate
-
-if TYPE_CHECKING:
-    pass
 
 # the columns a range task returns after the resolved rows' (`TopicPlan.ddl`): on the
 # summary row of each range, its summary (JSON) and its keys' hashes (`key_hashes`)

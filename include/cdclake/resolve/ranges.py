@@ -262,25 +262,18 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
     def task(batches):
         for batch in batches:
             for r in batch.to_pylist():
-                plan, partition = plans[r["topic"]], r["partition"]
-                if not plan.schema.key_names:  # returned as it is read
-                    yield from _stream_range(reader, r, RangeFold(plan, partition))
-                    continue
-                yield from _read_range(reader, r, RangeFold(plan, partition)).finish()
+                fold = RangeFold(plans[r["topic"]], r["partition"])
+                # the rows of a table without a key come after each read batch (a range's
+                # memory is one read batch's, whatever its size); a keyed fold's at `finish`
+                yield from _folding(reader, r, fold)
+                yield from fold.finish()
 
     return task
 
 
-def _stream_range(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
-    """A range of a table without a key, its rows returned after each read batch (a
-    range's memory is one read batch's, whatever its size), then its summary."""
-    yield from _folding(reader, r, fold)
-    yield from fold.finish()
-
-
 def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
     for _ in _folding(reader, r, fold):  # a keyed fold returns its rows at `finish`
-        raise AssertionError("a range without a key is read by `_stream_range`")
+        raise AssertionError("a range without a key returns its rows as it reads")
     return fold
 
 

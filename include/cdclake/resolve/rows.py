@@ -15,7 +15,6 @@ from cdclake.debezium.schema import (
     SOURCE_TS,
     TopicSchema,
 )
-from cdclake.exceptions import DecodeError
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
     HAS_VALUES,
@@ -50,11 +49,6 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
     return cols
 
 
-def rows_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> pa.Table:
-    """Rows (dicts) as an Arrow table of (name, Spark type) columns."""
-    return columns_table({name: [r[name] for r in rows] for name, _ in columns}, columns)
-
-
 def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
     """Arrow arrays by name (a missing one: nulls) as a table of (name, Spark type)
     columns, each cast to its type."""
@@ -63,22 +57,6 @@ def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
     n = len(next(iter(data.values()))) if data else 0
     return pa.table([data[name].cast(arrow_type(t)) if name in data else pa.nulls(n, arrow_type(t))
                      for name, t in columns], names=[name for name, _ in columns])  # fmt: skip
-
-
-def columns_table(data: Mapping[str, list], columns: Sequence[tuple[str, str]]) -> pa.Table:
-    """Columns' values (lists by name) as an Arrow table of (name, Spark type) columns."""
-    import pyarrow as pa
-
-    arrays, fields = [], []
-    for name, type_ in columns:
-        kind = arrow_type(type_)
-        values = data[name]
-        try:
-            arrays.append(pa.array(values, type=kind))
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise DecodeError(f"column {name!r} ({type_}): {exc}") from None
-        fields.append(pa.field(name, kind))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> int | None:

@@ -22,6 +22,7 @@ from cdclake.debezium.schema import Column, TopicSchema
 TRUNCATE = "t"
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PREFIX = "_cdc_toast_"
+TOAST_TYPES = ("string", "binary", "array<string>")  # Debezium sends a placeholder in
 # with the TOAST flags, each key column's value of the key a row's key was changed from
 # (`__debezium.oldkey`): a flagged column takes that key's value, not the table's
 FROM_KEY_PREFIX = "_cdc_from_"
@@ -44,5 +45,4 @@ class Truncate:
 def toastable(schema: TopicSchema) -> list[Column]:
     """The columns that may hold a TOAST placeholder (of a type Debezium sends one in)."""
     keys = set(schema.key_names)
-    return [c for c in schema.columns
-            if c.name not in keys and c.type in ("string", "binary", "array<string>")]  # fmt: skip
+    return [c for c in schema.columns if c.name not in keys and c.type in TOAST_TYPES]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import TopicSchema
 from cdclake.resolve.fold import TopicResolved, resolve_rows
-from cdclake.resolve.rows import result_columns, rows_table
+from cdclake.resolve.rows import result_columns, typed_table
 from cdclake.resolve.rules import TOAST_PREFIX, Truncate
 
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
@@ -52,8 +52,8 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
                   else pa.nulls(rows.num_rows, arrow_type(type_))
                   for name, type_ in columns]  # fmt: skip
         yield from pa.Table.from_arrays(arrays, names=[n for n, _ in columns]).to_batches()
-        report = {**dict.fromkeys(n for n, _ in columns), REASON: task_report(done)}
-        yield from rows_table([report], columns).to_batches()
+        report = {REASON: pa.array([task_report(done)], pa.string())}
+        yield from typed_table(report, columns).to_batches()
 
     return task
 
