@@ -9,9 +9,9 @@ SQL types with `from_json_strict`, which refuses a whole record when any value d
 convert (or a field is missing): such a record has a reason, and the caller reads its
 batch again `checked`, each leaf as JSON text, for the reasons. Both give the same values.
 
-The types here are those with a plain SQL form; the others (`PYTHON`: decimals, times,
-zoned timestamps, geometries, arrays, maps, structs) keep their JSON text, decoded value
-by value by `cdclake.debezium.json_values.decoder`."""
+The types here are those with a plain SQL form; the others (times, variable-scale
+decimals, geometries, arrays, maps, structs) keep their JSON text, decoded value by value
+by `json_values.decoder` in `lake_values`, each by the fields of its own value schema."""
 
 from __future__ import annotations
 
