@@ -442,7 +442,7 @@ def lake_values(found, value_fields, schema):
     import pyarrow as pa
 
     by_name = {f.name: f for f in value_fields}
-    reasons = found["reason"].to_pylist()
+    reasons = None  # the records' reasons as a list, once a decoder may add to them
     for c in schema.columns:
         f = by_name.get(c.name)
         texts = f is not None and leaf(f, "x").value is None
@@ -451,10 +451,13 @@ def lake_values(found, value_fields, schema):
         for name in (f"{side}__{c.name}" for side in ROW_SIDES):
             column = found[name].combine_chunks()
             if texts:
+                reasons = found["reason"].to_pylist() if reasons is None else reasons
                 column = pa.array(_decode(column.to_pylist(), f, reasons), arrow_type(c.type))
             else:  # the unscaled value
                 column = column.cast(pa.decimal128(38, 0)).view(arrow_type(c.type))
             found = found.set_column(found.schema.get_field_index(name), name, column)
+    if reasons is None:
+        return found
     return found.set_column(found.schema.get_field_index("reason"), "reason",
                             pa.array(reasons, pa.string()))  # fmt: skip
 
