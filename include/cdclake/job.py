@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from cdclake.batch import Batch, TableResult
+from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
@@ -241,7 +241,7 @@ def _load_table(
     qualified = pipeline.qualified_target(table)
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
-    result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
+    result = TableResult(table=qualified, topic=topic, status=LoadStatus.SKIPPED, records=records)
     result.seconds["read"] = round(batch.read_seconds, 3)
     clock = _Clock(result.seconds)
     state = table_state(spark, qualified)
@@ -254,7 +254,7 @@ def _load_table(
         ends = {tp: max(end, committed.get(tp, 0)) for tp, end in ends.items()}
     elif _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
-        result.status = "already_committed"
+        result.status = LoadStatus.ALREADY_COMMITTED
         return result
     known = table_columns(spark, qualified) if state.exists else {}
     ranged = batch.ranged.get(topic)
@@ -284,7 +284,7 @@ def _load_table(
     finally:
         resolved.release()
     clock.lap("write")
-    result.status = "committed"
+    result.status = LoadStatus.COMMITTED
     result.truncated = resolved.truncate is not None
     result.snapshot_id = after_id
     for (t, p), o in sorted(new_offsets.items()):
