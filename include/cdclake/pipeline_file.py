@@ -17,6 +17,7 @@ from cdclake.config import (
     IDENTIFIER,
     ORPHAN_MIN_HOURS,
     CatalogConfig,
+    CatalogType,
     ConnectorModes,
     DeleteMode,
     KafkaConfig,
@@ -235,7 +236,7 @@ def _parse_catalog(r: Reader, raw: Mapping[str, Any]) -> CatalogConfig:
     name = r.get(raw, "catalog", "name", str)
     if not IDENTIFIER.match(name):
         raise r.fail("catalog.name", f"{name!r} is not a valid identifier")
-    kind = r.one_of(raw, "catalog", "type", ("jdbc", "rest"))
+    kind = r.choice(raw, "catalog", "type", CatalogType)
     warehouse = r.get(raw, "catalog", "warehouse", str)
     if "://" not in warehouse:  # a local path, relative to the config file
         warehouse = (r.path.parent / warehouse).resolve().as_uri()

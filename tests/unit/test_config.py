@@ -1,10 +1,11 @@
 from pathlib import Path
 
 import pytest
-from cdclake.config import DeleteMode, OnError
+from cdclake.config import CatalogType, DeleteMode, OnError
 from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline_file import load_pipeline
+from cdclake.spark import catalog_spark_conf
 from cdclake_control.pipelines import read_pipelines
 
 VALID = """
@@ -233,6 +234,28 @@ def test_bad_section_names_file_and_field(tmp_path, section, field, problem):
         load_pipeline(path)
     assert str(path) in str(err.value)
     assert f": {field}: {problem}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "type_line, problem",
+    [("type: jdbc", None), ("type: rest", None),  # the two catalogs
+     ("type: glue", "catalog.type: 'glue' is not one of ['jdbc', 'rest']"),  # not one
+     ("type: JDBC", "catalog.type: 'JDBC' is not one of ['jdbc', 'rest']"),  # spelled so
+     ("type: ''", "catalog.type: must not be empty"),
+     ("type: null", "catalog.type: is required")],  # given as nothing
+)  # fmt: skip
+def test_the_catalog_type_is_one_of_the_catalogs(tmp_path, type_line, problem):
+    path = write(tmp_path, VALID.replace("type: jdbc", type_line))
+    if problem is not None:
+        with pytest.raises(ConfigError) as err:
+            load_pipeline(path)
+        assert str(err.value) == f"{path}: {problem}"
+        return
+    catalog = load_pipeline(path).catalog
+    assert catalog.type is CatalogType(type_line.split()[-1])
+    # Spark's setting is the plain string
+    assert type(catalog_spark_conf(catalog)["spark.sql.catalog.lake.type"]) is str
+    assert catalog_spark_conf(catalog)["spark.sql.catalog.lake.type"] == catalog.type.value
 
 
 def test_the_wire_format_is_read_from_the_kafka_section(tmp_path, monkeypatch):
