@@ -24,11 +24,11 @@ from cdclake.iceberg.tables import (
     table_state,
 )
 from cdclake.iceberg.write import write_table
-from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
+from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
-from cdclake.ranged import FailedTopic, read_by_range
+from cdclake.ranged import FailedTopic, read_by_range, step_for
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
@@ -106,8 +106,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     cached, and scanned by a Spark job."""
     records = plan.total
     source = KAFKA if read is None else read
-    limit = tuning.driver_read_records
-    if placement.driver_reads(records, limit, read is None, isinstance(source, RawSource)):
+    if step_for(placement, records, tuning, read) is Placement.DRIVER:
         rows = read_local(pipeline.kafka, plan.ranges, source=source)
         if rows is not None:
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
