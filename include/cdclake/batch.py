@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.deadletters import set_aside
@@ -19,11 +20,19 @@ from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 log = logging.getLogger(__name__)
 
 
+class LoadStatus(StrEnum):
+    """What a table's load did with the batch; its JSON and printed forms are the value."""
+
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already_committed"  # its offsets show the batch committed before
+    SKIPPED = "skipped"  # nothing to write: only tombstones for a table not created yet
+
+
 @dataclass
 class TableResult:
     table: str
     topic: str
-    status: str  # committed | already_committed | skipped
+    status: LoadStatus
     records: int = 0
     upserts: int = 0
     deletes: int = 0

@@ -31,6 +31,13 @@ class OnError(StrEnum):
     DEAD_LETTER = "dead_letter"
 
 
+class CatalogType(StrEnum):
+    """The Iceberg catalogs a pipeline can load into (Spark's `type` of the catalog)."""
+
+    JDBC = "jdbc"  # tables listed in a database (PostgreSQL)
+    REST = "rest"  # an Iceberg REST catalog service
+
+
 @dataclass(frozen=True)
 class TimeoutsConfig:
     """How long cdclake waits on Kafka, the catalog and the source database: `connect_s` to
@@ -74,7 +81,7 @@ class KafkaConfig:
 @dataclass(frozen=True)
 class CatalogConfig:
     name: str
-    type: str
+    type: CatalogType
     uri: str
     warehouse: str
     properties: Mapping[str, str] = field(default_factory=dict)

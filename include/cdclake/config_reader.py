@@ -141,9 +141,12 @@ class Reader:
             raise self.fail(here, f"{value!r} is not one of {list(choices)}")
         return value
 
-    def choice(self, data: Mapping[str, Any], where: str, key: str, kind: type[E], default: E) -> E:
-        """The member of the Enum `kind` whose value the key holds (`default` without it)."""
-        return kind(self.one_of(data, where, key, [e.value for e in kind], default.value))
+    def choice(self, data: Mapping[str, Any], where: str, key: str, kind: type[E],
+               default: Any = ...) -> E:  # fmt: skip
+        """The member of the Enum `kind` whose value the key holds (`default` without it;
+        required when no default is given)."""
+        fallback = default if default is ... else default.value
+        return kind(self.one_of(data, where, key, [e.value for e in kind], fallback))
 
     def _missing(self, data: Mapping[str, Any], where: str, key: str) -> ConfigError:
         """`key is required`, or, when the mapping holds a key not asked for yet that looks

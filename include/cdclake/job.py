@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from cdclake.batch import Batch, TableResult
+from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
@@ -24,11 +24,11 @@ from cdclake.iceberg.tables import (
     table_state,
 )
 from cdclake.iceberg.write import write_table
-from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
+from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
-from cdclake.ranged import FailedTopic, read_by_range
+from cdclake.ranged import FailedTopic, read_by_range, step_for
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
@@ -106,8 +106,7 @@ def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | Non
     cached, and scanned by a Spark job."""
     records = plan.total
     source = KAFKA if read is None else read
-    limit = tuning.driver_read_records
-    if placement.driver_reads(records, limit, read is None, isinstance(source, RawSource)):
+    if step_for(placement, records, tuning, read) is Placement.DRIVER:
         rows = read_local(pipeline.kafka, plan.ranges, source=source)
         if rows is not None:
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
@@ -241,7 +240,7 @@ def _load_table(
     qualified = pipeline.qualified_target(table)
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
-    result = TableResult(table=qualified, topic=topic, status="skipped", records=records)
+    result = TableResult(table=qualified, topic=topic, status=LoadStatus.SKIPPED, records=records)
     result.seconds["read"] = round(batch.read_seconds, 3)
     clock = _Clock(result.seconds)
     state = table_state(spark, qualified)
@@ -254,7 +253,7 @@ def _load_table(
         ends = {tp: max(end, committed.get(tp, 0)) for tp, end in ends.items()}
     elif _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
-        result.status = "already_committed"
+        result.status = LoadStatus.ALREADY_COMMITTED
         return result
     known = table_columns(spark, qualified) if state.exists else {}
     ranged = batch.ranged.get(topic)
@@ -284,7 +283,7 @@ def _load_table(
     finally:
         resolved.release()
     clock.lap("write")
-    result.status = "committed"
+    result.status = LoadStatus.COMMITTED
     result.truncated = resolved.truncate is not None
     result.snapshot_id = after_id
     for (t, p), o in sorted(new_offsets.items()):

@@ -17,6 +17,7 @@ from cdclake.config import (
     IDENTIFIER,
     ORPHAN_MIN_HOURS,
     CatalogConfig,
+    CatalogType,
     ConnectorModes,
     DeleteMode,
     KafkaConfig,
@@ -99,9 +100,7 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
     )
     source_raw = r.mapping(raw, "", "source", required=False)
     signal_table = r.get(source_raw, "source", "signal_table", str, "public.debezium_signal")
-    parts = signal_table.split(".")
-    if len(parts) != 2 or not all(IDENTIFIER.match(p) for p in parts):
-        raise r.fail("source.signal_table", f"{signal_table!r} must be '<schema>.<table>'")
+    _schema_table(r, "source.signal_table", signal_table)
     source = SourceConfig(
         conn_id=r.get(source_raw, "source", "conn_id", str, "cdclake_source"),
         dsn=r.get(source_raw, "source", "dsn", str, None) or None,
@@ -235,7 +234,7 @@ def _parse_catalog(r: Reader, raw: Mapping[str, Any]) -> CatalogConfig:
     name = r.get(raw, "catalog", "name", str)
     if not IDENTIFIER.match(name):
         raise r.fail("catalog.name", f"{name!r} is not a valid identifier")
-    kind = r.one_of(raw, "catalog", "type", ("jdbc", "rest"))
+    kind = r.choice(raw, "catalog", "type", CatalogType)
     warehouse = r.get(raw, "catalog", "warehouse", str)
     if "://" not in warehouse:  # a local path, relative to the config file
         warehouse = (r.path.parent / warehouse).resolve().as_uri()
@@ -283,6 +282,16 @@ def _is_glob(source: str) -> bool:
     return "*" in source or "?" in source
 
 
+def _schema_table(r: Reader, where: str, name: str, glob: bool = False) -> list[str]:
+    """The schema and table of `name`, which must be '<schema>.<table>' (with `glob`,
+    each part a pattern of * and ?)."""
+    parts = name.split(".")
+    if len(parts) != 2 or not all((_GLOB if glob else IDENTIFIER).match(p) for p in parts):
+        how = " (a pattern may use * and ?)" if glob else ""
+        raise r.fail(where, f"{name!r} must be '<schema>.<table>'{how}")
+    return parts
+
+
 def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
     items = r.get(raw, "", "tables", list)
     if not items:
@@ -296,10 +305,8 @@ def _parse_tables(r: Reader, raw: Mapping[str, Any]) -> tuple[TableConfig, ...]:
             raise r.fail(where, "must be a string '<schema>.<table>' or a mapping")
         r.strict(where, item)
         source = r.get(item, where, "source", str)
-        parts, glob = source.split("."), _is_glob(source)
-        if len(parts) != 2 or not all((_GLOB if glob else IDENTIFIER).match(p) for p in parts):
-            how = " (a pattern may use * and ?)" if glob else ""
-            raise r.fail(f"{where}.source", f"{source!r} must be '<schema>.<table>'{how}")
+        glob = _is_glob(source)
+        parts = _schema_table(r, f"{where}.source", source, glob)
         if glob and "target" in item:
             raise r.fail(f"{where}.target", "a pattern's tables keep their own names; list a "
                          "table by name to rename it")  # fmt: skip

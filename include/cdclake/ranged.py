@@ -53,6 +53,15 @@ class FailedTopic:
         pass
 
 
+def step_for(placement: Placement, records: int, tuning: Tuning,
+             read: Callable | None) -> Placement:  # fmt: skip
+    """The step of `placement`'s rule that reads `records` records from `read` (None:
+    Kafka): `Placement.DRIVER`, `RANGES` or `TASKS` (`Placement.first_step`)."""
+    source = KAFKA if read is None else read
+    return placement.first_step(records, tuning.driver_read_records, read is None,
+                                isinstance(source, RawSource))  # fmt: skip
+
+
 def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
                    placement: Placement, tuning: Tuning):  # fmt: skip
     """The topics read and resolved range by range, or whose ranges failed ({} when
@@ -60,11 +69,9 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
     (all at once, while it looks the lake tables up), then for each topic (as many at a
     time as tables are loaded) one Spark job reads its ranges, a task each, and resolves
     them into typed rows, kept when they add up (`_ranged_topic`)."""
-    source = KAFKA if read is None else read
-    limit = tuning.driver_read_records
-    if (not placement.by_range or not isinstance(source, RawSource)
-            or placement.driver_reads(plan.total, limit, read is None, True)):  # fmt: skip
+    if step_for(placement, plan.total, tuning, read) is not Placement.RANGES:
         return {}
+    source = KAFKA if read is None else read
     topics = {r.topic for r in plan.ranges}
     tables = {pipeline.topic_for(t): t for t in pipeline.tables}
     eligible = [topic for topic in tables if topic in topics]

@@ -10,7 +10,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdclake.config import CatalogConfig, PipelineConfig
+from cdclake.config import CatalogConfig, CatalogType, PipelineConfig
 from cdclake.exceptions import ConfigError
 from cdclake.jvm import DRIVER_OPTIONS, driver_java_options, resolves_by_range
 
@@ -47,7 +47,7 @@ def spark_jars(pipeline: PipelineConfig) -> list[Path]:
     io_impl = catalog.properties.get("io-impl", "")  # files on S3: S3FileIO and the AWS SDK
     if catalog.warehouse.startswith(S3_SCHEMES) or io_impl.endswith("S3FileIO"):
         needed.append(SparkJar.ICEBERG_AWS)
-    if catalog.type == "jdbc":
+    if catalog.type == CatalogType.JDBC:
         needed.append(SparkJar.POSTGRES_JDBC)
     how = (
         f"run `python -m cdclake local up` (it resolves stack/spark/pom.xml from Maven Central) "
@@ -85,7 +85,7 @@ def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": catalog.type,
+        f"{prefix}.type": str(catalog.type),
         f"{prefix}.uri": catalog.uri,
         f"{prefix}.warehouse": catalog.warehouse,
         **_catalog_timeouts(prefix, catalog),
@@ -99,7 +99,7 @@ def _catalog_timeouts(prefix: str, catalog: CatalogConfig) -> dict[str, str]:
     """The pipeline's timeouts for Iceberg's own catalog clients (the JDBC driver's
     properties in seconds; pgjdbc waits for a login forever by default)."""
     connect, request = catalog.timeouts.connect_s, catalog.timeouts.request_s
-    if catalog.type == "jdbc":
+    if catalog.type == CatalogType.JDBC:
         return {
             f"{prefix}.jdbc.connectTimeout": str(max(1, round(connect))),
             f"{prefix}.jdbc.loginTimeout": str(max(1, round(connect))),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote as urlquote
 from urllib.parse import urlencode, urlsplit
 
-from cdclake.config import CatalogConfig, PipelineConfig, TableConfig
+from cdclake.config import CatalogConfig, CatalogType, PipelineConfig, TableConfig
 from cdclake.exceptions import ConfigError, EndpointError
 from cdclake.iceberg.maintenance import PROPERTY_LAST_RUN
 from cdclake.iceberg.snapshots import committed_from_snapshots, expired_ancestor_error
@@ -78,7 +78,7 @@ def load_catalog(catalog: CatalogConfig):
     is an EndpointError naming its host and port and what to check."""
     props = {k: v for k, v in catalog.properties.items() if not k.startswith("jdbc.")}
     try:
-        if catalog.type == "jdbc":
+        if catalog.type == CatalogType.JDBC:
             from pyiceberg.catalog.sql import SqlCatalog
 
             def connect():
@@ -98,9 +98,8 @@ def load_catalog(catalog: CatalogConfig):
         raise
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        what = (
-            "its database runs there" if catalog.type == "jdbc" else "the REST service runs there"
-        )
+        jdbc = catalog.type == CatalogType.JDBC
+        what = "its database runs there" if jdbc else "the REST service runs there"
         raise EndpointError(
             f"Iceberg catalog at {catalog_endpoint(catalog)} ({catalog.uri}) could not be "
             f"reached (timeouts: connect {catalog.timeouts.connect_s:g}s, request "

@@ -1,10 +1,11 @@
 from pathlib import Path
 
 import pytest
-from cdclake.config import DeleteMode, OnError
+from cdclake.config import CatalogType, DeleteMode, OnError
 from cdclake.debezium.formats import WireFormat
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline_file import load_pipeline
+from cdclake.spark import catalog_spark_conf
 from cdclake_control.pipelines import read_pipelines
 
 VALID = """
@@ -233,6 +234,61 @@ def test_bad_section_names_file_and_field(tmp_path, section, field, problem):
         load_pipeline(path)
     assert str(path) in str(err.value)
     assert f": {field}: {problem}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "type_line, problem",
+    [("type: jdbc", None), ("type: rest", None),  # the two catalogs
+     ("type: glue", "catalog.type: 'glue' is not one of ['jdbc', 'rest']"),  # not one
+     ("type: JDBC", "catalog.type: 'JDBC' is not one of ['jdbc', 'rest']"),  # spelled so
+     ("type: ''", "catalog.type: must not be empty"),
+     ("type: null", "catalog.type: is required")],  # given as nothing
+)  # fmt: skip
+def test_the_catalog_type_is_one_of_the_catalogs(tmp_path, type_line, problem):
+    path = write(tmp_path, VALID.replace("type: jdbc", type_line))
+    if problem is not None:
+        with pytest.raises(ConfigError) as err:
+            load_pipeline(path)
+        assert str(err.value) == f"{path}: {problem}"
+        return
+    catalog = load_pipeline(path).catalog
+    assert catalog.type is CatalogType(type_line.split()[-1])
+    # Spark's setting is the plain string
+    assert type(catalog_spark_conf(catalog)["spark.sql.catalog.lake.type"]) is str
+    assert catalog_spark_conf(catalog)["spark.sql.catalog.lake.type"] == catalog.type.value
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [(("tables:", "source: {signal_table: nodot}\ntables:"),
+      "source.signal_table: 'nodot' must be '<schema>.<table>'"),  # one part
+     (("tables:", "source: {signal_table: a.b.c}\ntables:"),
+      "source.signal_table: 'a.b.c' must be '<schema>.<table>'"),  # three parts
+     (("tables:", "source: {signal_table: 'public.sig*'}\ntables:"),
+      "source.signal_table: 'public.sig*' must be '<schema>.<table>'"),  # never a pattern
+     (("  - public.orders", "  - orders"),
+      "tables[0].source: 'orders' must be '<schema>.<table>'"),  # a table as a string
+     (("source: public.items", "source: public.items-2"),
+      "tables[1].source: 'public.items-2' must be '<schema>.<table>'"),  # as a mapping
+     (("  - public.orders", "  - public.ord-*"),
+      "tables[0].source: 'public.ord-*' must be '<schema>.<table>' (a pattern may use * and ?)"),
+     (("  - public.orders", "  - 'public.*.x?'"),
+      "tables[0].source: 'public.*.x?' must be '<schema>.<table>' (a pattern may use * and ?)")],
+)  # fmt: skip
+def test_a_source_table_name_is_schema_dot_table(tmp_path, change, problem):
+    path = write(tmp_path, VALID.replace(*change))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert str(err.value) == f"{path}: {problem}"
+
+
+def test_a_source_table_may_be_a_pattern_and_the_signal_table_is_kept(tmp_path):
+    text = VALID.replace("  - public.orders", "  - 'pub?ic.ord*'").replace(
+        "tables:", "source: {signal_table: ops.signals}\ntables:"
+    )
+    p = load_pipeline(write(tmp_path, text))
+    assert [t.source for t in p.patterns] == ["pub?ic.ord*"]
+    assert p.source.signal_table == "ops.signals"
 
 
 def test_the_wire_format_is_read_from_the_kafka_section(tmp_path, monkeypatch):

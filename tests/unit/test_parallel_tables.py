@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cdclake.batch import TableResult
+from cdclake.batch import LoadStatus, TableResult
 from cdclake.config import CatalogConfig, KafkaConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import CommitConflictError
 from cdclake.job import _run_tables
@@ -25,7 +25,7 @@ def load_factory(fail: dict[str, Exception], delays: dict[str, float] | None = N
         time.sleep((delays or {}).get(table.target, 0.05))  # busy while the rest are submitted
         if table.target in fail:
             raise fail[table.target]
-        return TableResult(table=table.target, topic=table.source, status="committed")
+        return TableResult(table=table.target, topic=table.source, status=LoadStatus.COMMITTED)
 
     return load, threads
 

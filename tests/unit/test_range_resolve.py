@@ -23,7 +23,6 @@ from cdclake.resolve.ranges import (
     RangeFold,
     RangeSummary,
     TopicPlan,
-    _read_range,
     key_hashes,
     range_task,
 )
@@ -155,17 +154,17 @@ def test_a_range_folded_in_steps_resolves_as_in_one(seed):
 
 
 def folded(parts: dict[int, list], partition: int, batch: int = 7):
-    """One range of `parts` read and folded: the fold, its rows (sorted by key) and
-    summary."""
+    """One range of `parts` read and resolved by `range_task`: the topic's plan, the
+    range's rows (sorted by key) and summary."""
     plan = plan_of(parts)
     r = next(h for h in heads(parts) if h["partition"] == partition)
-    fold = _read_range(reader_of(parts, batch), r, RangeFold(plan, partition))
-    out = list(fold.finish())
+    task = range_task(reader_of(parts, batch), {TOPIC: plan})
+    out = list(task(iter([pa.RecordBatch.from_pylist([r])])))
     (summary,), (hashes,) = ends(out)
     table = pa.Table.from_batches(out)
     rows = table.filter(pc.is_null(table[META_COLUMN])).drop([META_COLUMN, KEYS_COLUMN])
     names = plan.schema.key_names
-    return fold, rows.sort_by([(n, "ascending") for n in names]), (summary, sorted(hashes))
+    return plan, rows.sort_by([(n, "ascending") for n in names]), (summary, sorted(hashes))
 
 
 def toast_history(seed: int) -> tuple[list, dict[int, dict], dict[int, dict]]:
@@ -304,7 +303,7 @@ def test_a_truncate_starts_the_range_again(spark, batch):
         (key_record(4), None),
     ]  # fmt: skip
     parts = {0: records}
-    fold, rows, (summary, _) = folded(parts, 0, batch=batch)
+    _, rows, (summary, _) = folded(parts, 0, batch=batch)
     assert summary.truncate == [5, 15] and summary.reason is None
     assert rows.column("id").to_pylist() == [2, 4]
     out, _ = range_rows(parts, batch=batch)
@@ -405,8 +404,8 @@ def test_keys_of_text_or_of_two_columns_fold_as_columns(names):
     k = pair_key(gone, names)
     records += [(k, v("d", gone, None, lsn=lsn + 1, columns=PAIR_COLUMNS)), (k, None)]
     parts = {0: records}
-    fold, rows, (summary, _) = folded(parts, 0, batch=40)
-    assert summary.reason is None and fold.schema.key_names == tuple(names)
+    plan, rows, (summary, _) = folded(parts, 0, batch=40)
+    assert summary.reason is None and plan.schema.key_names == tuple(names)
     assert rows.num_rows == len({tuple(r[n] for n in names) for r in rows.to_pylist()}) > 4
     assert 0 < pc.sum(rows[DELETED]).as_py() < rows.num_rows
 

@@ -61,7 +61,7 @@ class MaintenanceStatus(StrEnum):
     MISSING = "missing"  # the table does not exist yet
 
 
-@dataclass
+@dataclass(frozen=True)
 class TableMaintenance:
     """What maintenance did to one table (file counts are of the current snapshot)."""
 
@@ -175,35 +175,38 @@ def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: 
         return TableMaintenance(table=qualified, status=MaintenanceStatus.MISSING, run_id=run_id)
     settings = pipeline.maintenance
     started = time.monotonic()
-    result = TableMaintenance(table=qualified, status=MaintenanceStatus.MAINTAINED, run_id=run_id)
     # sweeps the files of loads that died before their commit
-    result.dead_load_files_removed = leases.take(qualified)
+    figures: dict = {"dead_load_files_removed": leases.take(qualified)}
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
-    result.snapshots_before = _count_snapshots(spark, qualified)
-    result.data_files_before, result.delete_files_before = _count_files(spark, qualified)
+    figures["snapshots_before"] = _count_snapshots(spark, qualified)
+    figures["data_files_before"], figures["delete_files_before"] = _count_files(spark, qualified)
 
-    offsets = _rewrite_files(spark, qualified, settings, result, offsets)
-    offsets = _expire(spark, qualified, settings, now_ms, result, offsets)
+    offsets = _rewrite_files(spark, qualified, settings, figures, offsets)
+    offsets = _expire(spark, qualified, settings, now_ms, figures, offsets)
 
-    result.orphan_files_removed = remove_orphans(
+    figures["orphan_files_removed"] = remove_orphans(
         spark, fresh_table(spark, qualified), now_ms - settings.orphan_older_than_hours * HOUR_MS
     )
     offsets = _checked(spark, qualified, "remove_orphan_files", offsets)
 
-    result.snapshots_after = _count_snapshots(spark, qualified)
-    result.data_files_after, result.delete_files_after = _count_files(spark, qualified)
+    figures["snapshots_after"] = _count_snapshots(spark, qualified)
+    figures["data_files_after"], figures["delete_files_after"] = _count_files(spark, qualified)
     ancestors = jvm_ancestors(fresh_table(spark, qualified), qualified)
-    result.offsets_snapshot_id = next(
+    figures["offsets_snapshot_id"] = next(
         (snapshot_id for snapshot_id, _, s in ancestors if SUMMARY_OFFSETS in s), None
     )
+    figures["offsets"] = {}
     for (topic, partition), offset in sorted(offsets.items()):
-        result.offsets.setdefault(topic, {})[str(partition)] = offset
+        figures["offsets"].setdefault(topic, {})[str(partition)] = offset
     ledger = deleted_keys_table(qualified)
     if spark.catalog.tableExists(ledger):
         with _conflicts_reported(ledger, "prune_deleted_keys"):
-            result.ledger_rows_pruned = prune_deleted_keys(spark, qualified)
-        result.side_tables[ledger] = maintain_side_table(spark, ledger, settings, now_ms)
-    result.seconds = round(time.monotonic() - started, 3)
+            figures["ledger_rows_pruned"] = prune_deleted_keys(spark, qualified)
+        figures["side_tables"] = {ledger: maintain_side_table(spark, ledger, settings, now_ms)}
+    result = TableMaintenance(
+        table=qualified, status=MaintenanceStatus.MAINTAINED, run_id=run_id,
+        seconds=round(time.monotonic() - started, 3), **figures,
+    )  # fmt: skip
     # a metadata-only commit: Iceberg re-applies it on top of a concurrent load
     fresh_table(spark, qualified).updateProperties().set(
         PROPERTY_LAST_RUN, json.dumps(asdict(result), sort_keys=True)
@@ -220,9 +223,9 @@ def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: 
     return result
 
 
-def _rewrite_files(spark, qualified: str, settings, result: TableMaintenance,
-                   offsets: dict) -> dict:  # fmt: skip
-    """Compact data files, then rewrite position deletes; the offsets, checked after each."""
+def _rewrite_files(spark, qualified: str, settings, figures: dict, offsets: dict) -> dict:
+    """Compact data files, then rewrite position deletes, their counts into `figures`;
+    the offsets, checked after each."""
     actions = spark_actions(spark)
     with _conflicts_reported(qualified, "rewrite_data_files"):
         rewrite = (
@@ -234,9 +237,9 @@ def _rewrite_files(spark, qualified: str, settings, result: TableMaintenance,
             .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_data_files")
             .execute()
         )
-    result.data_files_rewritten = rewrite.rewrittenDataFilesCount()
-    result.data_files_added = rewrite.addedDataFilesCount()
-    result.delete_files_removed_by_rewrite = rewrite.removedDeleteFilesCount()
+    figures["data_files_rewritten"] = rewrite.rewrittenDataFilesCount()
+    figures["data_files_added"] = rewrite.addedDataFilesCount()
+    figures["delete_files_removed_by_rewrite"] = rewrite.removedDeleteFilesCount()
     offsets = _checked(spark, qualified, "rewrite_data_files", offsets)
 
     with _conflicts_reported(qualified, "rewrite_position_delete_files"):
@@ -249,15 +252,16 @@ def _rewrite_files(spark, qualified: str, settings, result: TableMaintenance,
             .snapshotProperty(SUMMARY_MAINTENANCE, "rewrite_position_delete_files")
             .execute()
         )
-    result.delete_files_rewritten = deletes.rewrittenDeleteFilesCount()
-    result.delete_files_added = deletes.addedDeleteFilesCount()
+    figures["delete_files_rewritten"] = deletes.rewrittenDeleteFilesCount()
+    figures["delete_files_added"] = deletes.addedDeleteFilesCount()
     offsets = _checked(spark, qualified, "rewrite_position_delete_files", offsets)
     return offsets
 
 
-def _expire(spark, qualified: str, settings, now_ms: int, result: TableMaintenance,
+def _expire(spark, qualified: str, settings, now_ms: int, figures: dict,
             offsets: dict) -> dict:  # fmt: skip
-    """Expire old snapshots, keeping the newest with offsets; the offsets, checked."""
+    """Expire old snapshots, keeping the newest with offsets, the counts into `figures`;
+    the offsets, checked."""
     ice = fresh_table(spark, qualified)
     before_expiry = _count_snapshots(spark, qualified)
     ancestry = []  # down to the newest snapshot with offsets: older ones may be expired
@@ -271,12 +275,12 @@ def _expire(spark, qualified: str, settings, now_ms: int, result: TableMaintenan
     with _conflicts_reported(qualified, "expire_snapshots"):
         expired = spark_actions(spark).expireSnapshots(ice).expireOlderThan(older_than)
         expired = expired.retainLast(retain).execute()
-    result.files_deleted_by_expiry = int(
+    figures["files_deleted_by_expiry"] = int(
         expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
         + expired.deletedEqualityDeleteFilesCount()
     )  # fmt: skip
     offsets = _checked(spark, qualified, "expire_snapshots", offsets)
-    result.snapshots_expired = max(0, before_expiry - _count_snapshots(spark, qualified))
+    figures["snapshots_expired"] = max(0, before_expiry - _count_snapshots(spark, qualified))
     return offsets
 
 

@@ -49,6 +49,15 @@ class Placement(Enum):
         """Step 2: Spark tasks read and resolve a big batch range by range."""
         return self in (Placement.AUTO, Placement.RANGES)
 
+    def first_step(self, records: int, limit: int, from_kafka: bool,
+                   readable: bool) -> Placement:  # fmt: skip
+        """The step that reads a batch of `records` records: `DRIVER` (step 1, as
+        `driver_reads` says), else `RANGES` (step 2) when this placement takes it and the
+        source is one Spark tasks read range by range (`readable`), else `TASKS`."""
+        if self.driver_reads(records, limit, from_kafka, readable):
+            return Placement.DRIVER
+        return Placement.RANGES if self.by_range and readable else Placement.TASKS
+
 
 @dataclass(frozen=True)
 class Tuning:

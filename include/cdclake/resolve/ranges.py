@@ -271,12 +271,6 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
     return task
 
 
-def _read_range(reader: RangeReader, r: dict, fold: RangeFold) -> RangeFold:
-    for _ in _folding(reader, r, fold):  # a keyed fold returns its rows at `finish`
-        raise AssertionError("a range without a key returns its rows as it reads")
-    return fold
-
-
 def _folding(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
     """Read the range into `fold` until it is read whole or the fold stops, returning
     what it has to return as it reads (`drain`); the reader is closed either way."""
