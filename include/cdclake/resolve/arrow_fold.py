@@ -77,12 +77,10 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
                           for side in ("key", "after", "before")))
             for k in schema.key_names]  # fmt: skip
     truncate = last_truncate(changes)
-    at = applied(changes, keys, truncate)
+    at = pa.array(applied(changes, keys, truncate))
+    picked = changes
     if len(at) < changes.num_rows:  # a take copies every column
-        picked, at = changes.take(pa.array(at)), pa.array(at)
-        keys = [k.take(at) for k in keys]
-    else:
-        picked = changes
+        picked, keys = changes.take(at), [k.take(at) for k in keys]
     toasty = toastable(schema)
     real, found = [], False
     for c in toasty:
