@@ -597,3 +597,20 @@ def _new_source(stack, stem: str, columns: str, values: str, rows: int) -> tuple
         conn.execute(f"create table {source} ({columns})")
         conn.execute(f"insert into {source} select {values} from generate_series(1, {rows}) i")
     return source, name
+
+
+@pytest.mark.parametrize("kind", ["tinyint", "smallint", "int", "bigint"])
+def test_a_key_filter_is_written_in_its_columns_type(spark, kind):
+    """Spark reads each value of a MERGE's key filter as a literal of the key column's
+    type: no cast of each of them to plan, and the same rows pass."""
+    from cdclake.debezium.schema import Column, TopicSchema
+    from cdclake.iceberg.merge_sql import key_filter_sql
+
+    key = Column("k", kind, False)
+    condition = key_filter_sql(TopicSchema(key=(key,), columns=(key,)), {"k": [-3, 7, 100]})
+    spark.sql(f"SELECT CAST(k AS {kind}) AS k FROM VALUES (-3), (5), (100) AS v(k)") \
+        .createOrReplaceTempView("key_filter_t")  # fmt: skip
+    df = spark.sql(f"SELECT k FROM key_filter_t t WHERE true {condition}")
+    filtered = df._jdf.queryExecution().analyzed().toString().split("Filter", 1)[1]
+    assert "cast" not in filtered.split("\n", 1)[0].lower()
+    assert sorted(r.k for r in df.collect()) == [-3, 100]

@@ -12,7 +12,7 @@ ONE_KEY = TopicSchema(key=(ID,), columns=(ID, Column("name", "string")))
 def test_the_keys_go_into_the_join_condition_on_the_table_alone():
     sql = build_merge_sql("lake.ns.t", "src", ONE_KEY, key_values={"id": [3, 10, 42]})
     on = sql.split(" WHEN ", 1)[0]
-    assert on.endswith("ON t.`id` = s.`id` AND t.`id` IN (3, 10, 42)")
+    assert on.endswith("ON t.`id` = s.`id` AND t.`id` IN (3L, 10L, 42L)")
     assert "IN (" not in build_merge_sql("lake.ns.t", "src", ONE_KEY)
 
 
@@ -25,7 +25,7 @@ def test_text_and_composite_keys_filter_each_key_column():
                           key_values={"id": [1, 2], "code": ["a b", "é"]})  # fmt: skip
     on = sql.split(" WHEN ", 1)[0]
     assert on.endswith(
-        "ON t.`id` = s.`id` AND t.`code` = s.`code` AND t.`id` IN (1, 2) "
+        "ON t.`id` = s.`id` AND t.`code` = s.`code` AND t.`id` IN (1L, 2L) "
         "AND t.`code` IN ('a b', 'é')"
     )
 
@@ -121,3 +121,13 @@ def test_a_property_the_pipeline_no_longer_names_is_unset_or_set_back():
     assert property_changes(unrecorded, {}) == ({PIPELINE_PROPERTIES: "[]"}, [])
     garbled = {**current, PIPELINE_PROPERTIES: "not json"}
     assert property_changes(garbled, {"a": "1"})[1] == []
+
+
+@pytest.mark.parametrize(
+    "kind, written",
+    [("tinyint", "-3Y, 7Y"), ("smallint", "-3S, 7S"), ("int", "-3, 7"), ("bigint", "-3L, 7L")],
+)
+def test_integer_keys_are_written_as_literals_of_their_column_type(kind, written):
+    key = Column("k", kind, False)
+    on = key_filter_sql(TopicSchema(key=(key,), columns=(key,)), {"k": [-3, 7]})
+    assert on == f" AND t.`k` IN ({written})"

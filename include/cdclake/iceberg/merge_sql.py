@@ -205,11 +205,17 @@ def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyR
         if kind == "string":
             items = [_string_literal(v) for v in values if v is not None]
         else:
-            items = [str(int(v)) for v in values if v is not None]
+            suffix = _LITERAL_SUFFIX[kind]
+            items = [f"{int(v)}{suffix}" for v in values if v is not None]
         if not items:
             raise ValueError(f"a key filter needs a value of {name!r}")
         parts.append(f" AND t.{quote(name)} IN ({', '.join(items)})")
     return "".join(parts)
+
+
+# each value written in its column's type: an untyped literal is an int, and Spark would
+# cast each of a bigint column's thousands of them while planning (docs/performance.md)
+_LITERAL_SUFFIX = {"tinyint": "Y", "smallint": "S", "int": "", "bigint": "L"}
 
 
 def _string_literal(value: str) -> str:
