@@ -14,8 +14,10 @@ from cdclake_bench.events import Workload
 from cdclake_bench.pipeline import bench_pipeline
 from cdclake_bench.sources import fill_select
 
-# batches into each table of the `merge_scaling` step (its figure: their medians)
-MERGE_ROUNDS = 3
+# batches into each table of the `merge_scaling` step (its figure: their medians), after
+# one untimed batch into each: the first MERGEs of a session compile Spark's and
+# Iceberg's code, which would weigh on whichever table goes first
+MERGE_ROUNDS = 5
 
 
 class ScalingSteps:
@@ -26,13 +28,16 @@ class ScalingSteps:
         """A batch of `merge_batch` changes on random keys MERGEd into a table of each
         size: both tables filled first, then `MERGE_ROUNDS` batches into each, small and
         big alternating (each batch new offsets, new keys); the figure is the ratio of
-        their medians, so one slow second on a shared machine does not decide it."""
+        their medians, so one slow second on a shared machine does not decide it. One
+        untimed batch into each table first."""
         batch = self.sizes.merge_batch
         tables = {rows: self._filled_table(rows) for rows in self.sizes.merge_rows}
         walls: dict[int, list[float]] = {rows: [] for rows in tables}
-        for i in range(MERGE_ROUNDS):
+        for i in range(MERGE_ROUNDS + 1):
             for rows, pipeline in tables.items():
-                walls[rows].append(self._merge_batch(pipeline, rows, batch, i))
+                wall = self._merge_batch(pipeline, rows, batch, i)
+                if i:
+                    walls[rows].append(wall)
         for pipeline in tables.values():
             self.spark.sql(f"DROP TABLE {pipeline.qualified_target(pipeline.tables[0])} PURGE")
         median = {rows: statistics.median(w) for rows, w in walls.items()}
