@@ -228,8 +228,8 @@ JVM_NAMES = (
 # partition (`SMALL_BATCH_PARTITIONS`): each task carries the whole plan, and
 # deserialising it for each of a dozen near-empty tasks cost more than the rows.
 # Shuffles keep their partitions and adaptive execution: a small batch's MERGE into a
-# 10M-row table took 16.2 s with one shuffle partition and no adaptive execution (which
-# turns the join into a broadcast), 10.1 s with them.
+# 10M-row table took 16.2 s with one shuffle partition and no adaptive execution, 10.1 s
+# with them.
 SMALL_BATCH_RECORDS = 10_000
 SMALL_BATCH_CONF = {
     "spark.sql.codegen.wholeStage": "false",
