@@ -31,6 +31,7 @@ from cdclake_bench.report import (
     stage_seconds,
 )
 from cdclake_bench.runner import Sizes, run_bench
+from cdclake_bench.scaling import MERGE_ROUNDS
 from cdclake_bench.sources import _file_name, recorded_ranges
 from cdclake_control.catalog import load_catalog
 
@@ -374,7 +375,7 @@ def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):
 
     merges = details["merge_scaling"]
     assert set(merges) == {"batch", "walls_s", *(f"rows_{n}_s" for n in sizes.merge_rows)}
-    assert [len(w) for w in merges["walls_s"].values()] == [3, 3]
+    assert [len(w) for w in merges["walls_s"].values()] == [MERGE_ROUNDS] * 2  # timed ones
     assert details["capture"]["rows"] == sizes.capture_rows
     v3 = details["deletes_v3"]
     assert [len(v3["walls_s"][v]) for v in ("2", "3")] == [sizes.v3_batches] * 2
