@@ -171,7 +171,11 @@ def _truncated(truncate_lsn: int | None, soft_delete: bool) -> str:
     return f" WHEN NOT MATCHED BY SOURCE AND {below} THEN {gone_rows}"
 
 
-INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
+# each integer type's SQL literal suffix: a key filter writes its values in their column's
+# type, since Spark reads an untyped literal as an int and would cast each of a bigint
+# column's thousands of them while planning (docs/performance.md)
+LITERAL_SUFFIX = {"tinyint": "Y", "smallint": "S", "int": "", "bigint": "L"}
+INTEGER_TYPES = tuple(LITERAL_SUFFIX)
 KEY_FILTER_TYPES = (*INTEGER_TYPES, "string")
 
 
@@ -205,17 +209,12 @@ def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyR
         if kind == "string":
             items = [_string_literal(v) for v in values if v is not None]
         else:
-            suffix = _LITERAL_SUFFIX[kind]
+            suffix = LITERAL_SUFFIX[kind]
             items = [f"{int(v)}{suffix}" for v in values if v is not None]
         if not items:
             raise ValueError(f"a key filter needs a value of {name!r}")
         parts.append(f" AND t.{quote(name)} IN ({', '.join(items)})")
     return "".join(parts)
-
-
-# each value written in its column's type: an untyped literal is an int, and Spark would
-# cast each of a bigint column's thousands of them while planning (docs/performance.md)
-_LITERAL_SUFFIX = {"tinyint": "Y", "smallint": "S", "int": "", "bigint": "L"}
 
 
 def _string_literal(value: str) -> str:
