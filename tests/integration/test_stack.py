@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import psycopg
 import pytest
+from cdclake_local.postgres import LocalPostgres
 from cdclake_local.procs import pid_alive
 
 from tests.conftest import ROOT
@@ -147,3 +149,38 @@ def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
         assert catalog_oid(status) == catalog
     finally:
         cli(state, "down")
+
+
+def databases(postgres: LocalPostgres) -> set[str]:
+    with psycopg.connect(postgres.dsn, connect_timeout=10) as conn:
+        return {r[0] for r in conn.execute("select datname from pg_database")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's clusters live apart from the state")
+@pytest.mark.parametrize("left_running", [False, True])
+def test_a_new_state_directory_never_adopts_the_cluster_of_a_deleted_one(tmp_path, left_running):
+    """Run as root, a cluster lives under /var/lib/cdclake when the `postgres` user cannot
+    reach the state directory; a state directory made again at the same path starts
+    empty, whether the old cluster was stopped or left running."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)  # the postgres user cannot traverse it
+    old = LocalPostgres(private / "postgres", PG_PORT)
+    assert not old.home.is_relative_to(private)
+    try:
+        old.start()
+        old.ensure_database("left_behind")
+        old_pid = old.pid()
+    finally:
+        if not left_running:
+            old.stop()
+    shutil.rmtree(private / "postgres")
+
+    new = LocalPostgres(private / "postgres", PG_PORT)
+    assert new.home == old.home
+    try:
+        new.start()
+        assert "left_behind" not in databases(new)
+        assert not pid_alive(old_pid)
+    finally:
+        new.stop()
+        shutil.rmtree(new.home, ignore_errors=True)

@@ -146,6 +146,8 @@ class LocalPostgres:
         return pid is not None and pid_alive(pid) and self.is_ready()
 
     def start(self) -> None:
+        if not (self.root / "location").exists():
+            self._discard_orphan()
         if self.running():
             return
         if port_in_use(self.port):
@@ -183,6 +185,16 @@ class LocalPostgres:
                 f"{res.stderr.strip() or res.stdout.strip()} (log: {self.logfile})"
             )
         wait_for(f"PostgreSQL on 127.0.0.1:{self.port}", self.is_ready, 60, self.logfile)
+
+    def _discard_orphan(self) -> None:
+        """A new state directory whose cluster lives elsewhere finds there the cluster of an
+        earlier, deleted state directory at the same path: no stack owns it any more, and
+        its data is not this stack's. It is stopped and removed."""
+        if self.home == self.root or not self.home.exists():
+            return
+        log.info("removing %s, the cluster of an earlier state directory %s", self.home, self.root)
+        self.stop()
+        shutil.rmtree(self.home)
 
     def stop(self) -> bool:
         if not (self.data / "postmaster.pid").exists():
