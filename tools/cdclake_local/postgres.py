@@ -88,6 +88,7 @@ class LocalPostgres:
 
     def __init__(self, root: Path, port: int) -> None:
         self.root = root
+        self.marker = root / "location"  # where the cluster lives, once it was made
         self.port = port
         self.home = self._home()
         self.data = self.home / "data"
@@ -95,9 +96,8 @@ class LocalPostgres:
         self.logfile = self.home / "postgres.log"
 
     def _home(self) -> Path:
-        marker = self.root / "location"
-        if marker.exists():
-            return Path(marker.read_text().strip())
+        if self.marker.exists():
+            return Path(self.marker.read_text().strip())
         if os.geteuid() != 0:
             return self.root
         self._owner()
@@ -146,7 +146,7 @@ class LocalPostgres:
         return pid is not None and pid_alive(pid) and self.is_ready()
 
     def start(self) -> None:
-        if not (self.root / "location").exists():
+        if not self.marker.exists():
             self._discard_orphan()
         if self.running():
             return
@@ -157,7 +157,7 @@ class LocalPostgres:
             )
         bindir = ensure_installed()
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "location").write_text(f"{self.home}\n")
+        self.marker.write_text(f"{self.home}\n")
         self.home.mkdir(parents=True, exist_ok=True)
         self.sockdir.mkdir(exist_ok=True)
         owner = self._owner()
