@@ -28,8 +28,10 @@ class LoadStatus(StrEnum):
     SKIPPED = "skipped"  # nothing to write: only tombstones for a table not created yet
 
 
-@dataclass
+@dataclass(frozen=True)
 class TableResult:
+    """What a table's load did with the batch, built once when it is done."""
+
     table: str
     topic: str
     status: LoadStatus
@@ -38,7 +40,7 @@ class TableResult:
     deletes: int = 0
     dead_letters: int = 0
     truncated: bool = False
-    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    offsets: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # where the changes were decoded and resolved: "driver" (a small batch), "ranges" (in
     # the Spark task that read each Kafka partition's range) or "tasks" (in Spark tasks
     # over all the records of their keys); empty when the table had nothing to load
@@ -52,7 +54,7 @@ class TableResult:
     # its tables), then this table's `state` (table state and schema check), `resolve`
     # (decode, check, resolve) and `write` (table DDL, deleted-keys ledger, MERGE or append,
     # commit)
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,13 +64,16 @@ class TableResult:
 class Resolved:
     """A table's resolved rows (persisted: the load unpersists them) and what the resolve
     found: the last truncate, the rows per deleted flag, the latest source time (epoch
-    ms), and whether rows may hold TOAST placeholders."""
+    ms), whether rows may hold TOAST placeholders, where they were resolved
+    (`TableResult.resolved_by`) and how many records it set aside."""
 
     rows: object
     truncate: Truncate | None
     counts: Mapping[bool, int]
     max_ms: int | None
     toast: bool
+    by: str
+    dead_letters: int = 0
     cached: object = None  # the persisted frame the rows come from, when not the rows
 
     def release(self) -> None:

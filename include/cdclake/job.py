@@ -240,9 +240,9 @@ def _load_table(
     qualified = pipeline.qualified_target(table)
     topic = pipeline.topic_for(table)
     records = sum(r.size for r in ranges)
-    result = TableResult(table=qualified, topic=topic, status=LoadStatus.SKIPPED, records=records)
-    result.seconds["read"] = round(batch.read_seconds, 3)
-    clock = _Clock(result.seconds)
+    seconds = {"read": round(batch.read_seconds, 3)}
+    done = partial(TableResult, table=qualified, topic=topic, records=records, seconds=seconds)
+    clock = _Clock(seconds)
     state = table_state(spark, qualified)
     batch.compile_for(qualified, state.rows)
     committed = state.committed
@@ -253,8 +253,7 @@ def _load_table(
         ends = {tp: max(end, committed.get(tp, 0)) for tp, end in ends.items()}
     elif _check_plan_start(qualified, committed, ranges):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
-        result.status = LoadStatus.ALREADY_COMMITTED
-        return result
+        return done(status=LoadStatus.ALREADY_COMMITTED)
     known = table_columns(spark, qualified) if state.exists else {}
     ranged = batch.ranged.get(topic)
     if ranged is not None and known != ranged.known:
@@ -263,10 +262,10 @@ def _load_table(
             "resolved; nothing was written. Plan again."
         )
     found = schemas
-    schemas, raw = set_aside_misfits(batch, table, topic, schemas, known, raw, result)
+    schemas, raw, misfits = set_aside_misfits(batch, table, topic, schemas, known, raw)
     if not schemas.get("value") and not state.exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
-        return result
+        return done(status=LoadStatus.SKIPPED, dead_letters=misfits)
     schema = topic_schema([s for _, s in schemas.get("key", [])],
                           [s for _, s in schemas.get("value", [])],
                           table.key, topic, table.exclude, known,
@@ -274,25 +273,27 @@ def _load_table(
     clock.lap("state")
     # no record was set aside: `raw` holds all the topic's records
     resolved = resolve_table(batch, topic, table, schema, schemas, schemas is found, raw,
-                              result)  # fmt: skip
+                              records)  # fmt: skip
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
-        after_id = write_table(batch, table, schema, state, known, new_offsets, resolved,
-                                result)  # fmt: skip
+        after_id, written_by = write_table(batch, table, schema, state, known, new_offsets,
+                                           resolved, records)  # fmt: skip
     finally:
         resolved.release()
     clock.lap("write")
-    result.status = LoadStatus.COMMITTED
-    result.truncated = resolved.truncate is not None
-    result.snapshot_id = after_id
+    offsets: dict[str, dict[str, int]] = {}
     for (t, p), o in sorted(new_offsets.items()):
-        result.offsets.setdefault(t, {})[str(p)] = o
+        offsets.setdefault(t, {})[str(p)] = o
+    upserts, deletes = resolved.counts.get(False, 0), resolved.counts.get(True, 0)
     log.info(
         "%s: committed %d records (%d upserts, %d deletes) in snapshot %s",
-        qualified, records, result.upserts, result.deletes, after_id,
+        qualified, records, upserts, deletes, after_id,
     )  # fmt: skip
-    return result
+    return done(status=LoadStatus.COMMITTED, upserts=upserts, deletes=deletes,
+                dead_letters=misfits + resolved.dead_letters, offsets=offsets,
+                truncated=resolved.truncate is not None, resolved_by=resolved.by,
+                written_by=written_by, snapshot_id=after_id)  # fmt: skip
 
 
 class _Clock:

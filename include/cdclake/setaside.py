@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from cdclake.batch import Batch, TableResult
+from cdclake.batch import Batch
 from cdclake.config import OnError, PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import column_types, misfit
@@ -41,16 +41,16 @@ def set_aside_misfits(
     schemas: dict[str, list[tuple[int, str]]],
     known: dict[str, str],
     raw,
-    result: TableResult,
 ):
     """Records whose schema version does not fit the table's columns (an incompatible
     type change in the source, e.g. text -> integer): fail naming the first of them, or
-    dead-letter them all and go on with the rest. Returns the schemas and records left."""
+    dead-letter them all and go on with the rest. Returns the schemas and records left,
+    and how many were set aside."""
     from pyspark.sql import functions as F
 
     rejected = misfits(table, topic, schemas, known, batch.pipeline.kafka.format)
     if not rejected:
-        return schemas, raw
+        return schemas, raw, 0
     reason = None
     for (side, sid), text in rejected.items():
         cond = F.col(f"{side}_schema_id") == F.lit(sid)
@@ -59,12 +59,12 @@ def set_aside_misfits(
     unfit = marked.where(F.col("_misfit").isNotNull())
     if batch.pipeline.on_error is OnError.DEAD_LETTER:
         dead = _dead_letter_rows(unfit, F.col("_misfit"))
-        result.dead_letters += batch.dead_letters(dead, dead.count())
+        count = batch.dead_letters(dead, dead.count())
         left = {
             side: [(sid, t) for sid, t in versions if (side, sid) not in rejected]
             for side, versions in schemas.items()
         }
-        return left, marked.where(F.col("_misfit").isNull()).drop("_misfit")
+        return left, marked.where(F.col("_misfit").isNull()).drop("_misfit"), count
     first = unfit.orderBy("partition", "offset").limit(1).collect()[0]
     target = batch.pipeline.qualified_target(table)
     if first._misfit.startswith(NOT_READABLE):

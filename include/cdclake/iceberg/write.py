@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from cdclake.batch import Batch, Resolved, TableResult
+from cdclake.batch import Batch, Resolved
 from cdclake.config import DeleteMode, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CommitConflictError
@@ -52,12 +52,12 @@ log = logging.getLogger(__name__)
 
 def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: TableState,
                  known: dict[str, str], new_offsets: dict, resolved: Resolved,
-                 result: TableResult) -> int | None:  # fmt: skip
-    """MERGE (or append) the resolved rows into the table, its new offsets in the same
-    commit; the id of the snapshot that carries them."""
+                 records: int) -> tuple[int | None, str]:  # fmt: skip
+    """MERGE (or append) the resolved rows of the batch's `records` records into the
+    table, its new offsets in the same commit: the id of the snapshot that carries them,
+    and how the rows were written (`TableResult.written_by`)."""
     spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
     truncate, counts = resolved.truncate, resolved.counts
-    result.upserts, result.deletes = counts.get(False, 0), counts.get(True, 0)
     with conflicts_reported(
         f"{qualified}: another run wrote to this table at the same time; this run's "
         "batch was not committed to it. Plan again."
@@ -71,7 +71,8 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         batch.leases.take(qualified)  # before any data file of it or its ledger
         present = {c.name for c in schema.columns}
         dropped = [n for n in lake_columns if n not in present]
-        props = _summary_properties(batch.plan.batch_id, new_offsets, result, resolved.max_ms)
+        props = _summary_properties(batch.plan.batch_id, new_offsets, records, counts,
+                                    resolved.max_ms)  # fmt: skip
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
         before_id = state.snapshot_id
@@ -85,7 +86,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             rows = _from_changed_keys(spark, qualified, rows, schema, state.exists)
         source = with_deleted_lsn(spark, qualified, rows, schema) if hard else rows
         source.createOrReplaceTempView(view)
-        if hard and result.deletes:
+        if hard and counts.get(True, 0):
             record_deleted_keys(spark, qualified, rows, schema)
         below = state.truncated_below
         if truncate is not None and truncate.lsn is not None:
@@ -107,7 +108,6 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             )  # fmt: skip
         else:
             merge_sql = build_append_sql(target, view, schema, soft_delete=soft)
-        result.written_by = "merge" if keyed and not first_load else "append"
         try:
             batch.leases.check(qualified)
             with commit_properties(spark, props), _staged(spark, qualified, before_id, stage,
@@ -120,7 +120,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             spark.catalog.dropTempView(view)
         after_id = _check_commit(spark, qualified, before_id, props)
         batch.leases.done(qualified)
-    return after_id
+    return after_id, "merge" if keyed and not first_load else "append"
 
 
 def _from_changed_keys(spark, qualified: str, rows, schema: TopicSchema, exists: bool):
@@ -167,15 +167,16 @@ def _from_changed_keys(spark, qualified: str, rows, schema: TopicSchema, exists:
     return joined.select(*filled)
 
 
-def _summary_properties(batch_id: str, offsets: dict, result: TableResult,
+def _summary_properties(batch_id: str, offsets: dict, records: int, counts: Mapping[bool, int],
                         max_ms: int | None) -> dict[str, str]:  # fmt: skip
-    """The snapshot summary a load's commit carries: its offsets, batch and figures."""
+    """The snapshot summary a load's commit carries: its offsets, batch and figures (the
+    resolved rows per deleted flag, `counts`)."""
     props = {
         SUMMARY_OFFSETS: encode_offsets(offsets),
         SUMMARY_BATCH: batch_id,
-        SUMMARY_RECORDS: str(result.records),
-        SUMMARY_UPSERTS: str(result.upserts),
-        SUMMARY_DELETES: str(result.deletes),
+        SUMMARY_RECORDS: str(records),
+        SUMMARY_UPSERTS: str(counts.get(False, 0)),
+        SUMMARY_DELETES: str(counts.get(True, 0)),
     }
     if max_ms is not None:
         props[SUMMARY_SOURCE_TS] = str(max_ms)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 
-from cdclake.batch import Batch, Resolved, TableResult
+from cdclake.batch import Batch, Resolved
 from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.reader import arrow_frame
 from cdclake.resolve.fold import resolve_rows
+from cdclake.resolve.placement import Placement
 from cdclake.resolve.rows import columns_ddl
 from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX
 from cdclake.resolve.tasks import (
@@ -31,33 +32,32 @@ log = logging.getLogger(__name__)
 
 def resolve_table(batch: Batch, topic: str, table: TableConfig, schema: TopicSchema,
                    schemas: dict[str, list[tuple[int, str]]], whole: bool, raw,
-                   result: TableResult) -> Resolved:  # fmt: skip
-    """The topic's changes resolved where they were read: range by range, in the driver
-    (`whole`: no record was set aside before, so the driver's rows are the topic's), or
-    in Spark tasks."""
+                   records: int) -> Resolved:  # fmt: skip
+    """The topic's changes (`records` of them in the batch) resolved where they were
+    read: range by range, in the driver (`whole`: no record was set aside before, so the
+    driver's rows are the topic's), or in Spark tasks."""
     key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
     ranged = batch.ranged.get(topic)
     if ranged is not None:
-        result.resolved_by = "ranges"
         got = ranged.accepted
-        return Resolved(ranged.rows, got.truncate, got.counts, got.max_source_ms, got.toast)
+        return Resolved(ranged.rows, got.truncate, got.counts, got.max_source_ms, got.toast,
+                        Placement.RANGES.value)  # fmt: skip
     if whole and batch.rows is not None:  # read by the driver
         import pyarrow.compute as pc
 
-        result.resolved_by = "driver"
         rows = batch.rows
         mine = rows.filter(pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"])))
         done = resolve_rows(mine, schema, key_schemas, value_schemas)
-        _bad_records(batch, topic, table, list(done.bad), result)
+        dead = _bad_records(batch, topic, table, list(done.bad))
         frame = arrow_frame(batch.spark, done.rows, done.ddl)
-        return Resolved(frame, done.truncate, done.counts, done.max_source_ms, done.toast)
-    result.resolved_by = "tasks"
+        return Resolved(frame, done.truncate, done.counts, done.max_source_ms, done.toast,
+                        Placement.DRIVER.value, dead)  # fmt: skip
     return _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas, value_schemas,
-                             result)  # fmt: skip
+                             records)  # fmt: skip
 
 
 def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema: TopicSchema,
-                      key_schemas: dict, value_schemas: dict, result: TableResult,
+                      key_schemas: dict, value_schemas: dict, records: int,
                       one_task: bool = False) -> Resolved:  # fmt: skip
     """The topic's records resolved by Spark tasks, each over all the records of its keys.
     Every record of a key has the same Kafka key text when the key is the Kafka key with
@@ -74,13 +74,13 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
     if not schema.key_names:
         spread = raw
     elif by_key:
-        spread = raw.repartition(max(1, -(-result.records // TASK_RECORDS)), "key_payload")
+        spread = raw.repartition(max(1, -(-records // TASK_RECORDS)), "key_payload")
     else:
         log.info("%s: resolved in one task (a configured key, several key schemas, or a "
                  "truncate)", topic)  # fmt: skip
         spread = raw.coalesce(1)
     task = resolve_task(schema, key_schemas, value_schemas)
-    out = spread.mapInArrow(task, columns_ddl(columns)).persist(cache_level(result.records))
+    out = spread.mapInArrow(task, columns_ddl(columns)).persist(cache_level(records))
     try:
         reports = out.where(F.col(REASON).isNotNull()).select(REASON).collect()
         found = TaskReports.of(r[0] for r in reports)
@@ -89,8 +89,8 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
                         "task", topic)  # fmt: skip
             out.unpersist()
             return _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
-                                     value_schemas, result, one_task=True)  # fmt: skip
-        _bad_records(batch, topic, table, found.bad, result)
+                                     value_schemas, records, one_task=True)  # fmt: skip
+        dead = _bad_records(batch, topic, table, found.bad)
     except BaseException:
         out.unpersist()
         raise
@@ -98,15 +98,15 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
     if not found.toast:  # no placeholder: the MERGE keeps no table value
         rows = rows.drop(*(n for n, _ in columns if n.startswith((TOAST_PREFIX, FROM_KEY_PREFIX))))
     return Resolved(rows, found.truncate, found.counts, found.max_source_ms, found.toast,
-                    cached=out)  # fmt: skip
+                    Placement.TASKS.value, dead, cached=out)  # fmt: skip
 
 
 def _bad_records(batch: Batch, topic: str, table: TableConfig,
-                 bad: list[tuple[int, int, str]], result: TableResult) -> None:  # fmt: skip
+                 bad: list[tuple[int, int, str]]) -> int:  # fmt: skip
     """Records that cannot be applied ((partition, offset, reason), in Kafka order): fail
-    the table naming the first, or set them all aside (`on_error`)."""
+    the table naming the first, or set them all aside (`on_error`); how many were."""
     if not bad:
-        return
+        return 0
     if batch.pipeline.on_error is not OnError.DEAD_LETTER:
         partition, offset, reason = bad[0]
         raise DecodeError(
@@ -118,4 +118,4 @@ def _bad_records(batch: Batch, topic: str, table: TableConfig,
         [(topic, p, o, None, None, why) for p, o, why in bad],
         "topic string, partition int, offset bigint, key string, value string, error string",
     )
-    result.dead_letters += batch.dead_letters(frame, len(bad))
+    return batch.dead_letters(frame, len(bad))
