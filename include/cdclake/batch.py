@@ -76,6 +76,14 @@ class Resolved:
     dead_letters: int = 0
     cached: object = None  # the persisted frame the rows come from, when not the rows
 
+    @property
+    def upserts(self) -> int:
+        return self.counts.get(False, 0)
+
+    @property
+    def deletes(self) -> int:
+        return self.counts.get(True, 0)
+
     def release(self) -> None:
         """Unpersist the rows (once written)."""
         (self.rows if self.cached is None else self.cached).unpersist()

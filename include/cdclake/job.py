@@ -285,12 +285,11 @@ def _load_table(
     offsets: dict[str, dict[str, int]] = {}
     for (t, p), o in sorted(new_offsets.items()):
         offsets.setdefault(t, {})[str(p)] = o
-    upserts, deletes = resolved.counts.get(False, 0), resolved.counts.get(True, 0)
     log.info(
         "%s: committed %d records (%d upserts, %d deletes) in snapshot %s",
-        qualified, records, upserts, deletes, after_id,
+        qualified, records, resolved.upserts, resolved.deletes, after_id,
     )  # fmt: skip
-    return done(status=LoadStatus.COMMITTED, upserts=upserts, deletes=deletes,
+    return done(status=LoadStatus.COMMITTED, upserts=resolved.upserts, deletes=resolved.deletes,
                 dead_letters=misfits + resolved.dead_letters, offsets=offsets,
                 truncated=resolved.truncate is not None, resolved_by=resolved.by,
                 written_by=written_by, snapshot_id=after_id)  # fmt: skip

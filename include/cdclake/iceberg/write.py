@@ -71,8 +71,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         batch.leases.take(qualified)  # before any data file of it or its ledger
         present = {c.name for c in schema.columns}
         dropped = [n for n in lake_columns if n not in present]
-        props = _summary_properties(batch.plan.batch_id, new_offsets, records, counts,
-                                    resolved.max_ms)  # fmt: skip
+        props = _summary_properties(batch.plan.batch_id, new_offsets, records, resolved)
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
         before_id = state.snapshot_id
@@ -86,7 +85,7 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             rows = _from_changed_keys(spark, qualified, rows, schema, state.exists)
         source = with_deleted_lsn(spark, qualified, rows, schema) if hard else rows
         source.createOrReplaceTempView(view)
-        if hard and counts.get(True, 0):
+        if hard and resolved.deletes:
             record_deleted_keys(spark, qualified, rows, schema)
         below = state.truncated_below
         if truncate is not None and truncate.lsn is not None:
@@ -167,19 +166,18 @@ def _from_changed_keys(spark, qualified: str, rows, schema: TopicSchema, exists:
     return joined.select(*filled)
 
 
-def _summary_properties(batch_id: str, offsets: dict, records: int, counts: Mapping[bool, int],
-                        max_ms: int | None) -> dict[str, str]:  # fmt: skip
-    """The snapshot summary a load's commit carries: its offsets, batch and figures (the
-    resolved rows per deleted flag, `counts`)."""
+def _summary_properties(batch_id: str, offsets: dict, records: int,
+                        resolved: Resolved) -> dict[str, str]:  # fmt: skip
+    """The snapshot summary a load's commit carries: its offsets, batch and figures."""
     props = {
         SUMMARY_OFFSETS: encode_offsets(offsets),
         SUMMARY_BATCH: batch_id,
         SUMMARY_RECORDS: str(records),
-        SUMMARY_UPSERTS: str(counts.get(False, 0)),
-        SUMMARY_DELETES: str(counts.get(True, 0)),
+        SUMMARY_UPSERTS: str(resolved.upserts),
+        SUMMARY_DELETES: str(resolved.deletes),
     }
-    if max_ms is not None:
-        props[SUMMARY_SOURCE_TS] = str(max_ms)
+    if resolved.max_ms is not None:
+        props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
     return props
 
 
