@@ -19,8 +19,11 @@ venv: $(STAMP)
 demo: venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/demo.py
 
+# two workers, each with a stack of its own, take a test file at a time (docs/testing.md)
+TEST_WORKERS ?= 2
 test: venv
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder
 
 test-unit: venv
 	$(PY) -m pytest tests/unit

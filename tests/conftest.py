@@ -5,11 +5,30 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each pytest-xdist worker (`make test` runs two) has a stack of its own: its own state
+# directory and ports (100 apart), set here for every test module that reads them.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER and not os.environ.get("CDCLAKE_TEST_WORKER_SHIFTED"):
+    _shift = 100 * int(WORKER.removeprefix("gw"))
+    _state = Path(os.environ.get("CDCLAKE_TEST_STATE_DIR", ROOT / ".cdclake" / "test"))
+    os.environ.update(
+        {
+            "CDCLAKE_TEST_WORKER_SHIFTED": "1",
+            "CDCLAKE_TEST_STATE_DIR": str(_state.with_name(f"{_state.name}-{WORKER}")),
+            "CDCLAKE_TEST_PG_PORT": str(
+                int(os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")) + _shift
+            ),
+            "CDCLAKE_TEST_KAFKA_PORT": str(
+                int(os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")) + _shift
+            ),
+        }
+    )
 TEST_STATE = Path(os.environ.get("CDCLAKE_TEST_STATE_DIR", ROOT / ".cdclake" / "test"))
 PG_PORT = os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")
 KAFKA_PORT = os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")
@@ -46,6 +65,70 @@ if not os.environ.get("CDCLAKE_SPARK_JARS"):
 
 # py4j logs from __del__ at interpreter exit, after pytest closed its streams
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+# Seconds each of the slowest files took in a serial run on 2 cores (the other files:
+# seconds or less). The workers take files slowest first, so that no long file starts last.
+FILE_SECONDS = {
+    "bench/test_bench.py": 258,
+    "integration/test_semantics.py": 232,
+    "integration/test_random_replay.py": 164,
+    "integration/test_faults.py": 127,
+    "e2e/test_watch.py": 112,
+    "e2e/test_airflow_ui.py": 102,
+    "integration/test_litter.py": 94,
+    "integration/test_connector_restarts.py": 91,
+    "e2e/test_manual_dags.py": 90,
+    "integration/test_bounded_waits.py": 90,
+    "integration/test_load.py": 87,
+    # after the builds the controller starts (`pytest_sessionstart`): the S3 gateway's
+    # (about a minute) and the registry's (about 90 s)
+    "integration/test_rest_catalog.py": 80,
+    "integration/test_stack.py": 70,
+    "unit/test_range_resolve.py": 62,
+    "integration/test_spark_cluster.py": 61,
+    "integration/test_handling_modes.py": 59,
+    "integration/test_bad_input.py": 56,
+    "integration/test_kafka.py": 54,
+    "integration/test_types.py": 47,
+    "integration/test_dead_letter_replay.py": 43,
+    "integration/test_maintenance.py": 37,
+    "e2e/test_freshness.py": 35,
+    "integration/test_jvm_archive.py": 35,
+    "integration/test_avro.py": 31,
+    "e2e/test_maintenance_dag.py": 28,
+    "e2e/test_demo_dag.py": 26,
+    "e2e/test_dagbag.py": 20,
+}
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest files first (a stable sort: each file's tests keep their order)."""
+    tests = Path(__file__).parent
+
+    def seconds(item) -> int:
+        return -FILE_SECONDS.get(item.path.relative_to(tests).as_posix(), 0)
+
+    items.sort(key=seconds)
+
+
+def pytest_sessionstart(session):
+    """With workers (`-n`), the controller builds what some tests share (the schema
+    registry, the S3 gateway) in the background, once: a worker that needs one meanwhile
+    waits for the build's lock instead of building it again."""
+    if WORKER or not getattr(session.config.option, "numprocesses", None):
+        return
+    threading.Thread(target=_prebuild, name="prebuild", daemon=True).start()
+
+
+def _prebuild() -> None:
+    from cdclake_local import objectstore, registry
+
+    for build in (objectstore.gateway_binary, registry.runner):
+        try:
+            build()
+        except Exception:  # noqa: BLE001 - the test that needs it builds it and says why
+            logging.getLogger(__name__).warning("prebuild %s failed", build, exc_info=True)
+
 
 DEMO_PIPELINE = ROOT / "include" / "pipelines" / "demo.yaml"
 

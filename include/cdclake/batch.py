@@ -97,6 +97,7 @@ class Batch:
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
         read_seconds: float, rows, ranged: dict[str, object], before: Mapping[str, str | None],
         leases: Leases, placement: Placement, tuning: Tuning,
+        set_aside: Mapping[str, int] | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.placement, self.tuning = placement, tuning
@@ -104,6 +105,8 @@ class Batch:
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
+        # per topic, its records set aside before the tables load (not envelopes)
+        self.set_aside = dict(set_aside or {})
         self.dead_letter_lock = threading.Lock()
         # the session settings a small batch changed (`SMALL_BATCH_CONF`), with their values
         # before it: put back by `compile_for`

@@ -79,12 +79,13 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable 
         if rest:
             rest_plan = dataclasses.replace(plan, ranges=rest)
             raw, scan, rows = _read(spark, pipeline, rest_plan, read, placement, tuning)
-            raw, scan = handle_broken_envelopes(spark, pipeline, plan, raw, scan, leases)
+            raw, scan, set_aside = handle_broken_envelopes(spark, pipeline, plan, raw, scan,
+                                                           leases)  # fmt: skip
         else:
-            scan, rows = RawScan({}, {}, 0), None
+            scan, rows, set_aside = RawScan({}, {}, {}), None, {}
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged, before, leases, placement, tuning)  # fmt: skip
+                       ranged, before, leases, placement, tuning, set_aside)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
     finally:
@@ -263,6 +264,7 @@ def _load_table(
         )
     found = schemas
     schemas, raw, misfits = set_aside_misfits(batch, table, topic, schemas, known, raw)
+    misfits += batch.set_aside.get(topic, 0)  # records that were not envelopes
     if not schemas.get("value") and not state.exists:
         log.info("%s: only tombstones for a table that does not exist yet; skipped", qualified)
         return done(status=LoadStatus.SKIPPED, dead_letters=misfits)

@@ -22,16 +22,18 @@ log = logging.getLogger(__name__)
 
 def handle_broken_envelopes(
     spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan, leases: Leases
-) -> tuple[object, RawScan]:
+) -> tuple[object, RawScan, dict[str, int]]:
     """Records that are not JSON-with-schema envelopes: dead-letter them (and take them
-    out of the batch), or leave them in `scan.broken` to fail their tables."""
+    out of the batch; their count per topic is returned), or leave them in `scan.broken`
+    to fail their tables."""
     from pyspark.sql import functions as F
 
     if pipeline.on_error is not OnError.DEAD_LETTER or not scan.broken_count:
-        return raw, scan
+        return raw, scan, {}
     dead = _dead_letter_rows(raw.where(F.col("error").isNotNull()), F.col("error"))
     set_aside(spark, pipeline, plan, dead, scan.broken_count, leases)
-    return raw.where(F.col("error").isNull()), dataclasses.replace(scan, broken={})
+    kept = dataclasses.replace(scan, broken={}, broken_counts={})
+    return raw.where(F.col("error").isNull()), kept, dict(scan.broken_counts)
 
 
 def set_aside_misfits(

@@ -15,10 +15,26 @@ from cdclake.offsets import OffsetRange
             b'{"x":",\\"payload\\":"}',
         ),
         (b'{"schema":{"type":"struct"},"payload":null}', b'{"type":"struct"}', b"null"),
+        # any other valid JSON is parsed: whitespace, the payload first
+        (b'{ "schema" : {"type": "int32"},\n "payload" : 5 }', b'{"type":"int32"}', b"5"),
+        (b'{"payload":{"a":"\xc3\xa9"},"schema":{"a":1}}', b'{"a":1}', b'{"a":"\xc3\xa9"}'),
+        (b'{"schema":{"a":1},"payload" :{"x":1.5e300}}', b'{"a":1}', b'{"x":1.5e+300}'),
     ],
 )
 def test_split_envelope(record, schema, payload):
     assert split_envelope(record) == (schema, payload)
+
+
+@pytest.mark.parametrize(
+    "record", [b'{"schema":null,"payload":null}', b'{"payload": null, "schema": null}']
+)
+def test_a_null_schema_and_payload_is_the_converters_null_value(record):
+    from cdclake.kafka.raw_rows import SchemaIds, record_row
+
+    assert split_envelope(record) is None
+    row = record_row(SchemaIds(), "t", 0, 7, 0, b'{"schema":{"a":1},"payload":{"id":1}}', record)
+    assert row["is_tombstone"] and row["value_payload"] is None and row["error"] is None
+    assert row["key_payload"] == '{"id":1}'
 
 
 @pytest.mark.parametrize(
@@ -27,6 +43,8 @@ def test_split_envelope(record, schema, payload):
         b'{"id": 1}',  # schemas disabled in the converter
         b"\x00\x01garbage",  # not JSON at all
         b'{"schema":{"type":"int32"}}',  # no payload
+        b'{"schema":{"type":"int32"},"payload":5',  # cut short
+        b"[1, 2]",  # JSON, not an object
     ],
 )
 def test_split_envelope_rejects_what_is_not_an_envelope(record):

@@ -37,6 +37,7 @@ _SCHEMALESS = (
     "value.converter.schemas.enable to true on the connector"
 )
 _SEP = b',"payload":'
+_NOT_ENVELOPE = 'not a JSON-with-schema envelope ({"schema":...,"payload":...})'
 OLD_KEY_HEADER = "__debezium.oldkey"  # the key a primary-key change's create had
 # ExtractNewRecordState's `add.headers`: a flattened change's metadata as headers
 META_HEADERS = ("__op", "__lsn", "__source_ts_ms")
@@ -60,19 +61,40 @@ def header_values(text: str | None) -> dict[str, str]:
     return {} if text is None else json.loads(text)
 
 
-def split_envelope(data: bytes) -> tuple[bytes, bytes]:
-    """Split `{"schema":S,"payload":P}` into (S, P) without parsing P.
+def split_envelope(data: bytes) -> tuple[bytes, bytes] | None:
+    """Split `{"schema":S,"payload":P}` into (S, P); None for `{"schema":null,"payload":null}`,
+    which Kafka Connect's JsonConverter reads as a null value.
 
-    The payload key is the envelope's last field and the schema part only has the fixed
-    keys of a Kafka Connect schema, so the first `,"payload":` is the boundary.
-    """
-    if not data.startswith(_HEAD) or not data.endswith(b"}"):
-        hint = _SCHEMALESS if data.lstrip().startswith(b"{") else ""
-        raise ValueError(f'not a JSON-with-schema envelope ({{"schema":...,"payload":...}}){hint}')
-    cut = data.find(_SEP)
-    if cut < 0:
-        raise ValueError("JSON envelope has no payload field")
-    return data[len(_HEAD) : cut], data[cut + len(_SEP) : -1]
+    The converter writes the payload as the envelope's last field, and the schema part only
+    has the fixed keys of a Kafka Connect schema, so the first `,"payload":` is the boundary
+    and P is not parsed. Any other valid JSON (whitespace, another key order) is parsed."""
+    if data.startswith(_HEAD) and data.endswith(b"}"):
+        cut = data.find(_SEP)
+        if cut >= 0:
+            schema, payload = data[len(_HEAD) : cut], data[cut + len(_SEP) : -1]
+            return None if schema == payload == b"null" else (schema, payload)
+    return _parse_envelope(data)
+
+
+def _parse_envelope(data: bytes) -> tuple[bytes, bytes] | None:
+    """`split_envelope` of an envelope the byte split does not take, by a JSON parser."""
+    import json
+
+    try:
+        envelope = json.loads(data)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise ValueError(f"{_NOT_ENVELOPE}: not valid JSON ({exc})") from exc
+    if not isinstance(envelope, dict) or not {"schema", "payload"} <= envelope.keys():
+        hint = _SCHEMALESS if isinstance(envelope, dict) and "schema" not in envelope else ""
+        raise ValueError(f"{_NOT_ENVELOPE}{hint}")
+    schema, payload = envelope["schema"], envelope["payload"]
+    if schema is None and payload is None:
+        return None
+
+    def text(part: object) -> bytes:
+        return json.dumps(part, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    return text(schema), text(payload)
 
 
 def schema_id(schema: bytes) -> int:
@@ -123,7 +145,11 @@ def record_row(
         if data is None:
             continue
         try:
-            schema, payload = split_envelope(data)
+            split = split_envelope(data)
+            if split is None:  # the converter's null: a tombstone (a value) or no key
+                row["is_tombstone"] = row["is_tombstone"] or side == "value"
+                continue
+            schema, payload = split
             row[f"{side}_payload"] = payload.decode("utf-8")
             sid, first = seen.id_of(side, schema)
             row[f"{side}_schema_id"] = sid

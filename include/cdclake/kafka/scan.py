@@ -25,10 +25,14 @@ class RawScan:
 
     schemas: dict[str, dict[str, list[tuple[int, str]]]]
     broken: dict[str, tuple[int, int, str]]
-    broken_count: int
+    broken_counts: dict[str, int]
     # topics with a payload that may be a truncate (`"op":"t"` in its text); the others
     # certainly have none, so their records are resolved in tasks grouped by key
     truncates: frozenset[str] = frozenset()
+
+    @property
+    def broken_count(self) -> int:
+        return sum(self.broken_counts.values())
 
 
 def scan_raw(raw, truncate_text: str) -> RawScan:
@@ -72,7 +76,7 @@ class _Tally:
     last: dict[Group, tuple[int, int]] = field(default_factory=dict)
     texts: dict[Group, str | None] = field(default_factory=dict)
     broken: dict[str, tuple[int, int, str]] = field(default_factory=dict)
-    broken_count: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # broken records per topic
     truncates: set[str] = field(default_factory=set)
 
     def add_rows(self, rows, truncate_text: str) -> None:
@@ -99,15 +103,14 @@ class _Tally:
             self.last[group] = max(self.last.get(group, at), at)
 
     def _broke(self, topic: str, first: tuple[int, int, str], count: int) -> None:
-        self.broken_count += count
+        self.counts[topic] = self.counts.get(topic, 0) + count
         self.broken[topic] = min(self.broken.get(topic, first), first)
 
     def merge(self, other: _Tally) -> None:
         for group, text in other.texts.items():
             self._use(group, text, other.last.get(group))
         for topic, first in other.broken.items():
-            self._broke(topic, first, 0)
-        self.broken_count += other.broken_count
+            self._broke(topic, first, other.counts[topic])
         self.truncates |= other.truncates
 
     def scan(self) -> RawScan:
@@ -118,4 +121,4 @@ class _Tally:
         for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
             schemas.setdefault(topic, {}).setdefault(side, []).append(
                 (sid, self.texts[(topic, side, sid)]))  # fmt: skip
-        return RawScan(schemas, self.broken, self.broken_count, frozenset(self.truncates))
+        return RawScan(schemas, self.broken, self.counts, frozenset(self.truncates))
