@@ -93,7 +93,6 @@ FILE_SECONDS = {
     "integration/test_dead_letter_replay.py": 43,
     "integration/test_maintenance.py": 37,
     "e2e/test_freshness.py": 35,
-    "integration/test_jvm_archive.py": 35,
     "integration/test_avro.py": 31,
     "e2e/test_maintenance_dag.py": 28,
     "e2e/test_demo_dag.py": 26,
@@ -112,22 +111,24 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_sessionstart(session):
-    """With workers (`-n`), the controller builds what some tests share (the schema
-    registry, the S3 gateway) in the background, once: a worker that needs one meanwhile
-    waits for the build's lock instead of building it again."""
+    """With workers (`-n`), the controller builds what tests on both share, once and in
+    the background: the Spark driver's class-data-sharing archive (every spark-submit
+    of the suite maps it), the S3 gateway and the schema registry. A worker that needs
+    one meanwhile waits for its build's lock instead of building it again."""
     if WORKER or not getattr(session.config.option, "numprocesses", None):
         return
-    threading.Thread(target=_prebuild, name="prebuild", daemon=True).start()
-
-
-def _prebuild() -> None:
+    from cdclake_bench.jvm_archive import build_archive
     from cdclake_local import objectstore, registry
 
-    for build in (objectstore.gateway_binary, registry.runner):
-        try:
-            build()
-        except Exception:  # noqa: BLE001 - the test that needs it builds it and says why
-            logging.getLogger(__name__).warning("prebuild %s failed", build, exc_info=True)
+    for build in (build_archive, objectstore.gateway_binary, registry.runner):
+        threading.Thread(target=_prebuild, args=(build,), daemon=True).start()
+
+
+def _prebuild(build) -> None:
+    try:
+        build()
+    except Exception:  # noqa: BLE001 - the test that needs it builds it and says why
+        logging.getLogger(__name__).warning("prebuild %s failed", build, exc_info=True)
 
 
 DEMO_PIPELINE = ROOT / "include" / "pipelines" / "demo.yaml"

@@ -49,34 +49,6 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_up_is_idempotent_status_lists_endpoints_and_down_leaves_nothing(tmp_path):
-    state = tmp_path / "stack"
-    try:
-        first = cli(state, "up")
-        assert first.returncode == 0, first.stderr[-3000:]
-        status = json.loads(cli(state, "status", "--json").stdout)
-        assert status["postgres"]["dsn"].endswith(f"127.0.0.1:{PG_PORT}/postgres")
-        assert status["kafka"]["bootstrap"] == f"127.0.0.1:{KAFKA_PORT}"
-        assert status["catalog"]["uri"] == f"jdbc:postgresql://127.0.0.1:{PG_PORT}/cdclake_catalog"
-        assert status["catalog"]["warehouse"] == (state / "warehouse").as_uri()
-        assert status["airflow"]["home"] == str(state / "airflow")
-        assert all(status[p]["running"] for p in ("postgres", "kafka", "capture"))
-        pids = {p: status[p]["pid"] for p in ("postgres", "kafka", "capture")}
-        pg_home = (state / "postgres" / "location").read_text().strip()
-
-        again = cli(state, "up")
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert {p: json.loads(again.stdout)[p]["pid"] for p in pids} == pids
-    finally:
-        down = cli(state, "down")
-    assert down.returncode == 0, down.stderr
-    assert not [p for p in pids.values() if pid_alive(p)]
-    assert processes_mentioning(str(state)) == []
-    assert processes_mentioning(pg_home) == []
-    status = json.loads(cli(state, "status", "--json").stdout)
-    assert not any(status[p]["running"] for p in ("postgres", "kafka", "capture"))
-
-
 def test_port_taken_by_another_process_is_named(tmp_path):
     import socket
 
@@ -119,15 +91,24 @@ def catalog_oid(status: dict) -> int:
                             ).fetchone()[0]  # fmt: skip
 
 
-def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
-    """Rows deleted in the source stay deleted through `up` on a running stack and
-    through `down` and `up`; Kafka keeps the stream on disk, so `down` and `up` keep the
-    stream and the lake too."""
+def test_up_is_idempotent_keeps_the_source_and_down_leaves_nothing(tmp_path):
+    """`up` on a running stack changes nothing (same processes); `status` lists the
+    endpoints; rows deleted in the source stay deleted through `up`, `down` and `up`, and
+    Kafka keeps the stream on disk, so the stream and the lake are kept too; `down`
+    leaves no process behind."""
     state = tmp_path / "stack"
     try:
         first = cli(state, "up")
         assert first.returncode == 0, first.stderr[-3000:]
-        status = json.loads(first.stdout)
+        status = json.loads(cli(state, "status", "--json").stdout)
+        assert status["postgres"]["dsn"].endswith(f"127.0.0.1:{PG_PORT}/postgres")
+        assert status["kafka"]["bootstrap"] == f"127.0.0.1:{KAFKA_PORT}"
+        assert status["catalog"]["uri"] == f"jdbc:postgresql://127.0.0.1:{PG_PORT}/cdclake_catalog"
+        assert status["catalog"]["warehouse"] == (state / "warehouse").as_uri()
+        assert status["airflow"]["home"] == str(state / "airflow")
+        assert all(status[p]["running"] for p in ("postgres", "kafka", "capture"))
+        pids = {p: status[p]["pid"] for p in ("postgres", "kafka", "capture")}
+        pg_home = (state / "postgres" / "location").read_text().strip()
         seeded = customers(status)
         assert 1004 in seeded  # a new database is seeded
         with psycopg.connect(status["postgres"]["source_dsn"], autocommit=True) as conn:
@@ -137,10 +118,11 @@ def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
 
         again = cli(state, "up")  # on the running stack
         assert again.returncode == 0, again.stderr[-3000:]
+        assert {p: json.loads(again.stdout)[p]["pid"] for p in pids} == pids
         assert customers(status) == expected
         stream, catalog = stream_ends(status), catalog_oid(status)
         assert stream[1] > 0  # the snapshot and the changes above
-        assert cli(state, "down").returncode == 0
+        _assert_down_leaves_nothing(state, pids.values(), pg_home)
         restarted = cli(state, "up")  # the cluster started again, the database kept
         assert restarted.returncode == 0, restarted.stderr[-3000:]
         assert customers(json.loads(restarted.stdout)) == expected
@@ -148,7 +130,19 @@ def test_up_never_seeds_a_source_database_that_exists_again(tmp_path):
         assert stream_ends(status) == stream
         assert catalog_oid(status) == catalog
     finally:
-        cli(state, "down")
+        down = cli(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert processes_mentioning(str(state)) == []
+
+
+def _assert_down_leaves_nothing(state: Path, pids, pg_home: str) -> None:
+    down = cli(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in pids if pid_alive(p)]
+    assert processes_mentioning(str(state)) == []
+    assert processes_mentioning(pg_home) == []
+    status = json.loads(cli(state, "status", "--json").stdout)
+    assert not any(status[p]["running"] for p in ("postgres", "kafka", "capture"))
 
 
 def databases(postgres: LocalPostgres) -> set[str]:

@@ -34,6 +34,7 @@ def test_config_has_shared_secrets_the_api_address_and_the_admin_user(tmp_path):
     assert cfg["core"]["simple_auth_manager_users"] == "admin:admin"
     assert cfg["core"]["simple_auth_manager_passwords_file"] == str(home / PASSWORDS_FILE)
     assert cfg["core"]["dags_folder"] == str(tmp_path / "repo" / "dags")
+    assert cfg["core"]["parallelism"] == "4"  # not 32 forked task runners on 2 cores
 
 
 def test_secrets_are_made_once_kept_on_rewrite_and_readable_by_the_owner_only(tmp_path):

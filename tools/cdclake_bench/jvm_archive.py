@@ -9,6 +9,7 @@ cdclake.jvm.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 def build_archive(archive: Path | None = None, *, force: bool = False) -> Path:
     """Write the archive (unless it exists and `force` is not set) and return its path.
     The warm-up's JVM writes it at exit to a temporary file, renamed into place once
-    complete, so a driver starting meanwhile never maps half an archive."""
+    complete, so a driver starting meanwhile never maps half an archive; a process that
+    asks while another builds it waits for that build (a lock beside the archive)."""
     archive = archive or archive_path()
     if archive is None:
         raise CdclakeError(f"{ARCHIVE_ENV}=off: no archive to build")
@@ -39,6 +41,15 @@ def build_archive(archive: Path | None = None, *, force: bool = False) -> Path:
         log.info("%s exists", archive)
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
+    with open(archive.with_name(f".{archive.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.is_file() and not force:
+            return archive  # built by the process that held the lock
+        _build(archive)
+    return archive
+
+
+def _build(archive: Path) -> None:
     partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
     spark_submit = Path(sys.executable).parent / "spark-submit"
     started = time.perf_counter()
@@ -60,7 +71,6 @@ def build_archive(archive: Path | None = None, *, force: bool = False) -> Path:
     os.replace(partial, archive)
     log.info("wrote %s (%.0f MB) in %.0f s", archive, archive.stat().st_size / 1e6,
              time.perf_counter() - started)  # fmt: skip
-    return archive
 
 
 def _workload():

@@ -31,11 +31,14 @@ ADMIN_USER = "admin"
 # (section, option) of the secrets shared by the components, kept across rewrites
 _SECRETS = (("api_auth", "jwt_secret"), ("api", "secret_key"))
 
+# LocalExecutor forks `parallelism` worker processes when it starts (32 by default): four
+# run more loads at once than two cores can take, each a spark-submit of its own
 _CFG = """[core]
 dags_folder = {root}/dags
 plugins_folder = {root}/plugins
 load_examples = False
 executor = LocalExecutor
+parallelism = 4
 dags_are_paused_at_creation = True
 execution_api_server_url = {url}/execution/
 simple_auth_manager_users = {admin}:admin
