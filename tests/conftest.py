@@ -158,7 +158,9 @@ def spark(pipeline):
     """One SparkSession for the whole run (a JVM holds one SparkContext)."""
     from cdclake.spark import build_session
 
-    session = build_session(pipeline, "local[2]")
+    # the driver JVM of a small batch, as the tests' batches are: the client compiler alone
+    # (test_semantics' driver tests: 31 CPU s against 40 with both compilers)
+    session = build_session(pipeline, "local[2]", records=1_000)
     yield session
     session.stop()
 
