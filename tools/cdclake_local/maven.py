@@ -2,7 +2,7 @@
 
 Each part is a POM under `stack/<part>/` that pins its versions; its jars are copied by
 Maven (`dependency:copy-dependencies`) into one folder per POM content under the jar
-cache (`CDCLAKE_JVM_CACHE`, by default `.cdclake/jvm` in the project), once: a changed
+cache (`CDCLAKE_JVM_CACHE`, by default `~/.cache/cdclake/jvm`), once: a changed
 POM resolves into a new folder. Maven comes from the machine, or from Debian's packages
 when it is missing and we run as root.
 """
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cdclake_local import StackError
+from cdclake_local import StackError, cache_home
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,7 @@ RESOLVE_TIMEOUT_S = 1200  # a first download of every part takes about a minute
 
 
 def cache_root() -> Path:
-    default = PROJECT_ROOT / ".cdclake" / "jvm"
-    return Path(os.environ.get("CDCLAKE_JVM_CACHE", default)).absolute()
+    return Path(os.environ.get("CDCLAKE_JVM_CACHE", cache_home() / "jvm")).absolute()
 
 
 def pom(part: str) -> Path:

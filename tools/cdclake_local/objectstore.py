@@ -3,8 +3,8 @@ Apache-2.0) serving a folder over the S3 API on loopback, requests signed with o
 key (AWS Signature V4; anonymous requests are refused).
 
 The gateway is a Go program built once from the Go module proxy (`go install`, about 4
-minutes on 2 cores) into the Go cache (`CDCLAKE_GO_CACHE`, by default `.cdclake/go` in the
-project); the build's module and compile caches are removed afterwards, only the binary is
+minutes on 2 cores) into the Go cache (`CDCLAKE_GO_CACHE`, by default `~/.cache/cdclake/go`);
+the build's module and compile caches are removed afterwards, only the binary is
 kept. Go comes from the machine (`/usr/local/go/bin/go` or the `PATH`).
 
 The access key comes from the environment (`CDCLAKE_S3_ACCESS_KEY_ID`,
@@ -27,12 +27,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdclake_local import StackError
+from cdclake_local import StackError, cache_home
 from cdclake_local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MODULE = "github.com/versity/versitygw"
 VERSION = "v1.8.0"
 BUILD_TIMEOUT_S = 900  # measured 173 s (115 CPU s) on a busy 2-core machine, downloads included
@@ -59,8 +58,7 @@ class S3Credentials:
 
 
 def go_cache() -> Path:
-    default = PROJECT_ROOT / ".cdclake" / "go"
-    return Path(os.environ.get("CDCLAKE_GO_CACHE", default)).absolute()
+    return Path(os.environ.get("CDCLAKE_GO_CACHE", cache_home() / "go")).absolute()
 
 
 def gateway_binary() -> Path:
