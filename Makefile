@@ -19,8 +19,8 @@ venv: $(STAMP)
 demo: venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/demo.py
 
-# two workers, each with a stack of its own, take a test file at a time (docs/testing.md)
-TEST_WORKERS ?= 2
+# three workers, each with a stack of its own, take a test file at a time (docs/testing.md)
+TEST_WORKERS ?= 3
 test: venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each pytest-xdist worker (`make test` runs two) has a stack of its own: its own state
+# Each pytest-xdist worker (`make test` runs three) has a stack of its own: its own state
 # directory and ports (100 apart), set here for every test module that reads them.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if WORKER and not os.environ.get("CDCLAKE_TEST_WORKER_SHIFTED"):
