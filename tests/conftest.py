@@ -11,27 +11,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TEST_STATE = Path(os.environ.get("CDCLAKE_TEST_STATE_DIR", ROOT / ".cdclake" / "test"))
+PG_PORT = os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")
+KAFKA_PORT = os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")
 # Each pytest-xdist worker (`make test` runs three) has a stack of its own: its own state
 # directory and ports (100 apart), set here for every test module that reads them.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if WORKER and not os.environ.get("CDCLAKE_TEST_WORKER_SHIFTED"):
     _shift = 100 * int(WORKER.removeprefix("gw"))
-    _state = Path(os.environ.get("CDCLAKE_TEST_STATE_DIR", ROOT / ".cdclake" / "test"))
+    TEST_STATE = TEST_STATE.with_name(f"{TEST_STATE.name}-{WORKER}")
+    PG_PORT, KAFKA_PORT = str(int(PG_PORT) + _shift), str(int(KAFKA_PORT) + _shift)
     os.environ.update(
         {
-            "CDCLAKE_TEST_WORKER_SHIFTED": "1",
-            "CDCLAKE_TEST_STATE_DIR": str(_state.with_name(f"{_state.name}-{WORKER}")),
-            "CDCLAKE_TEST_PG_PORT": str(
-                int(os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")) + _shift
-            ),
-            "CDCLAKE_TEST_KAFKA_PORT": str(
-                int(os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")) + _shift
-            ),
+            "CDCLAKE_TEST_WORKER_SHIFTED": "1",  # a process started by a test inherits them
+            "CDCLAKE_TEST_STATE_DIR": str(TEST_STATE),
+            "CDCLAKE_TEST_PG_PORT": PG_PORT,
+            "CDCLAKE_TEST_KAFKA_PORT": KAFKA_PORT,
         }
     )
-TEST_STATE = Path(os.environ.get("CDCLAKE_TEST_STATE_DIR", ROOT / ".cdclake" / "test"))
-PG_PORT = os.environ.get("CDCLAKE_TEST_PG_PORT", "25442")
-KAFKA_PORT = os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19102")
 
 # Set before anything imports Airflow (it reads AIRFLOW_HOME once) or loads a pipeline.
 os.environ.update(

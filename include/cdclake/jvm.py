@@ -90,8 +90,13 @@ def archive_path() -> Path | None:
     version = importlib.metadata.version("pyspark")
     identity = f"{Path(spec.origin).parent}|{version}|{_java()}"
     key = hashlib.blake2b(identity.encode(), digest_size=6).hexdigest()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "cdclake" / f"spark-driver-{version}-{key}.jsa"
+    return cache_home() / f"spark-driver-{version}-{key}.jsa"
+
+
+def cache_home() -> Path:
+    """The user's cache directory for cdclake (`$XDG_CACHE_HOME/cdclake`, by default
+    `~/.cache/cdclake`): the archive, and the local stack's downloaded and built parts."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cdclake"
 
 
 def _java() -> str:

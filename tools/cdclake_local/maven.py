@@ -17,7 +17,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cdclake_local import StackError, cache_home
+from cdclake.jvm import cache_home
+
+from cdclake_local import StackError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdclake_local import StackError, cache_home
+from cdclake.jvm import cache_home
+
+from cdclake_local import StackError
 from cdclake_local.procs import port_free, running, start_daemon, stop_daemon, wait_started
 
 log = logging.getLogger(__name__)
