@@ -15,6 +15,7 @@ from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
+from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.tables import (
     current_snapshot,
@@ -211,7 +212,8 @@ def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
             continue
         log.warning("%s: dropped for rebuild %s", qualified, plan.run_prefix)
         spark.sql(f"DROP TABLE {qualified} PURGE")
-        spark.sql(f"DROP TABLE IF EXISTS {deleted_keys_table(qualified)} PURGE")
+        for ledger in (deleted_keys_table(qualified), key_changes_table(qualified)):
+            spark.sql(f"DROP TABLE IF EXISTS {ledger} PURGE")
 
 
 def _check_plan_start(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
+from cdclake.debezium.schema import OP
 from cdclake.exceptions import CdclakeError
 from cdclake.iceberg.tables import table_columns
 from cdclake.kafka.reader import KAFKA, RawSource, range_plan
@@ -20,6 +21,7 @@ from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Placement, Tuning
 from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
+from cdclake.resolve.rules import LINEAGE_OPS
 from cdclake.setaside import misfits
 from cdclake.spark import cache_level
 
@@ -233,8 +235,9 @@ def _ranged_topic(frame, plan: TopicPlan):
     meta = F.col(f"`{META_COLUMN}`")
     # the ranges' summaries and the count of their rows, in one job over the cached frame
     ends = F.struct(meta.alias("summary"), F.col(f"`{KEYS_COLUMN}`").alias("hashes"))
+    row = meta.isNull() & ~F.col(OP).isin(*LINEAGE_OPS).eqNullSafe(True)  # a table's row
     [found] = frame.agg(F.collect_list(F.when(meta.isNotNull(), ends)).alias("ends"),
-                        F.count(F.when(meta.isNull(), 1)).alias("rows")).collect()  # fmt: skip
+                        F.count(F.when(row, 1)).alias("rows")).collect()  # fmt: skip
     summaries = [RangeSummary.from_json(r.summary) for r in found.ends]
     hashes = [np.frombuffer(r.hashes or b"", dtype=np.uint64) for r in found.ends]
     try:

@@ -291,6 +291,7 @@ def old_key_parts(fields, key, op: str = "(e.op ->> '$')") -> tuple[list[str], l
 
 
 _OLD_KEY = "json_extract_string(headers, '$.\"__debezium.oldkey\"')"
+_NEW_KEY = "json_extract_string(headers, '$.\"__debezium.newkey\"')"
 # the key as the JSON converter writes it (schema and payload), or its payload alone
 _OLD_KEY_JSON = (
     "CASE WHEN json_exists(oldkey, '$.schema') AND json_exists(oldkey, '$.payload')"
@@ -366,7 +367,8 @@ def changes_sql(key_fields, value_fields, schema, source: str = "raw", checked: 
               "of its schema' END", *broken]  # fmt: skip
     query = (
         f'SELECT partition, "offset", {tombstone} AS is_tombstone, '
-        f"{', '.join([*keys, *values, *olds])}, "
+        f"{', '.join([*keys, *values, *olds])}, CASE ({op}) WHEN 'd' THEN {_NEW_KEY} IS NOT "
+        "NULL WHEN 'c' THEN oldkey IS NOT NULL ELSE false END AS moved, "
         f"coalesce({', '.join([*broken, *key_errors, *value_errors, *old_errors])}) "
         f"AS reason FROM (SELECT *, TRY(from_json(o_json, '{key_spec}')) AS o FROM "
         f"(SELECT *, {_OLD_KEY_JSON} AS o_json FROM "

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdclake.exceptions import CommitConflictError, first_line
+from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.tables import (
     deleted_keys_table,
     fresh_table,
@@ -239,7 +240,8 @@ class Leases:
             return 0
         removed = 0
         try:
-            for table in (held.table, deleted_keys_table(held.table)):
+            for table in (held.table, deleted_keys_table(held.table),
+                          key_changes_table(held.table)):  # fmt: skip
                 removed += remove_unreferenced(self.spark, table, oldest)
         except Exception as exc:  # the dead leases stay: a later run sweeps again
             log.warning("%s: the files of %d dead load(s) were not removed: %s", held.table,

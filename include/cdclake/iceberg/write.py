@@ -12,6 +12,11 @@ from cdclake.batch import Batch, Resolved
 from cdclake.config import DeleteMode, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CommitConflictError
+from cdclake.iceberg.key_changes import (
+    forget_key_changes,
+    read_key_changes,
+    record_key_changes,
+)
 from cdclake.iceberg.merge_sql import (
     INTEGER_TYPES,
     KEY_FILTER_TYPES,
@@ -44,8 +49,9 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     encode_offsets,
 )
+from cdclake.resolve.lineage import linked
 from cdclake.resolve.placement import Tuning
-from cdclake.resolve.rules import FROM_KEY_PREFIX, HAS_VALUES, TOAST_PREFIX, toastable
+from cdclake.resolve.rules import toastable
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +86,12 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         view = f"cdclake_changes_{table.target}"
         # hard deletes: a ledger of deleted keys keeps re-sent older changes out
         hard = bool(schema.key_names) and not soft
-        rows = resolved.rows
-        if resolved.toast and schema.key_names:
-            rows = _from_changed_keys(spark, qualified, rows, schema, state.exists)
+        rows, taken = resolved.rows, None
+        if resolved.toast and schema.key_names:  # key lineage (`cdclake.resolve.lineage`)
+            lake = spark.table(qualified) if state.exists else None
+            found = linked(rows, schema, lake, read_key_changes(spark, qualified))
+            record_key_changes(spark, qualified, found.kept, schema)
+            rows, taken = found.rows, found.taken
         source = with_deleted_lsn(spark, qualified, rows, schema) if hard else rows
         source.createOrReplaceTempView(view)
         if hard and resolved.deletes:
@@ -118,52 +127,9 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         finally:
             spark.catalog.dropTempView(view)
         after_id = _check_commit(spark, qualified, before_id, props)
+        forget_key_changes(spark, qualified, taken, schema)
         batch.leases.done(qualified)
     return after_id, "merge" if keyed and not first_load else "append"
-
-
-def _from_changed_keys(spark, qualified: str, rows, schema: TopicSchema, exists: bool):
-    """The rows, each TOAST column left to the table (flagged) of a key changed from
-    another (a primary-key change: the `FROM_KEY_PREFIX` columns) taking that key's value:
-    from its row in the batch (its last values), else from the table. Such a column's
-    flag is then cleared: a row of the new key in the table is another row's. The
-    `FROM_KEY_PREFIX` columns are dropped."""
-    from pyspark.sql import functions as F
-
-    keys = schema.key_names
-    froms = [f"{FROM_KEY_PREFIX}{k}" for k in keys]
-    kept = [F.col(f"`{c}`") for c in rows.columns if c not in froms]
-    changed = F.col(f"`{froms[0]}`").isNotNull()
-    if not rows.where(changed).limit(1).count():
-        return rows.select(*kept)
-    toast = [c.name for c in toastable(schema)]
-    old = rows.select(
-        *[F.col(f"`{k}`").alias(f) for k, f in zip(keys, froms, strict=True)],
-        *[F.when(F.col(f"`{HAS_VALUES}`") & ~F.col(f"`{TOAST_PREFIX}{c}`"), F.col(f"`{c}`"))
-          .alias(f"_cdc_old_{c}") for c in toast],
-    )  # fmt: skip
-    joined = rows.join(old, froms, "left")
-    lake = set(spark.table(qualified).columns) if exists else set()
-    if lake:
-        joined = joined.join(spark.table(qualified).select(
-            *[F.col(f"`{k}`").alias(f) for k, f in zip(keys, froms, strict=True)],
-            *[F.col(f"`{c}`").alias(f"_cdc_lake_{c}") for c in toast if c in lake],
-        ), froms, "left")  # fmt: skip
-    filled = []
-    for c in rows.columns:
-        if c in froms:
-            continue
-        name = c[len(TOAST_PREFIX) :] if c.startswith(TOAST_PREFIX) else c
-        flag = F.col(f"`{TOAST_PREFIX}{name}`")
-        if c.startswith(TOAST_PREFIX) and name in toast:
-            filled.append(F.when(changed, F.lit(False)).otherwise(flag).alias(c))
-        elif c in toast:
-            found = [F.col(f"`_cdc_old_{c}`")] + ([F.col(f"`_cdc_lake_{c}`")] if c in lake else [])
-            filled.append(F.when(changed & flag, F.coalesce(*found))
-                          .otherwise(F.col(f"`{c}`")).alias(c))  # fmt: skip
-        else:
-            filled.append(F.col(f"`{c}`"))
-    return joined.select(*filled)
 
 
 def _summary_properties(batch_id: str, offsets: dict, records: int,

@@ -39,9 +39,10 @@ _SCHEMALESS = (
 _SEP = b',"payload":'
 _NOT_ENVELOPE = 'not a JSON-with-schema envelope ({"schema":...,"payload":...})'
 OLD_KEY_HEADER = "__debezium.oldkey"  # the key a primary-key change's create had
+NEW_KEY_HEADER = "__debezium.newkey"  # the key a primary-key change's delete moved to
 # ExtractNewRecordState's `add.headers`: a flattened change's metadata as headers
 META_HEADERS = ("__op", "__lsn", "__source_ts_ms")
-_KEPT = frozenset((OLD_KEY_HEADER, *META_HEADERS))
+_KEPT = frozenset((OLD_KEY_HEADER, NEW_KEY_HEADER, *META_HEADERS))
 
 
 def kept_headers(headers) -> str | None:

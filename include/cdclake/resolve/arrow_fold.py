@@ -10,9 +10,13 @@ import pyarrow.compute as pc
 
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, TopicSchema
-from cdclake.resolve.latest import NO_LSN, UNDECIDED, Records, latest
+from cdclake.resolve.latest import NO_LSN, NONE, UNDECIDED, Records, latest
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
+    FROM_LSN,
+    KEY_CHANGE,
+    KEY_CREATE,
+    MOVED,
     TOAST_PLACEHOLDER,
     TOAST_PREFIX,
     TOAST_TYPES,
@@ -82,6 +86,9 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
     if len(at) < changes.num_rows:  # a take copies every column
         picked, keys = changes.take(at), [k.take(at) for k in keys]
     toasty = toastable(schema)
+    moved = (_np(pc.fill_null(picked[MOVED], False)) if toasty
+             else np.zeros(picked.num_rows, bool))  # fmt: skip
+    follow = follow or bool(moved.any())
     real, found = [], False
     for c in toasty:
         values = picked[f"after__{c.name}"]
@@ -105,6 +112,7 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
         lsn=_np(pc.fill_null(lsn, 0)).astype(np.int64),
         has_lsn=_np(pc.is_valid(lsn)),
         has_after=_np(pc.fill_null(picked["has_after"], False)),
+        moved=moved,
         real=np.stack(real, axis=1) if ((found or follow) and real) else np.zeros((n, 0), bool),
         decided=decided,
     )
@@ -133,8 +141,10 @@ def resolve_table(changes: pa.Table, schema: TopicSchema):
     rows = _rows(picked, keys, won, schema, toasty if found else [])
     flags = [f"{TOAST_PREFIX}{c.name}" for c in toasty if f"{TOAST_PREFIX}{c.name}" in rows]
     left = any(pc.any(rows[f]).as_py() for f in flags)
+    if len(won.moves):  # the moved keys' states, for the keys they moved to (`lineage`)
+        rows, left = _with(rows, _moved_rows(picked, keys, won, schema, toasty)), True
     if not left:  # every placeholder took a value: the rows carry no TOAST flags
-        for name in [*flags, *(f"{FROM_KEY_PREFIX}{k}" for k in schema.key_names)]:
+        for name in [*flags, *(f"{FROM_KEY_PREFIX}{k}" for k in schema.key_names), FROM_LSN]:
             rows.pop(name, None)
     return rows, truncate, left
 
@@ -192,13 +202,65 @@ def _rows(picked, keys, won, schema, toasty):
         out[f"{TOAST_PREFIX}{c.name}"] = unresolved
         left |= _np(unresolved)
     if toasty:  # the key its last create was changed from (a primary-key change)
-        create = won.create[has]
-        wanted = pa.array(left & (create >= 0))
-        for k in schema.key:
-            old = picked[f"from__{k.name}"].take(pa.array(np.maximum(create, 0)))
-            out[f"{FROM_KEY_PREFIX}{k.name}"] = pc.if_else(
-                wanted, old, pa.nulls(len(old), old.type)
-            )
+        out.update(_moved_from(picked, schema, won.create[has], left))
+    return out
+
+
+def _with(rows: dict, more: dict) -> dict:
+    """`rows` and then `more` (arrays by name); a name one lacks: False for a TOAST flag,
+    else NULL."""
+
+    def part(data, name, like, n):
+        if name in data:
+            return data[name]
+        if name.startswith(TOAST_PREFIX):
+            return pa.array(np.zeros(n, bool))
+        return pa.nulls(n, like.type)
+
+    sizes = [len(next(iter(d.values()))) for d in (rows, more)]
+    out = {}
+    for name in dict.fromkeys([*rows, *more]):
+        like = rows.get(name, more.get(name))
+        arrays = [part(d, name, like, n) for d, n in zip((rows, more), sizes, strict=True)]
+        out[name] = pa.concat_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray)
+                                      else a for a in arrays])  # fmt: skip
+    return out
+
+
+def _moved_from(picked, schema, create, wanted) -> dict:
+    """The key each `create` (NONE: none) was changed from, where `wanted`, and the
+    change's LSN (`FROM_LSN`): where the row's values left to it are found."""
+    at = pa.array(np.maximum(create, 0))
+    wanted = pa.array(wanted & (create >= 0))
+    out = {}
+    for name in [*(f"from__{k.name}" for k in schema.key), "lsn"]:
+        value = picked[name].take(at)
+        out[name] = pc.if_else(wanted, value, pa.nulls(len(value), value.type))
+    return {FROM_LSN: out.pop("lsn"),
+            **{f"{FROM_KEY_PREFIX}{n[6:]}": v for n, v in out.items()}}  # fmt: skip
+
+
+def _moved_rows(picked, keys, won, schema, toasty) -> dict:
+    """A row per record of a primary-key change: its delete's (`KEY_CHANGE`: the old
+    key, its LSN, each TOAST column's value as of it, flagged where the key's state
+    before the records holds it, and where that state came from, `_moved_from`) and its
+    create's (`KEY_CREATE`: the change it took its row from)."""
+    at = pa.array(won.moves)
+    n = len(won.moves)
+    create = _np(pc.fill_null(pc.equal(picked["op"].take(at), "c"), False))
+    out = {k: keys[i].take(at) for i, k in enumerate(schema.key_names)}
+    out[OP] = pa.array(np.where(create, KEY_CREATE, KEY_CHANGE))
+    out[DELETED] = pa.array(np.zeros(n, bool))
+    for name, field in ((LSN, "lsn"), (PARTITION, "partition"), (OFFSET, "offset")):
+        out[name] = picked[field].take(at)
+    unset = np.zeros(n, bool)
+    for j, c in enumerate(toasty):
+        holder = np.where(create, NONE, won.move_toast[:, j])
+        held = picked[f"after__{c.name}"].take(pa.array(np.maximum(holder, 0)))
+        out[c.name] = pc.if_else(pa.array(holder >= 0), held, pa.nulls(n, held.type))
+        out[f"{TOAST_PREFIX}{c.name}"] = pa.array((holder < 0) & ~create)
+        unset |= (holder < 0) & ~create
+    out.update(_moved_from(picked, schema, won.move_create, create | unset))
     return out
 
 

@@ -10,11 +10,17 @@ In Kafka order (partition, then offset) within each key:
   (`Latest.after`) and the key's last create (`Latest.create`: no value of an earlier
   row of the key carries over it) are found the same way;
 - a TOAST column's last real value is that of the kept change of highest offset since
-  the last create whose row after holds a real value (`Latest.toast`).
+  the last create whose row after holds a real value (`Latest.toast`);
+- a kept delete that moved its row to another key (a primary-key change) holds the
+  key's state as of that delete (`Latest.moves`): each TOAST column's last real value
+  before it since the create before it (`Latest.move_toast`), and that create
+  (`Latest.move_create`: NONE when the key had no create before it in the records, so
+  its state before them holds).
 
 A fold can go on in steps (a range read batch by batch): `Latest.keep` names the records
-the next step needs of this one (each key's winners, its last record and the one with
-its highest LSN), with what was decided of them (`Records.decided`).
+the next step needs of this one (each key's winners, its last record, the one with its
+highest LSN, and each moving delete with the records its state as of it comes from),
+with what was decided of them (`Records.decided`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Records:
     lsn: np.ndarray  # int64, 0 where `has_lsn` is false
     has_lsn: np.ndarray  # bool
     has_after: np.ndarray  # bool
+    moved: np.ndarray  # bool: a delete whose row moved to another key
     real: np.ndarray  # bool, n × TOAST columns
     decided: np.ndarray  # int8: UNDECIDED, or what an earlier step decided
 
@@ -65,6 +72,9 @@ class Latest:
     create: np.ndarray  # the last kept create, in Kafka order
     toast: np.ndarray  # keys × TOAST columns: the last real value's record
     lsn: np.ndarray  # the highest LSN of the kept changes (`NO_LSN` for none)
+    moves: np.ndarray  # the kept moving deletes
+    move_toast: np.ndarray  # moves × TOAST columns: the last real value's record before it
+    move_create: np.ndarray  # per move, the create its state starts from (NONE: none)
     keep: np.ndarray  # the records a next step needs, in order
     decided: np.ndarray  # what was decided of each of `keep`
 
@@ -105,15 +115,38 @@ def latest(records: Records) -> Latest:
     # each key's record of highest LSN: what later records' re-send check compares with
     top = _highest(key, np.where(has_lsn, records.lsn[order], 0), has_lsn, keys)
     ends = np.flatnonzero(np.r_[first[1:], True]) if n else np.zeros(0, np.int64)
-    needed = np.concatenate([*winners.values(), toast.ravel(), top, ends])
+    moves, move_toast, move_create = _as_of_moves(
+        key, first, kept & records.moved[order], kept & records.create[order], kept, real
+    )
+    needed = np.concatenate([*winners.values(), toast.ravel(), top, ends, moves,
+                             move_toast.ravel(), move_create])  # fmt: skip
     marked = np.zeros(n, bool)
     marked[needed[needed != NONE]] = True
     keep = np.flatnonzero(marked)
     state = np.where(kept, KEPT, np.where(tombstone, DROPPED, STALE)).astype(np.int8)
     ahead = np.argsort(order[keep])  # the kept records in the caller's order
     return Latest(**{k: _mapped(v, order) for k, v in winners.items()},
-                  toast=_mapped(toast, order), lsn=lsn, keep=order[keep][ahead],
+                  toast=_mapped(toast, order), lsn=lsn, moves=order[moves],
+                  move_toast=_mapped(move_toast, order), move_create=_mapped(move_create, order),
+                  keep=order[keep][ahead],
                   decided=state[keep][ahead])  # fmt: skip
+
+
+def _as_of_moves(key, first, moved, create, kept, real):
+    """(the moving deletes' positions (key order), per move and TOAST column the position
+    of the last kept real value before it since the last kept create before it, and that
+    create's position; NONE for none)."""
+    n = len(key)
+    at = np.arange(n)
+    moves = np.flatnonzero(moved)
+    # where each record's state starts: its key's last create up to it, or its first record
+    start = np.maximum.accumulate(np.where(first | create, at, NONE)) if n else at
+    holders = np.zeros((len(moves), real.shape[1]), np.int64)
+    for j in range(real.shape[1]):
+        last = np.maximum.accumulate(np.where(kept & real[:, j], at, NONE))
+        holders[:, j] = np.where(last[moves] >= start[moves], last[moves], NONE)
+    begin = start[moves]
+    return moves, holders, np.where(create[begin], begin, NONE)
 
 
 def _mapped(positions: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ from cdclake.kafka.reader import RangeReader
 from cdclake.resolve.arrow_fold import changelog_table, fold_step, resolve_table
 from cdclake.resolve.fold import check_key_types
 from cdclake.resolve.range_plan import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan
-from cdclake.resolve.rows import result_columns, tally, typed_table
+from cdclake.resolve.rows import result_columns, table_rows, tally, typed_table
 from cdclake.resolve.rules import TOAST_PREFIX
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class RangeFold:
                 for table in self._tables():
                     summary.max_source_ms = tally(table, summary.counts,
                                                   summary.max_source_ms)  # fmt: skip
-                    self._hashes.append(key_hashes(table, self.schema.key_names))
+                    self._hashes.append(key_hashes(table_rows(table), self.schema.key_names))
                     yield from self._out(table)
             except Unsupported as why:
                 summary.reason = str(why)

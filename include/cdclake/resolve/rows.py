@@ -17,7 +17,9 @@ from cdclake.debezium.schema import (
 )
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
+    FROM_LSN,
     HAS_VALUES,
+    LINEAGE_OPS,
     STALE_CHECK_LSN,
     TOAST_PREFIX,
     toastable,
@@ -46,6 +48,7 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
     if keyed and toast:
         cols += [(f"{TOAST_PREFIX}{c.name}", "boolean") for c in toastable(schema)]
         cols += [(f"{FROM_KEY_PREFIX}{c.name}", c.type) for c in schema.key]
+        cols += [(FROM_LSN, "bigint")]
     return cols
 
 
@@ -60,11 +63,12 @@ def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
 
 
 def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> int | None:
-    """Counts the resolved rows by their deleted flag into `counts`; returns the latest
-    source time (ms) among them and `latest_ms`."""
+    """Counts the resolved rows (not `LINEAGE_OPS` ones) by their deleted flag into
+    `counts`; returns the latest source time (ms) among them and `latest_ms`."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    table = table_rows(table)
     deleted = pc.sum(table.column(DELETED)).as_py() or 0
     for flag, n in ((False, table.num_rows - deleted), (True, deleted)):
         if n:
@@ -73,3 +77,12 @@ def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> in
     if ts is not None and (latest_ms is None or ts // 1000 > latest_ms):
         latest_ms = ts // 1000
     return latest_ms
+
+
+def table_rows(table: pa.Table) -> pa.Table:
+    """The resolved rows that are rows of the table (not `LINEAGE_OPS` ones)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    moved = pc.fill_null(pc.is_in(table.column(OP), pa.array(LINEAGE_OPS)), False)
+    return table.filter(pc.invert(moved)) if pc.any(moved).as_py() else table

@@ -10,7 +10,8 @@ Rules (the semantics the tests pin down):
 - A truncate removes every row loaded before it: records of the batch before it are
   dropped and the MERGE deletes table rows whose LSN is below the truncate's.
 - An unchanged TOASTed column arrives as a placeholder; it takes the last real value of
-  the batch for that key, or else keeps the value already in the table.
+  the batch for that key, or else keeps the value already in the table. Across a
+  primary-key change it takes the old key's value as of the change, wherever that is.
 """
 
 from __future__ import annotations
@@ -24,8 +25,18 @@ TOAST_PLACEHOLDER = "__debezium_unavailable_value"
 TOAST_PREFIX = "_cdc_toast_"
 TOAST_TYPES = ("string", "binary", "array<string>")  # Debezium sends a placeholder in
 # with the TOAST flags, each key column's value of the key a row's key was changed from
-# (`__debezium.oldkey`): a flagged column takes that key's value, not the table's
+# (`__debezium.oldkey`) and the change's LSN: a flagged column takes that key's value as
+# of that change, not the table's (`cdclake.resolve.lineage`)
 FROM_KEY_PREFIX = "_cdc_from_"
+FROM_LSN = "_cdc_moved_lsn"
+# the operations of resolved rows that are not rows of the table (`cdclake.resolve.lineage`):
+# a key's values as of a delete that moved its row to another key (a primary-key change),
+# at that delete's LSN; and the pointer of a create that took a row from another key
+KEY_CHANGE, KEY_CREATE = "k", "n"
+LINEAGE_OPS = (KEY_CHANGE, KEY_CREATE)
+# a decoded change of a primary-key change: its delete (`__debezium.newkey`) or its
+# create (`__debezium.oldkey`)
+MOVED = "moved"
 STALE_CHECK_LSN = "_cdc_check_lsn"
 # a keyed table's resolved row carries values of the batch: false only for a deleted key
 # whose batch holds no row after of it (its columns are then NULL, and a soft delete keeps

@@ -15,7 +15,7 @@ from cdclake.kafka.reader import arrow_frame
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.placement import Placement
 from cdclake.resolve.rows import columns_ddl
-from cdclake.resolve.rules import FROM_KEY_PREFIX, TOAST_PREFIX
+from cdclake.resolve.rules import FROM_KEY_PREFIX, FROM_LSN, TOAST_PREFIX
 from cdclake.resolve.tasks import (
     RAW_COLUMNS,
     REASON,
@@ -96,7 +96,13 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
         raise
     rows = out.where(F.col(REASON).isNull()).drop(REASON)
     if not found.toast:  # no placeholder: the MERGE keeps no table value
-        rows = rows.drop(*(n for n, _ in columns if n.startswith((TOAST_PREFIX, FROM_KEY_PREFIX))))
+        rows = rows.drop(
+            *(
+                n
+                for n, _ in columns
+                if n.startswith((TOAST_PREFIX, FROM_KEY_PREFIX)) or n == FROM_LSN
+            )
+        )
     return Resolved(rows, found.truncate, found.counts, found.max_source_ms, found.toast,
                     Placement.TASKS.value, dead, cached=out)  # fmt: skip
 
