@@ -7,17 +7,27 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
+import zlib
 from functools import partial
 
 import pytest
 import yaml
 from cdclake.iceberg.merge_sql import KeyRange
 from cdclake.job import run_batch
-from cdclake.kafka.raw_rows import RAW_SCHEMA, RawRows, SchemaIds, record_row
+from cdclake.kafka.raw_rows import (
+    NEW_KEY_HEADER,
+    OLD_KEY_HEADER,
+    RAW_SCHEMA,
+    RawRows,
+    SchemaIds,
+    kept_headers,
+    record_row,
+)
 from cdclake.kafka.reader import RawSource
 from cdclake.kafka.scan import scan_raw
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
+from cdclake.resolve.rules import TOAST_PLACEHOLDER
 from cdclake_bench.avro_records import AvroWriter, registry_register
 
 from tests.conftest import DEMO_PIPELINE
@@ -109,47 +119,110 @@ def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it:
 
 
 def generate(rng: random.Random, steps: int, keys: int):
-    """Kafka records (key, value) and, per record, the source state once it is consumed,
-    and the keys deleted by then with the value each had when it was deleted (what a
-    soft-deleted row keeps).
+    """Kafka records (key, value, headers) and, per record, the source state once it is
+    consumed, and the keys deleted by then with the value each had when it was deleted
+    (what a soft-deleted row keeps).
 
     A replay re-sends a suffix of what was streamed, in order (Debezium restarting from an
-    earlier committed position): after it, the source state is unchanged.
+    earlier committed position): after it, the source state is unchanged. An update may
+    leave `name` unchanged (a TOAST placeholder). A primary-key change moves a row to a
+    free key (a delete naming the new key, its tombstone, a create naming the old key,
+    its `name` a placeholder): chains, cycles and the old key inserted again follow.
     """
     state: dict[int, str] = {}
     gone: dict[int, str] = {}
-    streamed: list[tuple[bytes, bytes | None]] = []  # what a replay may re-send
-    records: list[tuple[bytes, bytes | None]] = []
+    streamed: list[tuple] = []  # what a replay may re-send
+    records: list[tuple] = []
     states: list[dict[int, str]] = []  # source state after records[i]
     gones: list[dict[int, str]] = []  # the deleted keys' last values after records[i]
     lsn = 100
+    between: list[tuple] = []  # (state, gone) after each record of a change not yet whole
     for step in range(steps):
         action = rng.random()
         k = rng.randint(1, keys)
+        free = [f for f in range(1, keys + 3) if f not in state]
         if action < 0.2 and len(streamed) > 2:  # connector restart: re-send a suffix
             starts = [i for i in range(max(0, len(streamed) - 8), len(streamed))
                       if streamed[i][1] is not None]  # fmt: skip
             new = streamed[rng.choice(starts) :]  # from a change, never from its tombstone
         elif action < 0.3 and k in state:  # incremental snapshot read: current value, no LSN
-            new = [(key_record(k), value_record("r", None, item(k, state[k]), lsn=None))]
+            new = [(key_record(k), value_record("r", None, item(k, state[k]), lsn=None), None)]
         else:
             lsn += 10
             if k not in state:
                 state[k] = f"v{step}"
                 gone.pop(k, None)
-                new = [(key_record(k), value_record("c", None, item(k, state[k]), lsn=lsn))]
-            elif action < 0.7:
+                new = [(key_record(k), value_record("c", None, item(k, state[k]), lsn=lsn), None)]
+            elif action < 0.55:
                 state[k] = f"v{step}"
-                new = [(key_record(k), value_record("u", None, item(k, state[k]), lsn=lsn))]
+                new = [(key_record(k), value_record("u", None, item(k, state[k]), lsn=lsn), None)]
+            elif action < 0.65:  # `name` unchanged: a TOAST placeholder
+                new = [(key_record(k), value_record("u", None, item(k, TOAST_PLACEHOLDER),
+                                                    lsn=lsn), None)]  # fmt: skip
+            elif action < 0.8 and free:  # the key changes: the row moves, `name` unchanged
+                to = rng.choice(free)
+                gone[k] = state.pop(k)
+                between = [(dict(state), dict(gone))] * 2  # the delete read, the create not
+                state[to] = gone[k]
+                gone.pop(to, None)
+                new = [(key_record(k), value_record("d", item(k, "x"), None, lsn=lsn),
+                        kept_headers([(NEW_KEY_HEADER, key_record(to))])),
+                       (key_record(k), None, None),
+                       (key_record(to), value_record("c", None, item(to, TOAST_PLACEHOLDER),
+                                                     lsn=lsn),
+                        kept_headers([(OLD_KEY_HEADER, key_record(k))]))]  # fmt: skip
             else:
                 gone[k] = state.pop(k)
-                new = [(key_record(k), value_record("d", item(k, "x"), None, lsn=lsn)),
-                       (key_record(k), None)]  # fmt: skip
+                new = [(key_record(k), value_record("d", item(k, "x"), None, lsn=lsn), None),
+                       (key_record(k), None, None)]  # fmt: skip
             streamed.extend(new)
         records.extend(new)
-        states.extend(dict(state) for _ in new)
-        gones.extend(dict(gone) for _ in new)
+        states.extend([s for s, _ in between] + [dict(state)] * (len(new) - len(between)))
+        gones.extend([g for _, g in between] + [dict(gone)] * (len(new) - len(between)))
+        between = []
     return records, states, gones
+
+
+def placed(records, partitions: int) -> list[tuple]:
+    """Each record (key, value, headers) as (partition, offset, key, value, headers): a
+    key's records in one partition (as Kafka's partitioner sends them), a truncate's
+    (no key) in the first."""
+    ends = [0] * partitions
+    out = []
+    for key, value, headers in records:
+        p = zlib.crc32(key) % partitions if key is not None else 0
+        out.append((p, ends[p], key, value, headers))
+        ends[p] += 1
+    return out
+
+
+def load_slice(spark, pipeline, name: str, part, raw_by: str, tuning: Tuning = MEASURED):
+    """Run one batch of the placed records `part` (a slice of `placed`), read by Spark
+    tasks (`raw_by="frame"`) or by a Kafka source's readers, resolved as `raw_by` says."""
+    topic = pipeline.topic_for(pipeline.tables[0])
+    spans: dict[int, list[int]] = {}
+    for p, off, *_ in part:
+        spans.setdefault(p, [off, off])[1] = off
+    ranges = tuple(OffsetRange(topic, p, lo, hi + 1) for p, (lo, hi) in sorted(spans.items()))
+    plan = BatchPlan(pipeline.name, name, ranges)
+    if raw_by == "tasks":
+        seen = SchemaIds()
+        rows = [record_row(seen, topic, p, off, 0, k, v, h) for p, off, k, v, h in part]
+        frame = spark.createDataFrame(rows, RAW_SCHEMA)
+        read = lambda spark, kafka, ranges: frame  # noqa: E731
+    else:
+
+        def reader(kafka, r: dict):
+            rows = kafka.format.raw_rows(r["topic"], r["partition"], kafka.schema_registry)
+            found = [(off, k, v, h) for p, off, k, v, h in part
+                     if p == r["partition"] and r["start"] <= off < r["end"]]  # fmt: skip
+            offsets, keys, values, heads = zip(*found, strict=True) if found else ([],) * 4
+            rows.add_many(list(offsets), [0] * len(found), list(keys), list(values), list(heads))
+            yield rows.batch()
+
+        read = RawSource(lambda kafka: partial(reader, kafka))
+    return run_batch(spark, pipeline, plan, read=read, placement=Placement(raw_by),
+                     tuning=tuning)  # fmt: skip
 
 
 # One history per setting; a setting that had several seeds runs one longer history with
@@ -158,18 +231,19 @@ LONG = {0: (100, 12), 4: (80, 10), 8: (80, 10)}
 
 
 @pytest.mark.parametrize(
-    "seed, key_filter, resolve, delete_mode, fmt",
-    [(0, False, "tasks", "hard", "json"), (4, True, "tasks", "hard", "json"),
-     (8, False, "ranges", "hard", "json"), (11, True, "ranges", "hard", "json"),
-     (12, "range", "ranges", "hard", "json"), (13, "range", "tasks", "hard", "json"),
-     (14, False, "ranges", "soft", "json"), (15, True, "tasks", "soft", "json"),
-     (16, False, "tasks", "soft", "json"), (17, "range", "ranges", "soft", "json"),
-     (18, False, "driver", "hard", "json"), (19, True, "driver", "soft", "json"),
-     (20, "range", "driver", "hard", "json"), (21, False, "ranges", "hard", "avro"),
-     (22, True, "driver", "soft", "avro"), (23, "range", "ranges", "soft", "avro")],
+    "seed, key_filter, resolve, delete_mode, fmt, partitions",
+    [(0, False, "tasks", "hard", "json", 2), (4, True, "tasks", "hard", "json", 1),
+     (8, False, "ranges", "hard", "json", 2), (11, True, "ranges", "hard", "json", 1),
+     (12, "range", "ranges", "hard", "json", 3), (13, "range", "tasks", "hard", "json", 2),
+     (14, False, "ranges", "soft", "json", 2), (15, True, "tasks", "soft", "json", 1),
+     (16, False, "tasks", "soft", "json", 3), (17, "range", "ranges", "soft", "json", 1),
+     (18, False, "driver", "hard", "json", 2), (19, True, "driver", "soft", "json", 2),
+     (20, "range", "driver", "hard", "json", 1), (21, False, "ranges", "hard", "avro", 2),
+     (22, True, "driver", "soft", "avro", 1), (23, "range", "ranges", "soft", "avro", 2)],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
-    stack, spark, tmp_path, monkeypatch, request, seed, key_filter, resolve, delete_mode, fmt
+    stack, spark, tmp_path, monkeypatch, request, seed, key_filter, resolve, delete_mode, fmt,
+    partitions,
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
     into a big table does (`"range"`: the range of the key's values, as a MERGE of more
@@ -201,16 +275,14 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     )
     topic = pipeline.topic_for(pipeline.tables[0])
     if fmt == "avro":
-        records = as_avro(records, registry, topic)
+        avro = as_avro([(k, v) for k, v, _ in records], registry, topic)
+        records = [(k, v, h) for (k, v), (_, _, h) in zip(avro, records, strict=True)]
+    spread = placed(records, partitions)
     cuts = sorted(rng.sample(range(1, len(records)), cut)) + [len(records)]
     start = 0
     for i, end in enumerate(cuts):
-        if resolve in ("ranges", "driver"):
-            raw = records_source(records[start:end], start)
-        else:
-            raw = raw_frame(spark, topic, records[start:end], start)
-        used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
-                                                     start, end, resolve, tuning))  # fmt: skip
+        results = load_slice(spark, pipeline, f"{name}-{i}", spread[start:end], resolve, tuning)
+        used.update(r.resolved_by for r in results)
         # after every batch the lake is the source as of the last record read: a re-sent
         # older record never shows through, not even for one batch
         rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()

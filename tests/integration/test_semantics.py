@@ -8,6 +8,9 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DecodeError
+from cdclake.job import run_batch
+from cdclake.kafka.raw_rows import NEW_KEY_HEADER
+from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Placement
 from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.planner import plan_pipeline
@@ -537,13 +540,35 @@ def test_a_pattern_loads_every_matching_table_and_picks_up_new_ones(stack, spark
     assert all(f.offsets_behind == 0 for f in fresh)
 
 
+def key_change_cuts(client_config: dict, plan) -> list[int]:
+    """The offsets just after each delete of a primary-key change (its
+    `__debezium.newkey` header) in the plan's one range: before its tombstone."""
+    (r,) = plan.ranges
+    consumer = Consumer({**client_config, "group.id": "t"})
+    consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+    cuts = []
+    try:
+        while True:
+            msg = consumer.poll(10)
+            assert msg is not None and not msg.error(), msg
+            moved = any(name == NEW_KEY_HEADER for name, _ in msg.headers() or ())
+            if moved and msg.value() is not None:  # its tombstone carries the header too
+                cuts.append(msg.offset() + 1)
+            if msg.offset() + 1 >= r.end:
+                return cuts
+    finally:
+        consumer.close()
+
+
 @pytest.mark.parametrize("identity", ["default", "full"])
 def test_a_key_change_keeps_its_unchanged_toast_value(stack, spark, tmp_path, resolve_in,
                                                       identity):  # fmt: skip
     """`UPDATE … SET id = …` of a row whose TOASTed column is unchanged: Debezium sends the
     new key's create with a placeholder for it and the old key in its `__debezium.oldkey`
-    header. The lake takes the old key's value, whether the old row is in the batch or
-    only in the lake, and never the value of a row the new key had before."""
+    header. The lake takes the old key's value as of the change: the old row in the lake
+    or in the batch, through chains (back to the first key), with the old key inserted
+    again after, loaded in one batch and in batches cut between each change's delete and
+    its create; never the value of a row the new key had before."""
     n = uuid.uuid4().hex[:6]
     t = f"inventory.keyed_{n}"
     sql(
@@ -553,24 +578,42 @@ def test_a_key_change_keeps_its_unchanged_toast_value(stack, spark, tmp_path, re
         *([f"alter table {t} replica identity full"] if identity == "full" else []),
         f"insert into {t} select g, 'n' || g, {BIG} from generate_series(1, 6) g",
     )
-    pipeline = make_pipeline(tmp_path, f"it_pk_{identity}_{n}", [t])
-    load_all(stack, spark, pipeline, "pk-1", resolve_in)
-    assert_lake_equals_source(pipeline, stack.source_dsn)
+    whole = make_pipeline(tmp_path, f"it_pk_{identity}_{n}", [t])
+    split = make_pipeline(tmp_path, f"it_pksplit_{identity}_{n}", [t])
+    for pipeline in (whole, split):
+        load_all(stack, spark, pipeline, "pk-1", resolve_in)
+    assert_lake_equals_source(whole, stack.source_dsn)
     sql(
         stack,
         f"update {t} set id = 11 where id = 1",  # the old row only in the lake
         f"insert into {t} values (20, 'twenty', {BIG})",
         f"update {t} set id = 21 where id = 20",  # the old row in the same batch
+        f"insert into {t} values (20, 'again', {BIG})",  # the old key inserted again
         f"delete from {t} where id = 3",
         f"update {t} set id = 3 where id = 4",  # a key a row deleted in the batch had
         f"update {t} set note = 'five', id = 15 where id = 5",
+        f"update {t} set id = 30 where id = 2",  # a chain back to its first key
+        f"update {t} set id = 31 where id = 30",
+        f"update {t} set id = 2 where id = 31",
+        f"update {t} set body = {BIG} where id = 6",  # a new value, then the key changes
+        f"update {t} set id = 16 where id = 6",
     )
-    load_all(stack, spark, pipeline, "pk-2", resolve_in)
+    load_all(stack, spark, whole, "pk-2", resolve_in)
     # with REPLICA IDENTITY FULL Debezium sends the value itself
-    topic = pipeline.topic_for(pipeline.tables[0])
+    topic = whole.topic_for(whole.tables[0])
     placeholders = topic_contains(stack.broker.client_config(), topic, b"__debezium_unavail")
     assert placeholders == (identity == "default")
-    assert_lake_equals_source(pipeline, stack.source_dsn)
+    assert_lake_equals_source(whole, stack.source_dsn)
+    plan = plan_pipeline(split, "pk-2")
+    cuts = key_change_cuts(stack.broker.client_config(), plan)
+    assert len(cuts) == 8, cuts
+    (r,) = plan.ranges
+    for i, (start, end) in enumerate(zip([r.start, *cuts[:-1]], cuts, strict=True)):
+        part = BatchPlan(split.name, f"pk-2-{i}", (OffsetRange(r.topic, r.partition, start, end),))
+        run_batch(spark, split, part, placement=Placement(resolve_in))
+    load_all(stack, spark, split, "pk-2-rest", resolve_in)
+    assert_lake_equals_source(split, stack.source_dsn)
     sql(stack, f"update {t} set note = 'again' where id in (3, 11, 21)")  # placeholders again
-    load_all(stack, spark, pipeline, "pk-3", resolve_in)
-    assert_lake_equals_source(pipeline, stack.source_dsn)
+    for pipeline in (whole, split):
+        load_all(stack, spark, pipeline, "pk-3", resolve_in)
+        assert_lake_equals_source(pipeline, stack.source_dsn)
