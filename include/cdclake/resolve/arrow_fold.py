@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, TopicSchema
 from cdclake.resolve.latest import NO_LSN, NONE, UNDECIDED, Records, latest
+from cdclake.resolve.rows import absent
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
     FROM_LSN,
@@ -22,6 +23,7 @@ from cdclake.resolve.rules import (
     TOAST_TYPES,
     TRUNCATE,
     Truncate,
+    last_truncate,
     toastable,
 )
 
@@ -39,16 +41,13 @@ def _marked(values) -> pa.Array:
     return pc.equal(values, pa.scalar(mark, values.type))
 
 
-def last_truncate(changes: pa.Table) -> Truncate | None:
-    """The truncate with the highest offset (then partition)."""
+def truncate_of(changes: pa.Table) -> Truncate | None:
+    """The changes' last truncate (`last_truncate`)."""
     cut = pc.and_(pc.equal(changes["op"], TRUNCATE), pc.invert(changes["is_tombstone"]))
-    at = np.flatnonzero(_np(pc.fill_null(cut, False)))
-    if not len(at):
-        return None
-    offsets, partitions = _np(changes["offset"])[at], _np(changes["partition"])[at]
-    i = int(at[np.lexsort((partitions, offsets))[-1]])
-    return Truncate(changes["partition"][i].as_py(), changes["offset"][i].as_py(),
-                    changes["lsn"][i].as_py())  # fmt: skip
+    found = changes.filter(pc.fill_null(cut, False))
+    return last_truncate(Truncate(p, o, lsn) for p, o, lsn in zip(
+        found["partition"].to_pylist(), found["offset"].to_pylist(), found["lsn"].to_pylist(),
+        strict=True))  # fmt: skip
 
 
 def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) -> np.ndarray:
@@ -80,7 +79,7 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
     keys = [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
                           for side in ("key", "after", "before")))
             for k in schema.key_names]  # fmt: skip
-    truncate = last_truncate(changes)
+    truncate = truncate_of(changes)
     at = pa.array(applied(changes, keys, truncate))
     picked = changes
     if len(at) < changes.num_rows:  # a take copies every column
@@ -207,21 +206,13 @@ def _rows(picked, keys, won, schema, toasty):
 
 
 def _with(rows: dict, more: dict) -> dict:
-    """`rows` and then `more` (arrays by name); a name one lacks: False for a TOAST flag,
-    else NULL."""
-
-    def part(data, name, like, n):
-        if name in data:
-            return data[name]
-        if name.startswith(TOAST_PREFIX):
-            return pa.array(np.zeros(n, bool))
-        return pa.nulls(n, like.type)
-
+    """`rows` and then `more` (arrays by name), a name one lacks `absent` in it."""
     sizes = [len(next(iter(d.values()))) for d in (rows, more)]
     out = {}
     for name in dict.fromkeys([*rows, *more]):
-        like = rows.get(name, more.get(name))
-        arrays = [part(d, name, like, n) for d, n in zip((rows, more), sizes, strict=True)]
+        like = rows.get(name, more.get(name)).type
+        arrays = [d[name] if name in d else absent(name, like, n)
+                  for d, n in zip((rows, more), sizes, strict=True)]  # fmt: skip
         out[name] = pa.concat_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray)
                                       else a for a in arrays])  # fmt: skip
     return out

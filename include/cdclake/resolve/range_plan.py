@@ -15,7 +15,7 @@ from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.kafka.reader import RangeReader
 from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.rows import columns_ddl, result_columns
-from cdclake.resolve.rules import Truncate
+from cdclake.resolve.rules import Truncate, last_truncate
 
 # the columns a range task returns after the resolved rows' (`TopicPlan.ddl`): on the
 # summary row of each range, its summary (JSON) and its keys' hashes (`key_hashes`)
@@ -182,11 +182,10 @@ def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
         return None
     if len({s.partition for s in cut}) > 1:
         return "truncates in more than one partition"
-    last = max(cut, key=lambda s: s.truncate[0])
-    offset, lsn = last.truncate
+    last = last_truncate(Truncate(s.partition, *s.truncate) for s in cut)
     for s in summaries:
-        if (s.partition != last.partition and lsn is not None and s.first_lsn is not None
-                and s.first_lsn <= lsn):  # fmt: skip
+        if (s.partition != last.partition and last.lsn is not None
+                and s.first_lsn is not None and s.first_lsn <= last.lsn):  # fmt: skip
             return (f"a truncate in partition {last.partition} after changes of partition "
                     f"{s.partition}")  # fmt: skip
-    return Truncate(last.partition, offset, lsn)
+    return last

@@ -36,8 +36,7 @@ from cdclake.kafka.reader import RangeReader
 from cdclake.resolve.arrow_fold import changelog_table, fold_step, resolve_table
 from cdclake.resolve.fold import check_key_types
 from cdclake.resolve.range_plan import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan
-from cdclake.resolve.rows import result_columns, table_rows, tally, typed_table
-from cdclake.resolve.rules import TOAST_PREFIX
+from cdclake.resolve.rows import absent, result_columns, table_rows, tally, typed_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -206,7 +205,7 @@ class RangeFold:
 
     def _out(self, table: pa.Table | None,
              summary: RangeSummary | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
-        """Resolved rows (`table`, with the TOAST flags it lacks, False) or the summary
+        """Resolved rows (`table`, with the columns it lacks `absent`) or the summary
         row (every column of a row null) as batches of the plan's `ddl`."""
         import numpy as np
         import pyarrow as pa
@@ -215,12 +214,12 @@ class RangeFold:
         rows = 1 if table is None else table.num_rows
         arrays = []
         for name, type_ in columns:
-            if table is not None and name in table.column_names:
-                arrays.append(table.column(name))
-            elif table is not None and name.startswith(TOAST_PREFIX):
-                arrays.append(pa.array(np.zeros(rows, dtype=bool)))
-            else:
+            if table is None:  # the summary row
                 arrays.append(pa.nulls(rows, arrow_type(type_)))
+            elif name in table.column_names:
+                arrays.append(table.column(name))
+            else:
+                arrays.append(absent(name, arrow_type(type_), rows))
         if summary is None:
             arrays += [pa.nulls(rows, pa.string()), pa.nulls(rows, pa.binary())]
         else:

@@ -53,13 +53,24 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
 
 
 def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
-    """Arrow arrays by name (a missing one: nulls) as a table of (name, Spark type)
+    """Arrow arrays by name (a missing one `absent`) as a table of (name, Spark type)
     columns, each cast to its type."""
     import pyarrow as pa
 
     n = len(next(iter(data.values()))) if data else 0
-    return pa.table([data[name].cast(arrow_type(t)) if name in data else pa.nulls(n, arrow_type(t))
+    return pa.table([data[name].cast(arrow_type(t)) if name in data
+                     else absent(name, arrow_type(t), n)
                      for name, t in columns], names=[name for name, _ in columns])  # fmt: skip
+
+
+def absent(name: str, type_, n: int):
+    """`n` values of a column resolved rows lack (of Arrow type `type_`): False for a TOAST
+    flag (no placeholder left to the table), else NULL."""
+    import pyarrow as pa
+
+    if name.startswith(TOAST_PREFIX):
+        return pa.array([False] * n, pa.bool_())
+    return pa.nulls(n, type_)
 
 
 def tally(table: pa.Table, counts: dict[bool, int], latest_ms: int | None) -> int | None:

@@ -16,6 +16,7 @@ Rules (the semantics the tests pin down):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cdclake.debezium.schema import Column, TopicSchema
@@ -51,6 +52,12 @@ class Truncate:
     partition: int
     offset: int
     lsn: int | None
+
+
+def last_truncate(truncates: Iterable[Truncate]) -> Truncate | None:
+    """The batch's last truncate, the one every resolve applies: the highest offset, then
+    the highest partition."""
+    return max(truncates, key=lambda t: (t.offset, t.partition), default=None)
 
 
 def toastable(schema: TopicSchema) -> list[Column]:

@@ -13,7 +13,7 @@ from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import TopicSchema
 from cdclake.resolve.fold import TopicResolved, resolve_rows
 from cdclake.resolve.rows import result_columns, typed_table
-from cdclake.resolve.rules import TOAST_PREFIX, Truncate
+from cdclake.resolve.rules import TOAST_PREFIX, Truncate, last_truncate
 
 RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
                "value_schema_id", "value_payload", "headers")  # fmt: skip
@@ -93,6 +93,5 @@ class TaskReports:
         latest = [r["max_ms"] for r in found if r["max_ms"] is not None]
         bad = sorted((p, o, why) for r in found for p, o, why in r["bad"])
         truncates = [Truncate(*r["truncate"]) for r in found if r["truncate"]]
-        last = max(truncates, key=lambda t: (t.offset, t.partition), default=None)
         return cls(counts, max(latest, default=None), any(r["toast"] for r in found), bad,
-                   last)  # fmt: skip
+                   last_truncate(truncates))  # fmt: skip
