@@ -242,7 +242,16 @@ LONG = {0: (100, 12), 4: (80, 10), 8: (80, 10)}
      (22, True, "driver", "soft", "avro", 1), (23, "range", "ranges", "soft", "avro", 2)],
 )  # fmt: skip
 def test_random_interleavings_and_cuts_match_the_reference_model(
-    stack, spark, tmp_path, monkeypatch, request, seed, key_filter, resolve, delete_mode, fmt,
+    stack,
+    spark,
+    tmp_path,
+    monkeypatch,
+    request,
+    seed,
+    key_filter,
+    resolve,
+    delete_mode,
+    fmt,
     partitions,
 ):
     """With `key_filter` every MERGE names its keys in the join condition, as a MERGE
