@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from cdclake.batch import Batch, LoadStatus, TableResult
+from cdclake.batch import Batch, LoadStatus, Resolved, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
-from cdclake.iceberg.key_changes import key_changes_table
+from cdclake.iceberg.key_changes import key_changes_table, read_key_changes
 from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.tables import (
     current_snapshot,
@@ -30,6 +30,7 @@ from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
 from cdclake.ranged import FailedTopic, read_by_range, step_for
+from cdclake.resolve.lineage import linked
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
@@ -235,6 +236,18 @@ def _check_plan_start(
     return False
 
 
+def _linked(spark, qualified: str, schema, state, resolved: Resolved):
+    """The resolved rows with their key lineage followed (`cdclake.resolve.lineage`), and
+    what it leaves to the write (None: no key changed)."""
+    if not (resolved.toast and schema.key_names):
+        return resolved, None
+    lake = spark.table(qualified) if state.exists else None
+    found = linked(resolved.rows, schema, lake, lambda: read_key_changes(spark, qualified))
+    persisted = resolved.rows if resolved.cached is None else resolved.cached
+    linked_rows = dataclasses.replace(resolved, rows=found.rows, cached=persisted)
+    return linked_rows, (None if found.kept is None else found)
+
+
 def _load_table(
     batch: Batch, table: TableConfig, raw, schemas: dict[str, list[tuple[int, str]]]
 ) -> TableResult:
@@ -278,11 +291,12 @@ def _load_table(
     # no record was set aside: `raw` holds all the topic's records
     resolved = resolve_table(batch, topic, table, schema, schemas, schemas is found, raw,
                               records)  # fmt: skip
+    resolved, moved = _linked(spark, qualified, schema, state, resolved)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
         after_id, written_by = write_table(batch, table, schema, state, known, new_offsets,
-                                           resolved, records)  # fmt: skip
+                                           resolved, records, moved)  # fmt: skip
     finally:
         resolved.release()
     clock.lap("write")

@@ -30,9 +30,9 @@ def read_key_changes(spark, table: str):
 
 
 def record_key_changes(spark, table: str, kept, schema: TopicSchema) -> None:
-    """Append `kept` (key columns, `LSN`, TOAST columns) to the ledger, made or given
-    the columns it lacks first; nothing when `kept` is empty."""
-    if kept is None or kept.isEmpty():
+    """Append `kept` (key columns, `LSN`, TOAST columns; None: nothing) to the ledger,
+    made or given the columns it lacks first."""
+    if kept is None:
         return
     ledger = key_changes_table(table)
     types = {c.name: c.type for c in schema.columns}
@@ -65,6 +65,8 @@ def forget_key_changes(spark, table: str, taken, schema: TopicSchema) -> None:
     try:
         on = " AND ".join([*(f"l.{quote(k)} = t.{n}" for k, n in zip(keys, names, strict=False)),
                            f"l.{LSN} = t._cdc_tlsn"])  # fmt: skip
+        if not spark.sql(f"SELECT 1 FROM {ledger} l JOIN {view} t ON {on}").take(1):
+            return  # no entry of them: nothing to commit
         spark.sql(f"MERGE INTO {ledger} l USING {view} t ON {on} WHEN MATCHED THEN DELETE")
     finally:
         spark.catalog.dropTempView(view)

@@ -14,7 +14,6 @@ from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.key_changes import (
     forget_key_changes,
-    read_key_changes,
     record_key_changes,
 )
 from cdclake.iceberg.merge_sql import (
@@ -49,7 +48,6 @@ from cdclake.offsets import (
     SUMMARY_UPSERTS,
     encode_offsets,
 )
-from cdclake.resolve.lineage import linked
 from cdclake.resolve.placement import Tuning
 from cdclake.resolve.rules import toastable
 
@@ -58,10 +56,12 @@ log = logging.getLogger(__name__)
 
 def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: TableState,
                  known: dict[str, str], new_offsets: dict, resolved: Resolved,
-                 records: int) -> tuple[int | None, str]:  # fmt: skip
+                 records: int, moved=None) -> tuple[int | None, str]:  # fmt: skip
     """MERGE (or append) the resolved rows of the batch's `records` records into the
     table, its new offsets in the same commit: the id of the snapshot that carries them,
-    and how the rows were written (`TableResult.written_by`)."""
+    and how the rows were written (`TableResult.written_by`). `moved`: the key changes
+    of the batch (`cdclake.resolve.lineage.Linked`), kept for later batches before the
+    commit, those the batch's creates took forgotten after it."""
     spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
     truncate, counts = resolved.truncate, resolved.counts
     with conflicts_reported(
@@ -86,12 +86,9 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         view = f"cdclake_changes_{table.target}"
         # hard deletes: a ledger of deleted keys keeps re-sent older changes out
         hard = bool(schema.key_names) and not soft
-        rows, taken = resolved.rows, None
-        if resolved.toast and schema.key_names:  # key lineage (`cdclake.resolve.lineage`)
-            lake = spark.table(qualified) if state.exists else None
-            found = linked(rows, schema, lake, read_key_changes(spark, qualified))
-            record_key_changes(spark, qualified, found.kept, schema)
-            rows, taken = found.rows, found.taken
+        rows = resolved.rows
+        if moved is not None:  # key changes a later batch may need (`resolve.lineage`)
+            record_key_changes(spark, qualified, moved.kept, schema)
         source = with_deleted_lsn(spark, qualified, rows, schema) if hard else rows
         source.createOrReplaceTempView(view)
         if hard and resolved.deletes:
@@ -127,7 +124,8 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         finally:
             spark.catalog.dropTempView(view)
         after_id = _check_commit(spark, qualified, before_id, props)
-        forget_key_changes(spark, qualified, taken, schema)
+        if moved is not None:
+            forget_key_changes(spark, qualified, moved.taken, schema)
         batch.leases.done(qualified)
     return after_id, "merge" if keyed and not first_load else "append"
 

@@ -16,9 +16,9 @@ before the batch). A pointer is followed, in order:
    key's row before the batch; soft-deleted rows keep their values).
 
 A row whose pointer found nothing takes NULL, never the table's value of its own key
-(that row is another's). `KEY_CHANGE` rows no row of the batch pointed at go to the
-ledger, in the load's commit's course (`cdclake.iceberg.key_changes`); the ledger
-entries the batch's pointers name are removed once it is committed.
+(that row is another's). `KEY_CHANGE` rows whose create the batch does not hold go to
+the ledger before the table's commit (`cdclake.iceberg.key_changes`); the entries of
+the changes the batch's creates took (`KEY_CREATE` rows) are removed after it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from cdclake.resolve.rules import (
     FROM_LSN,
     KEY_CHANGE,
     KEY_CREATE,
+    LINEAGE_OPS,
     TOAST_PREFIX,
     toastable,
 )
@@ -54,8 +55,9 @@ class Linked:
 
 def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
     """`rows` (the resolved rows, with `LINEAGE_OPS` rows) with every pointer followed:
-    `lake` is the table before the batch (None: no table), `ledger` its key changes
-    ledger (None: none); see the module."""
+    `lake` is the table before the batch (None: no table), `ledger()` its key changes
+    ledger (None: none); see the module. One Spark job reads the batch's pointers (key
+    changes are few); the rest joins into the rows' plan."""
     from pyspark.sql import functions as F
 
     if FROM_LSN not in rows.columns:
@@ -65,40 +67,91 @@ def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
     toast = [c.name for c in toastable(schema) if c.name in rows.columns]
     flags = [f"{TOAST_PREFIX}{c}" for c in toast]
     op = F.col(f"`{OP}`")
+    unset = F.lit(False)
+    for f in flags:
+        unset = unset | F.col(f"`{f}`")
+    graph = _graph(rows.where(op.isin(*LINEAGE_OPS) | F.col(f"`{froms[0]}`").isNotNull())
+                   .select(*keys, LSN, OP, *froms, FROM_LSN, unset.alias("unset")).collect(),
+                   len(keys))  # fmt: skip
+    if graph is None:
+        return Linked(rows.drop(*froms, FROM_LSN), None, None)  # no key changed
     # the changes the batch's creates took their rows from: done with, wherever they are
     taken = rows.where(op == KEY_CREATE).select(*froms, FROM_LSN).distinct()
     rows = rows.where(~op.eqNullSafe(KEY_CREATE))
     moved = op.eqNullSafe(KEY_CHANGE)
-    unset = F.lit(False)
-    for f in flags:
-        unset = unset | F.col(f"`{f}`")
     # a key change whose values are its key's row before the batch points at that row
     own = moved & unset & F.col(f"`{FROM_LSN}`").isNull()
     rows = rows.select(*[F.when(own, F.col(f"`{keys[froms.index(c)]}`")).otherwise(F.col(f"`{c}`"))
                          .alias(c) if c in froms else F.col(f"`{c}`")
                          for c in rows.columns])  # fmt: skip
-    pointer = F.col(f"`{froms[0]}`").isNotNull()
-    if rows.where(pointer).limit(1).count():
+    if graph.pointers:
+        pointer = F.col(f"`{froms[0]}`").isNotNull()
         rows = _followed(rows.withColumn(_POINTED, pointer), keys, toast, flags, froms,
-                         lake, ledger)  # fmt: skip
-    named = taken.toDF(*(f"_cdc_t{i}" for i in range(len(keys))), "_cdc_tlsn")
-    on = [F.col(f"`{k}`") == F.col(f"_cdc_t{i}") for i, k in enumerate(keys)]
-    kept = rows.where(moved).join(named, [*on, F.col(LSN) == F.col("_cdc_tlsn")], "left_anti")
-    return Linked(rows.where(~moved).drop(*froms, FROM_LSN), kept.select(*keys, LSN, *toast), taken)
+                         graph.steps, lake if graph.outside else None,
+                         ledger() if graph.outside else None)  # fmt: skip
+    kept = None
+    if graph.kept:
+        named = taken.toDF(*(f"_cdc_t{i}" for i in range(len(keys))), "_cdc_tlsn")
+        on = [F.col(f"`{k}`") == F.col(f"_cdc_t{i}") for i, k in enumerate(keys)]
+        kept = (rows.where(moved).join(named, [*on, F.col(LSN) == F.col("_cdc_tlsn")],
+                                       "left_anti").select(*keys, LSN, *toast))  # fmt: skip
+    return Linked(rows.where(~moved).drop(*froms, FROM_LSN), kept,
+                  taken if graph.taken else None)  # fmt: skip
 
 
-def _followed(rows, keys, toast, flags, froms, lake, ledger):
-    """`rows` (`_POINTED`: they had a pointer) with their pointers followed (the
-    module's order), their TOAST flags then cleared."""
+@dataclass(frozen=True)
+class _Graph:
+    """The batch's key changes as the driver sees them: whether a row points elsewhere,
+    how many steps through the batch's changes its longest chain takes, whether a pointer
+    leaves the batch (to the ledger or the table), whether a create took a change, and
+    whether a change is left for a later batch."""
+
+    pointers: bool
+    steps: int
+    outside: bool
+    taken: bool
+    kept: bool
+
+
+def _graph(found, width: int) -> _Graph | None:
+    """The `_Graph` of the batch's lineage rows and rows with a pointer (each: its key
+    columns, LSN, operation, pointer and whether a TOAST flag is set); None: none."""
+    if not found:
+        return None
+    changes, pointers, taken = {}, [], set()
+    for r in found:
+        key, lsn, op = tuple(r[:width]), r[width], r[width + 1]
+        to = (tuple(r[width + 2 : 2 * width + 2]), r[2 * width + 2])
+        if to[0][0] is None:
+            to = (key, None) if op == KEY_CHANGE and r[-1] else None  # its own row before
+        if op == KEY_CREATE:
+            taken.add(to)
+        elif op == KEY_CHANGE:
+            changes[(key, lsn)] = to
+        if op != KEY_CREATE and to is not None:
+            pointers.append(to)
+    steps, outside = 0, False
+    for to in pointers:
+        n = 0
+        while to in changes and n <= len(changes):  # each step goes to an earlier change
+            to, n = changes[to], n + 1
+        steps, outside = max(steps, n), outside or to is not None
+    return _Graph(bool(pointers), steps, outside, bool(taken), bool(set(changes) - taken))
+
+
+def _followed(rows, keys, toast, flags, froms, steps: int, lake, ledger):
+    """`rows` (`_POINTED`: they had a pointer) with their pointers followed `steps` times
+    through the batch's changes, then into the ledger and the table (None: not needed),
+    their TOAST flags then cleared."""
     from pyspark.sql import functions as F
 
     moved = F.col(f"`{OP}`").eqNullSafe(KEY_CHANGE)
-    for _ in range(rows.where(moved).count()):  # each step leads to an earlier change
+    for _ in range(steps):
         changes = _source(rows.where(moved), keys, toast, flags, froms, True)
-        ahead = rows.join(changes, _on(froms, True), "left")
-        if not ahead.where(F.col(_HIT).isNotNull()).limit(1).count():
-            break
-        rows = _taken(ahead, rows.columns, toast, flags, froms, pointer=True).localCheckpoint()
+        rows = _taken(rows.join(changes, _on(froms, True), "left"), rows.columns, toast, flags,
+                      froms, pointer=True)  # fmt: skip
+        if steps > 2:  # each step reads the last twice: a long chain's plan would double
+            rows = rows.localCheckpoint()
     if ledger is not None:
         entries = _source(ledger.dropDuplicates([*keys, LSN]), keys, toast, [], froms, True)
         rows = _taken(rows.join(entries, _on(froms, True), "left"), rows.columns, toast, flags,
