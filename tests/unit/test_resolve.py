@@ -56,12 +56,13 @@ TOAST_B64 = base64.b64encode(TOAST_PLACEHOLDER.encode()).decode()
 
 
 def raw_table(parts: dict[int, list]) -> pa.Table:
-    """The reader's rows of records (key, value) per partition, offsets from 0."""
+    """The reader's rows of records (key, value, and maybe headers) per partition,
+    offsets from 0."""
     batches = []
     for partition, records in parts.items():
         rows = RawRows(TOPIC, partition)
-        for offset, (key, value) in enumerate(records):
-            rows.add(offset, 1000 + offset, key, value)
+        for offset, (key, value, *headers) in enumerate(records):
+            rows.add(offset, 1000 + offset, key, value, *headers)
         batches.append(rows.batch())
     return pa.Table.from_batches(batches)
 
@@ -183,11 +184,13 @@ def item(i, name, price="1.00", blob=b"\x01"):
 
 
 def history(seed: int, partitions: int = 1, toast: bool = True, resends: bool = True,
-            truncates: bool = True) -> dict[int, list]:  # fmt: skip
+            truncates: bool = True, moves: bool = False) -> dict[int, list]:  # fmt: skip
     """A random stream of changes to a few keys: creates, updates (some with TOAST
     placeholders, unless `toast` is False), deletes with and without tombstones, lone
     tombstones, re-sent records (unless `resends` is False), snapshot reads without LSN,
-    and truncates (unless `truncates` is False)."""
+    truncates (unless `truncates` is False) and, with `moves`, primary-key changes (a
+    delete naming the new key, its tombstone, the new key's create naming the old key
+    with a placeholder)."""
     rnd = random.Random(seed)
     parts: dict[int, list] = {p: [] for p in range(partitions)}
     sent: list[tuple[int, tuple]] = []
@@ -218,6 +221,15 @@ def history(seed: int, partitions: int = 1, toast: bool = True, resends: bool = 
             p, rec = rnd.choice(sent)  # re-sent after a connector restart
         elif roll < 0.94:
             rec = (key_record(k), value_record("r", None, item(k, "snap"), lsn=None))
+        elif moves and roll < 0.97:
+            to = rnd.choice([n for n in range(1, 7) if n != k])
+            parts[p] += [(key_record(k), value_record("d", item(k, "old"), None, lsn=lsn),
+                          kept_headers([(NEW_KEY_HEADER, key_record(to))])),
+                         (key_record(k), None)]  # fmt: skip
+            parts[to % partitions].append(
+                (key_record(to), value_record("c", None, item(to, TOAST_PLACEHOLDER), lsn=lsn),
+                 kept_headers([(OLD_KEY_HEADER, key_record(k))])))  # fmt: skip
+            continue
         elif rnd.random() < 0.3 and truncates:
             rec = (None, value_record("t", None, None, lsn=lsn))  # truncate
             p = rnd.randrange(partitions)

@@ -137,8 +137,10 @@ def _as_of_moves(key, first, moved, create, kept, real):
     of the last kept real value before it since the last kept create before it, and that
     create's position; NONE for none)."""
     n = len(key)
-    at = np.arange(n)
     moves = np.flatnonzero(moved)
+    if not len(moves):
+        return moves, np.zeros((0, real.shape[1]), np.int64), moves
+    at = np.arange(n)
     # where each record's state starts: its key's last create up to it, or its first record
     start = np.maximum.accumulate(np.where(first | create, at, NONE)) if n else at
     holders = np.zeros((len(moves), real.shape[1]), np.int64)
