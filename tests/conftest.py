@@ -67,8 +67,8 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 # seconds or less). The workers take files slowest first, so that no long file starts last.
 FILE_SECONDS = {
     "bench/test_bench.py": 258,
-    "integration/test_semantics.py": 232,
-    "integration/test_random_replay.py": 164,
+    "integration/test_semantics.py": 290,
+    "integration/test_random_replay.py": 180,
     "integration/test_faults.py": 127,
     "e2e/test_watch.py": 112,
     "e2e/test_airflow_ui.py": 102,
