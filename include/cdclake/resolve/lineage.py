@@ -8,6 +8,8 @@ where the fold's records did not hold them, its own pointer (the key's create wa
 itself a key change: the key it came from, at that change's LSN; else the old key's row
 before the batch). A pointer is followed, in order:
 
+0. a `KEY_CHANGE` row the ledger holds (below) was loaded before: the batch's is a
+   re-send, and takes the ledger's values (its key's earlier changes are loaded);
 1. into the batch's `KEY_CHANGE` rows (again while it leads to another: chains and
    cycles of key changes, each step to an earlier change);
 2. into the ledger of key changes earlier batches could not pair (a delete loaded before
@@ -87,8 +89,7 @@ def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
     if graph.pointers:
         pointer = F.col(f"`{froms[0]}`").isNotNull()
         rows = _followed(rows.withColumn(_POINTED, pointer), keys, toast, flags, froms,
-                         graph.steps, lake if graph.outside else None,
-                         ledger() if graph.outside else None)  # fmt: skip
+                         graph.steps, lake if graph.outside else None, ledger())  # fmt: skip
     kept = None
     if graph.kept:
         named = taken.toDF(*(f"_cdc_t{i}" for i in range(len(keys))), "_cdc_tlsn")
@@ -146,14 +147,24 @@ def _followed(rows, keys, toast, flags, froms, steps: int, lake, ledger):
     from pyspark.sql import functions as F
 
     moved = F.col(f"`{OP}`").eqNullSafe(KEY_CHANGE)
+    entries = None
+    if ledger is not None:
+        entries = _source(ledger.dropDuplicates([*keys, LSN]), keys, toast, [], froms, True)
+        # a change the ledger holds was loaded before: the batch's is a re-send, whose
+        # state the batch cannot know (its key's earlier changes are loaded)
+        own = [F.col(f"`{k}`") == F.col(f"_cdc_src_k{i}") for i, k in enumerate(keys)]
+        on = moved & F.col(f"`{LSN}`").eqNullSafe(F.col("_cdc_src_lsn"))
+        for c in own:
+            on = on & c
+        rows = _taken(rows.join(entries, on, "left"), rows.columns, toast, flags, froms,
+                      forced=True)  # fmt: skip
     for _ in range(steps):
         changes = _source(rows.where(moved), keys, toast, flags, froms, True)
         rows = _taken(rows.join(changes, _on(froms, True), "left"), rows.columns, toast, flags,
                       froms, pointer=True)  # fmt: skip
         if steps > 2:  # each step reads the last twice: a long chain's plan would double
             rows = rows.localCheckpoint()
-    if ledger is not None:
-        entries = _source(ledger.dropDuplicates([*keys, LSN]), keys, toast, [], froms, True)
+    if entries is not None:
         rows = _taken(rows.join(entries, _on(froms, True), "left"), rows.columns, toast, flags,
                       froms)  # fmt: skip
     if lake is not None:
@@ -197,10 +208,11 @@ def _on(froms, by_lsn: bool):
     return out
 
 
-def _taken(joined, columns, toast, flags, froms, pointer: bool = False):
+def _taken(joined, columns, toast, flags, froms, pointer: bool = False, forced: bool = False):
     """The rows of `joined` (rows left-joined with a `_source`): where a source row was
-    found, each flagged TOAST column takes its value and keeps its flag only where the
-    source's is set; the pointer becomes the source's (`pointer`) or is done."""
+    found, each flagged TOAST column (each, `forced`) takes its value and keeps its flag
+    only where the source's is set; the pointer becomes the source's (`pointer`) or is
+    done."""
     from pyspark.sql import functions as F
 
     hit = F.col(_HIT).isNotNull()
@@ -209,7 +221,7 @@ def _taken(joined, columns, toast, flags, froms, pointer: bool = False):
         col = F.col(f"`{c}`")
         if c in toast:
             j = toast.index(c)
-            flag = F.col(f"`{TOAST_PREFIX}{c}`")
+            flag = F.lit(True) if forced else F.col(f"`{TOAST_PREFIX}{c}`")
             out.append(F.when(hit & flag, F.col(f"_cdc_src_v{j}")).otherwise(col).alias(c))
         elif c in flags:
             j = flags.index(c)
