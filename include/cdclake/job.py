@@ -238,14 +238,15 @@ def _check_plan_start(
 
 def _linked(spark, qualified: str, schema, state, resolved: Resolved):
     """The resolved rows with their key lineage followed (`cdclake.resolve.lineage`), and
-    what it leaves to the write (None: no key changed)."""
+    what it leaves to the write (the key changes to keep and those taken; None: no key
+    lineage to follow)."""
     if not (resolved.toast and schema.key_names):
         return resolved, None
     lake = spark.table(qualified) if state.exists else None
     found = linked(resolved.rows, schema, lake, lambda: read_key_changes(spark, qualified))
     persisted = resolved.rows if resolved.cached is None else resolved.cached
     linked_rows = dataclasses.replace(resolved, rows=found.rows, cached=persisted)
-    return linked_rows, (None if found.kept is None else found)
+    return linked_rows, found
 
 
 def _load_table(

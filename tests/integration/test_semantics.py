@@ -8,6 +8,7 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DecodeError
+from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.job import run_batch
 from cdclake.kafka.raw_rows import NEW_KEY_HEADER
 from cdclake.offsets import BatchPlan, OffsetRange
@@ -337,9 +338,6 @@ def test_a_soft_deleted_key_the_lake_never_held_takes_the_row_before_its_delete(
     by default. A soft-deleted key the lake never held, whose batch holds only its delete
     (its insert was never loaded), is written with those values: into a table that holds
     other rows (a MERGE) and into a new one (an append, or its range tasks' files)."""
-    from cdclake.job import run_batch
-    from cdclake.offsets import BatchPlan, OffsetRange
-
     n = uuid.uuid4().hex[:6]
     full, plain = f"inventory.softfull_{n}", f"inventory.softplain_{n}"
     sql(
@@ -618,6 +616,9 @@ def test_a_key_change_keeps_its_unchanged_toast_value(stack, spark, tmp_path, re
         run_batch(spark, split, part, placement=Placement(resolve_in))
     load_all(stack, spark, split, "pk-2-rest", resolve_in)
     assert_lake_equals_source(split, stack.source_dsn)
+    # every change the ledger kept between a delete and its create was taken, and removed
+    ledger = key_changes_table(split.qualified_target(split.tables[0]))
+    assert spark.table(ledger).count() == 0
     sql(stack, f"update {t} set note = 'again' where id in (3, 11, 21)")  # placeholders again
     for pipeline in (whole, split):
         load_all(stack, spark, pipeline, "pk-3", resolve_in)
