@@ -63,7 +63,8 @@ def forget_key_changes(spark, table: str, taken, schema: TopicSchema) -> None:
     view = f"cdclake_taken_{table.replace('.', '_')}"
     taken.toDF(*names).createOrReplaceTempView(view)
     try:
-        on = " AND ".join([*(f"l.{quote(k)} = t.{n}" for k, n in zip(keys, names, strict=False)),
+        on = " AND ".join([*(f"l.{quote(k)} = t.{n}" for k, n in zip(keys, names[:-1],
+                                                                       strict=True)),
                            f"l.{LSN} = t._cdc_tlsn"])  # fmt: skip
         if not spark.sql(f"SELECT 1 FROM {ledger} l JOIN {view} t ON {on}").take(1):
             return  # no entry of them: nothing to commit

@@ -228,7 +228,8 @@ def _moved_from(picked, schema, create, wanted) -> dict:
         value = picked[name].take(at)
         out[name] = pc.if_else(wanted, value, pa.nulls(len(value), value.type))
     return {FROM_LSN: out.pop("lsn"),
-            **{f"{FROM_KEY_PREFIX}{n[6:]}": v for n, v in out.items()}}  # fmt: skip
+            **{f"{FROM_KEY_PREFIX}{n.removeprefix('from__')}": v
+               for n, v in out.items()}}  # fmt: skip
 
 
 def _moved_rows(picked, keys, won, schema, toasty) -> dict:

@@ -11,15 +11,17 @@ In Kafka order (partition, then offset) within each key:
   row of the key carries over it) are found the same way;
 - a TOAST column's last real value is that of the kept change of highest offset since
   the last create whose row after holds a real value (`Latest.toast`);
-- a kept delete that moved its row to another key (a primary-key change) holds the
-  key's state as of that delete (`Latest.moves`): each TOAST column's last real value
-  before it since the create before it (`Latest.move_toast`), and that create
-  (`Latest.move_create`: NONE when the key had no create before it in the records, so
-  its state before them holds).
+- the kept records of a primary-key change (`Latest.moves`: a delete that moved its row
+  to another key, or a create that took its row from one) hold the key's state as of
+  them: each TOAST column's last real value before it since the create before it
+  (`Latest.move_toast`), and that create (`Latest.move_create`: a create is its own;
+  NONE when the key had no create before it in the records, so its state before them
+  holds).
 
 A fold can go on in steps (a range read batch by batch): `Latest.keep` names the records
 the next step needs of this one (each key's winners, its last record, the one with its
-highest LSN, and each moving delete with the records its state as of it comes from),
+highest LSN, and each record of a key change with the records its state as of it comes
+from),
 with what was decided of them (`Records.decided`).
 """
 
@@ -50,7 +52,7 @@ class Records:
     lsn: np.ndarray  # int64, 0 where `has_lsn` is false
     has_lsn: np.ndarray  # bool
     has_after: np.ndarray  # bool
-    moved: np.ndarray  # bool: a delete whose row moved to another key
+    moved: np.ndarray  # bool: a record of a primary-key change (its delete or its create)
     real: np.ndarray  # bool, n × TOAST columns
     decided: np.ndarray  # int8: UNDECIDED, or what an earlier step decided
 
@@ -72,7 +74,7 @@ class Latest:
     create: np.ndarray  # the last kept create, in Kafka order
     toast: np.ndarray  # keys × TOAST columns: the last real value's record
     lsn: np.ndarray  # the highest LSN of the kept changes (`NO_LSN` for none)
-    moves: np.ndarray  # the kept moving deletes
+    moves: np.ndarray  # the kept records of primary-key changes
     move_toast: np.ndarray  # moves × TOAST columns: the last real value's record before it
     move_create: np.ndarray  # per move, the create its state starts from (NONE: none)
     keep: np.ndarray  # the records a next step needs, in order
@@ -133,9 +135,9 @@ def latest(records: Records) -> Latest:
 
 
 def _as_of_moves(key, first, moved, create, kept, real):
-    """(the moving deletes' positions (key order), per move and TOAST column the position
-    of the last kept real value before it since the last kept create before it, and that
-    create's position; NONE for none)."""
+    """(the positions (key order) of the key changes' records, per move and TOAST column
+    the position of the last kept real value before it since the last kept create before
+    it, and that create's position; NONE for none)."""
     n = len(key)
     moves = np.flatnonzero(moved)
     if not len(moves):

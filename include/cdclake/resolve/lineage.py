@@ -69,23 +69,22 @@ def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
     toast = [c.name for c in toastable(schema) if c.name in rows.columns]
     flags = [f"{TOAST_PREFIX}{c}" for c in toast]
     op = F.col(f"`{OP}`")
+    moved = op.eqNullSafe(KEY_CHANGE)
     unset = F.lit(False)
     for f in flags:
         unset = unset | F.col(f"`{f}`")
-    graph = _graph(rows.where(op.isin(*LINEAGE_OPS) | F.col(f"`{froms[0]}`").isNotNull())
-                   .select(*keys, LSN, OP, *froms, FROM_LSN, unset.alias("unset")).collect(),
-                   len(keys))  # fmt: skip
-    if graph is None:
-        return Linked(rows.drop(*froms, FROM_LSN), None, None)  # no key changed
-    # the changes the batch's creates took their rows from: done with, wherever they are
-    taken = rows.where(op == KEY_CREATE).select(*froms, FROM_LSN).distinct()
-    rows = rows.where(~op.eqNullSafe(KEY_CREATE))
-    moved = op.eqNullSafe(KEY_CHANGE)
     # a key change whose values are its key's row before the batch points at that row
     own = moved & unset & F.col(f"`{FROM_LSN}`").isNull()
     rows = rows.select(*[F.when(own, F.col(f"`{keys[froms.index(c)]}`")).otherwise(F.col(f"`{c}`"))
                          .alias(c) if c in froms else F.col(f"`{c}`")
                          for c in rows.columns])  # fmt: skip
+    graph = _graph(rows.where(op.isin(*LINEAGE_OPS) | F.col(f"`{froms[0]}`").isNotNull())
+                   .select(*keys, LSN, OP, *froms, FROM_LSN).collect(), len(keys))  # fmt: skip
+    if graph is None:
+        return Linked(rows.drop(*froms, FROM_LSN), None, None)  # no key changed
+    # the changes the batch's creates took their rows from: done with, wherever they are
+    taken = rows.where(op == KEY_CREATE).select(*froms, FROM_LSN).distinct()
+    rows = rows.where(~op.eqNullSafe(KEY_CREATE))
     if graph.pointers:
         pointer = F.col(f"`{froms[0]}`").isNotNull()
         rows = _followed(rows.withColumn(_POINTED, pointer), keys, toast, flags, froms,
@@ -116,15 +115,15 @@ class _Graph:
 
 def _graph(found, width: int) -> _Graph | None:
     """The `_Graph` of the batch's lineage rows and rows with a pointer (each: its key
-    columns, LSN, operation, pointer and whether a TOAST flag is set); None: none."""
+    columns, LSN, operation and pointer); None: none."""
     if not found:
         return None
     changes, pointers, taken = {}, [], set()
     for r in found:
         key, lsn, op = tuple(r[:width]), r[width], r[width + 1]
         to = (tuple(r[width + 2 : 2 * width + 2]), r[2 * width + 2])
-        if to[0][0] is None:
-            to = (key, None) if op == KEY_CHANGE and r[-1] else None  # its own row before
+        if to[0][0] is None:  # points nowhere
+            to = None
         if op == KEY_CREATE:
             taken.add(to)
         elif op == KEY_CHANGE:
