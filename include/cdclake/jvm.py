@@ -14,8 +14,10 @@ archive against its own build and class path and runs without it when they diffe
 warning on stderr), so a stale archive costs the time it would have saved, nothing else.
 
 `CDCLAKE_JVM_ARCHIVE` sets the archive's path, or `off` to never use one; by default it
-lives in the user's cache directory, named after the Spark version, install and Java. A
-pipeline that sets `spark.driver.extraJavaOptions` in its `spark.conf` gets exactly that.
+lives in the user's cache directory, named after the Spark version, install (its jars'
+names, sizes and times: a reinstall makes a new archive, as the JVM would refuse the old
+one) and Java. A pipeline that sets `spark.driver.extraJavaOptions` in its `spark.conf`
+gets exactly that.
 """
 
 from __future__ import annotations
@@ -83,12 +85,11 @@ def archive_path() -> Path | None:
         return None
     if value:
         return Path(value).expanduser()
-    # found without importing pyspark: DAG files call this when Airflow parses them
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
+    jars = spark_jars()
+    if jars is None:
         return None
     version = importlib.metadata.version("pyspark")
-    identity = f"{Path(spec.origin).parent}|{version}|{_java()}"
+    identity = f"{_class_path(jars)}|{version}|{_java()}"
     key = hashlib.blake2b(identity.encode(), digest_size=6).hexdigest()
     return cache_home() / f"spark-driver-{version}-{key}.jsa"
 
@@ -97,6 +98,22 @@ def cache_home() -> Path:
     """The user's cache directory for cdclake (`$XDG_CACHE_HOME/cdclake`, by default
     `~/.cache/cdclake`): the archive, and the local stack's downloaded and built parts."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cdclake"
+
+
+def spark_jars() -> Path | None:
+    """The installed Spark's jars folder; None without pyspark."""
+    # found without importing pyspark: DAG files call this when Airflow parses them
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "jars"
+
+
+def _class_path(folder: Path) -> str:
+    """The Spark install's class path as the JVM checks it against an archive: each jar's
+    path, size and modification time."""
+    found = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    return ";".join(f"{j}:{(s := j.stat()).st_size}:{s.st_mtime_ns}" for j in found)
 
 
 def _java() -> str:

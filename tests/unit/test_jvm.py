@@ -105,6 +105,27 @@ def test_the_default_archive_is_named_after_spark_and_cached_per_user(monkeypatc
     assert archive_path() != path  # another Java, another archive
 
 
+def test_a_reinstalled_spark_gets_a_new_archive(monkeypatch, tmp_path):
+    """The JVM refuses an archive once a jar of its class path changed (a reinstall writes
+    every jar anew), so a reinstall must not find the old archive under the same name."""
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    install = tmp_path / "pyspark"
+    (install / "jars").mkdir(parents=True)
+    jar = install / "jars" / "spark-core.jar"
+    jar.write_bytes(b"jar")
+    spec = importlib.machinery.ModuleSpec("pyspark", None, origin=str(install / "__init__.py"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.delenv(ARCHIVE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = archive_path()
+    assert archive_path() == path  # the same install, the same archive
+    os.utime(jar, ns=(0, jar.stat().st_mtime_ns + 1_000_000_000))
+    assert archive_path() != path
+
+
 def test_the_load_task_takes_its_driver_options_from_the_plan(monkeypatch):
     """The plan knows the batch's size: the load's spark-submit renders its driver's Java
     options from the plan task's XCom, unless the pipeline sets them."""
@@ -125,3 +146,25 @@ def test_the_load_task_takes_its_driver_options_from_the_plan(monkeypatch):
     own = dataclasses.replace(pipeline.spark, conf={DRIVER_OPTIONS: "-Xss4m"})
     load = build_pipeline_dag(dataclasses.replace(pipeline, spark=own)).get_task("load")
     assert load.conf[DRIVER_OPTIONS] == "-Xss4m"
+
+
+def test_a_new_archive_deletes_those_it_replaces(tmp_path):
+    """Archives of the same install before a reinstall, or of an install that is gone,
+    are deleted; another install's archive stays."""
+    from cdclake_bench.jvm_archive import drop_replaced
+
+    here, other, gone = (tmp_path / n / "jars" for n in ("here", "other", "gone"))
+    here.mkdir(parents=True)
+    other.mkdir(parents=True)
+    archives = {}
+    for name, jars in (("old", here), ("other", other), ("gone", gone), ("new", here)):
+        archives[name] = tmp_path / f"spark-driver-3.5.9-{name}.jsa"
+        archives[name].write_bytes(b"archive")
+        if name != "new":
+            archives[name].with_name(f"{archives[name].name}.from").write_text(str(jars))
+    drop_replaced(archives["new"], here)
+    assert sorted(p.name for p in tmp_path.glob("*.jsa")) == [
+        "spark-driver-3.5.9-new.jsa",
+        "spark-driver-3.5.9-other.jsa",
+    ]
+    assert (tmp_path / "spark-driver-3.5.9-new.jsa.from").read_text() == str(here)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from cdclake.exceptions import CdclakeError
-from cdclake.jvm import ARCHIVE_ENV, DRIVER_OPTIONS, archive_path
+from cdclake.jvm import ARCHIVE_ENV, DRIVER_OPTIONS, archive_path, spark_jars
 from cdclake.spark import spark_conf
 
 # writing the archive warns for every class it leaves out (signed jars, old class files)
@@ -69,8 +69,28 @@ def _build(archive: Path) -> None:
             f"{done.stderr[-2000:]}"
         )
     os.replace(partial, archive)
+    drop_replaced(archive, spark_jars())
     log.info("wrote %s (%.0f MB) in %.0f s", archive, archive.stat().st_size / 1e6,
              time.perf_counter() - started)  # fmt: skip
+
+
+def drop_replaced(archive: Path, spark_jars: Path) -> None:
+    """Note that `archive` was built for the Spark install of `spark_jars`, and delete the
+    archives it replaces: those built for the same install before a reinstall, or for an
+    install that no longer exists (170 MB each)."""
+    jars = str(spark_jars)
+    _origin(archive).write_text(jars)
+    for other in archive.parent.glob("spark-driver-*.jsa"):
+        origin = _origin(other)
+        built_for = origin.read_text() if origin.is_file() else None
+        if other != archive and (built_for == jars or (built_for and not Path(built_for).is_dir())):
+            log.info("deleting %s, replaced by %s", other, archive.name)
+            other.unlink(missing_ok=True)
+            origin.unlink(missing_ok=True)
+
+
+def _origin(archive: Path) -> Path:
+    return archive.with_name(f"{archive.name}.from")
 
 
 def _workload():
