@@ -1,5 +1,6 @@
 """spark-submit entry point: list or replay a pipeline's dead letters (the
-`cdclake_dead_letters` form; `cdclake dead-letters` runs the same in-process).
+`cdclake_dead_letters` form; `cdclake dead-letters` runs the same in-process). The answer
+in words comes first, then the same as JSON.
 
 spark-submit jobs/dead_letters.py --pipeline include/pipelines/demo.yaml --action replay \
     [--table inventory.orders] [--since 2026-11-27T08:00]
@@ -13,7 +14,7 @@ import sys
 
 from cdclake.lifecycle import run_job
 from cdclake.pipeline_file import load_pipeline
-from cdclake.redrive import list_dead_letters, parse_since, replay
+from cdclake.redrive import describe, list_dead_letters, parse_since, replay
 from cdclake.spark import build_session
 
 
@@ -22,9 +23,14 @@ def run(args: argparse.Namespace) -> None:
     spark = build_session(pipeline)
     table, since = args.table or None, parse_since(args.since) if args.since else None
     if args.action == "list":
-        print(json.dumps(list_dead_letters(spark, pipeline, table, since), default=str))
+        rows = list_dead_letters(spark, pipeline, table, since)
+        print(describe(pipeline.name, rows))
+        print(json.dumps(rows, default=str))
     else:
-        print(json.dumps(replay(spark, pipeline, table, since)))
+        report = replay(spark, pipeline, table, since)
+        print(f"{report['replayed']} of {report['pending']} pending dead letter(s) for "
+              f"{pipeline.name} replayed")  # fmt: skip
+        print(json.dumps(report))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,27 @@ def list_dead_letters(
     return [] if rows is None else [r.asDict() for r in rows.select(*LISTED).collect()]
 
 
+def describe(pipeline: str, rows: list[dict], pending: bool = True, shown: int = 20) -> str:
+    """A listing in words: how many dead letters, per topic, then the oldest `shown`, one
+    line each (where it was read, when it was set aside, the first line of why)."""
+    kind = "pending dead letter" if pending else "dead letter"
+    if not rows:
+        return f"0 {kind}s for {pipeline}"
+    topics = defaultdict(int)
+    for r in rows:
+        topics[r["topic"]] += 1
+    per_topic = ", ".join(f"{t}: {n}" for t, n in sorted(topics.items()))
+    lines = [f"{len(rows)} {kind}{'s' if len(rows) > 1 else ''} for {pipeline} ({per_topic})"]
+    for r in rows[:shown]:
+        when = r["recorded_at"]
+        when = when.strftime("%Y-%m-%d %H:%M:%S") if isinstance(when, dt.datetime) else when
+        why = str(r["error"] or "").splitlines()[0] if r["error"] else ""
+        lines.append(f"  {r['topic']}[{r['partition']}] offset {r['offset']}, {when}: {why}")
+    if len(rows) > shown:
+        lines.append(f"  ... and {len(rows) - shown} more")
+    return "\n".join(lines)
+
+
 def replay(spark, pipeline: PipelineConfig, table: str | None = None,
            since: dt.datetime | None = None) -> dict:  # fmt: skip
     """Apply the pending dead letters again (at most `MAX_RECORDS`, oldest first)."""

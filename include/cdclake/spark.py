@@ -135,6 +135,9 @@ def spark_conf(
         "spark.sql.adaptive.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # a task's log shows the job's answer, not Spark's INFO lines (from the
+        # SparkContext's start on); a pipeline that wants them sets it in `spark.conf`
+        "spark.log.level": "WARN",
         "spark.driver.memory": "4g",
         # cached batches that spill to disk are read back whole: Kryo keeps them compact
         "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
@@ -192,7 +195,6 @@ def build_session(
     spark = builder.getOrCreate()
     for key, value in later.items():
         spark.conf.set(key, value)
-    spark.sparkContext.setLogLevel("WARN")
     # Iceberg logs an ERROR with its stack for each metadata file its removal of
     # orphan files finds already deleted (`write.metadata.delete-after-commit`), and goes on
     log4j = spark._jvm.org.apache.logging.log4j

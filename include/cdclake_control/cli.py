@@ -143,6 +143,7 @@ def _dead_letters_parser(sub) -> None:
     dl.add_argument("--since", type=_instant, default=None,
                     help="recorded at or after this ISO time (UTC) or epoch ms")  # fmt: skip
     dl.add_argument("--all", action="store_true", help="list replayed ones too")
+    dl.add_argument("--json", action="store_true", help="the listing as JSON")
 
 
 def _instant(text: str):
@@ -157,14 +158,15 @@ def _instant(text: str):
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from cdclake.pipeline_file import load_pipeline
-    from cdclake.redrive import list_dead_letters, replay
+    from cdclake.redrive import describe, list_dead_letters, replay
     from cdclake.spark import build_session
 
     pipeline = load_pipeline(args.pipeline)
     spark = build_session(pipeline, pipeline.spark.master)
     if args.action == "list":
         rows = list_dead_letters(spark, pipeline, args.table, args.since, not args.all)
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(rows, indent=2, default=str) if args.json
+              else describe(pipeline.name, rows, not args.all))  # fmt: skip
         return 0
     print(json.dumps(replay(spark, pipeline, args.table, args.since), indent=2, sort_keys=True))
     return 0

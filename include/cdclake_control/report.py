@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -41,8 +42,29 @@ class TableReport:
         """This run loaded records into the table: it gets an asset event."""
         return self.records > 0
 
+    @property
+    def committed_at(self) -> str | None:
+        """When the table's offsets were committed, ISO 8601 in UTC."""
+        if self.committed_at_ms is None:
+            return None
+        at = dt.datetime.fromtimestamp(self.committed_at_ms / 1000, dt.UTC)
+        return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "committed_at": self.committed_at}
+
+    def summary(self) -> str:
+        """One line of a task log: what the run did to the table and how far behind it is."""
+        if not self.exists:
+            return f"{self.table}: not created yet (no change loaded)"
+        done = (f"{self.records} records loaded ({self.upserts} upserts, {self.deletes} "
+                "deletes)" if self.records else "nothing new loaded")  # fmt: skip
+        parts = [done, f"{self.offsets_behind} offsets behind Kafka"]
+        if self.committed_at is not None:
+            parts.append(f"offsets committed at {self.committed_at}")
+        if self.seconds_behind_source is not None:
+            parts.append(f"{self.seconds_behind_source:.1f} s behind the source")
+        return f"{self.table}: {'; '.join(parts)}"
 
 
 def batches_by_topic(plans: Iterable[BatchPlan]) -> dict[str, set[str]]:

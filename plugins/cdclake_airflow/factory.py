@@ -30,6 +30,10 @@ from cdclake_airflow.isolation import build_isolated
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOAD_APPLICATION = PROJECT_ROOT / "jobs" / "load.py"
+# the runs a scheduled DAG of a pipeline takes: not Airflow's date-range backfill, which
+# means nothing to a run that loads offsets (the cdclake_backfill form replays those)
+NO_DATE_BACKFILL = ("scheduled", "manual", "operator_triggered", "asset_triggered",
+                    "asset_materialization")  # fmt: skip
 
 
 def table_asset(pipeline: PipelineConfig, target: str) -> Asset:
@@ -133,6 +137,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
+        allowed_run_types=NO_DATE_BACKFILL,
         auto_register=False,  # collected from the DAG file's globals if it validates
         tags=["cdclake", pipeline.name],
         default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},

@@ -20,7 +20,7 @@ from airflow.sdk import DAG, task
 from cdclake.config import PipelineConfig
 from cdclake.pipeline_file import load_pipeline
 
-from cdclake_airflow.factory import PROJECT_ROOT, spark_submit
+from cdclake_airflow.factory import NO_DATE_BACKFILL, PROJECT_ROOT, spark_submit
 from cdclake_airflow.isolation import build_isolated
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ def build_maintenance_dag(pipeline: PipelineConfig) -> DAG:
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
+        allowed_run_types=NO_DATE_BACKFILL,
         auto_register=False,  # collected from the DAG file's globals if it validates
         tags=["cdclake", "maintenance", pipeline.name],
         default_args={"retries": 2, "retry_delay": dt.timedelta(minutes=2)},

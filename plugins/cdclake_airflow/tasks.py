@@ -45,12 +45,15 @@ def emit_changed(outlet_events, pipeline, reports) -> list[str]:
 
     events = outlet_events[tables_alias(pipeline.name)]
     changed = []
+    for rep in reports:  # what happened first, in words
+        log.info("%s", rep.summary())
     for table, rep in zip(pipeline.tables, reports, strict=True):
         if rep.changed:
             events.add(table_asset(pipeline, table.target), extra=rep.to_dict())
             changed.append(rep.table)
-        log.info("%s", json.dumps(rep.to_dict(), sort_keys=True))
     log.info("asset events for %d changed table(s): %s", len(changed), ", ".join(changed) or "-")
+    for rep in reports:
+        log.info("%s", json.dumps(rep.to_dict(), sort_keys=True))
     return changed
 
 

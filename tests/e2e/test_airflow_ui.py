@@ -77,6 +77,19 @@ class Airflow:
                 return None
             raise
 
+    def post(self, path: str, body: dict) -> tuple[int, str]:
+        """POST JSON to an API path as admin: (status, body text)."""
+        req = urllib.request.Request(
+            self.base + path, data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {self.token}",
+                     "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=20) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
     def run_path(self, dag_id: str, run_id: str) -> str:
         return f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
 
@@ -307,23 +320,35 @@ def xcom(airflow: Airflow, dag_id: str, run_id: str, task_id: str):
     return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
 
 
-def task_output(airflow: Airflow, dag_id: str, run_id: str, task_id: str) -> list[dict]:
-    """The JSON objects a task printed, from its log (as the UI shows it)."""
+def task_log(airflow: Airflow, dag_id: str, run_id: str, task_id: str) -> list[str]:
+    """A task's log lines in order, as the UI shows them (each event's text)."""
     folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
-    found = []
+    events = []
     for path in sorted(folder.glob("*")):
         for line in path.read_text(errors="replace").splitlines():
             try:
-                event = json.loads(line).get("event", "")
+                events.append(str(json.loads(line).get("event", "")))
             except (ValueError, AttributeError):
-                event = line
-            start = event.find('{"')
-            if start >= 0:
-                try:
-                    found.append(json.loads(event[start:]))
-                except ValueError:
-                    continue
+                events.append(line)
+    return events
+
+
+def task_output(airflow: Airflow, dag_id: str, run_id: str, task_id: str) -> list[dict]:
+    """The JSON objects a task printed, from its log."""
+    found = []
+    for event in task_log(airflow, dag_id, run_id, task_id):
+        start = event.find('{"')
+        if start >= 0:
+            try:
+                found.append(json.loads(event[start:]))
+            except ValueError:
+                continue
     return found
+
+
+def spark_info_lines(lines: list[str]) -> list[str]:
+    """Spark's own INFO lines, but for the SparkContext's first ones (before its level)."""
+    return [x for x in lines if re.search(r"\d\d/\d\d/\d\d [\d:]+ INFO (?!SparkContext: )", x)]
 
 
 def high_watermarks(pipeline) -> dict[str, int]:
@@ -355,6 +380,20 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     assert wait_for_run(airflow, "cdclake__demo", run_id)["run_type"] == "manual"
     wait_until_idle(airflow, "cdclake__demo")
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    # Airflow's date-range backfill, which its trigger dialog offers any scheduled DAG, is
+    # refused: a run loads offsets (the cdclake_backfill form replays them)
+    status, said = airflow.post("/api/v2/backfills", {
+        "dag_id": "cdclake__demo", "from_date": "2026-01-01T00:00:00Z",
+        "to_date": "2026-01-02T00:00:00Z",
+    })  # fmt: skip
+    assert status >= 400 and "does not allow backfill runs" in said, (status, said)
+    # the tasks' logs lead with what happened, without Spark's INFO lines
+    assert spark_info_lines(task_log(airflow, "cdclake__demo", run_id, "load")) == []
+    said = task_log(airflow, "cdclake__demo", run_id, "report")
+    lines = [x for x in said if x.startswith(f"{pipeline.catalog.name}.{pipeline.namespace}.")]
+    assert len(lines) == len(pipeline.tables) and said.index(lines[0]) < min(
+        i for i, x in enumerate(said) if x.startswith('{"')
+    ), said
 
     # 4. the backfill form's defaults: every table of demo, earliest to latest
     apply_workload(stack.source_dsn)
@@ -394,6 +433,9 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     open_dag(page, airflow, "cdclake_dead_letters")
     run_id = trigger(page, "cdclake_dead_letters", choose("action", "replay"))
     wait_for_run(airflow, "cdclake_dead_letters", run_id)
+    said = task_log(airflow, "cdclake_dead_letters", run_id, "dead_letters__demo")
+    answer = said.index("0 of 0 pending dead letter(s) for demo replayed")
+    assert spark_info_lines(said[:answer]) == []
     reports = [o for o in task_output(airflow, "cdclake_dead_letters", run_id,
                                       "dead_letters__demo") if "replayed" in o]  # fmt: skip
     assert [(r["pipeline"], r["pending"], r["replayed"]) for r in reports] == [("demo", 0, 0)]

@@ -3,6 +3,7 @@ then once with none; the asset events each run left in Airflow's metadata DB."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -42,6 +43,8 @@ def assert_events_for_the_changed_tables(pipeline, run) -> dict[str, dict]:
     assert {name: extra["records"] for name, extra in events.items()} == expected
     for extra in events.values():
         assert extra["loaded_this_batch"] and extra["offsets_behind"] == 0
+        at = dt.datetime.fromisoformat(extra["committed_at"])  # a time a reader can read
+        assert at.timestamp() * 1000 == pytest.approx(extra["committed_at_ms"], abs=1)
     return events
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.exceptions import CommitConflictError
-from cdclake.iceberg.leases import LEASE_DIR, Leases, process_space
-from cdclake.iceberg.tables import deleted_keys_table, load_iceberg_table
+from cdclake.iceberg.leases import LEASE_DIR, Leases, lease_name, process_space
+from cdclake.iceberg.tables import STAGE_PREFIX, deleted_keys_table, load_iceberg_table
 from cdclake.resolve.placement import MEASURED
 
 from tests.conftest import ROOT
@@ -196,8 +196,18 @@ def test_a_sweep_keeps_the_files_of_a_live_writer(stack, spark, tmp_path):
     assert lease_files(spark, target) == []
 
 
-def test_maintenance_removes_the_files_of_a_dead_load(stack, spark, tmp_path):
-    """Maintenance takes a lease too: a killed load's files go with its run, counted."""
+def branch_with_a_commit(spark, target: str, name: str) -> None:
+    """A branch as a load leaves it when killed before main took it: one commit on it."""
+    from cdclake.iceberg.tables import commit_empty
+
+    spark.sql(f"ALTER TABLE {target} CREATE BRANCH {name}")
+    commit_empty(spark, target, {}, branch=name)
+
+
+def test_maintenance_removes_what_dead_loads_left(stack, spark, tmp_path):
+    """Maintenance takes a lease too: a killed load's files go with its run, counted; its
+    branch goes once no other writer is at work; a snapshot on no branch (a run's that
+    lost a race) is expired at once, not after the retention."""
     from cdclake.iceberg.maintenance import run_maintenance
 
     n = uuid.uuid4().hex[:6]
@@ -217,8 +227,28 @@ def test_maintenance_removes_the_files_of_a_dead_load(stack, spark, tmp_path):
     (leases / f"{dead}.live").touch()
     left = table_dir(spark, target) / "data" / f"killed-{n}.parquet"
     left.write_bytes(b"PAR1 not committed")
+    os.utime(left, (time.time() - 60, time.time() - 60))
+    killed, lost = f"{STAGE_PREFIX}killed_{n}", f"{STAGE_PREFIX}lost_{n}"
+    branch_with_a_commit(spark, target, killed)
+    branch_with_a_commit(spark, target, lost)
+    spark.sql(f"ALTER TABLE {target} DROP BRANCH {lost}")  # the race's loser removes it
+    other = lease_name(process_space(), [os.getpid()])  # another writer, at work
+    (leases / f"{other}.live").touch()
+    (leases / f"{other}.start").touch()
+
+    def branches() -> set[str]:
+        refs = spark.sql(f"SELECT name FROM {target}.refs").collect()
+        return {r["name"] for r in refs} - {"main"}
 
     figures = run_maintenance(pipeline, spark)["tables"][0]
     assert figures["dead_load_files_removed"] == 1 and not left.exists()
+    assert figures["off_main_snapshots_expired"] == 1
+    assert figures["dead_load_branches_removed"] == 0 and branches() == {killed}  # may be its
+    (leases / f"{other}.live").unlink()
+    (leases / f"{other}.start").unlink()
+
+    figures = run_maintenance(pipeline, spark)["tables"][0]
+    assert figures["dead_load_branches_removed"] == 1 and branches() == set()
+    assert figures["off_main_snapshots_expired"] == 1  # the killed load's commit
     assert stray_files(spark, target) == [] and lease_files(spark, target) == []
     assert_lake_equals_source(pipeline, stack.source_dsn)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -125,6 +126,9 @@ def submit(pipeline, job: str, *args: str) -> str:
     assert os.environ[SECRET_KEY_ENV] not in done.stdout + done.stderr
     errors = [x for x in done.stderr.splitlines() if "rror" in x or "xception" in x]
     assert done.returncode == 0, "\n".join([*errors[-20:], done.stdout[-2000:]])
+    # Spark's own lines at WARN: only the SparkContext's first ones come before its level
+    spark_info = re.compile(r"\d\d/\d\d/\d\d [\d:]+ INFO (?!SparkContext: )")
+    assert [x for x in done.stderr.splitlines() if spark_info.match(x)] == []
     return done.stdout
 
 

@@ -213,3 +213,18 @@ def test_run_path_keeps_a_run_id_in_one_path_segment():
     assert (
         run_path("cdclake__p", "manual__a/b?c#d") == "/dags/cdclake__p/runs/manual__a%2Fb%3Fc%23d"
     )
+
+
+def test_a_report_says_what_the_run_did_in_one_line_and_when_in_iso():
+    rep = TableReport("lake.p.t", True, "b", True, 5, 4, 1, 3, 1_764_403_200_250, 2.04)
+    assert rep.to_dict()["committed_at"] == "2025-11-29T08:00:00.250Z"
+    assert rep.to_dict()["committed_at_ms"] == 1_764_403_200_250  # kept for machines
+    assert rep.summary() == (
+        "lake.p.t: 5 records loaded (4 upserts, 1 deletes); 3 offsets behind Kafka; "
+        "offsets committed at 2025-11-29T08:00:00.250Z; 2.0 s behind the source"
+    )
+    quiet = TableReport("lake.p.t", True, "b", False, 0, 0, 0, 0, None, None)
+    assert quiet.summary() == "lake.p.t: nothing new loaded; 0 offsets behind Kafka"
+    missing = TableReport("lake.p.u", False, None, False, 0, 0, 0, 0, None, None)
+    assert missing.summary() == "lake.p.u: not created yet (no change loaded)"
+    assert missing.to_dict()["committed_at"] is None

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from cdclake.exceptions import ConfigError
 from cdclake.kafka.raw_rows import RawRows
-from cdclake.redrive import parse_since, raw_rows
+from cdclake.redrive import describe, parse_since, raw_rows
 
 from tests.conftest import DEMO_PIPELINE
 from tests.debezium_records import key_record, value_record
@@ -46,3 +46,20 @@ def test_dead_letters_split_as_their_records_were_read():
         reader.add(offset, 0, key, value, '{"__debezium.oldkey":"{\\"id\\": 7}"}')
     assert got == reader.batch().to_pylist()
     assert [r["offset"] for r in got] == [3, 5, 9] and got[2]["error"] is not None
+
+
+def test_a_listing_answers_in_words_first():
+    at = dt.datetime(2026, 11, 29, 8, 5, 1)
+    row = {"topic": "demo.inventory.orders", "partition": 0, "offset": 7, "recorded_at": at,
+           "error": "column 'v' is int in the lake\nmore detail"}  # fmt: skip
+    other = {**row, "topic": "demo.inventory.customers", "offset": 9}
+    assert describe("demo", []) == "0 pending dead letters for demo"
+    assert describe("demo", [row]).splitlines() == [
+        "1 pending dead letter for demo (demo.inventory.orders: 1)",
+        "  demo.inventory.orders[0] offset 7, 2026-11-29 08:05:01: column 'v' is int in the lake",
+    ]
+    lines = describe("demo", [row, other, row], pending=False, shown=2).splitlines()
+    assert lines[0] == (
+        "3 dead letters for demo (demo.inventory.customers: 1, demo.inventory.orders: 2)"
+    )
+    assert len(lines) == 4 and lines[-1] == "  ... and 1 more"

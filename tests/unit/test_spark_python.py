@@ -28,3 +28,8 @@ def test_a_pipeline_names_the_executors_python_and_the_driver_keeps_this_one():
     assert conf[PYTHON] == "/opt/env/bin/python"
     assert conf[DRIVER_PYTHON] == sys.executable  # the driver must import cdclake here
     assert "spark.authenticate.secret" not in conf  # the driver sets it on its session
+
+
+def test_spark_logs_at_warn_unless_the_pipeline_asks_for_more():
+    assert conf_with({})["spark.log.level"] == "WARN"
+    assert conf_with({"spark.log.level": "INFO"})["spark.log.level"] == "INFO"

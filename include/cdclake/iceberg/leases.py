@@ -191,6 +191,20 @@ class Leases:
                 "have removed its files as a dead load's. Nothing was committed; plan again."
             )
 
+    def alone(self, table: str) -> bool:
+        """Whether this run holds the only live lease on `table` (it took one): no other
+        load or maintenance run is at work on it."""
+        held = self.held.get(table)
+        if held is None:
+            return False
+        entries = list_leases(held.io, held.root)
+        mine = next((e for e in entries if e.name == held.name), None)
+        if mine is None or mine.live_ms is None:
+            return False
+        dead, _, stray = classify(entries, mine.live_ms, self.space, {held.name})
+        ended = {e.name for e in dead + stray}
+        return all(e.name == held.name or e.name in ended for e in entries)
+
     def done(self, table: str) -> None:
         """This run committed to `table`: its lease ends clean."""
         held = self.held.get(table)

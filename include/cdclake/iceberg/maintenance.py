@@ -30,9 +30,10 @@ from enum import StrEnum
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
-from cdclake.iceberg.leases import Leases, remove_orphans
+from cdclake.iceberg.leases import Leases, java_items, remove_orphans
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
+    STAGE_PREFIX,
     committed_offsets,
     conflicts_reported,
     deleted_keys_table,
@@ -90,6 +91,10 @@ class TableMaintenance:
     ledger_rows_pruned: int = 0
     # data files of loads that died before their commit, removed (`leases`)
     dead_load_files_removed: int = 0
+    # branches of loads that died before main took them, removed when no other writer
+    # was at work; snapshots on no branch or tag (theirs, or a run's that lost a race)
+    dead_load_branches_removed: int = 0
+    off_main_snapshots_expired: int = 0
     seconds: float = 0.0
 
 
@@ -177,6 +182,7 @@ def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: 
     started = time.monotonic()
     # sweeps the files of loads that died before their commit
     figures: dict = {"dead_load_files_removed": leases.take(qualified)}
+    figures["dead_load_branches_removed"] = _drop_dead_branches(spark, qualified, leases)
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
     figures["snapshots_before"] = _count_snapshots(spark, qualified)
     figures["data_files_before"], figures["delete_files_before"] = _count_files(spark, qualified)
@@ -272,9 +278,13 @@ def _expire(spark, qualified: str, settings, now_ms: int, figures: dict,
     older_than, retain = expiry_bounds(
         ancestry, now_ms - settings.expire_older_than_hours * HOUR_MS, settings.retain_last
     )
+    off_main = _off_main(ice)
     with _conflicts_reported(qualified, "expire_snapshots"):
-        expired = spark_actions(spark).expireSnapshots(ice).expireOlderThan(older_than)
-        expired = expired.retainLast(retain).execute()
+        expire = spark_actions(spark).expireSnapshots(ice).expireOlderThan(older_than)
+        for snapshot_id in off_main:
+            expire = expire.expireSnapshotId(snapshot_id)
+        expired = expire.retainLast(retain).execute()
+    figures["off_main_snapshots_expired"] = len(off_main)
     figures["files_deleted_by_expiry"] = int(
         expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
         + expired.deletedEqualityDeleteFilesCount()
@@ -282,6 +292,36 @@ def _expire(spark, qualified: str, settings, now_ms: int, figures: dict,
     offsets = _checked(spark, qualified, "expire_snapshots", offsets)
     figures["snapshots_expired"] = max(0, before_expiry - _count_snapshots(spark, qualified))
     return offsets
+
+
+def _drop_dead_branches(spark, qualified: str, leases: Leases) -> int:
+    """Remove the branches loads make (`STAGE_PREFIX`) when this run is the table's only
+    live writer: they are then those of loads that died before main took them."""
+    if not leases.alone(qualified):
+        return 0
+    ice = fresh_table(spark, qualified)
+    names = [str(r) for r in ice.refs().keySet() if str(r).startswith(STAGE_PREFIX)]
+    if names:
+        manage = ice.manageSnapshots()
+        for name in names:
+            manage = manage.removeBranch(name)
+        with _conflicts_reported(qualified, "remove_dead_load_branches"):
+            manage.commit()
+        log.info("%s: branch(es) of dead loads removed: %s", qualified, ", ".join(names))
+    return len(names)
+
+
+def _off_main(ice) -> list[int]:
+    """The snapshots no branch or tag reaches: no reader or writer can need them."""
+    parents = {int(s.snapshotId()): s.parentId() for s in java_items(ice.snapshots())}
+    reached: set[int] = set()
+    for ref in list(ice.refs().values()):  # a py4j map
+        snapshot_id = int(ref.snapshotId())
+        while snapshot_id in parents and snapshot_id not in reached:
+            reached.add(snapshot_id)
+            parent = parents[snapshot_id]
+            snapshot_id = int(parent) if parent is not None else -1
+    return sorted(set(parents) - reached)
 
 
 def _checked(spark, qualified: str, step: str, before: dict[TopicPartition, int]):

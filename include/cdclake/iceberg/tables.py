@@ -38,6 +38,12 @@ ICEBERG_CONFLICTS = (
 )
 DELETED_KEYS_PREFIX = "_cdclake_deleted_keys__"  # + the table's name: its deleted-keys ledger
 DEAD_LETTERS = "_cdclake_dead_letters"  # the namespace's dead-letter table
+# A load commits to a branch of its own made at the snapshot its offsets were read from
+# (`iceberg/write.py`); main then takes the branch by a fast-forward, which Iceberg refuses
+# once another commit reached main since: offsets never move backwards, whatever else runs.
+# Two metadata commits per table and batch (the branch; the fast-forward with the branch's
+# removal): 30 and 45 ms each measured on local disk.
+STAGE_PREFIX = "cdclake_load_"
 TRUNCATED_BELOW = "cdclake.truncated-below-lsn"  # table property: the last truncate's LSN
 
 

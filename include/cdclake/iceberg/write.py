@@ -26,6 +26,7 @@ from cdclake.iceberg.merge_sql import (
     key_filter_sql,
 )
 from cdclake.iceberg.tables import (
+    STAGE_PREFIX,
     TableState,
     append_to_empty,
     apply_table_settings,
@@ -143,14 +144,6 @@ def _summary_properties(batch_id: str, offsets: dict, records: int,
     if resolved.max_ms is not None:
         props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
     return props
-
-
-# A load commits to a branch of its own made at the snapshot its offsets were read from;
-# main then takes the branch by a fast-forward, which Iceberg refuses once another commit
-# reached main since: offsets never move backwards, whatever else runs. Two metadata
-# commits per table and batch (the branch; the fast-forward with the branch's removal):
-# 30 and 45 ms each measured on local disk.
-STAGE_PREFIX = "cdclake_load_"
 
 
 def _stage_name(batch_id: str) -> str:
