@@ -156,6 +156,9 @@ class SourceConfig:
     signal_table: str = "public.debezium_signal"
     signal_topic: str | None = None  # Kafka signal channel, when the connector enables it
     notification_topic: str | None = None  # default: <topic_prefix>.debezium_notifications
+    # what a snapshot filter may cost the source database, estimated before it is sent
+    # (`cdclake_control.snapshot_filter.check_in_source`)
+    filter_max_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

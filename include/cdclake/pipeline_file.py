@@ -107,6 +107,9 @@ def _parse_pipeline(r: Reader, raw: Mapping[str, Any]) -> PipelineConfig:
         signal_table=signal_table,
         signal_topic=r.get(source_raw, "source", "signal_topic", str, None) or None,
         notification_topic=r.get(source_raw, "source", "notification_topic", str, None) or None,
+        filter_max_seconds=_seconds(
+            r, source_raw, "source", "filter_max_seconds", SourceConfig.filter_max_seconds
+        ),
     )
     tables = _parse_tables(r, raw)
     schedule = _schedule(r, "schedule", r.get(raw, "", "schedule", str, None))
@@ -170,17 +173,21 @@ def _parse_connector(r: Reader, raw: Mapping[str, Any]) -> ConnectorModes:
 
 
 def _parse_timeouts(r: Reader, raw: Mapping[str, Any]) -> TimeoutsConfig:
-    seconds: dict[str, float] = {}
-    for name in (f.name for f in fields(TimeoutsConfig)):
-        value = r.get(raw, "timeouts", name, object, getattr(TimeoutsConfig, name))
-        try:
-            number = float(value) if not isinstance(value, bool) else math.nan
-        except (TypeError, ValueError):
-            number = math.nan
-        if not number > 0 or math.isinf(number):
-            raise r.fail(f"timeouts.{name}", f"must be a number of seconds > 0, got {value!r}")
-        seconds[name] = number
+    seconds = {f.name: _seconds(r, raw, "timeouts", f.name, getattr(TimeoutsConfig, f.name))
+               for f in fields(TimeoutsConfig)}  # fmt: skip
     return TimeoutsConfig(**seconds)
+
+
+def _seconds(r: Reader, raw: Mapping[str, Any], where: str, name: str, default: float) -> float:
+    """A setting of `where` that is a number of seconds > 0."""
+    value = r.get(raw, where, name, object, default)
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number > 0 or math.isinf(number):
+        raise r.fail(f"{where}.{name}", f"must be a number of seconds > 0, got {value!r}")
+    return number
 
 
 _MAINTENANCE_MINIMUM = {

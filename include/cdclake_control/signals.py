@@ -171,12 +171,13 @@ def _filters_from_json(text: str) -> dict:
 
 def check_source(
     dsn: str, signal_table: str, request: SnapshotRequest, channel: str = "source",
-    timeouts: TimeoutsConfig | None = None,
+    timeouts: TimeoutsConfig | None = None, filter_max_seconds: float = 600.0,
 ) -> int:  # fmt: skip
     """Validate against the source database, writing nothing, every wait bounded: the
     signal table and every table exist, the surrogate key is a column of each, each filter
     calls only functions pg_proc marks immutable and is a valid condition on its table
-    (planned with EXPLAIN in a read-only transaction, after the function check), and, for
+    that costs the source at most `filter_max_seconds` (run on a sample in a read-only
+    transaction, after the function check), and, for
     the source channel, the signal fits the signal table's `data` column. Returns how many
     characters a signal id may have."""
     import psycopg
@@ -187,7 +188,7 @@ def check_source(
         conn.execute(f"SET LOCAL statement_timeout = {int(SOURCE_STATEMENT_TIMEOUT_MS)}")
         try:
             _check_tables(conn, signal_table, request)
-            _check_filters(conn, request)
+            _check_filters(conn, request, filter_max_seconds)
             if channel == "source":
                 return _check_signal_fits(conn, signal_table, request)
             return SIGNAL_ID_CHARS[1]
@@ -223,12 +224,13 @@ def _check_tables(conn, signal_table: str, request: SnapshotRequest) -> None:
                 )
 
 
-def _check_filters(conn, request: SnapshotRequest) -> None:
+def _check_filters(conn, request: SnapshotRequest, max_seconds: float) -> None:
     for table, condition in request.filters.items():
         try:
-            check_in_source(conn, table, condition)
+            seconds = check_in_source(conn, table, condition, max_seconds)
         except FilterError as exc:
             raise SignalError(str(exc)) from None
+        log.info("filter for %s: about %.1f s of the source database's time", table, seconds)
 
 
 def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> int:
@@ -464,7 +466,7 @@ def submit(
             f"{pipeline.path}: source.signal_topic is not set, so the kafka channel is unavailable"
         )
     id_chars = check_source(dsn, pipeline.source.signal_table, request, channel,
-                            pipeline.timeouts)  # fmt: skip
+                            pipeline.timeouts, pipeline.source.filter_max_seconds)  # fmt: skip
     signal_id = new_signal_id(origin, id_chars)
     start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
     if channel == "kafka":

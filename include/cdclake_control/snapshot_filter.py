@@ -18,6 +18,7 @@ where the grammar would accept them: a filter is one expression.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,6 +31,10 @@ from cdclake.exceptions import CdclakeError, first_line
 # against the source database when a signal is sent (see signals.check_source).
 MAX_FILTER_CHARS = 4096
 MAX_FILTER_DEPTH = 64  # nesting of expressions: libpg_query's stack is not ours to test
+# a filter's cost is measured on this many of the table's rows; Debezium plans its chunk
+# query, filter included, once for each `incremental.snapshot.chunk.size` rows (its default)
+SAMPLE_ROWS = 20
+CHUNK_ROWS = 1024
 
 
 class FilterError(CdclakeError):
@@ -142,28 +147,56 @@ def check_functions(
             )
 
 
-def check_in_source(conn, table: str, condition: str) -> None:
+def check_in_source(conn, table: str, condition: str, max_seconds: float) -> float:
     """The whole check against the source database (`conn` in a read-only transaction):
-    functions first, so nothing is planned that calls one not immutable, then EXPLAIN of
-    the condition as Debezium will run it, in a savepoint. A statement timeout
-    (QueryCanceled) is raised as it is."""
+    functions first, so nothing is run that calls one not immutable, then the condition
+    run on the table's first `SAMPLE_ROWS` rows (EXPLAIN ANALYZE, in a savepoint), whose
+    planning and run give what it would cost the source (`filter_seconds`), refused over
+    `max_seconds`. Returns that estimate. A statement timeout (QueryCanceled) is raised as
+    it is."""
     import psycopg
     from psycopg import sql
 
     parsed = parse_filter(table, condition)
     check_functions(table, parsed, read_functions(conn, parsed.functions))
     schema, name = table.split(".", 1)
-    statement = sql.SQL("EXPLAIN SELECT * FROM {}.{} WHERE {}").format(
-        sql.Identifier(schema), sql.Identifier(name), sql.SQL(filter_sql(condition))
-    )
+    relation = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+    statement = sql.SQL(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT 1 FROM (SELECT * FROM {} LIMIT {}) AS sample "
+        "WHERE {}"
+    ).format(relation, sql.Literal(SAMPLE_ROWS), sql.SQL(filter_sql(condition)))
     try:
         with conn.transaction():
-            conn.execute(statement)
+            [[found]] = conn.execute(statement).fetchall()
+            rows = conn.execute(sql.SQL("SELECT reltuples FROM pg_class WHERE oid = {}::regclass")
+                                .format(sql.Literal(f"{schema}.{name}"))).fetchone()[0]  # fmt: skip
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
         first = first_line(exc)
         raise FilterError(f"filter for {table!r} is not a valid condition: {first}") from None
+    plan = found[0]
+    sampled = plan["Plan"]["Plans"][0]["Actual Rows"] if plan["Plan"].get("Plans") else 0
+    seconds = filter_seconds(plan["Planning Time"] / 1e3, plan["Execution Time"] / 1e3,
+                             sampled, max(rows, sampled))  # fmt: skip
+    if seconds > max_seconds:
+        raise FilterError(
+            f"filter for {table!r} would cost the source database about {seconds:,.0f} s "
+            f"(planned {plan['Planning Time']:.1f} ms for each chunk of {CHUNK_ROWS:,} rows, "
+            f"run {plan['Execution Time']:.1f} ms on {sampled} of ~{max(rows, sampled):,.0f} "
+            f"rows), over source.filter_max_seconds ({max_seconds:g} s): filter on plain "
+            "columns, or raise the setting"
+        )
+    return seconds
+
+
+def filter_seconds(plan_s: float, run_s: float, sampled: int, rows: float) -> float:
+    """What a filter costs the source over an incremental snapshot of `rows` rows: its
+    planning once for each chunk Debezium reads (a constant expression such as
+    `md5(repeat('x', 50000000))` is computed while planning), and its run on `sampled`
+    rows scaled to all of them."""
+    chunks = max(1, math.ceil(rows / CHUNK_ROWS))
+    return plan_s * chunks + (run_s / sampled * rows if sampled else run_s)
 
 
 def read_functions(conn, names: tuple[str, ...]) -> dict[str, FunctionInfo | None]:

@@ -240,11 +240,26 @@ _DAG_TEXT = {
 
 def _link(path: str, text: str, title: str | None = None) -> str:
     """A link to an Airflow UI page: relative to this page (mounted at /cdclake/ under the
-    UI's root, so it works behind a path prefix), opened in the whole window (the UI shows
-    this page in a frame)."""
+    UI's root, so it works behind a path prefix), opened in the whole window (`_TOP`)."""
     tip = f' title="{html.escape(title, quote=True)}"' if title else ""
     href = html.escape(".." + path, quote=True)
-    return f'<a href="{href}" target="_top"{tip}>{text}</a>'
+    return f'<a href="{href}" target="_top" class="ui"{tip}>{text}</a>'
+
+
+# The UI shows this page in a frame sandboxed without top navigation, so `target="_top"`
+# does nothing there; the frame shares the UI's origin, so a link is followed by one the
+# UI's own document clicks (opened directly, the page has no frame and the link works)
+_TOP = """<script>
+document.addEventListener("click", (e) => {
+  const a = e.target.closest("a.ui");
+  if (!a || window.top === window) return;
+  e.preventDefault();
+  const doc = window.top.document, link = doc.createElement("a");
+  link.href = a.href;
+  doc.body.appendChild(link);
+  link.click();
+});
+</script>"""
 
 
 def _dag_badge(v: PipelineView) -> str:
@@ -328,5 +343,5 @@ def render_page(views: list[PipelineView], now_ms: int) -> str:
         "<h1>Lake freshness</h1>"
         f"<p class='sub'>As of {html.escape(format_time(now_ms))} · refreshes every minute · "
         "<a href='freshness.json'>JSON</a></p>"
-        f"{body}<p class='legend'>{_LEGEND}</p></body></html>"
+        f"{body}<p class='legend'>{_LEGEND}</p>{_TOP}</body></html>"
     )

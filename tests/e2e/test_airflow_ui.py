@@ -439,3 +439,10 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     reports = [o for o in task_output(airflow, "cdclake_dead_letters", run_id,
                                       "dead_letters__demo") if "replayed" in o]  # fmt: skip
     assert [(r["pipeline"], r["pending"], r["replayed"]) for r in reports] == [("demo", 0, 0)]
+
+    # 7. Browse → Lake freshness: the page in the UI's frame; its link to the load DAG
+    # opens the DAG's page in the whole window
+    page.goto(airflow.base + "/plugin/cdclake-freshness")
+    frame = page.frame_locator("iframe[title='Lake freshness']")
+    frame.get_by_role("link", name="cdclake__demo", exact=True).click()
+    page.wait_for_url(re.compile(r"/dags/cdclake__demo/?$"))

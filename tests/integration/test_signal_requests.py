@@ -212,3 +212,28 @@ def test_kafka_channel_and_blocking_snapshot_complete_and_load(stack, spark, tmp
     assert_lake_equals_source(pipeline, stack.source_dsn)
     ops = spark.table(pipeline.qualified_target(pipeline.tables[0])).groupBy("_cdc_op").count()
     assert {r["_cdc_op"]: r["count"] for r in ops.collect()} == {"r": 50}
+
+
+def test_a_filter_that_would_cost_the_source_too_much_is_refused(stack, tmp_path):
+    """A filter's cost is measured on the table before it is sent: a costly expression per
+    row is refused over `source.filter_max_seconds`; the same computed once while planning
+    costs little on this table and passes."""
+    from cdclake_control.signals import check_source
+
+    table = f"inventory.sig_cost_{N}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {table} (id int primary key, code text)")
+        conn.execute(f"insert into {table} select i, 'c' || i from generate_series(1, 5000) i")
+        conn.execute(f"analyze {table}")
+    source = {"signal_table": "public.debezium_signal", "filter_max_seconds": 5}
+    pipeline = make_pipeline(tmp_path, f"it_sig_cost_{N}", [table], source=source)
+    before = signals(stack.source_dsn)
+    costly = "md5(repeat(code, 1000000)) <> ''"  # ~5 MB hashed for each row
+    with pytest.raises(SignalError, match=r"would cost the source database about [\d,]+ s .*"
+                                          r"over source.filter_max_seconds \(5 s\)"):  # fmt: skip
+        submit(pipeline, stack.source_dsn, parse_request("execute", [table],
+                                                         filters={table: costly}))  # fmt: skip
+    assert signals(stack.source_dsn) == before
+    once = parse_request("execute", [table], filters={table: "md5(repeat('x', 1000000)) <> ''"})
+    assert check_source(stack.source_dsn, pipeline.source.signal_table, once,
+                        filter_max_seconds=5) > 0  # fmt: skip

@@ -93,6 +93,7 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (("tables:", "connector: {speed: fast}\ntables:"), "connector.speed"),
         (("tables:", "source: {signal_table: nodot}\ntables:"), "source.signal_table"),
         (("tables:", "source: {colour: red}\ntables:"), "source.colour"),
+        (("tables:", "source: {filter_max_seconds: 0}\ntables:"), "source.filter_max_seconds"),
         (("  - public.orders", "  - public.ord-*"), "tables[0].source"),  # bad glob
         (("  - public.orders", "  - {source: 'public.*', target: x}"), "tables[0].target"),
     ],
@@ -544,3 +545,9 @@ def test_a_bad_watch_is_refused_naming_it(tmp_path, extra, expected):
     with pytest.raises(ConfigError) as err:
         load_pipeline(path)
     assert f"{path}: {expected}" in str(err.value)
+
+
+def test_a_snapshot_filters_cost_is_bounded_by_a_setting(tmp_path):
+    assert load_pipeline(write(tmp_path, VALID)).source.filter_max_seconds == 600
+    text = VALID.replace("tables:", "source: {filter_max_seconds: 2.5}\ntables:")
+    assert load_pipeline(write(tmp_path, text)).source.filter_max_seconds == 2.5

@@ -196,7 +196,7 @@ def test_page_links_the_dag_and_its_last_run_and_shows_paused_and_missing_dags()
     sections = dict(re.findall(r"<section><h2>(\w) (.*?)</section>", body))
     run_href = "../dags/cdclake__p/runs/scheduled__2026-11-26T08:05:00+00:00"
     # relative to /cdclake/freshness: the UI's /dags/<dag_id> and /dags/<dag_id>/runs/<run_id>
-    assert '<a href="../dags/cdclake__p" target="_top">cdclake__p</a>' in sections["p"]
+    assert '<a href="../dags/cdclake__p" target="_top" class="ui">cdclake__p</a>' in sections["p"]
     assert f'<a href="{run_href}" target="_top"' in sections["p"]
     assert sections["p"].count(f'href="{run_href}"') == 2  # the last run and the batch cell
     assert ">active</span>" in sections["p"] and ">42s</span>" in sections["p"]

@@ -10,6 +10,7 @@ from cdclake_control.snapshot_filter import (
     FunctionInfo,
     Volatility,
     check_functions,
+    filter_seconds,
     filter_sql,
     parse_filter,
 )
@@ -109,3 +110,18 @@ def _escape(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+@pytest.mark.parametrize(
+    "plan_s, run_s, sampled, rows, expected",
+    [
+        (0.001, 0.0002, 20, 10_240, 0.01 + 0.1024),  # planned once per chunk of 1,024 rows
+        (0.15, 0.0, 20, 1_000, 0.15),  # a constant computed while planning, one chunk
+        (0.0, 2.0, 20, 1_000_000, 100_000.0),  # 0.1 s a row, scaled to every row
+        (0.002, 0.001, 0, 0, 0.003),  # an empty table: one chunk, the run as measured
+    ],
+)
+def test_a_filters_cost_is_its_planning_per_chunk_and_its_run_per_row(
+    plan_s, run_s, sampled, rows, expected
+):
+    assert filter_seconds(plan_s, run_s, sampled, rows) == pytest.approx(expected)
