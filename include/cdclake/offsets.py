@@ -16,6 +16,8 @@ SUMMARY_RECORDS = "cdclake.records"
 SUMMARY_UPSERTS = "cdclake.upserts"
 SUMMARY_DELETES = "cdclake.deletes"
 SUMMARY_SOURCE_TS = "cdclake.max-source-ts-ms"
+# the LSN of the last truncate a load applied, carried by every load's commit
+SUMMARY_TRUNCATE = "cdclake.truncate-lsn"
 
 TopicPartition = tuple[str, int]
 

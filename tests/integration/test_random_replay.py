@@ -457,6 +457,44 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
         start += len(batch)
 
 
+@pytest.mark.parametrize(
+    "delete_mode, placement",
+    [("hard", "driver"), ("hard", "ranges"), ("hard", "tasks"), ("soft", "driver")],
+)
+def test_a_batch_of_a_truncate_alone_applies_it_once(
+    stack, spark, tmp_path, delete_mode, placement
+):
+    """A batch whose only record is a truncate (it carries no key) empties the table; the
+    connector restarts and sends it again: the rows loaded since (an incremental
+    snapshot's read, which has no LSN) stay."""
+    v = value_record
+    truncate = (None, v("t", None, None, lsn=140))
+    batches = [
+        [(key_record(1), v("c", None, item(1, "a"), lsn=110)),
+         (key_record(3), v("c", None, item(3, "c"), lsn=130))],
+        [truncate],
+        [(key_record(2), v("r", None, item(2, "b"), lsn=None))],  # a snapshot's read
+        [truncate],  # re-sent after a restart
+    ]  # fmt: skip
+    expected = [{1: "a", 3: "c"}, {}, {2: "b"}, {2: "b"}]
+    name = f"it_truncate_alone_{delete_mode}_{placement}_{uuid.uuid4().hex[:6]}"
+    pipeline = make_pipeline(
+        tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
+    )
+    topic = pipeline.topic_for(pipeline.tables[0])
+    start, truncated = 0, []
+    for i, (batch, want) in enumerate(zip(batches, expected, strict=True)):
+        raw = raw_frame(spark, topic, batch, start)
+        (result,) = load_one(spark, pipeline, f"{name}-{i}", raw, start, start + len(batch),
+                             placement)  # fmt: skip
+        truncated.append(result.truncated)
+        start += len(batch)
+        rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()
+        lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
+        assert lake == want, f"after batch {i}"
+    assert truncated == [False, True, False, False]  # applied once
+
+
 @pytest.mark.parametrize("scan_sees_it", [True, False])
 def test_a_truncate_the_raw_scan_misses_is_still_applied(
     stack, spark, tmp_path, monkeypatch, scan_sees_it

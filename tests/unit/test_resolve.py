@@ -631,3 +631,15 @@ def test_a_key_change_carries_the_old_key_as_of_the_change_through_chains():
     }
     counted = resolve_rows(rows, *topic_of(rows)).counts
     assert counted == {False: 2, True: 2}, counted
+
+
+def test_a_truncate_the_table_already_applied_is_not_applied_again():
+    from cdclake.resolve.rules import Truncate, truncate_to_apply
+
+    t = Truncate(partition=0, offset=9, lsn=140)
+    assert truncate_to_apply(t, None) is t  # no truncate loaded before (or unknown)
+    assert truncate_to_apply(t, 130) is t  # a newer one
+    assert truncate_to_apply(t, 140) is None  # itself, re-sent
+    assert truncate_to_apply(t, 150) is None  # older than one loaded
+    assert truncate_to_apply(Truncate(0, 9, None), 150).lsn is None  # no LSN: applied
+    assert truncate_to_apply(None, 150) is None

@@ -10,7 +10,15 @@ from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
 
 
 def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:
-    """Offsets of the newest snapshot (walking back from current) that carries them.
+    """Offsets of the newest snapshot (walking back from current) that carries them
+    (`offsets_summary`)."""
+    summary = offsets_summary(summaries)
+    return decode_offsets(summary[SUMMARY_OFFSETS]) if summary else {}
+
+
+def offsets_summary(summaries: Iterable[dict[str, str]]) -> dict[str, str]:
+    """The summary of the newest snapshot (walking back from current) that carries offsets:
+    the last load's commit ({} for a table none committed to).
 
     Maintenance commits (compaction) carry none, so the walk skips them. The summaries
     must raise `expired_ancestor_error` when the walk reaches an expired parent: "no
@@ -19,7 +27,7 @@ def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicP
     """
     for summary in summaries:
         if SUMMARY_OFFSETS in summary:
-            return decode_offsets(summary[SUMMARY_OFFSETS])
+            return summary
     return {}
 
 

@@ -22,8 +22,13 @@ from cdclake.iceberg.merge_sql import (
     pipeline_properties_value,
     quote,
 )
-from cdclake.iceberg.snapshots import committed_from_snapshots, expired_ancestor_error, live_rows
-from cdclake.offsets import TopicPartition
+from cdclake.iceberg.snapshots import (
+    committed_from_snapshots,
+    expired_ancestor_error,
+    live_rows,
+    offsets_summary,
+)
+from cdclake.offsets import SUMMARY_OFFSETS, SUMMARY_TRUNCATE, TopicPartition, decode_offsets
 from cdclake.pipeline_file import partition_field
 
 log = logging.getLogger(__name__)
@@ -361,6 +366,9 @@ class TableState:
     properties: Mapping[str, str] = field(default_factory=dict)
     # the current partition spec's fields: (name, transform as Iceberg writes it, column)
     partition_fields: tuple[tuple[str, str, str], ...] = ()
+    # the LSN of the last truncate a committed load applied (its commit's summary)
+    truncate_applied: int | None = None
+    key_names: tuple[str, ...] = ()  # its identifier fields: the key its loads gave it
 
 
 def table_state(spark, table: str) -> TableState:
@@ -370,7 +378,9 @@ def table_state(spark, table: str) -> TableState:
         return TableState(False, {}, None, empty=True)
     ice = fresh_table(spark, table)
     snap = ice.currentSnapshot()
-    committed = committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
+    last = offsets_summary(summary for _, _, summary in jvm_ancestors(ice, table))
+    committed = decode_offsets(last[SUMMARY_OFFSETS]) if last else {}
+    applied = last.get(SUMMARY_TRUNCATE)
     properties = dict(ice.properties())
     below = properties.get(TRUNCATED_BELOW)
     rows = snap.summary().get("total-records") if snap is not None else None
@@ -384,6 +394,8 @@ def table_state(spark, table: str) -> TableState:
         int(snap.snapshotId()) if snap is not None else None,
         int(below) if below is not None else None,
         int(rows) if rows is not None else 0,
+        truncate_applied=int(applied) if applied is not None else None,
+        key_names=tuple(str(n) for n in schema.identifierFieldNames()),
         empty=snap is None or rows == "0",
         properties=properties,
         partition_fields=fields,

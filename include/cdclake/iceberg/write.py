@@ -46,6 +46,7 @@ from cdclake.offsets import (
     SUMMARY_OFFSETS,
     SUMMARY_RECORDS,
     SUMMARY_SOURCE_TS,
+    SUMMARY_TRUNCATE,
     SUMMARY_UPSERTS,
     encode_offsets,
 )
@@ -78,7 +79,8 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         batch.leases.take(qualified)  # before any data file of it or its ledger
         present = {c.name for c in schema.columns}
         dropped = [n for n in lake_columns if n not in present]
-        props = _summary_properties(batch.plan.batch_id, new_offsets, records, resolved)
+        props = _summary_properties(batch.plan.batch_id, new_offsets, records, resolved,
+                                    state.truncate_applied)  # fmt: skip
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
         before_id = state.snapshot_id
@@ -131,9 +133,10 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
     return after_id, "merge" if keyed and not first_load else "append"
 
 
-def _summary_properties(batch_id: str, offsets: dict, records: int,
-                        resolved: Resolved) -> dict[str, str]:  # fmt: skip
-    """The snapshot summary a load's commit carries: its offsets, batch and figures."""
+def _summary_properties(batch_id: str, offsets: dict, records: int, resolved: Resolved,
+                        truncate_applied: int | None) -> dict[str, str]:  # fmt: skip
+    """The snapshot summary a load's commit carries: its offsets, batch and figures, and
+    the last truncate applied (`truncate_applied`, or the batch's own)."""
     props = {
         SUMMARY_OFFSETS: encode_offsets(offsets),
         SUMMARY_BATCH: batch_id,
@@ -143,6 +146,10 @@ def _summary_properties(batch_id: str, offsets: dict, records: int,
     }
     if resolved.max_ms is not None:
         props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
+    lsns = [x for x in (truncate_applied, resolved.truncate and resolved.truncate.lsn)
+            if x is not None]  # fmt: skip
+    if lsns:
+        props[SUMMARY_TRUNCATE] = str(max(lsns))
     return props
 
 

@@ -60,6 +60,15 @@ def last_truncate(truncates: Iterable[Truncate]) -> Truncate | None:
     return max(truncates, key=lambda t: (t.offset, t.partition), default=None)
 
 
+def truncate_to_apply(truncate: Truncate | None, applied: int | None) -> Truncate | None:
+    """The batch's truncate, unless the table already applied it: one at or below the LSN
+    of the last truncate a load committed (`applied`) is re-sent (a connector restart), and
+    the rows loaded since, incremental snapshot reads without an LSN among them, stay."""
+    if truncate is None or truncate.lsn is None or applied is None:
+        return truncate
+    return None if truncate.lsn <= applied else truncate
+
+
 def toastable(schema: TopicSchema) -> list[Column]:
     """The columns that may hold a TOAST placeholder (of a type Debezium sends one in)."""
     keys = set(schema.key_names)
