@@ -256,7 +256,8 @@ def test_page_and_json_show_every_table_with_its_figures(lake, airflow_app):
     body = page.text
     for expected in (lake.table_a, lake.table_b, lake.batch_a, lake.batch_b, "last run: success"):
         assert expected in body
-    assert f'<a href="../dags/{lake.dag_id}" target="_top">' in body  # relative to /cdclake/
+    # relative to /cdclake/
+    assert f'<a href="../dags/{lake.dag_id}" target="_top" class="ui">' in body
     assert f'<a href="../dags/{lake.dag_id}/runs/{lake.run_id}" target="_top"' in body
     assert ">active</span>" in body
     row_b = re.search(rf"<tr><td class=\"table\">{re.escape(lake.table_b)}</td>.*?</tr>", body)
