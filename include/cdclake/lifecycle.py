@@ -60,6 +60,7 @@ def run_job(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per closed connection
     try:
         work(args)
     except CdclakeError as exc:
