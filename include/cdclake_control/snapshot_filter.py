@@ -177,13 +177,14 @@ def check_in_source(conn, table: str, condition: str, max_seconds: float) -> flo
         raise FilterError(f"filter for {table!r} is not a valid condition: {first}") from None
     plan = found[0]
     sampled = plan["Plan"]["Plans"][0]["Actual Rows"] if plan["Plan"].get("Plans") else 0
+    rows = max(rows, sampled)  # reltuples is an estimate (-1 before the first ANALYZE)
     seconds = filter_seconds(plan["Planning Time"] / 1e3, plan["Execution Time"] / 1e3,
-                             sampled, max(rows, sampled))  # fmt: skip
+                             sampled, rows)  # fmt: skip
     if seconds > max_seconds:
         raise FilterError(
             f"filter for {table!r} would cost the source database about {seconds:,.0f} s "
             f"(planned {plan['Planning Time']:.1f} ms for each chunk of {CHUNK_ROWS:,} rows, "
-            f"run {plan['Execution Time']:.1f} ms on {sampled} of ~{max(rows, sampled):,.0f} "
+            f"run {plan['Execution Time']:.1f} ms on {sampled} of ~{rows:,.0f} "
             f"rows), over source.filter_max_seconds ({max_seconds:g} s): filter on plain "
             "columns, or raise the setting"
         )

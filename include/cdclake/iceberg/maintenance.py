@@ -33,7 +33,6 @@ from cdclake.exceptions import MaintenanceError
 from cdclake.iceberg.leases import Leases, java_items, remove_orphans
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
-    STAGE_PREFIX,
     committed_offsets,
     conflicts_reported,
     deleted_keys_table,
@@ -41,6 +40,7 @@ from cdclake.iceberg.tables import (
     jvm_ancestors,
     prune_deleted_keys,
     spark_actions,
+    stage_branches,
 )
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
@@ -300,7 +300,7 @@ def _drop_dead_branches(spark, qualified: str, leases: Leases) -> int:
     if not leases.alone(qualified):
         return 0
     ice = fresh_table(spark, qualified)
-    names = [str(r) for r in ice.refs().keySet() if str(r).startswith(STAGE_PREFIX)]
+    names = stage_branches(ice)
     if names:
         manage = ice.manageSnapshots()
         for name in names:

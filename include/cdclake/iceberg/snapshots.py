@@ -12,8 +12,12 @@ from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition, decode_offsets
 def committed_from_snapshots(summaries: Iterable[dict[str, str]]) -> dict[TopicPartition, int]:
     """Offsets of the newest snapshot (walking back from current) that carries them
     (`offsets_summary`)."""
-    summary = offsets_summary(summaries)
-    return decode_offsets(summary[SUMMARY_OFFSETS]) if summary else {}
+    return offsets_in(offsets_summary(summaries))
+
+
+def offsets_in(summary: Mapping[str, str]) -> dict[TopicPartition, int]:
+    """The offsets a snapshot summary carries ({} when none)."""
+    return decode_offsets(summary[SUMMARY_OFFSETS]) if SUMMARY_OFFSETS in summary else {}
 
 
 def offsets_summary(summaries: Iterable[dict[str, str]]) -> dict[str, str]:

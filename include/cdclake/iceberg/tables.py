@@ -26,9 +26,10 @@ from cdclake.iceberg.snapshots import (
     committed_from_snapshots,
     expired_ancestor_error,
     live_rows,
+    offsets_in,
     offsets_summary,
 )
-from cdclake.offsets import SUMMARY_OFFSETS, SUMMARY_TRUNCATE, TopicPartition, decode_offsets
+from cdclake.offsets import SUMMARY_TRUNCATE, TopicPartition
 from cdclake.pipeline_file import partition_field
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,13 @@ DEAD_LETTERS = "_cdclake_dead_letters"  # the namespace's dead-letter table
 # Two metadata commits per table and batch (the branch; the fast-forward with the branch's
 # removal): 30 and 45 ms each measured on local disk.
 STAGE_PREFIX = "cdclake_load_"
+
+
+def stage_branches(ice) -> list[str]:
+    """The branches loads made on the JVM Iceberg table `ice` (`STAGE_PREFIX`)."""
+    return [str(r) for r in ice.refs().keySet() if str(r).startswith(STAGE_PREFIX)]
+
+
 TRUNCATED_BELOW = "cdclake.truncated-below-lsn"  # table property: the last truncate's LSN
 
 
@@ -379,7 +387,7 @@ def table_state(spark, table: str) -> TableState:
     ice = fresh_table(spark, table)
     snap = ice.currentSnapshot()
     last = offsets_summary(summary for _, _, summary in jvm_ancestors(ice, table))
-    committed = decode_offsets(last[SUMMARY_OFFSETS]) if last else {}
+    committed = offsets_in(last)
     applied = last.get(SUMMARY_TRUNCATE)
     properties = dict(ice.properties())
     below = properties.get(TRUNCATED_BELOW)

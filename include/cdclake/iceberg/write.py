@@ -38,6 +38,7 @@ from cdclake.iceberg.tables import (
     load_iceberg_table,
     mark_truncated,
     record_deleted_keys,
+    stage_branches,
     with_deleted_lsn,
 )
 from cdclake.offsets import (
@@ -169,9 +170,8 @@ def _staged(spark, qualified: str, before_id: int | None, name: str | None,
         return
     ice = load_iceberg_table(spark, qualified)
     manage = ice.manageSnapshots()
-    for ref in list(ice.refs().keySet()):  # a branch a killed load left behind
-        if str(ref).startswith(STAGE_PREFIX):
-            manage = manage.removeBranch(ref)
+    for ref in stage_branches(ice):  # a branch a killed load left behind
+        manage = manage.removeBranch(ref)
     manage.createBranch(name, before_id).commit()
     try:
         yield
