@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,23 @@ class TimeoutsConfig:
     request_s: float = 30.0
 
 
+class _ClosedCoordinator(logging.Filter):
+    """Drops the line librdkafka writes when a consumer closes while its group
+    coordinator's connection is still logging in (SASL): "GroupCoordinator: SASL
+    authentication error: ...: Local: Broker transport failure (after 0ms in state DOWN)",
+    the connection's teardown, not a failure (confluent-kafka-python issue 1780)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("[thrd:GroupCoordinator]" in text and "Broker transport failure" in text
+                    and "in state DOWN)" in text)  # fmt: skip
+
+
+# librdkafka's own lines, as Python log records (of every client `client_config` sets up)
+CLIENT_LOG = logging.getLogger("cdclake.kafka.client")
+CLIENT_LOG.addFilter(_ClosedCoordinator())
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str
@@ -58,12 +76,14 @@ class KafkaConfig:
     # where an Avro format's schemas are (None for JSON)
     schema_registry: RegistryConfig | None = None
 
-    def client_config(self) -> dict[str, str]:
+    def client_config(self) -> dict[str, object]:
         """librdkafka settings shared by every client cdclake creates; `properties` win,
         but one whose value is empty is left out (`${VAR:-}` with VAR unset: librdkafka's
-        default holds, e.g. no SASL login for a broker without authentication)."""
+        default holds, e.g. no SASL login for a broker without authentication). The
+        client logs through `CLIENT_LOG`."""
         return {
             "bootstrap.servers": self.bootstrap_servers,
+            "logger": CLIENT_LOG,
             # librdkafka's ranges: at least 1 s to set up a connection, 10 ms to answer
             "socket.connection.setup.timeout.ms": str(
                 max(1000, int(self.timeouts.connect_s * 1e3))
@@ -75,7 +95,7 @@ class KafkaConfig:
     @property
     def servers(self) -> str:
         """The bootstrap servers the clients use (`properties` may override the field)."""
-        return self.client_config()["bootstrap.servers"]
+        return str(self.client_config()["bootstrap.servers"])
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@ They parse from the YAML files, and the Tables picker also offers the tables a p
 (`inventory.*`) finds among the Kafka topics, asked with a short bound at parse time (the
 YAML names alone when Kafka does not answer in time). Every optional field is nullable
 (`type: ["null", ...]`, the Airflow UI's mark of an optional field), so each form can be
-triggered with its defaults; the schema's constraints refuse malformed values at the field,
-and the first task validates the request against the chosen pipeline, Kafka and the source
-database before anything is loaded or written, and fails with the reason.
+triggered with its defaults. The UI checks only a field's kind before Trigger: a JSON
+field is an object, so its editor refuses invalid JSON at the field. Airflow checks the
+schema's other constraints when the run is triggered, and the first task validates the
+request against the chosen pipeline, Kafka and the source database before anything is
+sent, loaded or written, and fails naming the field.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_$]*"
 TABLE_PATTERN = rf"^{_NAME}\.{_NAME}$"  # schema.table
 TABLE_OR_TARGET_PATTERN = rf"^{_NAME}(\.{_NAME})?$"  # schema.table, or the lake table's name
 COLUMN_PATTERN = rf"^{_NAME}$"
-JSON_OBJECT_PATTERN = r"^\s*\{[\s\S]*\}\s*$"  # the task parses it and names the error
 TIMESTAMP_PATTERN = (
     r"^\s*(\d{1,16}|\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?)?"
     r"(Z|[+-]\d{2}(:?\d{2})?)?)\s*$"
@@ -76,19 +77,26 @@ def picker_tables(
     return tables
 
 
-def _tables_param(
+def _tables_params(
     choices: Mapping[str, Sequence[str]], what: str, pattern: str = TABLE_PATTERN
-) -> Param:
+) -> dict[str, Param]:
+    """Tables: a picker of the tables known when the DAG file was parsed (Airflow's
+    multi-select takes no other value), and a box for any other table of the pipeline (one
+    created since), one per line; the first task takes both, and refuses a name that is
+    not a table of the chosen pipeline."""
     tables = sorted({t for names in choices.values() for t in names})
-    return Param(
-        None,
-        type=["null", "array"],
-        items={"type": "string", "pattern": pattern},
-        uniqueItems=True,
-        examples=tables,
-        title="Tables",
-        description=f"{what} (schema.table). Must belong to the chosen pipeline.",
-    )
+    return {
+        "tables": Param(
+            None, type=["null", "array"], items={"type": "string", "pattern": pattern},
+            uniqueItems=True, examples=tables, title="Tables",
+            description=f"{what} (schema.table). Must belong to the chosen pipeline.",
+        ),
+        "other_tables": Param(
+            None, type=["null", "array"], items={"type": "string"}, title="Other tables",
+            description="Tables the picker does not offer (created since it was made), "
+            "one schema.table per line",
+        ),
+    }  # fmt: skip
 
 
 def _choices(
@@ -105,13 +113,13 @@ def build_backfill_dag(
 
     names = sorted(pipelines) or ["-"]
     paths = {name: str(p.path) for name, p in pipelines.items()}
-    tables = _tables_param(
+    tables = _tables_params(
         _choices(pipelines, choices), "Tables to backfill; empty means every table",
         TABLE_OR_TARGET_PATTERN,
     )  # fmt: skip
     params = {
         "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
-        "tables": tables,
+        **tables,
         "mode": Param(
             "replay", type="string", enum=["replay", "rebuild"], title="Mode",
             description="replay: re-apply [start, end), never regressing newer rows. "
@@ -122,8 +130,7 @@ def build_backfill_dag(
             title="Start", description="rebuild always starts at earliest",
         ),
         "start_offsets": Param(
-            None, type=["null", "object", "string"], pattern=JSON_OBJECT_PATTERN,
-            title="Start offsets",
+            None, type=["null", "object"], title="Start offsets",
             description='With start=offsets: {"<partition>": <offset>} for one table, or '
             '{"<schema.table>": {"<partition>": <offset>}}',
         ),
@@ -136,8 +143,8 @@ def build_backfill_dag(
             "latest", type="string", enum=["latest", "offsets", "timestamp"], title="End"
         ),
         "end_offsets": Param(
-            None, type=["null", "object", "string"], pattern=JSON_OBJECT_PATTERN,
-            title="End offsets (exclusive)", description="With end=offsets, as start offsets",
+            None, type=["null", "object"], title="End offsets (exclusive)",
+            description="With end=offsets, as start offsets",
         ),
         "end_timestamp": Param(
             None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="End timestamp",
@@ -190,8 +197,6 @@ def build_snapshot_dag(
     pipelines: Mapping[str, PipelineConfig], choices: Mapping[str, Sequence[str]] | None = None
 ) -> DAG:
     """`choices`: the tables the picker offers per pipeline (default `picker_tables`)."""
-    from cdclake_control.snapshot_filter import MAX_FILTER_CHARS
-
     from cdclake_airflow import tasks
     from cdclake_airflow.snapshot import SnapshotSensor
 
@@ -203,18 +208,12 @@ def build_snapshot_dag(
             "execute", type="string", enum=["execute", "stop", "pause", "resume"], title="Action"
         ),
         "type": Param("incremental", type="string", enum=["incremental", "blocking"], title="Type"),
-        "tables": _tables_param(
+        **_tables_params(
             _choices(pipelines, choices), "Tables to snapshot (execute) or stop; none for "
             "pause and resume",
         ),
-        # object or its JSON text: the UI keeps invalid JSON as text, which the first task
-        # refuses, naming the error, before any signal is sent
         "filters": Param(
-            None, type=["null", "object", "string"], pattern=JSON_OBJECT_PATTERN,
-            propertyNames={"pattern": TABLE_PATTERN},
-            additionalProperties={"type": "string", "minLength": 1,
-                                  "maxLength": MAX_FILTER_CHARS},
-            title="Filters",
+            None, type=["null", "object"], title="Filters",
             description='execute only. Per table, a read-only SQL condition, as JSON: '
             '{"inventory.orders": "quantity > 1"}. Only columns, literals, operators and '
             "immutable functions; checked against the source database before sending.",

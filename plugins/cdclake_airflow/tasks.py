@@ -82,6 +82,13 @@ def _pipeline_path(paths: dict[str, str], name: str) -> str:
     return paths[name]
 
 
+def form_tables(params) -> list[str]:
+    """The tables a form names: those picked, then those typed under Other tables (one
+    per line; blank lines left out)."""
+    typed = [t.strip() for t in params.get("other_tables") or [] if t and t.strip()]
+    return list(dict.fromkeys([*(params.get("tables") or []), *typed]))
+
+
 def backfill_plan(paths: dict[str, str], **context) -> dict:
     """Validate the form against the pipeline and Kafka; the plans of the backfill."""
     from cdclake.pipeline_file import load_pipeline
@@ -92,7 +99,7 @@ def backfill_plan(paths: dict[str, str], **context) -> dict:
     pipeline = load_pipeline(path)
     request = parse_request(
         pipeline,
-        tables=params.get("tables") or [],
+        tables=form_tables(params),
         mode=params["mode"],
         start=params["start"],
         end=params["end"],
@@ -177,7 +184,7 @@ def snapshot_send(paths: dict[str, str], **context) -> dict:
     pipeline = load_pipeline(_pipeline_path(paths, params["pipeline"]))
     request = parse_request(
         params["action"],
-        params.get("tables") or [],
+        form_tables(params),
         params.get("type", "incremental"),
         params.get("filters") or {},
         params.get("surrogate_key"),

@@ -9,9 +9,11 @@ and the lake then equals the source.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -27,7 +29,14 @@ import pytest
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
-from cdclake_local.airflow_server import api_token, healthy, log_tail, stop_group
+from cdclake_local.airflow_server import (
+    api_token,
+    healthy,
+    log_tail,
+    processes,
+    stop_airflow,
+    stop_group,
+)
 from cdclake_local.workload import apply_workload
 
 from tests.conftest import ROOT
@@ -47,6 +56,7 @@ START_S = 180  # standalone up, every component healthy, the DAGs parsed
 RUN_S = 300  # one DAG run, queued to finished
 UI_MS = 30_000  # one browser step
 SNAPSHOT_TABLE = "inventory.customers"
+TYPED_TABLE = "inventory.products"
 DAGS = ("cdclake__demo", "cdclake_backfill", "cdclake_snapshot", "cdclake_dead_letters")
 # set by `local env` (or not at all) in the README's steps, whatever the tests' environment
 FROM_LOCAL_ENV = ("AIRFLOW_HOME", "CDCLAKE_KAFKA_BOOTSTRAP", "CDCLAKE_SOURCE_DSN",
@@ -171,7 +181,20 @@ def airflow(stack, tmp_path_factory) -> Iterator[Airflow]:
         )  # fmt: skip
         yield found
     finally:
+        left = ctrl_c(proc)
         stop_group(proc)
+    assert not left, f"left running after Ctrl+C and `cdclake local down`'s stop: {left}"
+
+
+def ctrl_c(proc: subprocess.Popen) -> list[int]:
+    """Ctrl+C in the terminal (SIGINT to the README commands' process group), then what
+    `cdclake local down` does to the stack's Airflow: the processes of the group left
+    after that."""
+    os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=15)
+    stop_airflow(Path(os.environ["AIRFLOW_HOME"]))
+    return [p for p, (_, group, _) in processes().items() if group == proc.pid]
 
 
 @pytest.fixture
@@ -216,15 +239,15 @@ def switch_on(page, airflow: Airflow, dag_id: str) -> None:
     )  # fmt: skip
 
 
-def trigger(page, dag_id: str, fill: Callable[[object], None] | None = None) -> str:
-    """Trigger in the DAG's page, the form (filled by `fill`), Trigger; the run's id from
+def trigger(page, dag_id: str, *fills: Callable[[object], None]) -> str:
+    """Trigger in the DAG's page, the form (filled by `fills`), Trigger; the run's id from
     the page the UI opens."""
     from playwright.sync_api import expect
 
     page.get_by_role("button", name="Trigger Dag").click()
     dialog = page.get_by_role("dialog")
     expect(dialog.get_by_role("heading", name=f"Trigger Dag - {dag_id}")).to_be_visible()
-    if fill is not None:
+    for fill in fills:
         fill(dialog)
     button = dialog.get_by_role("button", name="Trigger", exact=True)
     expect(button).to_be_enabled()
@@ -245,6 +268,36 @@ def choose_table(table: str, offered: list[str]) -> Callable[[object], None]:
         assert sorted(options.all_inner_texts()) == sorted(offered)
         dialog.page.get_by_role("option", name=table, exact=True).click()
         dialog.get_by_text("Tables", exact=True).click()  # closes the list
+
+    return fill
+
+
+def refuses_json(param: str, text: str) -> Callable[[object], None]:
+    """The JSON field of the form's `param`: `text` (not JSON) typed in is refused at the
+    field, in words, with Trigger disabled; then the field is emptied."""
+
+    def fill(dialog) -> None:
+        from playwright.sync_api import expect
+
+        keyboard = dialog.page.keyboard
+        dialog.locator(f"#element_{param}").click()
+        keyboard.press("Control+A")
+        keyboard.insert_text(text)
+        # the browser's JSON parser's words, under the field
+        error = dialog.locator(f"#element_{param}").locator("xpath=../..")
+        expect(error.locator("[data-part=error-text]")).to_contain_text("SyntaxError")
+        expect(dialog.get_by_role("button", name="Trigger", exact=True)).to_be_disabled()
+        keyboard.press("Control+A")
+        keyboard.press("Delete")
+
+    return fill
+
+
+def type_lines(param: str, lines: list[str]) -> Callable[[object], None]:
+    """The text box of the form's `param`: `lines` typed, one per line."""
+
+    def fill(dialog) -> None:
+        dialog.locator(f"#element_{param}").fill("\n".join(lines))
 
     return fill
 
@@ -401,7 +454,7 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     stack.wait_for_capture()
     marks = high_watermarks(pipeline)
     open_dag(page, airflow, "cdclake_backfill")
-    run_id = trigger(page, "cdclake_backfill")
+    run_id = trigger(page, "cdclake_backfill", refuses_json("start_offsets", '{"0": ten}'))
     wait_for_run(airflow, "cdclake_backfill", run_id)
     plan = xcom(airflow, "cdclake_backfill", run_id, "plan")
     assert plan["mode"] == "replay", plan
@@ -416,10 +469,12 @@ def test_readme_ui_steps_load_backfill_and_snapshot_through_the_scheduler(
     before = sum(m.high for m in fetch_watermarks(pipeline.kafka, [topic]).values())
     open_dag(page, airflow, "cdclake_snapshot")
     offered = [t.source for t in pipeline.tables]
-    run_id = trigger(page, "cdclake_snapshot", choose_table(SNAPSHOT_TABLE, offered))
+    # a table the picker does not offer is typed under Other tables
+    run_id = trigger(page, "cdclake_snapshot", choose_table(SNAPSHOT_TABLE, offered),
+                     type_lines("other_tables", [TYPED_TABLE]))  # fmt: skip
     wait_for_run(airflow, "cdclake_snapshot", run_id)
     sent = xcom(airflow, "cdclake_snapshot", run_id, "send_signal")
-    assert sent["tables"] == [SNAPSHOT_TABLE], sent
+    assert sent["tables"] == [SNAPSHOT_TABLE, TYPED_TABLE], sent
     done = xcom(airflow, "cdclake_snapshot", run_id, "wait_for_snapshot")
     assert done["status"] == "COMPLETED", done
     after = sum(m.high for m in fetch_watermarks(pipeline.kafka, [topic]).values())

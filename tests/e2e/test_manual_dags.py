@@ -3,7 +3,6 @@ local stack, against a pipeline of their own."""
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 
@@ -97,7 +96,7 @@ def test_backfill_replay_repairs_without_regressing_and_rebuild_reloads(stack, s
     spark.sql(f"DELETE FROM {target} WHERE id <= 20")
     run = run_dag("cdclake_backfill", {
         "pipeline": NAME, "tables": [BF], "mode": "replay", "start": "earliest",
-        "end": "offsets", "end_offsets": '{"0": 100}',
+        "end": "offsets", "end_offsets": {"0": 100},
     })  # fmt: skip
     plan = xcom_of(run, "plan")
     assert plan["mode"] == "replay" and plan["batches"] >= 2  # split by the cap
@@ -146,10 +145,10 @@ def test_snapshot_signal_with_filter_while_the_table_is_written(stack, spark, pi
     e2e = pipelines[SNAP_NAME]
     load_all(stack, spark, e2e, "e2e-snap-0")
     with concurrent_writes(stack.source_dsn, SNAP, 151, 350, seed=5):  # ids <= 150: snapshot only
-        # the Filters box's JSON text; an OR that Debezium's chunk query must not unbind
+        # an OR that Debezium's chunk query must not unbind
         run = run_dag("cdclake_snapshot", {
             "pipeline": SNAP_NAME, "action": "execute", "tables": [SNAP],
-            "filters": json.dumps({SNAP: "id <= 60 or id between 90 and 100"}),
+            "filters": {SNAP: "id <= 60 or id between 90 and 100"},
             "timeout_minutes": 5, "trigger_load": True,
         })  # fmt: skip
     sent = xcom_of(run, "send_signal")

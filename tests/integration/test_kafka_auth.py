@@ -4,6 +4,7 @@ is in no log nor in the connector configuration Kafka Connect keeps and shows.""
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 
@@ -40,6 +41,22 @@ def test_a_client_without_the_login_or_with_a_wrong_password_is_refused(stack):
     assert topics is None, "the broker answered a wrong password"
     assert any(e.code() == KafkaError._AUTHENTICATION and "Invalid username or password"
                in e.str() for e in errors), errors  # fmt: skip
+
+
+def test_a_pipelines_clients_log_a_refused_login_through_python_logging(stack, caplog):
+    """librdkafka's lines reach the task's log as records of `cdclake.kafka.client`."""
+    from cdclake.config import CLIENT_LOG, KafkaConfig, TimeoutsConfig
+    from cdclake.exceptions import EndpointError
+    from cdclake.kafka.topics import topic_metadata
+
+    wrong = {k: str(v) for k, v in stack.broker.client_config().items()}
+    wrong["sasl.password"] = "not-the-password"
+    kafka = KafkaConfig(wrong["bootstrap.servers"], wrong, TimeoutsConfig(2, 3))
+    with caplog.at_level(logging.ERROR, logger=CLIENT_LOG.name), pytest.raises(EndpointError):
+        with topic_metadata(kafka, timeout=3):
+            pass
+    said = [r.getMessage() for r in caplog.records if r.name == CLIENT_LOG.name]
+    assert any("Invalid username or password" in x for x in said), said
 
 
 def answers_without_login(port: int) -> bool:

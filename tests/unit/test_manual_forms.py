@@ -1,10 +1,12 @@
 """The Params forms of cdclake_backfill, cdclake_snapshot and cdclake_dead_letters:
-triggerable with their defaults, malformed values refused at the field (by the schema, as
-Airflow validates a trigger), the Tables picker bounded when Kafka does not answer."""
+triggerable with their defaults, malformed values refused by the schema (as Airflow
+validates a trigger), what a JSON field holds refused in words by the first task, the
+Tables picker bounded when Kafka does not answer."""
 
 from __future__ import annotations
 
 import copy
+import re
 import time
 
 import pytest
@@ -62,14 +64,13 @@ REFUSED_AT_THE_FIELD = [
     ("snapshot", "tables", ["inventory.orders; drop"]),
     ("snapshot", "tables", ["orders"]),  # a snapshot names schema.table
     ("snapshot", "tables", ["inventory.orders", "inventory.orders"]),
-    ("snapshot", "filters", "quantity > 1"),  # not a JSON object
-    ("snapshot", "filters", {"orders": "quantity > 1"}),  # not schema.table
-    ("snapshot", "filters", {"inventory.orders": ""}),
-    ("snapshot", "filters", {"inventory.orders": 5}),
-    ("snapshot", "filters", {"inventory.orders": "x > 1 and " * 500 + "true"}),  # too long
+    # a JSON field takes an object: the UI's editor refuses text that is not JSON
+    ("snapshot", "filters", "quantity > 1"),
+    ("snapshot", "filters", '{"inventory.orders": quantity > 1}'),
     ("backfill", "tables", ["a.b.c"]),
     ("backfill", "mode", "merge"),
     ("backfill", "start_offsets", "0:100"),  # not a JSON object
+    ("backfill", "start_offsets", '{"0": 100}'),  # JSON text: the editor gives an object
     ("backfill", "start_timestamp", "yesterday"),
     ("backfill", "end_timestamp", "2026-11-22 at noon"),
     ("dead_letters", "action", "delete"),
@@ -89,12 +90,14 @@ def test_malformed_values_are_refused_at_the_field(dags, form, name, value):
 
 ACCEPTED_AT_THE_FIELD = [
     ("snapshot", "filters", {"inventory.orders": "quantity > 1"}),
-    ("snapshot", "filters", '{"inventory.orders": "quantity > 1"}'),  # the box's JSON text
-    ("snapshot", "filters", '{"inventory.orders": quantity > 1}'),  # the task names the error
+    # what the JSON holds is the first task's to check, in words (below)
+    ("snapshot", "filters", {"orders": "quantity > 1"}),
+    ("snapshot", "filters", {"inventory.orders": 5}),
     ("snapshot", "tables", ["inventory.orders", "inventory.customers"]),
     ("snapshot", "surrogate_key", "order_number"),
     ("backfill", "tables", ["orders"]),  # the lake table's name
-    ("backfill", "start_offsets", '{"0": 100}'),
+    ("backfill", "start_offsets", {"0": 100}),
+    ("backfill", "other_tables", ["inventory.new_table", ""]),
     ("backfill", "end_offsets", {"inventory.orders": {"0": 100}}),  # an object, by the API
     ("backfill", "start_timestamp", "2026-11-22T10:00:00+00:00"),
     ("backfill", "start_timestamp", "2026-11-22"),
@@ -127,3 +130,39 @@ def test_the_tables_picker_offers_listed_tables_when_kafka_does_not_answer(tmp_p
     assert choices == {"demo": ["inventory.orders"]}
     dag = build_snapshot_dag(pipelines, choices)
     assert dag.params.get_param("tables").schema["examples"] == ["inventory.orders"]
+
+
+REFUSED_BY_THE_FIRST_TASK = [
+    ({"filters": {"orders": "quantity > 1"}}, "filter given for 'orders'"),
+    ({"filters": {"inventory.orders": ""}}, "filter for 'inventory.orders' is empty"),
+    ({"filters": {"inventory.orders": 5}}, "filter for 'inventory.orders' must be a string"),
+    ({"filters": {"inventory.orders": "x > 1 and " * 500 + "true"}}, "at most 4,096"),
+    ({"other_tables": ["inventory.nowhere"]}, "'inventory.nowhere' is not captured"),
+]
+
+
+@pytest.mark.parametrize(("params", "said"), REFUSED_BY_THE_FIRST_TASK)
+def test_what_a_json_field_holds_is_refused_in_words_before_anything_is_sent(dags, params, said):
+    """The snapshot form's values that pass Airflow's checks, refused by the first task
+    (`snapshot_send`) before it sends anything, naming the field's value."""
+    from cdclake.pipeline_file import load_pipeline
+    from cdclake_airflow.tasks import form_tables
+    from cdclake_control.signals import SignalError, parse_request, validate
+
+    form = {**dags["snapshot"].params.dump(), "tables": ["inventory.orders"], **params}
+    for name, value in params.items():  # the form lets it through
+        copy.deepcopy(dags["snapshot"].params.get_param(name)).resolve(value)
+    pipeline = load_pipeline(DEMO_PIPELINE)
+    with pytest.raises(SignalError, match=re.escape(said)):
+        request = parse_request(form["action"], form_tables(form), form["type"],
+                                form["filters"], form["surrogate_key"])  # fmt: skip
+        validate(request, [t.source for t in pipeline.tables])
+
+
+def test_the_tables_a_form_names_are_those_picked_then_those_typed():
+    from cdclake_airflow.tasks import form_tables
+
+    assert form_tables({"tables": ["a.b"], "other_tables": ["c.d", "", " a.b ", "e.f"]}) == [
+        "a.b", "c.d", "e.f",
+    ]  # fmt: skip
+    assert form_tables({"tables": None, "other_tables": None}) == []

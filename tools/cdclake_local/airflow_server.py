@@ -5,6 +5,7 @@ step and the tests that need the real scheduler and triggerer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,60 @@ def log_tail(path: Path, lines: int = 40) -> str:
     text = path.read_text(errors="replace")
     kept = [line for line in text.splitlines() if "assword" not in line]
     return f"--- {path} (last {lines} lines)\n" + "\n".join(kept[-lines:])
+
+
+def processes() -> dict[int, tuple[int, int, bytes]]:
+    """Every live process: pid -> (parent pid, process group, command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found[int(entry.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return found
+
+
+def _standalone_of(home: Path, pid: int, cmdline: bytes) -> bool:
+    if b"airflow\0standalone" not in cmdline:
+        return False
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    homes = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"AIRFLOW_HOME=")]
+    return any(Path(os.fsdecode(h)).resolve() == home.resolve() for h in homes)
+
+
+def stop_airflow(home: Path, timeout: float = 10.0) -> int:
+    """Stop the `airflow standalone` started from `home` and every Airflow process of it
+    (what it started, and what those forked, left behind too): SIGTERM, then SIGKILL
+    after `timeout`. Its Ctrl+C can leave the scheduler hung: standalone signals it again
+    while it logs the first signal. How many processes there were."""
+    procs = processes()
+    mine = {p for p, (_, _, cmd) in procs.items() if _standalone_of(home, p, cmd)}
+    groups = {procs[p][1] for p in mine}
+    while True:  # their descendants, and the Airflow processes of their groups
+        more = {p for p, (ppid, group, cmd) in procs.items() if p not in mine and (
+            ppid in mine or (group in groups and b"airflow" in cmd))}  # fmt: skip
+        if not more:
+            break
+        mine |= more
+    left = mine
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            now = processes()  # still the same process: a reused pid is not one of them
+            left = {p for p in left if p in now and now[p][2] == procs[p][2]}
+    return len(mine)
 
 
 def stop_group(proc: subprocess.Popen) -> None:

@@ -21,6 +21,7 @@ import psycopg
 
 from cdclake_local import StackError, maven, rest_catalog
 from cdclake_local.airflow_home import airflow_env, connections, setup_airflow_home
+from cdclake_local.airflow_server import stop_airflow
 from cdclake_local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
 from cdclake_local.connect import LocalConnect, connector_config
 from cdclake_local.postgres import LocalPostgres
@@ -176,6 +177,7 @@ class LocalStack:
 
     def down(self) -> dict[str, bool]:
         stopped = {
+            "airflow": stop_airflow(self.airflow_home) > 0,
             "capture": self.connect.stop(),
             "kafka": self.broker.stop(),
             "postgres": self.postgres.stop(),
