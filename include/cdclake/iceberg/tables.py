@@ -57,7 +57,9 @@ def stage_branches(ice) -> list[str]:
     return [str(r) for r in ice.refs().keySet() if str(r).startswith(STAGE_PREFIX)]
 
 
-TRUNCATED_BELOW = "cdclake.truncated-below-lsn"  # table property: the last truncate's LSN
+# table property: the LSN of the last truncate loaded, set by older versions (loads now
+# carry it in their commit's summary, `SUMMARY_TRUNCATE`)
+TRUNCATED_BELOW = "cdclake.truncated-below-lsn"
 
 
 @contextmanager
@@ -203,16 +205,6 @@ def ensure_table(
     names = [c.name for c in schema.columns]
     internal = {*METADATA_COLUMNS, DELETED}
     return names + [n for n in existing if n not in names and n not in internal]
-
-
-def mark_truncated(spark, table: str, lsn: int, current: int | None) -> int:
-    """Remember a truncate's LSN (unless `current`, the table's, is already higher) before
-    the MERGE that applies it commits: re-sent changes from before it, in later batches,
-    must not bring rows back. Returns the LSN no older change gets past."""
-    if current is not None and current >= lsn:
-        return current
-    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{TRUNCATED_BELOW}'='{int(lsn)}')")
-    return lsn
 
 
 def deleted_keys_table(table: str) -> str:
@@ -366,7 +358,9 @@ class TableState:
     exists: bool
     committed: dict[TopicPartition, int]
     snapshot_id: int | None
-    truncated_below: int | None = None  # the LSN of the last truncate loaded (a property)
+    # no change at or below this LSN writes a row: the last truncate loaded (its commit's
+    # summary, or the property older versions set)
+    truncated_below: int | None = None
     rows: int = 0  # records in its data files (deleted ones too): how big a MERGE target it is
     # no data file at all: no snapshot, or one whose summary says 0 records (a summary
     # without the count is not taken for empty)
@@ -390,7 +384,7 @@ def table_state(spark, table: str) -> TableState:
     committed = offsets_in(last)
     applied = last.get(SUMMARY_TRUNCATE)
     properties = dict(ice.properties())
-    below = properties.get(TRUNCATED_BELOW)
+    below = [int(x) for x in (applied, properties.get(TRUNCATED_BELOW)) if x is not None]
     rows = snap.summary().get("total-records") if snap is not None else None
     schema = ice.schema()
     fields = tuple((str(f.name()), str(f.transform().toString()),
@@ -400,7 +394,7 @@ def table_state(spark, table: str) -> TableState:
         True,
         committed,
         int(snap.snapshotId()) if snap is not None else None,
-        int(below) if below is not None else None,
+        max(below, default=None),
         int(rows) if rows is not None else 0,
         truncate_applied=int(applied) if applied is not None else None,
         key_names=tuple(str(n) for n in schema.identifierFieldNames()),

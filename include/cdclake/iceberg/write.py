@@ -36,7 +36,6 @@ from cdclake.iceberg.tables import (
     current_snapshot,
     ensure_table,
     load_iceberg_table,
-    mark_truncated,
     record_deleted_keys,
     stage_branches,
     with_deleted_lsn,
@@ -97,9 +96,8 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
         source.createOrReplaceTempView(view)
         if hard and resolved.deletes:
             record_deleted_keys(spark, qualified, rows, schema)
-        below = state.truncated_below
-        if truncate is not None and truncate.lsn is not None:
-            below = mark_truncated(spark, qualified, truncate.lsn, below)
+        lsns = (state.truncated_below, truncate and truncate.lsn)
+        below = max((x for x in lsns if x is not None), default=None)
         # a keyed table that holds no row takes only the MERGE's inserts: an append
         keyed = bool(schema.key_names)
         first_load = keyed and batch.tuning.first_load_append and state.empty and not dropped
