@@ -32,7 +32,6 @@ from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, Top
 from cdclake.ranged import FailedTopic, read_by_range, step_for
 from cdclake.resolve.lineage import linked
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
-from cdclake.resolve.rules import truncate_to_apply
 from cdclake.resolve.topic import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
@@ -294,12 +293,8 @@ def _load_table(
     clock.lap("state")
     # no record was set aside: `raw` holds all the topic's records
     resolved = resolve_table(batch, topic, table, schema, schemas, schemas is found, raw,
-                              records)  # fmt: skip
+                              records, state.truncate_applied)  # fmt: skip
     resolved, moved = _linked(spark, qualified, schema, state, resolved)
-    if resolved.truncate is not truncate_to_apply(resolved.truncate, state.truncate_applied):
-        log.info("%s: the batch's truncate (LSN %s) was applied by an earlier load; re-sent, "
-                 "it removes nothing", qualified, resolved.truncate.lsn)  # fmt: skip
-        resolved = dataclasses.replace(resolved, truncate=None)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:

@@ -15,7 +15,7 @@ from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import OP
 from cdclake.exceptions import CdclakeError
-from cdclake.iceberg.tables import table_columns
+from cdclake.iceberg.tables import table_columns, table_state
 from cdclake.kafka.reader import KAFKA, RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Placement, Tuning
@@ -91,13 +91,14 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
         work = {}
         for topic in eligible:
             qualified = pipeline.qualified_target(tables[topic])
-            exists = spark.catalog.tableExists(qualified)
-            work[topic] = (tables[topic], table_columns(spark, qualified) if exists else {})
+            state = table_state(spark, qualified)
+            known = table_columns(spark, qualified) if state.exists else {}
+            work[topic] = (tables[topic], known, state.truncate_applied)
     done: dict[str, RangedTopic | FailedTopic] = {}
 
     def resolve(topic: str) -> None:
-        table, known = work[topic]
-        got = _resolve_topic(spark, pipeline, reader, table, known, heads[topic],
+        table, known, cut = work[topic]
+        got = _resolve_topic(spark, pipeline, reader, table, known, cut, heads[topic],
                              ranges_of[topic], tuning)  # fmt: skip
         if got is not None:
             done[topic] = got
@@ -115,7 +116,7 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
 
 
 def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
-                   known: dict[str, str], head, ranges: list[OffsetRange],
+                   known: dict[str, str], cut: int | None, head, ranges: list[OffsetRange],
                    tuning: Tuning):  # fmt: skip
     """One topic's ranges read and resolved by a Spark job (`head`: the future of their
     head read): its rows when they add up, a FailedTopic when a read or a task failed,
@@ -125,7 +126,7 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
     topic = ranges[0].topic
     frame = None
     try:
-        planned = _topic_plan(head, table, topic, known, pipeline.kafka.format, tuning)
+        planned = _topic_plan(head, table, topic, known, pipeline.kafka.format, tuning, cut)
         if planned is None:
             return None
         topic_plan, ddl = planned
@@ -202,7 +203,8 @@ def _import_range_modules(batches):
 
 
 def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
-                fmt: WireFormat, tuning: Tuning) -> tuple[TopicPlan, str] | None:  # fmt: skip
+                fmt: WireFormat, tuning: Tuning,
+                cut: int | None) -> tuple[TopicPlan, str] | None:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
     (`head`, the future of its `head_schemas`: a read that failed raises), and the schema
     of their rows; None (the log says why) when the topic must take the general path."""
@@ -216,7 +218,7 @@ def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
             why = "a schema that does not fit the table's columns"
         else:
             topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known,
-                                   tuple(table.key), fmt, tuning)  # fmt: skip
+                                   tuple(table.key), fmt, tuning, cut)  # fmt: skip
             try:
                 return topic_plan, topic_plan.ddl
             except CdclakeError as exc:  # a schema the lake cannot take

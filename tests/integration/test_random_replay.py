@@ -466,17 +466,25 @@ def test_a_batch_of_a_truncate_alone_applies_it_once(
 ):
     """A batch whose only record is a truncate (it carries no key) empties the table; the
     connector restarts and sends it again: the rows loaded since (an incremental
-    snapshot's read, which has no LSN) stay."""
+    snapshot's read, which has no LSN) stay, whether the re-send comes alone, after a
+    read in its batch, or in the batch of the truncate itself."""
     v = value_record
     truncate = (None, v("t", None, None, lsn=140))
+    newer = (None, v("t", None, None, lsn=160))
+
+    def read(k: int, name: str):  # a snapshot's read
+        return (key_record(k), v("r", None, item(k, name), lsn=None))
+
     batches = [
         [(key_record(1), v("c", None, item(1, "a"), lsn=110)),
          (key_record(3), v("c", None, item(3, "c"), lsn=130))],
         [truncate],
-        [(key_record(2), v("r", None, item(2, "b"), lsn=None))],  # a snapshot's read
+        [read(2, "b")],
         [truncate],  # re-sent after a restart
+        [read(4, "d"), truncate],
+        [newer, read(5, "e"), newer],
     ]  # fmt: skip
-    expected = [{1: "a", 3: "c"}, {}, {2: "b"}, {2: "b"}]
+    expected = [{1: "a", 3: "c"}, {}, {2: "b"}, {2: "b"}, {2: "b", 4: "d"}, {5: "e"}]
     name = f"it_truncate_alone_{delete_mode}_{placement}_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(
         tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
@@ -492,7 +500,7 @@ def test_a_batch_of_a_truncate_alone_applies_it_once(
         rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()
         lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
         assert lake == want, f"after batch {i}"
-    assert truncated == [False, True, False, False]  # applied once
+    assert truncated == [False, True, False, False, False, True]  # each applied once
 
 
 @pytest.mark.parametrize("scan_sees_it", [True, False])

@@ -633,13 +633,41 @@ def test_a_key_change_carries_the_old_key_as_of_the_change_through_chains():
     assert counted == {False: 2, True: 2}, counted
 
 
-def test_a_truncate_the_table_already_applied_is_not_applied_again():
-    from cdclake.resolve.rules import Truncate, truncate_to_apply
+def test_a_resent_truncate_is_not_the_batchs_last():
+    """A truncate not above the last one the table applied, or an earlier one of the
+    batch, is re-sent by a restarted connector: the one before it stays the last."""
+    from cdclake.resolve.rules import Truncate, last_truncate
 
     t = Truncate(partition=0, offset=9, lsn=140)
-    assert truncate_to_apply(t, None) is t  # no truncate loaded before (or unknown)
-    assert truncate_to_apply(t, 130) is t  # a newer one
-    assert truncate_to_apply(t, 140) is None  # itself, re-sent
-    assert truncate_to_apply(t, 150) is None  # older than one loaded
-    assert truncate_to_apply(Truncate(0, 9, None), 150).lsn is None  # no LSN: applied
-    assert truncate_to_apply(None, 150) is None
+    assert last_truncate([t]) is t  # no truncate loaded before (or unknown)
+    assert last_truncate([t], 130) is t  # a newer one
+    assert last_truncate([t], 140) is None  # itself, re-sent
+    assert last_truncate([t], 150) is None  # older than one loaded
+    assert last_truncate([Truncate(0, 9, None)], 150).lsn is None  # no LSN: applied
+    assert last_truncate([], 150) is None
+    again, newer = Truncate(0, 20, 140), Truncate(1, 30, 160)
+    assert last_truncate([again, t]) is t  # the re-send comes after the original
+    assert last_truncate([t, again, newer]) is newer
+    assert last_truncate([Truncate(0, 5, 170), t]) == Truncate(0, 5, 170)  # older one later
+
+
+def test_a_resent_truncate_keeps_the_snapshot_reads_before_it():
+    """Rows read by an incremental snapshot (no LSN) after a truncate the table applied,
+    then that truncate re-sent, in one batch: the reads stay. With the truncate itself in
+    the batch before them, its re-send keeps them too."""
+    v = value_record
+    read = [(key_record(1), v("r", None, item(1, "a"), lsn=None)),
+            (None, v("t", None, None, lsn=140)),
+            (key_record(2), v("r", None, item(2, "b"), lsn=None))]  # fmt: skip
+    rows = raw_table({0: read})
+    schema = topic_of(rows)
+    got = resolve_rows(rows, *schema, cut=140)
+    assert got.truncate is None and sorted(got.rows["id"].to_pylist()) == [1, 2]
+    got = resolve_rows(rows, *schema)  # a truncate the table did not apply: the read before
+    assert got.truncate.lsn == 140 and got.rows["id"].to_pylist() == [2]  # it goes
+    rows = raw_table({0: [(key_record(3), v("c", None, item(3, "c"), lsn=130)), *read]})
+    got = resolve_rows(rows, *topic_of(rows))
+    assert got.truncate.offset == 2 and sorted(got.rows["id"].to_pylist()) == [2]
+    resent = raw_table({0: [(None, v("t", None, None, lsn=140)), *read]})
+    got = resolve_rows(resent, *topic_of(resent))  # truncate, read 1, re-send, read 2
+    assert got.truncate.offset == 0 and sorted(got.rows["id"].to_pylist()) == [1, 2]

@@ -41,13 +41,13 @@ def _marked(values) -> pa.Array:
     return pc.equal(values, pa.scalar(mark, values.type))
 
 
-def truncate_of(changes: pa.Table) -> Truncate | None:
-    """The changes' last truncate (`last_truncate`)."""
+def truncate_of(changes: pa.Table, applied: int | None = None) -> Truncate | None:
+    """The changes' last truncate (`last_truncate`; `applied`: the LSN of the last
+    truncate applied before them)."""
     cut = pc.and_(pc.equal(changes["op"], TRUNCATE), pc.invert(changes["is_tombstone"]))
     found = changes.filter(pc.fill_null(cut, False))
-    return last_truncate(Truncate(p, o, lsn) for p, o, lsn in zip(
-        found["partition"].to_pylist(), found["offset"].to_pylist(), found["lsn"].to_pylist(),
-        strict=True))  # fmt: skip
+    columns = (found[name].to_pylist() for name in ("partition", "offset", "lsn"))
+    return last_truncate((Truncate(*t) for t in zip(*columns, strict=True)), applied)
 
 
 def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) -> np.ndarray:
@@ -56,31 +56,33 @@ def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) 
     keep = _np(pc.fill_null(pc.not_equal(ops, TRUNCATE), True))
     no_key = np.logical_and.reduce([_np(pc.is_null(k)) for k in keys])
     keep &= ~(_np(changes["is_tombstone"]) & no_key)
-    if truncate is not None:
+    if truncate is not None:  # what came before it in its partition (reads without an LSN
+        # too), and every change whose LSN is not above its own: older, re-sent after it
         partitions, offsets = _np(changes["partition"]), _np(changes["offset"])
-        lsns, known = _np(pc.fill_null(changes["lsn"], 0)), _np(pc.is_valid(changes["lsn"]))
-        same = partitions == truncate.partition
-        later = offsets > truncate.offset
-        if truncate.lsn is None:
-            keep &= ~same | later
-        else:
-            keep &= np.where(same, later, ~known | (lsns > truncate.lsn))
+        keep &= (partitions != truncate.partition) | (offsets > truncate.offset)
+        if truncate.lsn is not None:
+            lsns, known = _np(pc.fill_null(changes["lsn"], 0)), _np(pc.is_valid(changes["lsn"]))
+            keep &= ~known | (lsns > truncate.lsn)
     return np.flatnonzero(keep)
 
 
 DECIDED = "decided"  # a held change's `Records.decided` (a fold in steps)
 
 
-def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
+def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | None,
+            earlier: Truncate | None = None):  # fmt: skip
     """(the changes a resolve folds, their keys, the TOAST columns followed, whether a
     placeholder is among them, the truncate, `latest`'s winners); `follow`: follow the
-    TOAST columns' last real values even without a placeholder (a fold in steps)."""
+    TOAST columns' last real values even without a placeholder (a fold in steps); `cut`:
+    the LSN of the last truncate applied before the changes (`truncate_of`); `earlier`:
+    the truncate an earlier step of the fold applied, which drops what it drops of these
+    changes unless they hold a later one."""
     types = {c.name: arrow_type(c.type) for c in schema.key}
     keys = [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
                           for side in ("key", "after", "before")))
             for k in schema.key_names]  # fmt: skip
-    truncate = truncate_of(changes)
-    at = pa.array(applied(changes, keys, truncate))
+    truncate = truncate_of(changes, cut)
+    at = pa.array(applied(changes, keys, truncate or earlier))
     picked = changes
     if len(at) < changes.num_rows:  # a take copies every column
         picked, keys = changes.take(at), [k.take(at) for k in keys]
@@ -118,15 +120,17 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool):
     return picked, keys, toasty, found, truncate, latest(records)
 
 
-def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema):
+def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema,
+              cut: int | None = None, earlier: Truncate | None = None):  # fmt: skip
     """(what a fold in steps holds after `changes` (decoded changes of one partition, in
     offset order): the changes the next step needs of `held` and them, with what was
-    decided of each (`DECIDED`); the truncate among `changes`, if any; how many keys
-    they are of)."""
+    decided of each (`DECIDED`); the truncate among `changes`, if any (`cut`: the LSN of
+    the last truncate applied before them; `earlier`: an earlier step's truncate); how
+    many keys they are of)."""
     if held is not None:
         new = changes.append_column(DECIDED, pa.nulls(changes.num_rows, pa.int8()))
         changes = pa.concat_tables([held, new], promote_options="permissive")
-    picked, _, _, _, truncate, won = _folded(changes, schema, follow=True)
+    picked, _, _, _, truncate, won = _folded(changes, schema, True, cut, earlier)
     kept = picked.take(pa.array(won.keep))
     if DECIDED in kept.column_names:
         kept = kept.drop_columns([DECIDED])
@@ -134,9 +138,10 @@ def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema):
     return kept, truncate, len(won.last)
 
 
-def resolve_table(changes: pa.Table, schema: TopicSchema):
-    """(resolved rows as a table of `result_columns`, the truncate, toast flags set)."""
-    picked, keys, toasty, found, truncate, won = _folded(changes, schema, follow=False)
+def resolve_table(changes: pa.Table, schema: TopicSchema, cut: int | None = None):
+    """(resolved rows as a table of `result_columns`, the truncate, toast flags set);
+    `cut`: the LSN of the last truncate the table applied."""
+    picked, keys, toasty, found, truncate, won = _folded(changes, schema, False, cut)
     rows = _rows(picked, keys, won, schema, toasty if found else [])
     flags = [f"{TOAST_PREFIX}{c.name}" for c in toasty if f"{TOAST_PREFIX}{c.name}" in rows]
     left = any(pc.any(rows[f]).as_py() for f in flags)

@@ -61,9 +61,10 @@ def resolve_rows(
     schema: TopicSchema,
     key_schemas: Mapping[int, str],
     value_schemas: Mapping[int, str],
+    cut: int | None = None,
 ) -> TopicResolved:
     """Raw rows of one topic -> the resolved rows, what the checks found and the records
-    that cannot be applied."""
+    that cannot be applied; `cut`: the LSN of the last truncate the table applied."""
     import pyarrow.compute as pc
 
     from cdclake.debezium.json_sql import decoded
@@ -81,7 +82,7 @@ def resolve_rows(
     if changes is None or not changes.num_rows:
         data, truncate, toast = {}, None, False
     elif keyed:
-        data, truncate, toast = resolve_table(changes, schema)
+        data, truncate, toast = resolve_table(changes, schema, cut)
     else:
         data, truncate, toast = changelog_table(changes, schema), None, False
     columns = result_columns(schema, keyed, toast)

@@ -40,6 +40,7 @@ class TopicPlan:
     key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
     format: WireFormat = WireFormat.JSON
     tuning: Tuning = MEASURED  # its range_keys and fold_records
+    cut: int | None = None  # the LSN of the last truncate the table applied
 
     @cached_property
     def schema(self) -> TopicSchema:

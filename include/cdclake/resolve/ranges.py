@@ -37,6 +37,7 @@ from cdclake.resolve.arrow_fold import changelog_table, fold_step, resolve_table
 from cdclake.resolve.fold import check_key_types
 from cdclake.resolve.range_plan import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan
 from cdclake.resolve.rows import absent, result_columns, table_rows, tally, typed_table
+from cdclake.resolve.rules import Truncate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -118,7 +119,12 @@ class RangeFold:
         self._raw, self._raw_rows = [], 0
         if found is None:
             return
-        self._held, truncate, keys = fold_step(self._held, found, self.schema)
+        # a truncate not above the last one applied, the table's or the range's, is re-sent;
+        # the range's drops what it drops of every later step
+        last = self.summary.truncate
+        earlier = None if last is None else Truncate(self.summary.partition, *last)
+        cut = max((x for x in (self.plan.cut, last and last[1]) if x is not None), default=None)
+        self._held, truncate, keys = fold_step(self._held, found, self.schema, cut, earlier)
         most = self.plan.tuning.range_keys
         if keys > most:
             raise Unsupported(f"more than {most:,} keys in one partition's range")

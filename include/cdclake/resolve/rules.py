@@ -7,8 +7,11 @@ Rules (the semantics the tests pin down):
   tombstone shares the fate of the delete just before it, and is a no-op when that
   delete was in an earlier batch. Records without an LSN
   (incremental snapshot reads) are never skipped.
-- A truncate removes every row loaded before it: records of the batch before it are
-  dropped and the MERGE deletes table rows whose LSN is below the truncate's.
+- A truncate removes every row loaded before it: records of the batch before it in its
+  partition, and those whose LSN is not above its own (older changes re-sent after it),
+  are dropped and the MERGE deletes table rows whose LSN is below the truncate's. One whose
+  LSN is not above the last truncate the table applied, or an earlier one of the batch,
+  is re-sent (a connector restart) and removes nothing.
 - An unchanged TOASTed column arrives as a placeholder; it takes the last real value of
   the batch for that key, or else keeps the value already in the table. Across a
   primary-key change it takes the old key's value as of the change, wherever that is.
@@ -54,19 +57,18 @@ class Truncate:
     lsn: int | None
 
 
-def last_truncate(truncates: Iterable[Truncate]) -> Truncate | None:
+def last_truncate(truncates: Iterable[Truncate], applied: int | None = None) -> Truncate | None:
     """The batch's last truncate, the one every resolve applies: the highest offset, then
-    the highest partition."""
-    return max(truncates, key=lambda t: (t.offset, t.partition), default=None)
-
-
-def truncate_to_apply(truncate: Truncate | None, applied: int | None) -> Truncate | None:
-    """The batch's truncate, unless the table already applied it: one at or below the LSN
-    of the last truncate a load committed (`applied`) is re-sent (a connector restart), and
-    the rows loaded since, incremental snapshot reads without an LSN among them, stay."""
-    if truncate is None or truncate.lsn is None or applied is None:
-        return truncate
-    return None if truncate.lsn <= applied else truncate
+    the highest partition, of those not re-sent. A truncate is re-sent (a connector
+    restart) when its LSN is not above `applied` (the LSN of the last truncate the table
+    applied) nor above an earlier one's of the batch: it removes nothing, and the rows
+    loaded since, incremental snapshot reads without an LSN among them, stay."""
+    last, high = None, applied
+    for t in sorted(truncates, key=lambda t: (t.offset, t.partition)):
+        if t.lsn is None or high is None or t.lsn > high:
+            last = t
+            high = t.lsn if t.lsn is not None else high
+    return last
 
 
 def toastable(schema: TopicSchema) -> list[Column]:

@@ -30,11 +30,11 @@ def grouped_by_kafka_key(schema: TopicSchema, key_schemas: Mapping[int, str], ta
 
 
 def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
-                 value_schemas: Mapping[int, str]):  # fmt: skip
+                 value_schemas: Mapping[int, str], cut: int | None = None):  # fmt: skip
     """A `mapInArrow` function: the raw records of some keys (all of each key's records
     in the batch) -> their resolved rows (`task_columns`: a keyed table's with the TOAST
     flags, False where the task met no placeholder), then a row that reports the rest
-    (`REASON`: `task_report`)."""
+    (`REASON`: `task_report`). `cut`: the LSN of the last truncate the table applied."""
     key_schemas, value_schemas = dict(key_schemas), dict(value_schemas)
     columns = task_columns(schema)
 
@@ -44,7 +44,8 @@ def resolve_task(schema: TopicSchema, key_schemas: Mapping[int, str],
         parts = [b for b in batches if b.num_rows]
         if not parts:
             return
-        done = resolve_rows(pa.Table.from_batches(parts), schema, key_schemas, value_schemas)
+        done = resolve_rows(pa.Table.from_batches(parts), schema, key_schemas, value_schemas,
+                            cut)  # fmt: skip
         rows = done.rows
         arrays = [rows[name] if name in rows.column_names
                   else pa.array([False] * rows.num_rows, pa.bool_())

@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 
 def resolve_table(batch: Batch, topic: str, table: TableConfig, schema: TopicSchema,
                    schemas: dict[str, list[tuple[int, str]]], whole: bool, raw,
-                   records: int) -> Resolved:  # fmt: skip
+                   records: int, cut: int | None) -> Resolved:  # fmt: skip
     """The topic's changes (`records` of them in the batch) resolved where they were
     read: range by range, in the driver (`whole`: no record was set aside before, so the
-    driver's rows are the topic's), or in Spark tasks."""
+    driver's rows are the topic's), or in Spark tasks. `cut`: the LSN of the last
+    truncate the table applied (a truncate not above it is re-sent)."""
     key_schemas, value_schemas = dict(schemas.get("key", [])), dict(schemas.get("value", []))
     ranged = batch.ranged.get(topic)
     if ranged is not None:
@@ -47,17 +48,17 @@ def resolve_table(batch: Batch, topic: str, table: TableConfig, schema: TopicSch
 
         rows = batch.rows
         mine = rows.filter(pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"])))
-        done = resolve_rows(mine, schema, key_schemas, value_schemas)
+        done = resolve_rows(mine, schema, key_schemas, value_schemas, cut)
         dead = _bad_records(batch, topic, table, list(done.bad))
         frame = arrow_frame(batch.spark, done.rows, done.ddl)
         return Resolved(frame, done.truncate, done.counts, done.max_source_ms, done.toast,
                         Placement.DRIVER.value, dead)  # fmt: skip
     return _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas, value_schemas,
-                             records)  # fmt: skip
+                             records, cut)  # fmt: skip
 
 
 def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema: TopicSchema,
-                      key_schemas: dict, value_schemas: dict, records: int,
+                      key_schemas: dict, value_schemas: dict, records: int, cut: int | None,
                       one_task: bool = False) -> Resolved:  # fmt: skip
     """The topic's records resolved by Spark tasks, each over all the records of its keys.
     Every record of a key has the same Kafka key text when the key is the Kafka key with
@@ -79,7 +80,7 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
         log.info("%s: resolved in one task (a configured key, several key schemas, or a "
                  "truncate)", topic)  # fmt: skip
         spread = raw.coalesce(1)
-    task = resolve_task(schema, key_schemas, value_schemas)
+    task = resolve_task(schema, key_schemas, value_schemas, cut)
     out = spread.mapInArrow(task, columns_ddl(columns)).persist(cache_level(records))
     try:
         reports = out.where(F.col(REASON).isNotNull()).select(REASON).collect()
@@ -89,7 +90,7 @@ def _resolve_in_tasks(batch: Batch, raw, topic: str, table: TableConfig, schema:
                         "task", topic)  # fmt: skip
             out.unpersist()
             return _resolve_in_tasks(batch, raw, topic, table, schema, key_schemas,
-                                     value_schemas, records, one_task=True)  # fmt: skip
+                                     value_schemas, records, cut, one_task=True)  # fmt: skip
         dead = _bad_records(batch, topic, table, found.bad)
     except BaseException:
         out.unpersist()
