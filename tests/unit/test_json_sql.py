@@ -130,7 +130,10 @@ def test_a_fold_in_steps_gives_the_rows_of_one_fold(seed):
     cuts = sorted(rnd.sample(range(1, changes.num_rows), min(4, changes.num_rows - 1)))
     held, truncate = None, None
     for start, end in zip([0, *cuts], [*cuts, changes.num_rows], strict=True):
-        held, found, _ = fold_step(held, changes.slice(start, end - start), schema)
+        # as a range's fold does: the truncate of an earlier step goes on dropping
+        cut = None if truncate is None else truncate.lsn
+        held, found, _ = fold_step(held, changes.slice(start, end - start), schema, cut,
+                                   truncate)  # fmt: skip
         truncate = found or truncate
     got, _, _ = resolve_table(held, schema)
     names = [n for n in want if n in got]
