@@ -492,14 +492,15 @@ def test_a_placeholder_met_late_takes_the_value_of_a_change_read_before_it(spark
     same(want, ordered(arrow_frame(spark, unpacked(out, got), got.ddl)), got.toast)
 
 
-def test_a_value_that_does_not_fit_stops_the_range_even_when_replaced():
+def test_a_value_that_does_not_fit_is_named_even_when_replaced():
     """Every change is checked, the ones a later change of the key replaces too."""
     v = value_record
     bad = v("u", None, {**item(1, "a"), "day": "many"}, lsn=2)
     replaced = [(key_record(1), bad), (key_record(1), v("u", None, item(1, "b"), lsn=3))]
     for records in (replaced, replaced[:1]):
         out, (summary,) = range_rows({0: records})
-        assert summary.reason is not None and "day" in summary.reason, summary.reason
+        assert summary.reason is None and [(p, o) for p, o, _ in summary.bad] == [(0, 0)]
+        assert "day" in summary.bad[0][2], summary.bad
 
 
 @pytest.mark.parametrize(
@@ -511,17 +512,24 @@ def test_a_value_that_does_not_fit_stops_the_range_even_when_replaced():
          "'id'"),
     ],
 )  # fmt: skip
-def test_a_range_the_fold_cannot_take_stops_and_says_why(records, why):
-    out, (summary,) = range_rows({0: records}, plan=items_plan())
-    assert summary.reason is not None and why in summary.reason, summary.reason
-    assert len(out) == 1  # the summary only
-    got = accepted(out, {0: records}, plan=items_plan())
-    assert isinstance(got, str) and why in got
+def test_a_record_the_fold_cannot_take_is_named_and_the_range_goes_on(records, why):
+    """Met where it is read: the summary names it (partition, offset, reason) for the
+    driver to fail the table or set it aside; the other records resolve."""
+    good = (key_record(2), value_record("c", None, item(2, "b"), lsn=5))
+    out, (summary,) = range_rows({0: [*records, good]}, plan=items_plan())
+    assert summary.reason is None and len(summary.bad) == 1, summary
+    ((partition, offset, reason),) = summary.bad
+    assert (partition, offset) == (0, 0) and why in reason, reason
+    got = accepted(out, {0: [*records, good]}, plan=items_plan())
+    assert isinstance(got, AcceptedTopic) and got.bad == ((0, 0, reason),)
+    assert got.counts == {False: 1}
+
+
+EXTRA = [*ITEM_COLUMNS, {"type": "int32", "optional": True, "field": "extra"}]
 
 
 def test_a_schema_other_than_the_heads_takes_the_general_path():
-    extra = [*ITEM_COLUMNS, {"type": "int32", "optional": True, "field": "extra"}]
-    wider = value_record("c", None, {**item(2, "b"), "extra": 1}, lsn=2, columns=extra)
+    wider = value_record("c", None, {**item(2, "b"), "extra": 1}, lsn=2, columns=EXTRA)
     parts = {0: [(key_record(1), value_record("c", None, item(1, "a"), lsn=1))],
              1: [(key_record(2), wider)]}  # fmt: skip
     out, summaries = range_rows(parts)
@@ -551,8 +559,15 @@ def test_the_reader_is_closed_when_the_range_stops_early():
     def reader(r: dict):
         rows = RawRows(r["topic"], r["partition"])
         try:
-            for offset in range(100):
-                rows.add(offset, 0, key_record(1), b"broken")
+            for offset in range(100):  # a value schema other than the head's
+                rows.add(
+                    offset,
+                    0,
+                    key_record(1),
+                    value_record(
+                        "c", None, {**item(1, "a"), "extra": 1}, lsn=offset + 1, columns=EXTRA
+                    ),
+                )
                 yield rows.batch()
         finally:
             closed.append(offset)
@@ -561,7 +576,7 @@ def test_the_reader_is_closed_when_the_range_stops_early():
     plan = pa.RecordBatch.from_pylist([{"topic": TOPIC, "partition": 0, "start": 0, "end": 100}])
     out = list(task(iter([plan])))
     (summary,) = ends(out)[0]
-    assert len(out) == 1 and "envelope" in summary.reason
+    assert len(out) == 1 and "schema other than" in summary.reason
     assert closed == [0]  # stopped after the first batch
 
 

@@ -163,6 +163,11 @@ def test_a_slice_never_asks_the_broker_for_more_records_than_it_needs(
     batches = list(_read_slice({"bootstrap.servers": "unused"}, row, timeout_s=5))
     got = [o for b in batches for o in b.column("offset").to_pylist()]
     assert got == [o for o in offsets if start <= o < end]
+    # a record after offsets that were not read, of another key than the one before it
+    gaps = [o for b in batches for o, gap in zip(b.column("offset").to_pylist(),
+                                                 b.column("follows_gap").to_pylist(),
+                                                 strict=True) if gap]  # fmt: skip
+    assert gaps == [o for i, o in enumerate(got) if o > (got[i - 1] if i else start - 1) + 1]
     # every call could be answered at once: it never asked for more than was there
     assert all(n <= left for n, left in partition.asked), partition.asked
 

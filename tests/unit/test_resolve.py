@@ -671,3 +671,18 @@ def test_a_resent_truncate_keeps_the_snapshot_reads_before_it():
     resent = raw_table({0: [(None, v("t", None, None, lsn=140)), *read]})
     got = resolve_rows(resent, *topic_of(resent))  # truncate, read 1, re-send, read 2
     assert got.truncate.offset == 0 and sorted(got.rows["id"].to_pylist()) == [1, 2]
+
+
+@pytest.mark.parametrize("after_gap", [True, False])
+def test_a_tombstone_after_a_gap_deletes_its_row(after_gap):
+    """On a compacted topic the log cleaner removes a delete and keeps its tombstone: the
+    reader marks the tombstone as following a gap, and it deletes the row; the first
+    tombstone of its key without one follows a delete of an earlier batch: nothing."""
+    v = value_record
+    rows = raw_table({0: [(key_record(2), v("c", None, item(2, "b"), lsn=120)),
+                          (key_record(1), None)]})  # fmt: skip
+    gaps = pa.array([False, after_gap])
+    rows = rows.set_column(rows.schema.get_field_index("follows_gap"), "follows_gap", gaps)
+    got = resolve_rows(rows, *topic_of(rows)).rows.to_pylist()
+    deleted = {r["id"]: r[DELETED] for r in got}
+    assert deleted == ({2: False, 1: True} if after_gap else {2: False})

@@ -366,13 +366,14 @@ def changes_sql(key_fields, value_fields, schema, source: str = "raw", checked: 
     broken = ["CASE WHEN k IS NULL AND key_payload IS NOT NULL THEN 'the key is not JSON "
               "of its schema' END", *broken]  # fmt: skip
     query = (
-        f'SELECT partition, "offset", {tombstone} AS is_tombstone, '
+        f'SELECT partition, "offset", {tombstone} AS is_tombstone, follows_gap, '
         f"{', '.join([*keys, *values, *olds])}, CASE ({op}) WHEN 'd' THEN {_NEW_KEY} IS NOT "
         "NULL WHEN 'c' THEN oldkey IS NOT NULL ELSE false END AS moved, "
         f"coalesce({', '.join([*broken, *key_errors, *value_errors, *old_errors])}) "
         f"AS reason FROM (SELECT *, TRY(from_json(o_json, '{key_spec}')) AS o FROM "
         f"(SELECT *, {_OLD_KEY_JSON} AS o_json FROM "
-        f'(SELECT partition, "offset", is_tombstone, key_payload, value_payload, headers, '
+        f'(SELECT partition, "offset", is_tombstone, follows_gap, key_payload, value_payload, '
+        f"headers, "
         f"{_OLD_KEY} AS oldkey, "
         f"TRY(from_json(key_payload, '{key_spec}')) AS k, "
         f"TRY({'from_json' if checked else 'from_json_strict'}(value_payload, "

@@ -24,6 +24,9 @@ _FIELDS = [
     ("value_schema", "string", "string"),
     ("value_payload", "string", "string"),
     ("is_tombstone", "boolean", "bool_"),
+    # records are missing right before this one, and the one before it is of another key:
+    # a compacted topic's log cleaner removed them (or transaction markers stand there)
+    ("follows_gap", "boolean", "bool_"),
     ("error", "string", "string"),
     # the record's headers cdclake reads (`kept_headers`), as one JSON object
     ("headers", "string", "string"),
@@ -138,7 +141,7 @@ def record_row(
     payload per side; an envelope that cannot be split is kept with its error."""
     row: dict[str, object] = {
         "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
-        "is_tombstone": value is None, "error": None,
+        "is_tombstone": value is None, "follows_gap": False, "error": None,
         "headers": headers,
     }  # fmt: skip
     for side, data in (("key", key), ("value", value)):
@@ -272,6 +275,7 @@ class RawRows:
                 return
             cols[f"{side}_payload"] = payload
         cols["is_tombstone"] = pc.is_null(values.slice(start, n))
+        cols["follows_gap"] = pc.is_null(cols["is_tombstone"])  # all false
         cols["error"] = pa.nulls(n, pa.string())
         cols["headers"] = heads.slice(start, n)
         self._flush()

@@ -174,6 +174,7 @@ def _read_slice(
         }
     )
     rows = fmt.raw_rows(topic, partition, registry)
+    gaps: list[bool] = []  # each record's `follows_gap`, of the records in `rows`
     held = 0  # record bytes in `rows`
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
@@ -195,25 +196,38 @@ def _read_slice(
             got, next_offset, last = _records(msgs, next_offset, end, last)
             if not got:
                 continue
-            offsets, stamps, keys, values, heads = zip(*got, strict=True)
+            offsets, stamps, keys, values, heads, after_gaps = zip(*got, strict=True)
             held += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
             rows.add_many(offsets, stamps, keys, values,
                           heads if any(h is not None for h in heads) else None)  # fmt: skip
+            gaps.extend(after_gaps)
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
-                yield rows.batch()
+                yield _with_gaps(rows.batch(), gaps)
                 held = 0
     finally:
         consumer.close()
     if len(rows):
-        yield rows.batch()
+        yield _with_gaps(rows.batch(), gaps)
+
+
+def _with_gaps(batch: pa.RecordBatch, gaps: list[bool]) -> pa.RecordBatch:
+    """The batch (a row per record read, in order) with each record's `follows_gap`,
+    which `gaps` holds and gives up."""
+    import pyarrow as pa
+
+    flags, gaps[:] = pa.array(gaps, pa.bool_()), []
+    return batch.set_column(batch.schema.get_field_index("follows_gap"), "follows_gap", flags)
 
 
 def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
     """The records of `msgs` below `end` as (offset, timestamp, key, value,
-    `kept_headers`), and the next offset and last key read."""
+    `kept_headers`, whether it follows a gap), and the next offset and last key read. A
+    record follows a gap when the offsets before it were not read (a compacted topic's
+    log cleaner removed them, or a transaction marker stands there) and the last record
+    read is of another key."""
     from confluent_kafka import KafkaException
 
-    records: list[tuple[int, int, bytes | None, bytes | None, str | None]] = []
+    records: list[tuple[int, int, bytes | None, bytes | None, str | None, bool]] = []
     for msg in msgs:
         err = msg.error()
         if err is not None:
@@ -227,14 +241,9 @@ def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
             next_offset = end
             break
         key, value, stamp = msg.key(), msg.value(), msg.timestamp()[1]
-        if value is None and key is not None and offset > next_offset and key != last:
-            # a tombstone right after a gap, not after a record of its key (a transaction
-            # marker between the two): the log cleaner of a compacted topic removed its
-            # delete (Debezium writes the two one after the other). A tombstone at the
-            # delete's offset stands in for it, so that this one deletes the row rather
-            # than following a delete of an earlier batch.
-            records.append((offset - 1, stamp, key, None, None))
+        gap = key is not None and offset > next_offset and key != last
         next_offset, last = offset + 1, key
         headers = msg.headers()
-        records.append((offset, stamp, key, value, kept_headers(headers) if headers else None))
+        records.append((offset, stamp, key, value, kept_headers(headers) if headers else None,
+                        gap))  # fmt: skip
     return records, next_offset, last

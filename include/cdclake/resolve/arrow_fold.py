@@ -109,6 +109,7 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | Non
         partition=_np(picked["partition"]).astype(np.int64),
         offset=_np(picked["offset"]).astype(np.int64),
         tombstone=_np(picked["is_tombstone"]),
+        follows_gap=_np(picked["follows_gap"]),
         create=_np(pc.fill_null(pc.equal(picked["op"], "c"), False)),
         lsn=_np(pc.fill_null(lsn, 0)).astype(np.int64),
         has_lsn=_np(pc.is_valid(lsn)),

@@ -4,7 +4,8 @@ and LSNs (numpy): the CDC rules of `cdclake.resolve.rules`, written once.
 In Kafka order (partition, then offset) within each key:
 - a change whose LSN is not above every earlier one's is a re-send and is dropped;
 - a tombstone goes with the change before it (dropped when that was dropped, or when it
-  is the key's first record);
+  is the key's first record), but for one that follows a gap in its partition: a
+  compacted topic's log cleaner removed the delete before it, and it deletes the row;
 - of the kept changes, the one of highest offset gives the row (`Latest.last`); the kept
   change that is not a tombstone (`Latest.change`), the kept change with a row after
   (`Latest.after`) and the key's last create (`Latest.create`: no value of an earlier
@@ -48,6 +49,7 @@ class Records:
     partition: np.ndarray  # int64
     offset: np.ndarray  # int64
     tombstone: np.ndarray  # bool
+    follows_gap: np.ndarray  # bool: records before it were removed (`raw_rows`)
     create: np.ndarray  # bool: operation `c`
     lsn: np.ndarray  # int64, 0 where `has_lsn` is false
     has_lsn: np.ndarray  # bool
@@ -95,7 +97,7 @@ def latest(records: Records) -> Latest:
     before_stale[1:] = stale[:-1]
     before_stale[first] = True
     tombstone = records.tombstone[order]
-    dropped = np.where(tombstone, before_stale, stale)
+    dropped = np.where(tombstone, before_stale & ~records.follows_gap[order], stale)
     dropped = np.where(decided == UNDECIDED, dropped, decided != KEPT)
     kept = ~dropped
     offset = records.offset[order]

@@ -17,11 +17,11 @@ class Placement(Enum):
        before the write.
     2. A bigger one is read and resolved range by range, in the Spark task that reads
        each Kafka partition's range.
-    3. A topic whose ranges cannot be (a schema change inside a range, a re-sent
-       change, more keys than `Tuning.range_keys` in one range, a record that cannot be applied)
-       is read again by Spark tasks and resolved by the same code after a shuffle by
-       Kafka key; a topic that cannot be grouped by its Kafka key (a configured key,
-       several key schemas, a truncate) is resolved in one task.
+    3. A topic whose ranges cannot be (a schema change inside a range, more keys than
+       `Tuning.range_keys` in one range, a key in two ranges) is read again by Spark
+       tasks and resolved by the same code after a shuffle by Kafka key; a topic that
+       cannot be grouped by its Kafka key (a configured key, several key schemas, a
+       truncate) is resolved in one task.
 
     The other members ask for one step of the rule: `DRIVER` is step 1, from any source
     the driver can read (`RawSource`; a bigger batch: step 3); `RANGES` starts at step 2

@@ -106,6 +106,8 @@ class RangeSummary:
     toast: bool = False  # a TOAST placeholder may be among the values (its text was seen)
     truncate: list | None = None  # the range's last truncate: [offset, LSN or None]
     first_lsn: int | None = None  # the lowest LSN of the changes folded
+    # records that cannot be applied: [partition, offset, reason], in Kafka order
+    bad: list = field(default_factory=list)
 
     def to_json(self) -> str:
         out = self.__dict__ | {"counts": [[k, v] for k, v in self.counts.items()]}
@@ -115,7 +117,7 @@ class RangeSummary:
     def from_json(cls, text: str) -> RangeSummary:
         data = json.loads(text)
         data["counts"] = {bool(k): v for k, v in data["counts"]}
-        for side in ("key_schemas", "value_schemas"):
+        for side in ("key_schemas", "value_schemas", "bad"):
             data[side] = [tuple(x) for x in data[side]]
         return cls(**data)
 
@@ -133,6 +135,8 @@ class AcceptedTopic:
     max_source_ms: int | None
     ranges: int
     truncate: Truncate | None = None  # the batch's last truncate
+    # records that cannot be applied: (partition, offset, reason), in Kafka order
+    bad: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def ddl(self) -> str:
@@ -168,6 +172,7 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
         {"key": list(keys.items()), "value": list(values.items())},
         plan.columns(toast), plan.schema.key_names, toast, counts,
         max(stamps) if stamps else None, len(summaries), truncate,
+        tuple(sorted(b for s in summaries for b in s.bad)),
     )  # fmt: skip
 
 

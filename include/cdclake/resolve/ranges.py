@@ -88,8 +88,10 @@ class RangeFold:
     def _add(self, raw: pa.RecordBatch) -> None:
         import pyarrow.compute as pc
 
-        if raw.column(raw.schema.get_field_index("error")).null_count != raw.num_rows:
-            raise Unsupported("a record that is not a JSON-with-schema envelope")
+        errors = raw.column(raw.schema.get_field_index("error"))
+        if errors.null_count != raw.num_rows:  # not envelopes: set aside with why
+            self._set_aside(raw.filter(pc.is_valid(errors)), "error")
+            raw = raw.filter(pc.is_null(errors))
         for side in ("key", "value"):
             ids = raw.column(raw.schema.get_field_index(f"{side}_schema_id"))
             if ids.null_count == len(ids):
@@ -142,17 +144,24 @@ class RangeFold:
         check_key_types(self.schema)
 
     def _decoded(self, raw: pa.Table) -> pa.Table | None:
-        """The raw rows' changes (`json_sql.decoded`); a record that cannot be applied
-        stops the range."""
+        """The raw rows' changes (`json_sql.decoded`) but for the records that cannot be
+        applied, which go to the summary (`_set_aside`)."""
         import pyarrow.compute as pc
 
         from cdclake.debezium.json_sql import decoded
 
         found = decoded(raw, self.schema, self._texts["key"], self._texts["value"])
         if found is not None and found["reason"].null_count != found.num_rows:
-            raise Unsupported("a record that cannot be applied: "
-                              + str(pc.drop_null(found["reason"])[0]))  # fmt: skip
+            self._set_aside(found.filter(pc.is_valid(found["reason"])), "reason")
+            found = found.filter(pc.is_null(found["reason"]))
         return found
+
+    def _set_aside(self, records, why: str) -> None:
+        """Records that cannot be applied, with their reason (column `why`), into the
+        summary: the driver fails the table naming the first or sets them aside."""
+        self.summary.bad += zip(records["partition"].to_pylist(),
+                                records["offset"].to_pylist(),
+                                records[why].to_pylist(), strict=True)  # fmt: skip
 
     def _log(self, raw: pa.RecordBatch) -> None:
         """A table without a key: the read batch's changes as rows (`changelog_table`),

@@ -15,8 +15,8 @@ from cdclake.resolve.fold import TopicResolved, resolve_rows
 from cdclake.resolve.rows import result_columns, typed_table
 from cdclake.resolve.rules import TOAST_PREFIX, Truncate, last_truncate
 
-RAW_COLUMNS = ("partition", "offset", "is_tombstone", "key_schema_id", "key_payload",
-               "value_schema_id", "value_payload", "headers")  # fmt: skip
+RAW_COLUMNS = ("partition", "offset", "is_tombstone", "follows_gap", "key_schema_id",
+               "key_payload", "value_schema_id", "value_payload", "headers")  # fmt: skip
 TASK_RECORDS = 50_000  # records of one topic per resolving task (on average)
 # a column of what `resolve_task` returns: NULL on a resolved row; on each task's last row,
 # what its resolve found besides its rows (`task_report`)

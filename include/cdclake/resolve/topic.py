@@ -41,8 +41,9 @@ def resolve_table(batch: Batch, topic: str, table: TableConfig, schema: TopicSch
     ranged = batch.ranged.get(topic)
     if ranged is not None:
         got = ranged.accepted
+        dead = _bad_records(batch, topic, table, list(got.bad))
         return Resolved(ranged.rows, got.truncate, got.counts, got.max_source_ms, got.toast,
-                        Placement.RANGES.value)  # fmt: skip
+                        Placement.RANGES.value, dead)  # fmt: skip
     if whole and batch.rows is not None:  # read by the driver
         import pyarrow.compute as pc
 
