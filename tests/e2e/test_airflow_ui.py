@@ -29,14 +29,8 @@ import pytest
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_home import API_PORT_ENV, PASSWORDS_FILE
-from cdclake_local.airflow_server import (
-    api_token,
-    healthy,
-    log_tail,
-    processes,
-    stop_airflow,
-    stop_group,
-)
+from cdclake_local.airflow_server import api_token, healthy, log_tail, stop_airflow, stop_group
+from cdclake_local.procs import processes
 from cdclake_local.workload import apply_workload
 
 from tests.conftest import ROOT

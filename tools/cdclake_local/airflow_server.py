@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cdclake_local import StackError
 from cdclake_local.airflow_home import PASSWORDS_FILE, airflow_env, api_url
-from cdclake_local.procs import wait_for
+from cdclake_local.procs import processes, wait_for
 
 START_S = 180  # every component healthy
 REQUEST_S = 20
@@ -62,22 +62,6 @@ def log_tail(path: Path, lines: int = 40) -> str:
     text = path.read_text(errors="replace")
     kept = [line for line in text.splitlines() if "assword" not in line]
     return f"--- {path} (last {lines} lines)\n" + "\n".join(kept[-lines:])
-
-
-def processes() -> dict[int, tuple[int, int, bytes]]:
-    """Every live process: pid -> (parent pid, process group, command line)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            found[int(entry.name)] = (int(fields[1]), int(fields[2]), cmdline)
-    return found
 
 
 def _standalone_of(home: Path, pid: int, cmdline: bytes) -> bool:

@@ -111,17 +111,24 @@ def stop_daemon(pidfile: Path, timeout: float = 20.0) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
+def processes() -> dict[int, tuple[int, int, bytes]]:
+    """Every live process: pid -> (parent pid, process group, command line)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().split(")")[-1].split()
-        except (FileNotFoundError, ProcessLookupError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if fields[0] != "Z":
+            found[int(entry.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(group == pgid for _, group, _ in processes().values())
 
 
 def _reap(pid: int) -> None:

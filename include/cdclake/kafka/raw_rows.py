@@ -245,6 +245,7 @@ class RawRows:
         return len(keys) if bad < 0 else start + bad
 
     def _add_run(self, offsets, timestamps, keys, values, heads, start: int, end: int) -> None:
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -275,7 +276,7 @@ class RawRows:
                 return
             cols[f"{side}_payload"] = payload
         cols["is_tombstone"] = pc.is_null(values.slice(start, n))
-        cols["follows_gap"] = pc.is_null(cols["is_tombstone"])  # all false
+        cols["follows_gap"] = pa.array(np.zeros(n, bool))  # the reader sets it (`_read_slice`)
         cols["error"] = pa.nulls(n, pa.string())
         cols["headers"] = heads.slice(start, n)
         self._flush()

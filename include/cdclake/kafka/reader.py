@@ -203,7 +203,7 @@ def _read_slice(
             gaps.extend(after_gaps)
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield _with_gaps(rows.batch(), gaps)
-                held = 0
+                gaps, held = [], 0
     finally:
         consumer.close()
     if len(rows):
@@ -211,11 +211,10 @@ def _read_slice(
 
 
 def _with_gaps(batch: pa.RecordBatch, gaps: list[bool]) -> pa.RecordBatch:
-    """The batch (a row per record read, in order) with each record's `follows_gap`,
-    which `gaps` holds and gives up."""
+    """The batch (a row per record read, in order) with each record's `follows_gap`."""
     import pyarrow as pa
 
-    flags, gaps[:] = pa.array(gaps, pa.bool_()), []
+    flags = pa.array(gaps, pa.bool_())
     return batch.set_column(batch.schema.get_field_index("follows_gap"), "follows_gap", flags)
 
 

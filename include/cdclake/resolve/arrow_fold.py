@@ -41,13 +41,13 @@ def _marked(values) -> pa.Array:
     return pc.equal(values, pa.scalar(mark, values.type))
 
 
-def truncate_of(changes: pa.Table, applied: int | None = None) -> Truncate | None:
-    """The changes' last truncate (`last_truncate`; `applied`: the LSN of the last
-    truncate applied before them)."""
-    cut = pc.and_(pc.equal(changes["op"], TRUNCATE), pc.invert(changes["is_tombstone"]))
-    found = changes.filter(pc.fill_null(cut, False))
+def truncate_of(changes: pa.Table, cut: int | None = None) -> Truncate | None:
+    """The changes' last truncate (`last_truncate`; `cut`: the LSN of the last truncate
+    applied before them)."""
+    truncates = pc.and_(pc.equal(changes["op"], TRUNCATE), pc.invert(changes["is_tombstone"]))
+    found = changes.filter(pc.fill_null(truncates, False))
     columns = (found[name].to_pylist() for name in ("partition", "offset", "lsn"))
-    return last_truncate((Truncate(*t) for t in zip(*columns, strict=True)), applied)
+    return last_truncate((Truncate(*t) for t in zip(*columns, strict=True)), cut)
 
 
 def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) -> np.ndarray:
@@ -74,13 +74,15 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | Non
     """(the changes a resolve folds, their keys, the TOAST columns followed, whether a
     placeholder is among them, the truncate, `latest`'s winners); `follow`: follow the
     TOAST columns' last real values even without a placeholder (a fold in steps); `cut`:
-    the LSN of the last truncate applied before the changes (`truncate_of`); `earlier`:
-    the truncate an earlier step of the fold applied, which drops what it drops of these
-    changes unless they hold a later one."""
+    the LSN of the last truncate the table applied; `earlier`: the truncate an earlier
+    step of the fold applied, which drops what it drops of these changes unless they hold
+    a later one (`truncate_of`: one not above either is re-sent)."""
     types = {c.name: arrow_type(c.type) for c in schema.key}
     keys = [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
                           for side in ("key", "after", "before")))
             for k in schema.key_names]  # fmt: skip
+    if earlier is not None and earlier.lsn is not None:
+        cut = earlier.lsn if cut is None else max(cut, earlier.lsn)
     truncate = truncate_of(changes, cut)
     at = pa.array(applied(changes, keys, truncate or earlier))
     picked = changes
@@ -126,8 +128,8 @@ def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema,
     """(what a fold in steps holds after `changes` (decoded changes of one partition, in
     offset order): the changes the next step needs of `held` and them, with what was
     decided of each (`DECIDED`); the truncate among `changes`, if any (`cut`: the LSN of
-    the last truncate applied before them; `earlier`: an earlier step's truncate); how
-    many keys they are of)."""
+    the last truncate the table applied; `earlier`: an earlier step's truncate); how many
+    keys they are of)."""
     if held is not None:
         new = changes.append_column(DECIDED, pa.nulls(changes.num_rows, pa.int8()))
         changes = pa.concat_tables([held, new], promote_options="permissive")

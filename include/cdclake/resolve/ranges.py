@@ -121,12 +121,11 @@ class RangeFold:
         self._raw, self._raw_rows = [], 0
         if found is None:
             return
-        # a truncate not above the last one applied, the table's or the range's, is re-sent;
-        # the range's drops what it drops of every later step
+        # the range's truncate so far drops what it drops of every later step
         last = self.summary.truncate
         earlier = None if last is None else Truncate(self.summary.partition, *last)
-        cut = max((x for x in (self.plan.cut, last and last[1]) if x is not None), default=None)
-        self._held, truncate, keys = fold_step(self._held, found, self.schema, cut, earlier)
+        self._held, truncate, keys = fold_step(self._held, found, self.schema, self.plan.cut,
+                                               earlier)  # fmt: skip
         most = self.plan.tuning.range_keys
         if keys > most:
             raise Unsupported(f"more than {most:,} keys in one partition's range")
