@@ -162,11 +162,9 @@ def spark(pipeline):
     session.stop()
 
 
-@pytest.fixture(params=["driver", "ranges", "tasks"])
+@pytest.fixture(params=["driver", "ranges"])
 def resolve_in(request):
-    """Run the test three times, once per `Placement` a batch can be resolved in: in the
+    """Run the test twice, once per `Placement` a batch can be resolved in: in the
     driver (small batches, the default); range by range in the Spark tasks that read
-    them (bigger ones); in Spark tasks over all the records of their keys (what a topic
-    the ranges cannot take goes to). Tests pass it to the load
-    (`load_all(..., resolve_in)`)."""
+    them (bigger ones). Tests pass it to the load (`load_all(..., resolve_in)`)."""
     return request.param

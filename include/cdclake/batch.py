@@ -41,9 +41,9 @@ class TableResult:
     dead_letters: int = 0
     truncated: bool = False
     offsets: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # where the changes were decoded and resolved: "driver" (a small batch), "ranges" (in
-    # the Spark task that read each Kafka partition's range) or "tasks" (in Spark tasks
-    # over all the records of their keys); empty when the table had nothing to load
+    # where the changes were decoded and resolved: "driver" (a small batch) or "ranges"
+    # (in the Spark tasks that read the Kafka partitions' ranges); empty when the table
+    # had nothing to load
     resolved_by: str = ""
     # how the rows were written: "merge", or "append" (a table without a key, or a keyed
     # table that held no row, as on a first load: the MERGE's inserts alone, without its

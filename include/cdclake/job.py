@@ -25,11 +25,11 @@ from cdclake.iceberg.tables import (
     table_state,
 )
 from cdclake.iceberg.write import write_table
-from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, arrow_frame, read_local
-from cdclake.kafka.scan import RawScan, scan_raw, scan_rows
+from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
+from cdclake.kafka.scan import RawScan, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
-from cdclake.ranged import FailedTopic, read_by_range, step_for
+from cdclake.ranged import FailedTopic, read_by_range
 from cdclake.resolve.lineage import linked
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.topic import resolve_table
@@ -37,22 +37,19 @@ from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
     SMALL_BATCH_CONF,
     SMALL_BATCH_PARTITIONS,
-    SMALL_BATCH_RECORDS,
     batch_settings,
-    cache_level,
 )
 
 log = logging.getLogger(__name__)
 
 
 def run_batch(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: Callable | None = None,
+    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: RawSource = KAFKA,
     placement: Placement = Placement.AUTO, tuning: Tuning = MEASURED,
 ) -> list[TableResult]:  # fmt: skip
-    """Load one planned batch. `read` makes the raw records DataFrame of the planned
-    ranges; by default they come from Kafka (benchmarks pass a recorded file instead).
-    Where they are read and resolved follows `placement`'s rule, with `tuning`'s
-    thresholds.
+    """Load one planned batch. `read` reads the raw records of the planned ranges; by
+    default from Kafka (benchmarks pass recorded files instead). Where they are read
+    and resolved follows `placement`'s rule, with `tuning`'s thresholds.
 
     The tables are loaded at the same time by up to `pipeline.parallel_tables` driver
     threads (each table commits on its own, with its own offsets). When a table fails,
@@ -69,62 +66,35 @@ def run_batch(
         return _run_batch(spark, pipeline, plan, read, before, placement, tuning)
 
 
-def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
+def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: RawSource,
                before: Mapping[str, str | None], placement: Placement,
                tuning: Tuning):  # fmt: skip
     started = time.perf_counter()
     leases = Leases(spark)  # taken on each table before its data files are written
-    raw, ranged = None, {}
+    raw, ranged, rows = None, {}, None
     try:
-        ranged = read_by_range(spark, pipeline, plan, read, placement, tuning)
-        rest = tuple(r for r in plan.ranges if r.topic not in ranged)
-        if rest:
-            rest_plan = dataclasses.replace(plan, ranges=rest)
-            raw, scan, rows = _read(spark, pipeline, rest_plan, read, placement, tuning)
-            raw, scan, set_aside = handle_broken_envelopes(spark, pipeline, plan, raw, scan,
-                                                           leases)  # fmt: skip
-        else:
-            scan, rows, set_aside = RawScan({}, {}, {}), None, {}
+        if placement.step(plan.total, tuning.driver_read_records) is Placement.DRIVER:
+            rows = read_local(pipeline.kafka, plan.ranges, source=read)
+            if rows is None:
+                log.info("batch %s: more than %d MiB of records; read range by range",
+                         plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
+        if rows is None:
+            ranged = read_by_range(spark, pipeline, plan, read, tuning)
+            scan, set_aside = RawScan({}, {}, {}), {}
+        else:  # the records as a local relation (no Spark job, no Python worker to start)
+            raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
+            raw, scan, set_aside = handle_broken_envelopes(
+                spark, pipeline, plan, raw, scan_rows(rows), leases
+            )  # fmt: skip
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
                        ranged, before, leases, placement, tuning, set_aside)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
     finally:
-        if raw is not None:
-            raw.unpersist()
         for topic in ranged.values():
             topic.release()
         leases.close()
-
-
-def _read(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-          placement: Placement, tuning: Tuning):  # fmt: skip
-    """The batch's raw records, their scan, and the records as the driver holds them
-    (an Arrow table, or None).
-
-    A small batch from Kafka (or, asked for, another `RawSource`) is read by the driver:
-    its rows become a local relation (no Spark job, no Python worker to start) and are
-    scanned in Python. Otherwise the records are read by Spark tasks (or by `read`),
-    cached, and scanned by a Spark job."""
-    records = plan.total
-    source = KAFKA if read is None else read
-    if step_for(placement, records, tuning, read) is Placement.DRIVER:
-        rows = read_local(pipeline.kafka, plan.ranges, source=source)
-        if rows is not None:
-            raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
-            return raw, scan_rows(rows, tuning.truncate_text), rows
-        log.info("batch %s: more than %d MiB of records; read by Spark tasks",
-                 plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
-    raw = source(spark, pipeline.kafka, plan.ranges)
-    if records <= SMALL_BATCH_RECORDS:
-        raw = raw.coalesce(SMALL_BATCH_PARTITIONS)
-    raw = raw.persist(cache_level(records))
-    try:
-        return raw, scan_raw(raw, tuning.truncate_text), None
-    except BaseException:
-        raw.unpersist()
-        raise
 
 
 def _run_tables(
@@ -278,7 +248,6 @@ def _load_table(
             f"{qualified}: another run changed the table's columns while this batch was "
             "resolved; nothing was written. Plan again."
         )
-    found = schemas
     schemas, raw, misfits = set_aside_misfits(batch, table, topic, schemas, known, raw)
     misfits += batch.set_aside.get(topic, 0)  # records that were not envelopes
     if not schemas.get("value") and not state.exists:
@@ -291,9 +260,7 @@ def _load_table(
                           key, topic, table.exclude, known,
                           batch.pipeline.kafka.format)  # fmt: skip
     clock.lap("state")
-    # no record was set aside: `raw` holds all the topic's records
-    resolved = resolve_table(batch, topic, table, schema, schemas, schemas is found, raw,
-                              records, state.truncate_applied)  # fmt: skip
+    resolved = resolve_table(batch, topic, table, schema, schemas, state.truncate_applied)
     resolved, moved = _linked(spark, qualified, schema, state, resolved)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}

@@ -7,18 +7,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import OP
 from cdclake.exceptions import CdclakeError
 from cdclake.iceberg.tables import table_columns, table_state
-from cdclake.kafka.reader import KAFKA, RawSource, range_plan
+from cdclake.kafka.reader import RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import Placement, Tuning
+from cdclake.resolve.placement import Tuning
 from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
 from cdclake.resolve.rules import LINEAGE_OPS
@@ -55,25 +56,13 @@ class FailedTopic:
         pass
 
 
-def step_for(placement: Placement, records: int, tuning: Tuning,
-             read: Callable | None) -> Placement:  # fmt: skip
-    """The step of `placement`'s rule that reads `records` records from `read` (None:
-    Kafka): `Placement.DRIVER`, `RANGES` or `TASKS` (`Placement.first_step`)."""
-    source = KAFKA if read is None else read
-    return placement.first_step(records, tuning.driver_read_records, read is None,
-                                isinstance(source, RawSource))  # fmt: skip
-
-
-def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callable | None,
-                   placement: Placement, tuning: Tuning):  # fmt: skip
-    """The topics read and resolved range by range, or whose ranges failed ({} when
-    none is): the driver reads the head of each eligible topic's ranges for its schemas
-    (all at once, while it looks the lake tables up), then for each topic (as many at a
-    time as tables are loaded) one Spark job reads its ranges, a task each, and resolves
-    them into typed rows, kept when they add up (`_ranged_topic`)."""
-    if step_for(placement, plan.total, tuning, read) is not Placement.RANGES:
-        return {}
-    source = KAFKA if read is None else read
+def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawSource,
+                  tuning: Tuning) -> dict[str, RangedTopic | FailedTopic]:  # fmt: skip
+    """The batch's topics read and resolved range by range, or whose ranges failed: the
+    driver reads the head of each topic's ranges for its schemas (all at once, while it
+    looks the lake tables up), then for each topic (as many at a time as tables are
+    loaded) Spark jobs read its ranges and resolve them into typed rows
+    (`_resolve_topic`)."""
     topics = {r.topic for r in plan.ranges}
     tables = {pipeline.topic_for(t): t for t in pipeline.tables}
     eligible = [topic for topic in tables if topic in topics]
@@ -98,10 +87,8 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
 
     def resolve(topic: str) -> None:
         table, known, cut = work[topic]
-        got = _resolve_topic(spark, pipeline, reader, table, known, cut, heads[topic],
-                             ranges_of[topic], tuning)  # fmt: skip
-        if got is not None:
-            done[topic] = got
+        done[topic] = _resolve_topic(spark, pipeline, reader, table, known, cut, heads[topic],
+                                     ranges_of[topic], tuning)  # fmt: skip
 
     try:  # every topic resolves; then the first error is raised
         with ThreadPoolExecutor(max(1, min(pipeline.parallel_tables, len(work)))) as pool:
@@ -118,43 +105,73 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, read: Callab
 def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
                    known: dict[str, str], cut: int | None, head, ranges: list[OffsetRange],
                    tuning: Tuning):  # fmt: skip
-    """One topic's ranges read and resolved by a Spark job (`head`: the future of their
-    head read): its rows when they add up, a FailedTopic when a read or a task failed,
-    or None (the log says why) when the topic takes the general path."""
-    from pyspark import StorageLevel
-
+    """One topic's ranges read and resolved (`head`: the future of their head read): its
+    rows, or a FailedTopic when a read, a task or a check failed. A Spark job folds each
+    range in a task (`_range_frame`), or all of them in one task, in partition order, as
+    the driver folds a small batch, when the table's key is a configured one. When
+    ranges met schemas beyond their heads, the job runs again with them; when the
+    ranges' results cannot be put together (a key in two of them, a truncate after
+    changes of another partition), again in one task."""
     topic = ranges[0].topic
+    fmt = pipeline.kafka.format
     frame = None
     try:
-        planned = _topic_plan(head, table, topic, known, pipeline.kafka.format, tuning, cut)
-        if planned is None:
-            return None
-        topic_plan, ddl = planned
-        # A keyed topic's rows in memory, spilled to disk when storage memory runs short.
-        # A cached block is built whole before it can spill, which is why a big batch's
-        # raw records are cached on disk only (`cache_level`); here a block is one range's
-        # rows, at most `Tuning.range_keys` (~1 KB each from the connector), whatever the
-        # batch's size. A 1M-event batch took 1.2 s less cold than with its rows on disk.
-        level = (StorageLevel.MEMORY_AND_DISK if topic_plan.schema.key_names
-                 # a changelog: a row per record, not per key
-                 else cache_level(sum(r.size for r in ranges)))  # fmt: skip
-        frame = (
-            range_plan(spark, ranges)
-            .mapInArrow(range_task(reader, {topic: topic_plan}), ddl)
-            .persist(level)
-        )
-        got = _ranged_topic(frame, topic_plan)
+        plan = _topic_plan(head.result(), table, topic, known, fmt, tuning, cut)
+        # a configured key is not the Kafka key: its records spread over the partitions
+        together = bool(table.key) and len({r.partition for r in ranges}) > 1
+        for _ in range(ROUNDS):
+            frame = _range_frame(spark, reader, plan, ranges, together, tuning)
+            summaries, hashes, rows = _summaries(frame)
+            if any(s.unplanned for s in summaries):
+                plan = plan.with_met(summaries, partial(misfits, table, topic, known=known,
+                                                        fmt=fmt))  # fmt: skip
+                log.info("%s: schemas beyond the head of its ranges; read again with them",
+                         topic)  # fmt: skip
+            else:
+                got = accept(summaries, plan, hashes)
+                if not isinstance(got, str):
+                    return _ranged_topic(frame, plan, got, rows)
+                if together:
+                    raise CdclakeError(f"{topic}: its ranges read in one task: {got}")
+                log.info("%s: %s; its ranges are read again in one task", topic, got)
+                together = True
+            frame.unpersist()
+            frame = None
+        raise CdclakeError(f"{topic}: its ranges met new schemas in every read")
     except Exception as exc:
         if frame is not None:
             frame.unpersist()
-        if isinstance(exc, CdclakeError):  # the rows do not add up: nothing is written
-            raise
-        # a read, a task, a bug: its table fails with the error
+        # a read, a task, a schema the lake cannot take, rows that do not add up: its
+        # table fails with the error, and nothing of it is written
         log.error("%s: its ranges failed: %s", topic, _brief(exc))
         return FailedTopic(exc)
-    if got is None:
-        frame.unpersist()
-    return got
+
+
+# reads of a topic's ranges at most: as planned, again with the schemas they met beyond
+# their heads, again in one task
+ROUNDS = 3
+
+
+def _range_frame(spark, reader, plan: TopicPlan, ranges: list[OffsetRange],
+                 together: bool, tuning: Tuning):  # fmt: skip
+    """The Spark job that reads and folds the topic's ranges, a task each (`together`:
+    one task for all), persisted: the resolved rows, then a summary row per task."""
+    from pyspark import StorageLevel
+
+    # A keyed topic's rows in memory, spilled to disk when storage memory runs short.
+    # A cached block is built whole before it can spill, which is why a big batch's
+    # rows are cached on disk only (`cache_level`); here a block is one task's rows, at
+    # most its records, which stay under twice `Tuning.range_keys` (~1 KB each from the
+    # connector). A 1M-event batch took 1.2 s less cold than with its rows on disk.
+    most = max(r.size for r in ranges) * (len(ranges) if together else 1)
+    keyed = plan.planned and bool(plan.schema.key_names)
+    level = (StorageLevel.MEMORY_AND_DISK if keyed and most <= 2 * tuning.range_keys
+             else cache_level(sum(r.size for r in ranges)))  # fmt: skip
+    job = range_plan(spark, ranges)
+    if together:
+        job = job.coalesce(1)
+    task = range_task(reader, {plan.topic: plan}, together)
+    return job.mapInArrow(task, plan.ddl).persist(level)
 
 
 WORKERS_JOB_GROUP = "cdclake-python-workers"
@@ -202,57 +219,44 @@ def _import_range_modules(batches):
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]}, pa.schema([("pid", pa.int64())]))
 
 
-def _topic_plan(head, table: TableConfig, topic: str, known: dict[str, str],
-                fmt: WireFormat, tuning: Tuning,
-                cut: int | None) -> tuple[TopicPlan, str] | None:  # fmt: skip
+def _topic_plan(found, table: TableConfig, topic: str, known: dict[str, str],
+                fmt: WireFormat, tuning: Tuning, cut: int | None) -> TopicPlan:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
-    (`head`, the future of its `head_schemas`: a read that failed raises), and the schema
-    of their rows; None (the log says why) when the topic must take the general path."""
-    found = head.result()
-    why = None
-    if found is None:
-        why = "no schema at the head of its ranges"
-    else:
-        schemas = {"key": [found[0]] if found[0] else [], "value": [found[1]] if found[1] else []}
-        if misfits(table, topic, schemas, known, fmt):
-            why = "a schema that does not fit the table's columns"
-        else:
-            topic_plan = TopicPlan(topic, found[0], found[1], tuple(table.exclude), known,
-                                   tuple(table.key), fmt, tuning, cut)  # fmt: skip
-            try:
-                return topic_plan, topic_plan.ddl
-            except CdclakeError as exc:  # a schema the lake cannot take
-                why = str(exc)
-    log.info("%s: read again the general way: %s", topic, why)
-    return None
+    (`found`: `head_schemas`'), those that do not fit the table's columns set aside."""
+    key, value = found if found is not None else (None, None)
+    plan = TopicPlan(topic, (key,) if key else (), (value,) if value else (),
+                     tuple(table.exclude), known, tuple(table.key), fmt, tuning, cut)  # fmt: skip
+    return plan.with_met([], partial(misfits, table, topic, known=known, fmt=fmt))
 
 
-def _ranged_topic(frame, plan: TopicPlan):
-    """A topic's range results (`frame`, persisted) -> its rows, or None (the log says
-    why) when it must take the general path."""
+def _summaries(frame):
+    """A range job's summaries, each task's key hashes, and the count of its rows (one
+    job over the cached frame)."""
     import numpy as np
     from pyspark.sql import functions as F
 
-    topic = plan.topic
     meta = F.col(f"`{META_COLUMN}`")
-    # the ranges' summaries and the count of their rows, in one job over the cached frame
     ends = F.struct(meta.alias("summary"), F.col(f"`{KEYS_COLUMN}`").alias("hashes"))
-    row = meta.isNull() & ~F.col(OP).isin(*LINEAGE_OPS).eqNullSafe(True)  # a table's row
+    row = meta.isNull()
+    if OP in frame.columns:  # a table's row, not a key change's (`LINEAGE_OPS`)
+        row = row & ~F.col(OP).isin(*LINEAGE_OPS).eqNullSafe(True)
     [found] = frame.agg(F.collect_list(F.when(meta.isNotNull(), ends)).alias("ends"),
                         F.count(F.when(row, 1)).alias("rows")).collect()  # fmt: skip
     summaries = [RangeSummary.from_json(r.summary) for r in found.ends]
     hashes = [np.frombuffer(r.hashes or b"", dtype=np.uint64) for r in found.ends]
-    try:
-        got = accept(summaries, plan, hashes)
-    except CdclakeError as exc:
-        got = str(exc)
-    if isinstance(got, str):
-        log.info("%s: read again the general way: %s", topic, got)
-        return None
+    return summaries, hashes, found.rows
+
+
+def _ranged_topic(frame, plan: TopicPlan, got: AcceptedTopic, total: int) -> RangedTopic:
+    """A topic's range results (`frame`, persisted; `total` rows) -> its rows, once
+    they add up to what its ranges resolved."""
+    from pyspark.sql import functions as F
+
+    meta = F.col(f"`{META_COLUMN}`")
     rows = frame.where(meta.isNull()).select(*(F.col(f"`{n}`") for n, _ in got.columns))
-    total, resolved = found.rows, sum(got.counts.values())
+    resolved = sum(got.counts.values())
     if total != resolved:
-        raise CdclakeError(f"{topic}: the ranges resolved {resolved} rows but returned "
+        raise CdclakeError(f"{plan.topic}: the ranges resolved {resolved} rows but returned "
                            f"{total}; nothing was written")  # fmt: skip
     return RangedTopic(got, rows, plan.known, frame)
 

@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import uuid
 from collections import defaultdict
+from functools import partial
 from itertools import groupby
 
 from cdclake.config import PipelineConfig
@@ -18,7 +19,7 @@ from cdclake.exceptions import ConfigError
 from cdclake.iceberg.deadletters import mark_replayed
 from cdclake.iceberg.tables import DEAD_LETTERS
 from cdclake.job import run_batch
-from cdclake.kafka.reader import arrow_frame
+from cdclake.kafka.reader import RawSource
 from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, PlanMode
 
@@ -98,9 +99,7 @@ def replay(spark, pipeline: PipelineConfig, table: str | None = None,
     ranges = tuple(OffsetRange(t, p, min(o), max(o) + 1) for (t, p), o in sorted(spans.items()))
     plan = BatchPlan(pipeline.name, batch_id, ranges, PlanMode.REPLAY)
 
-    def read(spark, kafka, ranges):
-        return arrow_frame(spark, raw_rows(pipeline, usable))
-
+    read = RawSource(partial(_reader, raw_rows(pipeline, usable)))
     results = run_batch(spark, pipeline, plan, read=read)  # only tables with ranges load
     loaded = [(r.topic, r.partition, r.offset) for r in usable]
     report["replayed"] = mark_replayed(spark, f"{pipeline.catalog.name}.{pipeline.namespace}",
@@ -147,3 +146,20 @@ def _topic(pipeline: PipelineConfig, table: str) -> str:
         if table in (t.target, t.source, pipeline.qualified_target(t)):
             return pipeline.topic_for(t)
     raise ConfigError(f"pipeline {pipeline.name} has no table {table!r}")
+
+
+def _reader(rows, kafka):
+    """The `RangeReader` of the dead letters' raw rows (`rows`), read as Kafka's are."""
+    return partial(_range_rows, rows)
+
+
+def _range_rows(rows, r: dict):
+    """The raw rows of one range ({"topic", "partition", "start", "end"})."""
+    import pyarrow.compute as pc
+
+    offsets = rows["offset"]
+    mine = pc.and_(
+        pc.and_(pc.equal(rows["topic"], r["topic"]), pc.equal(rows["partition"], r["partition"])),
+        pc.and_(pc.greater_equal(offsets, r["start"]), pc.less(offsets, r["end"])),
+    )
+    yield from rows.filter(mine).to_batches()

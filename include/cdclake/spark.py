@@ -226,13 +226,11 @@ JVM_NAMES = (
 # table's MERGE or append compiles to Java classes per query, which costs more than
 # evaluating them for the rows of such a batch (docs/performance.md, "Small batches").
 #
-# A batch of at most SMALL_BATCH_RECORDS records read by Spark tasks is read into one
-# partition (`SMALL_BATCH_PARTITIONS`): each task carries the whole plan, and
-# deserialising it for each of a dozen near-empty tasks cost more than the rows.
-# Shuffles keep their partitions and adaptive execution: a small batch's MERGE into a
-# 10M-row table took 16.2 s with one shuffle partition and no adaptive execution, 10.1 s
-# with them.
-SMALL_BATCH_RECORDS = 10_000
+# The raw rows the driver read are one partition (`SMALL_BATCH_PARTITIONS`): each task
+# carries the whole plan, and deserialising it for each of a dozen near-empty tasks cost
+# more than the rows. Shuffles keep their partitions and adaptive execution: a small
+# batch's MERGE into a 10M-row table took 16.2 s with one shuffle partition and no
+# adaptive execution, 10.1 s with them.
 SMALL_BATCH_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",

@@ -82,7 +82,7 @@ def concurrent_writes(dsn: str, table: str, low: int, high: int, seed: int) -> I
 
 def assert_resolved_in(results: list, *where: str) -> None:
     """The tables that loaded something were decoded and resolved in exactly these
-    places ("driver", "ranges", "tasks")."""
+    places ("driver", "ranges")."""
     used = {r.table: r.resolved_by for r in results if r.resolved_by}
     assert used and set(used.values()) == set(where), used
 

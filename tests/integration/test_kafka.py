@@ -164,7 +164,7 @@ def compacted(stack, spark, tmp_path_factory):
     n = uuid.uuid4().hex[:6]
     name = f"compact_{n}"
     folder = tmp_path_factory.mktemp("comp")
-    places = ("driver", "ranges", "tasks")
+    places = ("driver", "ranges")
     befores = {p: make_pipeline(folder, f"it_comp_{p}_{n}", [f"inventory.{name}"]) for p in places}
     before = befores["driver"]
     topic = before.topic_for(before.tables[0])

@@ -17,14 +17,10 @@ from cdclake.job import run_batch
 from cdclake.kafka.raw_rows import (
     NEW_KEY_HEADER,
     OLD_KEY_HEADER,
-    RAW_SCHEMA,
     RawRows,
-    SchemaIds,
     kept_headers,
-    record_row,
 )
 from cdclake.kafka.reader import RawSource
-from cdclake.kafka.scan import scan_raw
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
@@ -40,13 +36,6 @@ pytestmark = pytest.mark.integration
 def item(i: int, name: str) -> dict:
     return {"id": i, "name": name, "price": None, "day": None, "at": None, "at_tz": None,
             "blob": None}  # fmt: skip
-
-
-def raw_frame(spark, topic: str, records, start: int = 0):
-    """The reader's raw rows of `records` (key, value), at offsets from `start`."""
-    seen = SchemaIds()
-    rows = [record_row(seen, topic, 0, off, 0, k, v) for off, (k, v) in enumerate(records, start)]
-    return spark.createDataFrame(rows, RAW_SCHEMA)
 
 
 def records_source(records, start: int = 0) -> RawSource:
@@ -73,12 +62,11 @@ def as_avro(records, registry, topic: str) -> list:
 
 def load_one(spark, pipeline, name: str, raw, start: int, end: int, placement: str = "auto",
              tuning: Tuning = MEASURED):  # fmt: skip
-    """Run one batch of `raw` (offsets start..end of the pipeline's one table's topic): a
-    raw DataFrame, or a `RawSource`."""
+    """Run one batch of `raw` (a `RawSource` of offsets start..end of the pipeline's one
+    table's topic)."""
     topic = pipeline.topic_for(pipeline.tables[0])
     plan = BatchPlan(pipeline.name, name, (OffsetRange(topic, 0, start, end),))
-    read = raw if isinstance(raw, RawSource) else lambda spark, kafka, ranges: raw
-    return run_batch(spark, pipeline, plan, read=read, placement=Placement(placement),
+    return run_batch(spark, pipeline, plan, read=raw, placement=Placement(placement),
                      tuning=tuning)  # fmt: skip
 
 
@@ -104,18 +92,6 @@ def lake_names(spark, pipeline) -> dict[int, str]:
     """id -> name of the rows in the pipeline's one table."""
     target = pipeline.qualified_target(pipeline.tables[0])
     return {r["id"]: r["name"] for r in spark.table(target).collect()}
-
-
-def scanned_batch(spark, tmp_path, label: str, records, flag: str, scan_sees_it: bool):
-    """A one-table pipeline and the raw frame of `records` for it, after checking whether
-    the raw scan noted the topic under `flag` (`truncates`): (name, pipeline, raw)."""
-    name = f"it_{label}_scan_{str(scan_sees_it).lower()}_{uuid.uuid4().hex[:6]}"
-    pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    topic = pipeline.topic_for(pipeline.tables[0])
-    raw = raw_frame(spark, topic, records)
-    text = MEASURED.truncate_text if scan_sees_it else "(?!)"  # (?!) matches nothing
-    assert (topic in getattr(scan_raw(raw, text), flag)) is scan_sees_it
-    return name, pipeline, raw
 
 
 def generate(rng: random.Random, steps: int, keys: int, truncates: bool = False):
@@ -202,30 +178,24 @@ def placed(records, partitions: int) -> list[tuple]:
 
 
 def load_slice(spark, pipeline, name: str, part, raw_by: str, tuning: Tuning = MEASURED):
-    """Run one batch of the placed records `part` (a slice of `placed`), read by Spark
-    tasks (`raw_by="frame"`) or by a Kafka source's readers, resolved as `raw_by` says."""
+    """Run one batch of the placed records `part` (a slice of `placed`), read by a Kafka
+    source's readers and resolved where `raw_by` says."""
     topic = pipeline.topic_for(pipeline.tables[0])
     spans: dict[int, list[int]] = {}
     for p, off, *_ in part:
         spans.setdefault(p, [off, off])[1] = off
     ranges = tuple(OffsetRange(topic, p, lo, hi + 1) for p, (lo, hi) in sorted(spans.items()))
     plan = BatchPlan(pipeline.name, name, ranges)
-    if raw_by == "tasks":
-        seen = SchemaIds()
-        rows = [record_row(seen, topic, p, off, 0, k, v, h) for p, off, k, v, h in part]
-        frame = spark.createDataFrame(rows, RAW_SCHEMA)
-        read = lambda spark, kafka, ranges: frame  # noqa: E731
-    else:
 
-        def reader(kafka, r: dict):
-            rows = kafka.format.raw_rows(r["topic"], r["partition"], kafka.schema_registry)
-            found = [(off, k, v, h) for p, off, k, v, h in part
-                     if p == r["partition"] and r["start"] <= off < r["end"]]  # fmt: skip
-            offsets, keys, values, heads = zip(*found, strict=True) if found else ([],) * 4
-            rows.add_many(list(offsets), [0] * len(found), list(keys), list(values), list(heads))
-            yield rows.batch()
+    def reader(kafka, r: dict):
+        rows = kafka.format.raw_rows(r["topic"], r["partition"], kafka.schema_registry)
+        found = [(off, k, v, h) for p, off, k, v, h in part
+                 if p == r["partition"] and r["start"] <= off < r["end"]]  # fmt: skip
+        offsets, keys, values, heads = zip(*found, strict=True) if found else ([],) * 4
+        rows.add_many(list(offsets), [0] * len(found), list(keys), list(values), list(heads))
+        yield rows.batch()
 
-        read = RawSource(lambda kafka: partial(reader, kafka))
+    read = RawSource(lambda kafka: partial(reader, kafka))
     return run_batch(spark, pipeline, plan, read=read, placement=Placement(raw_by),
                      tuning=tuning)  # fmt: skip
 
@@ -237,11 +207,11 @@ LONG = {0: (100, 12), 4: (80, 10), 8: (80, 10)}
 
 @pytest.mark.parametrize(
     "seed, key_filter, resolve, delete_mode, fmt, partitions",
-    [(0, False, "tasks", "hard", "json", 2), (4, True, "tasks", "hard", "json", 1),
+    [(0, False, "ranges", "hard", "json", 2), (4, True, "driver", "hard", "json", 1),
      (8, False, "ranges", "hard", "json", 2), (11, True, "ranges", "hard", "json", 1),
-     (12, "range", "ranges", "hard", "json", 3), (13, "range", "tasks", "hard", "json", 2),
-     (14, False, "ranges", "soft", "json", 2), (15, True, "tasks", "soft", "json", 1),
-     (16, False, "tasks", "soft", "json", 3), (17, "range", "ranges", "soft", "json", 1),
+     (12, "range", "ranges", "hard", "json", 3), (13, "range", "ranges", "hard", "json", 2),
+     (14, False, "ranges", "soft", "json", 2), (15, True, "driver", "soft", "json", 1),
+     (16, False, "ranges", "soft", "json", 3), (17, "range", "ranges", "soft", "json", 1),
      (18, False, "driver", "hard", "json", 2), (19, True, "driver", "soft", "json", 2),
      (20, "range", "driver", "hard", "json", 1), (21, False, "ranges", "hard", "avro", 2),
      (22, True, "driver", "soft", "avro", 1), (23, "range", "ranges", "soft", "avro", 2)],
@@ -314,7 +284,7 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         assert any(f for f in filtered), filtered
         ranged = {isinstance(v, KeyRange) for f in filtered if f for v in f.values()}
         assert ranged == {key_filter == "range"}, filtered
-    assert resolve in used and used <= {resolve, "tasks"}, used
+    assert used == {resolve}, used
 
 
 def _resent_batches(gone: str):
@@ -337,7 +307,7 @@ def _resent_batches(gone: str):
     return batches, [{2: "b"}, {2: "b"}, {2: "b"}, {1: "again", 2: "b"}]
 
 
-@pytest.mark.parametrize("resolve", ["driver", "ranges", "tasks"])
+@pytest.mark.parametrize("resolve", ["driver", "ranges"])
 def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     stack, spark, tmp_path, resolve
 ):
@@ -353,14 +323,10 @@ def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     ]  # fmt: skip
     name = f"it_redelete_{resolve}_{uuid.uuid4().hex[:6]}"
     pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    topic = pipeline.topic_for(pipeline.tables[0])
     start, used = 0, set()
     for i, batch in enumerate(batches):
         end = start + len(batch)
-        if resolve in ("ranges", "driver"):
-            raw = records_source(batch, start)
-        else:
-            raw = raw_frame(spark, topic, batch, start)
+        raw = records_source(batch, start)
         used.update(r.resolved_by for r in load_one(spark, pipeline, f"{name}-{i}", raw,
                                                      start, end, resolve))  # fmt: skip
         assert lake_names(spark, pipeline) == {1: "again"}, f"after batch {i}"
@@ -368,10 +334,11 @@ def test_a_resent_delete_does_not_remove_the_row_inserted_again_after_it(
     assert used == {resolve}, used
 
 
-def test_a_key_in_two_partitions_is_read_again_and_resolved_by_key(stack, spark, tmp_path):
+def test_a_key_in_two_partitions_is_read_again_in_one_task(stack, spark, tmp_path):
     """Records of one key in two partitions (a topic given more partitions, or records
     routed by something else than the key): each range alone would give the key a row,
-    so the topic is read again and resolved grouped by key; the later change wins."""
+    so the topic's ranges are read again, folded in one task in partition order; the
+    later change wins."""
     v = value_record
     parts = {
         0: [(key_record(1), v("c", None, item(1, "first"), lsn=110)),
@@ -392,8 +359,9 @@ def test_a_key_in_two_partitions_is_read_again_and_resolved_by_key(stack, spark,
     topic = pipeline.topic_for(pipeline.tables[0])
     ranges = tuple(OffsetRange(topic, p, 0, len(recs)) for p, recs in parts.items())
     (result,) = run_batch(spark, pipeline, BatchPlan(pipeline.name, f"{name}-0", ranges),
-                          read=RawSource(lambda kafka: reader))  # fmt: skip
-    assert result.resolved_by == "tasks" and result.upserts == 3
+                          read=RawSource(lambda kafka: reader),
+                          placement=Placement.RANGES)  # fmt: skip
+    assert result.resolved_by == "ranges" and result.upserts == 3
     assert lake_names(spark, pipeline) == {1: "second", 2: "two", 3: "three"}
     assert stray_files(spark, pipeline.qualified_target(pipeline.tables[0])) == []
 
@@ -425,12 +393,12 @@ def test_a_topic_whose_ranges_fail_fails_its_table_with_the_cause(stack, spark, 
     plan = BatchPlan(pipeline.name, f"{name}-0", (OffsetRange(topic, 0, 0, len(records)),))
     source = RawSource(lambda kafka: reader)
     with pytest.raises(Exception, match="the broker went away"):
-        run_batch(spark, pipeline, plan, read=source)
+        run_batch(spark, pipeline, plan, read=source, placement=Placement.RANGES)
     assert marker.exists()
     assert not spark.catalog.tableExists(pipeline.qualified_target(pipeline.tables[0])) or (
         lake_names(spark, pipeline) == {}
     )
-    (result,) = run_batch(spark, pipeline, plan, read=source)
+    (result,) = run_batch(spark, pipeline, plan, read=source, placement=Placement.RANGES)
     assert result.resolved_by == "ranges" and result.upserts == 4
     assert lake_names(spark, pipeline) == {k: f"n{k}" for k in range(4)}
 
@@ -446,11 +414,10 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
         tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
     )
     table = pipeline.tables[0]
-    topic = pipeline.topic_for(table)
     start = 0
     for i, (batch, want) in enumerate(zip(batches, expected, strict=True)):
-        raw = raw_frame(spark, topic, batch, start)
-        load_one(spark, pipeline, f"{name}-{i}", raw, start, start + len(batch))
+        load_one(spark, pipeline, f"{name}-{i}", records_source(batch, start), start,
+                 start + len(batch))  # fmt: skip
         rows = spark.table(pipeline.qualified_target(table)).collect()
         lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
         assert lake == want, f"{delete_mode} {gone}: after batch {i}"
@@ -459,7 +426,7 @@ def test_a_resent_insert_of_a_key_removed_in_an_earlier_batch_stays_removed(
 
 @pytest.mark.parametrize(
     "delete_mode, placement",
-    [("hard", "driver"), ("hard", "ranges"), ("hard", "tasks"), ("soft", "driver")],
+    [("hard", "driver"), ("hard", "ranges"), ("soft", "driver")],
 )
 def test_a_batch_of_a_truncate_alone_applies_it_once(
     stack, spark, tmp_path, delete_mode, placement
@@ -489,59 +456,16 @@ def test_a_batch_of_a_truncate_alone_applies_it_once(
     pipeline = make_pipeline(
         tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}]
     )
-    topic = pipeline.topic_for(pipeline.tables[0])
     start, truncated = 0, []
     for i, (batch, want) in enumerate(zip(batches, expected, strict=True)):
-        raw = raw_frame(spark, topic, batch, start)
-        (result,) = load_one(spark, pipeline, f"{name}-{i}", raw, start, start + len(batch),
-                             placement)  # fmt: skip
+        (result,) = load_one(spark, pipeline, f"{name}-{i}", records_source(batch, start),
+                             start, start + len(batch), placement)  # fmt: skip
         truncated.append(result.truncated)
         start += len(batch)
         rows = spark.table(pipeline.qualified_target(pipeline.tables[0])).collect()
         lake = {r["id"]: r["name"] for r in rows if not r.asDict().get("_cdc_deleted")}
         assert lake == want, f"after batch {i}"
     assert truncated == [False, True, False, False, False, True]  # each applied once
-
-
-@pytest.mark.parametrize("scan_sees_it", [True, False])
-def test_a_truncate_the_raw_scan_misses_is_still_applied(
-    stack, spark, tmp_path, monkeypatch, scan_sees_it
-):
-    """Records are resolved in tasks grouped by key when the raw scan finds no truncate
-    text; a truncate it did not see (e.g. a payload written in an unusual form) must still
-    win."""
-    v = value_record
-    batch = [
-        (key_record(1), v("c", None, item(1, "a"), lsn=110)),
-        (key_record(2), v("c", None, item(2, "b"), lsn=120)),
-        (None, v("t", None, None, lsn=130)),
-        (key_record(3), v("c", None, item(3, "c"), lsn=140)),
-    ]
-    name, pipeline, raw = scanned_batch(spark, tmp_path, "trunc", batch, "truncates", scan_sees_it)
-    tuning = MEASURED if scan_sees_it else dataclasses.replace(MEASURED, truncate_text="(?!)")
-    (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch), tuning=tuning)
-    assert result.truncated
-    lake = lake_names(spark, pipeline)
-    assert lake == {3: "c"}
-
-
-def test_a_toast_placeholder_resolved_in_tasks_takes_the_last_real_value(stack, spark, tmp_path):
-    """Tasks that meet no placeholder send their TOAST flags False; the one that meets
-    one fills it in from the key's earlier change."""
-    from cdclake.resolve.rules import TOAST_PLACEHOLDER
-
-    v = value_record
-    batch = [
-        (key_record(1), v("c", None, item(1, "a"), lsn=110)),
-        (key_record(2), v("c", None, item(2, "b"), lsn=120)),
-        (key_record(1), v("u", None, item(1, TOAST_PLACEHOLDER), lsn=130)),
-    ]
-    name = f"it_toast_tasks_{uuid.uuid4().hex[:6]}"
-    pipeline = make_pipeline(tmp_path, name, ["public.items"])
-    raw = raw_frame(spark, pipeline.topic_for(pipeline.tables[0]), batch)
-    (result,) = load_one(spark, pipeline, f"{name}-0", raw, 0, len(batch), "tasks")
-    assert result.resolved_by == "tasks"
-    assert lake_names(spark, pipeline) == {1: "a", 2: "b"}
 
 
 def test_a_table_that_cannot_be_created_fails_its_load(stack, spark, tmp_path):

@@ -24,8 +24,6 @@ from cdclake.kafka.raw_rows import NEW_KEY_HEADER, OLD_KEY_HEADER, RawRows, kept
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
 from cdclake.resolve.fold import resolve_rows
-from cdclake.resolve.placement import MEASURED
-from cdclake.resolve.rows import columns_ddl
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
     FROM_LSN,
@@ -33,14 +31,6 @@ from cdclake.resolve.rules import (
     LINEAGE_OPS,
     TOAST_PLACEHOLDER,
     TOAST_PREFIX,
-)
-from cdclake.resolve.tasks import (
-    RAW_COLUMNS,
-    REASON,
-    TaskReports,
-    grouped_by_kafka_key,
-    resolve_task,
-    task_columns,
 )
 
 from tests.debezium_records import (
@@ -70,7 +60,7 @@ def raw_table(parts: dict[int, list]) -> pa.Table:
 def topic_of(rows: pa.Table, key: tuple[str, ...] = (), fmt: WireFormat = WireFormat.JSON):
     """(TopicSchema, key schemas, value schemas) of the topic's raw rows, as the job
     makes them from the raw scan (`key`: the table's configured key)."""
-    schemas = scan_rows(rows, MEASURED.truncate_text).schemas[TOPIC]
+    schemas = scan_rows(rows).schemas[TOPIC]
     keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
     schema = topic_schema(list(keys.values()), list(values.values()), key, TOPIC, fmt=fmt)
     return schema, keys, values
@@ -499,62 +489,6 @@ def test_arrow_types_of_the_lake_types():
     )
     with pytest.raises(DecodeError, match="interval"):
         arrow_type("interval")
-
-
-def tasks_resolve(spark, rows: pa.Table, tasks: int = 3):
-    """The resolve run in Spark tasks, the records shuffled by their Kafka key: (resolved
-    rows, the tasks' reports added up)."""
-    from pyspark.sql import functions as F
-
-    schema, keys, values = topic_of(rows)
-    task = resolve_task(schema, keys, values)
-    frame = (
-        arrow_frame(spark, rows).select(*RAW_COLUMNS).repartition(tasks, "key_payload")
-        .mapInArrow(task, columns_ddl(task_columns(schema)))
-    )  # fmt: skip
-    reports = frame.where(F.col(REASON).isNotNull()).collect()
-    return (ordered(frame.where(F.col(REASON).isNull()).drop(REASON)),
-            TaskReports.of(r[REASON] for r in reports))  # fmt: skip
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_tasks_grouped_by_key_resolve_as_the_driver(spark, seed):
-    """Each task holds every record of its keys, so the tasks' rows are the driver's (a
-    task that met no placeholder with its TOAST flags False); a truncate needs the whole
-    topic (one task), whose row reports it."""
-    rows = raw_table(history(seed, partitions=1 + seed % 2))
-    mine, local = resolved(spark, rows)
-    one = local.truncate is not None
-    got, reported = tasks_resolve(spark, rows, tasks=1 if one else 3)
-    same(mine, got, True)
-    assert reported.truncate == local.truncate
-    assert (reported.counts, reported.max_source_ms) == (local.counts, local.max_source_ms)
-
-
-def test_tasks_report_the_records_that_cannot_be_applied(spark):
-    rows = raw_table({0: [(key_record(1), value_record("x", None, item(1, "a"))),
-                          (key_record(2), value_record("c", None, item(2, "b")))]})  # fmt: skip
-    got, reported = tasks_resolve(spark, rows)
-    assert [r["id"] for r in got] == [2]
-    assert reported.bad == [(0, 0, "unknown operation x")]
-
-
-def test_a_task_flags_a_placeholder_whatever_the_others_met(spark):
-    records = [(key_record(1), value_record("u", None, item(1, TOAST_PLACEHOLDER), lsn=5)),
-               (key_record(2), value_record("u", None, item(2, "b"), lsn=6))]  # fmt: skip
-    got, _ = tasks_resolve(spark, raw_table({0: records}), tasks=2)
-    flags = {r["id"]: (r["name"], r[f"{TOAST_PREFIX}name"]) for r in got}
-    assert flags == {1: (None, True), 2: ("b", False)}
-
-
-def test_only_a_key_of_one_kafka_schema_groups_by_kafka_key():
-    rows = raw_table({0: [(key_record(1), value_record("c", None, item(1, "a")))]})
-    keyed, keys, values = topic_of(rows)
-    assert grouped_by_kafka_key(keyed, keys, ())
-    keyless = topic_schema([], list(values.values()), (), TOPIC)
-    assert not grouped_by_kafka_key(keyless, {}, ())
-    assert not grouped_by_kafka_key(keyed, keys, ("name",))
-    assert not grouped_by_kafka_key(keyed, {**keys, 99: "{}"}, ())
 
 
 @pytest.mark.parametrize("wrapped", [True, False], ids=["envelope", "payload"])

@@ -25,10 +25,10 @@ from cdclake.offsets import OffsetRange
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-SLICE_RECORDS = 50_000  # records per Spark task: one cached block each, kept small
+SLICE_RECORDS = 50_000  # records per read of the driver's (`read_local`)
 # The raw rows of a batch the driver reads (`read_local`; `Tuning.driver_read_records`)
 # are held in its memory up to this many bytes: records bigger than that in all (wide
-# TOASTed values) are left to Spark tasks after all.
+# TOASTed values) are read range by range after all.
 DRIVER_READ_BYTES = 256 * 1024 * 1024
 
 
@@ -45,24 +45,12 @@ RangeReader = Callable[[dict], Iterator["pa.RecordBatch"]]
 
 @dataclass(frozen=True)
 class RawSource:
-    """Where a batch's raw records come from when Spark tasks read them: `open` gives,
-    for the pipeline's Kafka settings, the `RangeReader` the tasks call. Called (as in
-    `KAFKA(spark, kafka, ranges)`), it makes the raw records DataFrame of the ranges, cut
-    into tasks of at most `SLICE_RECORDS` records. Kafka is the source of every
-    pipeline; benchmarks read recorded or generated records through the same code."""
+    """Where a batch's raw records come from: `open` gives, for the pipeline's Kafka
+    settings, the `RangeReader` the driver (`read_local`) or the range tasks call. Kafka
+    is the source of every pipeline; benchmarks read recorded or generated records, and
+    a dead-letter replay their raw bytes, through the same code."""
 
     open: Callable[[KafkaConfig], RangeReader]
-
-    def __call__(self, spark: SparkSession, kafka: KafkaConfig,
-                 ranges: Sequence[OffsetRange]) -> DataFrame:  # fmt: skip
-        reader = self.open(kafka)
-
-        def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                for row in batch.to_pylist():
-                    yield from reader(row)
-
-        return range_plan(spark, slice_ranges(ranges)).mapInArrow(read, RAW_SCHEMA)
 
 
 def range_plan(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
@@ -107,7 +95,7 @@ def read_local(
     """Read the ranges in this process, slice after slice, from Kafka (or `source`): the
     raw rows the Spark tasks of `KAFKA` would yield, as one Arrow table. None as
     soon as the rows hold more than `max_bytes` (what was read is dropped; the caller
-    reads with Spark tasks)."""
+    reads range by range)."""
     import pyarrow as pa
 
     from_kafka = source is None or source is KAFKA

@@ -1,15 +1,9 @@
-"""The raw scan: what one pass over a batch's raw records tells before anything is decoded
-(the schemas of each topic, the records that are not envelopes, which topics may hold a
-truncate).
-
-`scan_rows` reads raw rows the driver holds (small batches, read by the driver itself);
-`scan_raw` runs the same in the Spark tasks over a raw DataFrame and adds up their
-tallies.
-"""
+"""The raw scan of a batch the driver read: what one pass over its raw records tells
+before anything is decoded (the schemas of each topic, the records that are not
+envelopes)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,61 +20,37 @@ class RawScan:
     schemas: dict[str, dict[str, list[tuple[int, str]]]]
     broken: dict[str, tuple[int, int, str]]
     broken_counts: dict[str, int]
-    # topics with a payload that may be a truncate (`"op":"t"` in its text); the others
-    # certainly have none, so their records are resolved in tasks grouped by key
-    truncates: frozenset[str] = frozenset()
 
     @property
     def broken_count(self) -> int:
         return sum(self.broken_counts.values())
 
 
-def scan_raw(raw, truncate_text: str) -> RawScan:
-    """`scan_rows` of a batch's raw records in Spark: one job whose tasks each tally
-    their rows (`_Tally`), added up by the driver."""
-    import pickle
-
-    def task(batches):
-        import pyarrow as pa
-
-        tally = _Tally()
-        for b in batches:
-            tally.add_rows(b, truncate_text)
-        yield pa.RecordBatch.from_pydict({"tally": [pickle.dumps(tally)]})
-
-    total = _Tally()
-    for row in raw.select(*SCAN_COLUMNS).mapInArrow(task, "tally binary").collect():
-        total.merge(pickle.loads(row.tally))
-    return total.scan()
-
-
-def scan_rows(rows: pa.Table | pa.RecordBatch, truncate_text: str) -> RawScan:
+def scan_rows(rows: pa.Table | pa.RecordBatch) -> RawScan:
     """What one pass over raw rows (the reader's Arrow rows) tells."""
     tally = _Tally()
-    tally.add_rows(rows, truncate_text)
+    tally.add_rows(rows)
     return tally.scan()
 
 
 Group = tuple[str, str, int]  # topic, side ("key" or "value"), schema id
 # the raw rows' columns a tally reads
 SCAN_COLUMNS = ["topic", "partition", "offset", "error", "key_schema_id", "key_schema",
-                "value_schema_id", "value_schema", "value_payload"]  # fmt: skip
+                "value_schema_id", "value_schema"]  # fmt: skip
 
 
 @dataclass
 class _Tally:
     """What a pass has met so far: each schema's text and where a record that split last
-    used it (partition, offset), the first broken record of each topic and their count,
-    and the topics that may hold a truncate. Tallies of parts of a batch add up."""
+    used it (partition, offset), the first broken record of each topic and their
+    count."""
 
     last: dict[Group, tuple[int, int]] = field(default_factory=dict)
     texts: dict[Group, str | None] = field(default_factory=dict)
     broken: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # broken records per topic
-    truncates: set[str] = field(default_factory=set)
 
-    def add_rows(self, rows, truncate_text: str) -> None:
-        truncate = re.compile(truncate_text, re.ASCII)  # Java's \s: ASCII whitespace only
+    def add_rows(self, rows) -> None:
         columns = rows.select(SCAN_COLUMNS).to_pydict()
         for i, topic in enumerate(columns["topic"]):
             partition, offset = columns["partition"][i], columns["offset"][i]
@@ -92,9 +62,6 @@ class _Tally:
                               None if error is not None else (partition, offset))  # fmt: skip
             if error is not None:
                 self._broke(topic, (partition, offset, error), 1)
-            payload = columns["value_payload"][i]
-            if payload is not None and truncate.search(payload):
-                self.truncates.add(topic)
 
     def _use(self, group: Group, text: str | None, at: tuple[int, int] | None) -> None:
         if self.texts.get(group) is None:  # the reader sends a text with a task's first use
@@ -106,13 +73,6 @@ class _Tally:
         self.counts[topic] = self.counts.get(topic, 0) + count
         self.broken[topic] = min(self.broken.get(topic, first), first)
 
-    def merge(self, other: _Tally) -> None:
-        for group, text in other.texts.items():
-            self._use(group, text, other.last.get(group))
-        for topic, first in other.broken.items():
-            self._broke(topic, first, other.counts[topic])
-        self.truncates |= other.truncates
-
     def scan(self) -> RawScan:
         """The schemas of each topic that a record that split used, oldest first by
         where they were last used (offset, then partition)."""
@@ -121,4 +81,4 @@ class _Tally:
         for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
             schemas.setdefault(topic, {}).setdefault(side, []).append(
                 (sid, self.texts[(topic, side, sid)]))  # fmt: skip
-        return RawScan(schemas, self.broken, self.counts, frozenset(self.truncates))
+        return RawScan(schemas, self.broken, self.counts)

@@ -4,6 +4,8 @@ rows taken column by column."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,6 +68,46 @@ def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) 
     return np.flatnonzero(keep)
 
 
+def change_keys(changes: pa.Table, schema: TopicSchema) -> list[pa.Array]:
+    """Each change's key, a column of the key's each (its Kafka key's, else its row's)."""
+    types = {c.name: arrow_type(c.type) for c in schema.key}
+    return [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
+                          for side in ("key", "after", "before")))
+            for k in schema.key_names]  # fmt: skip
+
+
+def step_truncate(changes: pa.Table, cut: int | None,
+                  earlier: Truncate | None) -> Truncate | None:  # fmt: skip
+    """The truncate a step of a fold applies (`truncate_of`): one not above the table's
+    (`cut`) nor the one an earlier step applied (`earlier`) is re-sent."""
+    if earlier is not None and earlier.lsn is not None:
+        cut = earlier.lsn if cut is None else max(cut, earlier.lsn)
+    return truncate_of(changes, cut)
+
+
+def key_hashes(table: pa.Table, key_names: Sequence[str]):
+    """A 64-bit number for each row's key (numpy uint64): equal keys give equal numbers,
+    as Spark groups them. One integer key column is its own number; other keys are
+    hashed (two keys of one number make their topic's ranges be read again in one task,
+    never a wrong row)."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+
+    columns = [table.column(n) for n in key_names]
+    if (len(columns) == 1 and pa.types.is_integer(columns[0].type)
+            and columns[0].null_count == 0):  # fmt: skip
+        return columns[0].cast(pa.int64()).to_numpy().view(np.uint64)
+    blake = hashlib.blake2b
+    values = zip(*(c.to_pylist() for c in columns), strict=True)
+    return np.fromiter(
+        (int.from_bytes(blake(repr(k).encode(), digest_size=8).digest(), "little")
+         for k in values),
+        dtype=np.uint64, count=table.num_rows,
+    )  # fmt: skip
+
+
 DECIDED = "decided"  # a held change's `Records.decided` (a fold in steps)
 
 
@@ -77,13 +119,8 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | Non
     the LSN of the last truncate the table applied; `earlier`: the truncate an earlier
     step of the fold applied, which drops what it drops of these changes unless they hold
     a later one (`truncate_of`: one not above either is re-sent)."""
-    types = {c.name: arrow_type(c.type) for c in schema.key}
-    keys = [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
-                          for side in ("key", "after", "before")))
-            for k in schema.key_names]  # fmt: skip
-    if earlier is not None and earlier.lsn is not None:
-        cut = earlier.lsn if cut is None else max(cut, earlier.lsn)
-    truncate = truncate_of(changes, cut)
+    keys = change_keys(changes, schema)
+    truncate = step_truncate(changes, cut, earlier)
     at = pa.array(applied(changes, keys, truncate or earlier))
     picked = changes
     if len(at) < changes.num_rows:  # a take copies every column

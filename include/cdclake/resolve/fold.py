@@ -3,9 +3,8 @@ reads (`resolve_rows`): decoded by DuckDB (`cdclake.debezium.json_sql.decoded`),
 key's latest change in Kafka order (`cdclake.resolve.arrow_fold.resolve_table`, over the
 rules of `cdclake.resolve.latest`), or for a table without a key every change
 (`changelog_table`). It runs in the driver for a batch the driver read
-(`Tuning.driver_read_records`), and in Spark tasks for a bigger one
-(`cdclake.resolve.tasks`), over all of a key's records of the batch; the range tasks
-(`cdclake.resolve.ranges`) fold the same way in steps.
+(`Tuning.driver_read_records`); the range tasks of a bigger one (`cdclake.resolve.ranges`)
+fold the same way in steps.
 
 A record that cannot be applied (its payload is not a change event of its schema, its
 operation is unknown, it has no key, a value does not fit its column) comes back in

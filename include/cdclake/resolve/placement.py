@@ -10,53 +10,29 @@ from enum import Enum
 class Placement(Enum):
     """Where the changes of a batch are read and resolved.
 
-    `AUTO` is the rule every load follows:
+    `AUTO` is the rule every load follows, on the batch's planned records alone (before
+    any is read):
 
-    1. A batch of at most `Tuning.driver_read_records` records from Kafka (and at most
-       `DRIVER_READ_BYTES` of them) is read and resolved by the driver: no Spark job
-       before the write.
+    1. A batch of at most `Tuning.driver_read_records` records is read and resolved by
+       the driver: no Spark job or Python worker before the write. Should its records
+       pass `DRIVER_READ_BYTES` as they are read, the driver stops and step 2 reads
+       them (a memory bound, not a way of its own: the same rules resolve them).
     2. A bigger one is read and resolved range by range, in the Spark task that reads
-       each Kafka partition's range.
-    3. A topic whose ranges cannot be (a schema change inside a range, more keys than
-       `Tuning.range_keys` in one range, a key in two ranges) is read again by Spark
-       tasks and resolved by the same code after a shuffle by Kafka key; a topic that
-       cannot be grouped by its Kafka key (a configured key, several key schemas, a
-       truncate) is resolved in one task.
+       each Kafka partition's range (`cdclake.ranged`).
 
-    The other members ask for one step of the rule: `DRIVER` is step 1, from any source
-    the driver can read (`RawSource`; a bigger batch: step 3); `RANGES` starts at step 2
-    and `TASKS` at step 3.
+    The other members ask for one step: `DRIVER` (a bigger batch: step 2), `RANGES`.
     """
 
     AUTO = "auto"
     DRIVER = "driver"
     RANGES = "ranges"
-    TASKS = "tasks"
 
-    def driver_reads(self, records: int, limit: int, from_kafka: bool,
-                     readable: bool = False) -> bool:  # fmt: skip
-        """Step 1: the driver reads (and resolves) a batch of `records` records, at most
-        `limit`, from Kafka, or with `DRIVER` from another source it can read
-        (`readable`)."""
-        if records > limit:
-            return False
-        if self is Placement.AUTO:
-            return from_kafka
-        return self is Placement.DRIVER and (from_kafka or readable)
-
-    @property
-    def by_range(self) -> bool:
-        """Step 2: Spark tasks read and resolve a big batch range by range."""
-        return self in (Placement.AUTO, Placement.RANGES)
-
-    def first_step(self, records: int, limit: int, from_kafka: bool,
-                   readable: bool) -> Placement:  # fmt: skip
-        """The step that reads a batch of `records` records: `DRIVER` (step 1, as
-        `driver_reads` says), else `RANGES` (step 2) when this placement takes it and the
-        source is one Spark tasks read range by range (`readable`), else `TASKS`."""
-        if self.driver_reads(records, limit, from_kafka, readable):
-            return Placement.DRIVER
-        return Placement.RANGES if self.by_range and readable else Placement.TASKS
+    def step(self, records: int, limit: int) -> Placement:
+        """The step that reads a batch of `records` records (`limit`:
+        `Tuning.driver_read_records`): `DRIVER` or `RANGES`."""
+        if self is Placement.RANGES or records > limit:
+            return Placement.RANGES
+        return Placement.DRIVER
 
 
 @dataclass(frozen=True)
@@ -84,17 +60,14 @@ class Tuning:
     key_filter_keys: int = 20_000
     key_filter_chars: int = 1_000_000
     # A range whose fold holds more keys than this (an initial snapshot: every record a
-    # new key) stops and its topic takes the general path, whose tasks hold ~50,000
-    # records each: a task's memory stays bounded (a fold holds a few decoded changes of
-    # each key).
+    # new key) goes on by key hash on local disk (`cdclake.resolve.spill`), folding a
+    # bucket of about this many keys at a time: a task's memory stays bounded (a fold
+    # holds a few decoded changes of each key).
     range_keys: int = 100_000
     # A range's fold decodes and folds its read batches this many records at a time
     # (`cdclake.resolve.ranges`): each step is a DuckDB query (~75 ms to plan) and a pass
     # over what the fold holds.
     fold_records: int = 50_000
-    # a truncate event's payload has this in its text; a row's own "op" column can match
-    # too, which only costs the extra check job
-    truncate_text: str = r'"op"\s*:\s*"t"'
 
 
 MEASURED = Tuning()  # the defaults every load runs with

@@ -5,6 +5,7 @@ rows only when its ranges add up."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,9 +14,10 @@ from functools import cached_property
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.kafka.reader import RangeReader
+from cdclake.resolve.fold import check_key_types
 from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.rows import columns_ddl, result_columns
-from cdclake.resolve.rules import Truncate, last_truncate
+from cdclake.resolve.rules import Truncate
 
 # the columns a range task returns after the resolved rows' (`TopicPlan.ddl`): on the
 # summary row of each range, its summary (JSON) and its keys' hashes (`key_hashes`)
@@ -28,36 +30,71 @@ Schema = tuple[int, str]  # a Connect schema's id and text
 @dataclass(frozen=True)
 class TopicPlan:
     """What a range task needs to know of its topic and its table: the key and value
-    schemas (id, text) every record must carry, from the head of the topic's ranges
-    (`head_schemas`; no value schema: tombstones only, of the lake table's columns), and
-    the lake table's columns."""
+    schemas (id, text) its records carry, oldest first, from the head of the topic's
+    ranges (`head_schemas`) and from ranges that met others (`RangeSummary.unplanned`;
+    no value schema: tombstones only, of the lake table's columns), the schema versions
+    whose records cannot be applied (`set_aside`: side, id, why), and the lake table's
+    columns. A plan without any schema reads its ranges for their schemas only."""
 
     topic: str
-    key_schema: Schema | None  # None: no Kafka key (without `key`, a changelog)
-    value_schema: Schema | None
+    key_schemas: tuple[Schema, ...] = ()  # none: no Kafka key (without `key`, a changelog)
+    value_schemas: tuple[Schema, ...] = ()
     exclude: tuple[str, ...] = ()
     known: Mapping[str, str] = field(default_factory=dict)  # the lake table's columns
     key: tuple[str, ...] = ()  # the table's configured key columns (else the Kafka key's)
     format: WireFormat = WireFormat.JSON
     tuning: Tuning = MEASURED  # its range_keys and fold_records
     cut: int | None = None  # the LSN of the last truncate the table applied
+    set_aside: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def planned(self) -> bool:
+        """Whether the plan knows a schema (else its ranges are read for theirs)."""
+        return bool(self.key_schemas or self.value_schemas)
 
     @cached_property
     def schema(self) -> TopicSchema:
-        keys = [] if self.key_schema is None else [self.key_schema[1]]
-        values = [] if self.value_schema is None else [self.value_schema[1]]
-        return topic_schema(keys, values, self.key, self.topic, self.exclude, self.known,
-                            self.format)  # fmt: skip
+        """The topic's schema (`DecodeError` for one the lake cannot take)."""
+        schema = topic_schema([t for _, t in self.key_schemas],
+                              [t for _, t in self.value_schemas], self.key, self.topic,
+                              self.exclude, self.known, self.format)  # fmt: skip
+        check_key_types(schema)
+        return schema
 
     def columns(self, toast: bool = True) -> list[tuple[str, str]]:
         """(name, Spark type) of the resolved rows; `toast`: with the TOAST flags (a
         keyed table's)."""
+        if not self.planned:
+            return []
         return result_columns(self.schema, bool(self.schema.key_names), toast)
 
     @property
     def ddl(self) -> str:
         """The schema of what a range task returns."""
-        return f"{columns_ddl(self.columns())}, `{META_COLUMN}` string, `{KEYS_COLUMN}` binary"
+        meta = f"`{META_COLUMN}` string, `{KEYS_COLUMN}` binary"
+        columns = self.columns()
+        return f"{columns_ddl(columns)}, {meta}" if columns else meta
+
+    def with_met(self, summaries: Sequence[RangeSummary], misfits) -> TopicPlan:
+        """The plan with the schemas the ranges met beyond it (`RangeSummary.unplanned`),
+        those that do not fit the table (`misfits`: schemas -> {(side, id): why}) set
+        aside."""
+        found = {"key": dict(self.key_schemas), "value": dict(self.value_schemas)}
+        for s in summaries:
+            for side in ("key", "value"):
+                for sid, text in s.unplanned.get(side, []):
+                    found[side].setdefault(sid, text)
+        for side, sid, _ in self.set_aside:
+            found[side].pop(sid, None)
+        every = {side: list(texts.items()) for side, texts in found.items()}
+        rejected = {**{(side, sid): why for side, sid, why in self.set_aside},
+                    **misfits(every)}  # fmt: skip
+        kept = {side: tuple((sid, t) for sid, t in every[side] if (side, sid) not in rejected)
+                for side in every}  # fmt: skip
+        return dataclasses.replace(
+            self, key_schemas=kept["key"], value_schemas=kept["value"],
+            set_aside=tuple((side, sid, why) for (side, sid), why in rejected.items()),
+        )  # fmt: skip
 
 
 def head_schemas(reader: RangeReader, ranges: Sequence[dict],
@@ -92,19 +129,20 @@ def head_schemas(reader: RangeReader, ranges: Sequence[dict],
 
 @dataclass
 class RangeSummary:
-    """What one range task met. `reason` says why its topic must take the general path
-    (None when the range resolved)."""
+    """What one range task met (`partition`: its first range's; a task may read several
+    of a topic's ranges in turn). `unplanned` holds the schemas (side -> [id, text]) it
+    met that its plan did not know: it returned no row then, and read on for the others."""
 
     topic: str
     partition: int
     records: int = 0
-    reason: str | None = None
     key_schemas: list[tuple[int, str]] = field(default_factory=list)
     value_schemas: list[tuple[int, str]] = field(default_factory=list)
+    unplanned: dict[str, list] = field(default_factory=dict)
     counts: dict[bool, int] = field(default_factory=dict)  # resolved rows per deleted flag
     max_source_ms: int | None = None
     toast: bool = False  # a TOAST placeholder may be among the values (its text was seen)
-    truncate: list | None = None  # the range's last truncate: [offset, LSN or None]
+    truncate: list | None = None  # the last truncate: [partition, offset, LSN or None]
     first_lsn: int | None = None  # the lowest LSN of the changes folded
     # records that cannot be applied: [partition, offset, reason], in Kafka order
     bad: list = field(default_factory=list)
@@ -119,6 +157,7 @@ class RangeSummary:
         data["counts"] = {bool(k): v for k, v in data["counts"]}
         for side in ("key_schemas", "value_schemas", "bad"):
             data[side] = [tuple(x) for x in data[side]]
+        data["unplanned"] = {k: [tuple(x) for x in v] for k, v in data["unplanned"].items()}
         return cls(**data)
 
 
@@ -145,14 +184,12 @@ class AcceptedTopic:
 
 def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
            hashes: Sequence | None = None) -> AcceptedTopic | str:  # fmt: skip
-    """The topic's ranges taken together, or why the topic takes the general path.
-    `hashes`: each range's key hashes (`key_hashes`), which must not share a number."""
+    """The topic's ranges taken together, or why they must be read again in one task
+    (`hashes`: each task's key hashes, `key_hashes`, which must not share a number).
+    The ranges met the plan's schemas only (`unplanned` is empty)."""
     import numpy as np
 
-    for s in summaries:
-        if s.reason is not None:
-            return f"partition {s.partition}: {s.reason}"
-    # every range met the plan's schemas only (`RangeFold`): these are they, as met
+    # the plan's schemas the ranges met (`RangeFold`)
     keys = {sid: text for s in summaries for sid, text in s.key_schemas}
     values = {sid: text for s in summaries for sid, text in s.value_schemas}
     if hashes is not None and len(hashes) > 1:
@@ -170,27 +207,27 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
     stamps = [s.max_source_ms for s in summaries if s.max_source_ms is not None]
     return AcceptedTopic(
         {"key": list(keys.items()), "value": list(values.items())},
-        plan.columns(toast), plan.schema.key_names, toast, counts,
+        plan.columns(toast), plan.schema.key_names if plan.planned else (), toast, counts,
         max(stamps) if stamps else None, len(summaries), truncate,
         tuple(sorted(b for s in summaries for b in s.bad)),
     )  # fmt: skip
 
 
 def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
-    """The topic's last truncate, or why its ranges cannot take it. Each range started
-    its fold again after its own last truncate. The resolve of the whole topic drops, in
-    the other partitions, the changes at or below the truncate's LSN: resolved apart,
-    those ranges can be kept only when they hold no such change. Truncates in two
-    partitions each drop their own partition's changes before them, which the resolve of
-    the whole topic does for the last one only."""
+    """The topic's last truncate, or why its ranges cannot take it apart. Each range
+    started its fold again after its own last truncate. The resolve of the whole topic
+    drops, in the other partitions, the changes at or below the truncate's LSN: folded
+    apart, those ranges can be kept only when they hold no such change. Truncates in two
+    tasks each drop their own ranges' changes before them, which the resolve of the
+    whole topic does for the last one only."""
     cut = [s for s in summaries if s.truncate is not None]
     if not cut:
         return None
-    if len({s.partition for s in cut}) > 1:
+    if len(cut) > 1:
         return "truncates in more than one partition"
-    last = last_truncate(Truncate(s.partition, *s.truncate) for s in cut)
+    last = Truncate(*cut[0].truncate)
     for s in summaries:
-        if (s.partition != last.partition and last.lsn is not None
+        if (s is not cut[0] and last.lsn is not None
                 and s.first_lsn is not None and s.first_lsn <= last.lsn):  # fmt: skip
             return (f"a truncate in partition {last.partition} after changes of partition "
                     f"{s.partition}")  # fmt: skip

@@ -5,39 +5,42 @@ record of a key to one partition: all of a key's changes in a batch are then in 
 its offset ranges. So a task can read a whole range, decode its records with DuckDB
 (`Tuning.fold_records` at a time: each query costs ~75 ms to plan) and fold them in steps
 (`arrow_fold.fold_step`, the one resolve's), holding what the next step needs of each
-key's changes only: its memory grows with the range's keys, not its records. Nothing of
-the raw records is cached, scanned or shuffled; only the resolved rows leave the task. A
-truncate drops what came before it in its partition, as the resolve of the whole topic
-drops it. A table without a key is a changelog, a row per change: its ranges return each
+key's changes only: its memory grows with the range's keys, not its records, and past
+`Tuning.range_keys` keys the fold goes on by key hash on local disk (`spill`). Nothing
+of the raw records is cached, scanned or shuffled; only the resolved rows leave the
+task. A table without a key is a changelog, a row per change: its ranges return each
 read batch's rows as they are decoded (`RangeFold.drain`), holding nothing.
 
 The driver first reads the head of the topic's ranges for its key and value schemas
 (`head_schemas`): they give the lake columns, so the tasks return typed rows
-(`TopicPlan.ddl`), then one summary row per range of what it met, with a hash of each of
-its keys. A range that meets any other schema stops. The driver reads the summaries
-(`accept`): a topic whose every range resolved, and with more than one range no key
-found in two of them (a repartitioned topic, or a producer routing records by something
-else than the key), keeps its rows. With a truncate, the other partitions' ranges must
-hold no change at or below its LSN, which the resolve of the whole topic would drop. Any
-other topic takes the general path: its raw records are read again, cached and scanned,
-and resolved in tasks over all the records of their keys.
+(`TopicPlan.ddl`), then one summary row per task of what it met, with a hash of each of
+its keys. A range that meets another schema returns no row and reads on for the
+schemas (`RangeSummary.unplanned`); the driver reads the ranges again with them. The
+driver puts the summaries together (`accept`): with a key in two ranges, or a truncate
+whose drop reaches the other partitions' ranges, the ranges are read again folded in one
+task, in partition order (`range_task(..., together=True)`), as the driver's own fold
+takes a small batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from cdclake.debezium.connect import arrow_type
-from cdclake.debezium.formats import Unsupported
 from cdclake.debezium.schema import DELETED, TopicSchema
-from cdclake.exceptions import CdclakeError
 from cdclake.kafka.reader import RangeReader
-from cdclake.resolve.arrow_fold import changelog_table, fold_step, resolve_table
-from cdclake.resolve.fold import check_key_types
+from cdclake.resolve.arrow_fold import (
+    changelog_table,
+    fold_step,
+    key_hashes,
+    resolve_table,
+    step_truncate,
+)
 from cdclake.resolve.range_plan import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan
 from cdclake.resolve.rows import absent, result_columns, table_rows, tally, typed_table
 from cdclake.resolve.rules import Truncate
+from cdclake.resolve.spill import Spill
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,46 +49,50 @@ BATCH_ROWS = 2_000  # resolved rows per Arrow batch a task returns
 
 
 class RangeFold:
-    """The records of one offset range, folded batch by batch into each key's state."""
+    """The records of a task's offset ranges (one range, or all of a topic's in turn),
+    folded read batch by read batch into each key's state."""
 
-    def __init__(self, plan: TopicPlan, partition: int) -> None:
+    def __init__(self, plan: TopicPlan, partition: int, records: int = 0) -> None:
         self.plan = plan
         self.summary = RangeSummary(plan.topic, partition)
-        self.schema: TopicSchema | None = None
-        self._planned = {"key": plan.key_schema, "value": plan.value_schema}
-        self._texts = {side: dict([s] if s else []) for side, s in self._planned.items()}
-        self._seen = {"key": False, "value": False}
+        self.records = records  # the offsets planned: how many buckets a spill takes
+        self.schema: TopicSchema | None = plan.schema if plan.planned else None
+        self._texts = {"key": dict(plan.key_schemas), "value": dict(plan.value_schemas)}
+        self._aside = {(side, sid): why for side, sid, why in plan.set_aside}
+        self._met: dict[str, dict] = {"key": {}, "value": {}}
+        self._unplanned: dict[str, dict] = {"key": {}, "value": {}}
         self._hashes: list = []  # each returned batch's key hashes
         # a table without a key: every change is a row (`changelog_table`), returned as
         # each read batch is decoded (`drain`), nothing held
-        self.changelog = False
+        self.changelog = self.schema is not None and not self.schema.key_names
         self._pending: list = []
         self._held = None  # the changes a fold in steps needs (`arrow_fold.fold_step`)
+        self._spill: Spill | None = None  # once they outgrow `Tuning.range_keys`
         self._raw: list = []
         self._raw_rows = 0
-        self._guarded(self._start)
 
     @property
-    def reason(self) -> str | None:
-        return self.summary.reason
+    def collecting(self) -> bool:
+        """Whether the range met a schema its plan does not know: it returns no row and
+        reads on for the schemas (`RangeSummary.unplanned`)."""
+        return bool(self._unplanned["key"] or self._unplanned["value"])
 
-    def add(self, raw: pa.RecordBatch) -> bool:
-        """Fold the raw rows in; False once the range must take the general path."""
-        if self.reason is not None:
-            return False
+    def add(self, raw: pa.RecordBatch) -> None:
+        """Fold a read batch's raw rows in."""
         self.summary.records += raw.num_rows
-        self._guarded(self._add, raw)
-        return self.reason is None
+        raw = self._known(raw)
+        if self.collecting or self.schema is None:
+            return
+        if self.changelog:
+            self._log(raw)
+        else:
+            self._fold_sql(raw)
 
-    def _guarded(self, step, *args) -> None:
-        try:
-            step(*args)
-        except Unsupported as why:
-            self.summary.reason = str(why)
-        except CdclakeError as exc:  # e.g. a schema the lake cannot take
-            self.summary.reason = str(exc)
-
-    def _add(self, raw: pa.RecordBatch) -> None:
+    def _known(self, raw: pa.RecordBatch) -> pa.RecordBatch:
+        """The raw rows but those that cannot be applied (not envelopes, a schema version
+        set aside), which go to the summary; each schema met noted (`_met`, or
+        `_unplanned`, which drops what was folded)."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         errors = raw.column(raw.schema.get_field_index("error"))
@@ -96,15 +103,30 @@ class RangeFold:
             ids = raw.column(raw.schema.get_field_index(f"{side}_schema_id"))
             if ids.null_count == len(ids):
                 continue
-            planned = self._planned[side]
-            if planned is None or pc.any(pc.not_equal(ids, planned[0])).as_py():
-                raise Unsupported(f"a {side} schema other than the one read at the head of "
-                                  "the topic's ranges")  # fmt: skip
-            self._seen[side] = True
-        if self.changelog:
-            self._log(raw)
-            return
-        self._fold_sql(raw)
+            for sid in pc.unique(ids.drop_null()).to_pylist():
+                at = pc.equal(ids, sid)
+                if (side, sid) in self._aside:
+                    unfit = raw.filter(at)
+                    why = pa.array([self._aside[(side, sid)]] * unfit.num_rows, pa.string())
+                    self._set_aside(unfit.append_column("why", why), "why")
+                elif sid in self._texts[side]:
+                    self._met[side][sid] = self._texts[side][sid]
+                else:
+                    texts = raw.column(raw.schema.get_field_index(f"{side}_schema"))
+                    first = pc.index(pc.fill_null(at, False), True).as_py()
+                    self._unplanned[side].setdefault(sid, texts[first].as_py())
+            aside = [sid for s, sid in self._aside if s == side]
+            if aside:
+                raw = raw.filter(pc.invert(pc.fill_null(
+                    pc.is_in(ids, pa.array(aside, ids.type)), False)))  # fmt: skip
+        if self.collecting:
+            self._held = self._spill = None
+            self._raw, self._pending = [], []
+        return raw
+
+    def _truncate(self) -> Truncate | None:
+        last = self.summary.truncate
+        return None if last is None else Truncate(*last)
 
     def _fold_sql(self, raw: pa.RecordBatch | None) -> None:
         """Read batches decoded and folded once they add up to `Tuning.fold_records`, or
@@ -121,26 +143,28 @@ class RangeFold:
         self._raw, self._raw_rows = [], 0
         if found is None:
             return
-        # the range's truncate so far drops what it drops of every later step
-        last = self.summary.truncate
-        earlier = None if last is None else Truncate(self.summary.partition, *last)
-        self._held, truncate, keys = fold_step(self._held, found, self.schema, self.plan.cut,
-                                               earlier)  # fmt: skip
-        most = self.plan.tuning.range_keys
-        if keys > most:
-            raise Unsupported(f"more than {most:,} keys in one partition's range")
+        # the truncate so far drops what it drops of every later step
+        earlier, cut = self._truncate(), self.plan.cut
+        if self._spill is None:
+            self._held, truncate, keys = fold_step(self._held, found, self.schema, cut,
+                                                   earlier)  # fmt: skip
+            tuning = self.plan.tuning
+            if keys > tuning.range_keys:  # on local disk by key from now on
+                self._spill = Spill(self.schema, -(-self.records // tuning.range_keys))
+                self._spill.add(self._held)
+                self._held = None
+        else:
+            truncate = step_truncate(found, cut, earlier)
+            self._spill.add(found)
         if truncate is not None:
-            self.summary.truncate = [truncate.offset, truncate.lsn]
+            self.summary.truncate = [truncate.partition, truncate.offset, truncate.lsn]
             self.summary.first_lsn = None
-            found = found.filter(pc.greater(found["offset"], truncate.offset))
+            before = pc.and_(pc.equal(found["partition"], truncate.partition),
+                             pc.less_equal(found["offset"], truncate.offset))  # fmt: skip
+            found = found.filter(pc.invert(before))
         low, first = pc.min(found["lsn"]).as_py(), self.summary.first_lsn
         if low is not None and (first is None or low < first):
             self.summary.first_lsn = low
-
-    def _start(self) -> None:
-        self.schema = self.plan.schema
-        self.changelog = not self.schema.key_names
-        check_key_types(self.schema)
 
     def _decoded(self, raw: pa.Table) -> pa.Table | None:
         """The raw rows' changes (`json_sql.decoded`) but for the records that cannot be
@@ -185,37 +209,43 @@ class RangeFold:
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """The resolved rows (batches of up to `BATCH_ROWS` rows, of `TopicPlan.ddl`),
-        then the summary row."""
+        then the summary row; only the summary when the range met unplanned schemas."""
         summary = self.summary
-        if summary.reason is None and not summary.records:
-            summary.reason = "no records"
-        if summary.reason is None and self.changelog:
-            yield from self.drain()
-        if summary.reason is None:
-            for side in ("key", "value"):
-                if self._seen[side]:
-                    setattr(summary, f"{side}_schemas", list(self._texts[side].items()))
-        if summary.reason is None and not self.changelog:
-            try:
+        summary.unplanned = {side: list(found.items())
+                             for side, found in self._unplanned.items() if found}  # fmt: skip
+        if not summary.unplanned:
+            summary.key_schemas = list(self._met["key"].items())
+            summary.value_schemas = list(self._met["value"].items())
+            if self.changelog:
+                yield from self.drain()
+            elif self.schema is not None:
                 for table in self._tables():
                     summary.max_source_ms = tally(table, summary.counts,
                                                   summary.max_source_ms)  # fmt: skip
                     self._hashes.append(key_hashes(table_rows(table), self.schema.key_names))
                     yield from self._out(table)
-            except Unsupported as why:
-                summary.reason = str(why)
         yield from self._out(None, summary)
 
+    def close(self) -> None:
+        """Remove what the fold spilled to disk, if anything."""
+        if self._spill is not None:
+            self._spill.close()
+
     def _tables(self) -> Iterator[pa.Table]:
-        """The resolved rows, `BATCH_ROWS` at a time; `summary.toast` says whether they
-        carry the TOAST flags (a placeholder among the changes they come from)."""
+        """The resolved rows, `BATCH_ROWS` at a time (a spilled fold's a bucket at a
+        time); `summary.toast` says whether they carry the TOAST flags (a placeholder
+        among the changes they come from)."""
         self._fold_sql(None)
-        if self._held is None:
-            return
-        data, _, self.summary.toast = resolve_table(self._held, self.schema)
-        table = typed_table(data, result_columns(self.schema, True, self.summary.toast))
-        for start in range(0, table.num_rows, BATCH_ROWS):
-            yield table.slice(start, BATCH_ROWS)
+        if self._spill is not None:
+            held = self._spill.folds(self.plan.cut, self._truncate())
+        else:
+            held = [] if self._held is None else [self._held]
+        for changes in held:
+            data, _, toast = resolve_table(changes, self.schema)
+            self.summary.toast |= toast
+            table = typed_table(data, result_columns(self.schema, True, toast))
+            for start in range(0, table.num_rows, BATCH_ROWS):
+                yield table.slice(start, BATCH_ROWS)
 
     def _out(self, table: pa.Table | None,
              summary: RangeSummary | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
@@ -243,57 +273,45 @@ class RangeFold:
         yield from pa.Table.from_arrays(arrays, names=names).to_batches()
 
 
-def key_hashes(table: pa.Table, key_names: Sequence[str]):
-    """A 64-bit number for each row's key (numpy uint64): equal keys give equal numbers,
-    as Spark groups them. One integer key column is its own number; other keys are
-    hashed (two keys of one number make their topic take the general path, never a
-    wrong row)."""
-    import hashlib
-
-    import numpy as np
-    import pyarrow as pa
-
-    columns = [table.column(n) for n in key_names]
-    if (len(columns) == 1 and pa.types.is_integer(columns[0].type)
-            and columns[0].null_count == 0):  # fmt: skip
-        return columns[0].cast(pa.int64()).to_numpy().view(np.uint64)
-    blake = hashlib.blake2b
-    values = zip(*(c.to_pylist() for c in columns), strict=True)
-    return np.fromiter(
-        (int.from_bytes(blake(repr(k).encode(), digest_size=8).digest(), "little")
-         for k in values),
-        dtype=np.uint64, count=table.num_rows,
-    )  # fmt: skip
-
-
-def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan]):
+def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan], together: bool = False):
     """A `mapInArrow` function over range rows (`reader.range_plan`): each range read
-    whole by `reader` and resolved (`TopicPlan.ddl`). A range that must take the general
-    path stops reading at once and returns its summary only."""
+    whole by `reader` and resolved (`TopicPlan.ddl`), or with `together` a task's ranges
+    (a topic's) folded as one, in partition order."""
     plans = dict(plans)
 
     def task(batches):
-        for batch in batches:
-            for r in batch.to_pylist():
-                fold = RangeFold(plans[r["topic"]], r["partition"])
-                # the rows of a table without a key come after each read batch (a range's
-                # memory is one read batch's, whatever its size); a keyed fold's at `finish`
-                yield from _folding(reader, r, fold)
+        ranges = [r for batch in batches for r in batch.to_pylist()]
+        if together:
+            groups = [sorted(ranges, key=lambda r: (r["partition"], r["start"]))]
+        else:
+            groups = [[r] for r in ranges]
+        for group in groups:
+            if not group:
+                continue
+            first = group[0]
+            fold = RangeFold(plans[first["topic"]], first["partition"],
+                             sum(r["end"] - r["start"] for r in group))  # fmt: skip
+            try:
+                # the rows of a table without a key come after each read batch (a
+                # range's memory is one read batch's, whatever its size); a keyed fold's
+                # at `finish`
+                for r in group:
+                    yield from _folding(reader, r, fold)
                 yield from fold.finish()
+            finally:
+                fold.close()
 
     return task
 
 
 def _folding(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
-    """Read the range into `fold` until it is read whole or the fold stops, returning
-    what it has to return as it reads (`drain`); the reader is closed either way."""
+    """Read the range into `fold`, returning what it has to return as it reads
+    (`drain`); the reader is closed either way."""
     records = reader(r)
     try:
         for raw in records:
-            going = fold.add(raw)
+            fold.add(raw)
             yield from fold.drain()
-            if not going:
-                break
     finally:
         close = getattr(records, "close", None)
         if close is not None:
