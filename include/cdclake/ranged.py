@@ -16,11 +16,11 @@ from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import OP
 from cdclake.exceptions import CdclakeError
-from cdclake.iceberg.tables import table_columns, table_state
+from cdclake.iceberg.tables import TableState, table_columns, table_state
 from cdclake.kafka.reader import RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.resolve.placement import Tuning
-from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
+from cdclake.resolve.range_plan import BAD_COLUMN, AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
 from cdclake.resolve.rules import LINEAGE_OPS
 from cdclake.setaside import misfits
@@ -35,6 +35,7 @@ class RangedTopic:
     to, its resolved rows (of `frame`, the range job's output, persisted), and the lake
     columns they were resolved for."""
 
+    topic: str
     accepted: AcceptedTopic
     rows: object
     known: Mapping[str, str]
@@ -42,6 +43,18 @@ class RangedTopic:
 
     def release(self) -> None:
         self.frame.unpersist()
+
+    def set_aside(self):
+        """The records its ranges set aside, as the dead letters take them (topic,
+        partition, offset, key and value payload text, error)."""
+        from pyspark.sql import functions as F
+
+        bad = F.col(f"`{BAD_COLUMN}`")
+        return self.frame.where(bad.isNotNull()).select(
+            F.lit(self.topic).alias("topic"), bad["partition"].alias("partition"),
+            bad["offset"].alias("offset"), bad["key"].alias("key"),
+            bad["value"].alias("value"), bad["reason"].alias("error"),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,13 +95,13 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawS
             qualified = pipeline.qualified_target(tables[topic])
             state = table_state(spark, qualified)
             known = table_columns(spark, qualified) if state.exists else {}
-            work[topic] = (tables[topic], known, state.truncate_applied)
+            work[topic] = (tables[topic], known, state)
     done: dict[str, RangedTopic | FailedTopic] = {}
 
     def resolve(topic: str) -> None:
-        table, known, cut = work[topic]
-        done[topic] = _resolve_topic(spark, pipeline, reader, table, known, cut, heads[topic],
-                                     ranges_of[topic], tuning)  # fmt: skip
+        table, known, state = work[topic]
+        done[topic] = _resolve_topic(spark, pipeline, reader, table, known, state,
+                                     heads[topic], ranges_of[topic], tuning)  # fmt: skip
 
     try:  # every topic resolves; then the first error is raised
         with ThreadPoolExecutor(max(1, min(pipeline.parallel_tables, len(work)))) as pool:
@@ -103,9 +116,10 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawS
 
 
 def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
-                   known: dict[str, str], cut: int | None, head, ranges: list[OffsetRange],
+                   known: dict[str, str], state: TableState, head, ranges: list[OffsetRange],
                    tuning: Tuning):  # fmt: skip
-    """One topic's ranges read and resolved (`head`: the future of their head read): its
+    """One topic's ranges read and resolved (`state`: its lake table's; `head`: the
+    future of their head read): its
     rows, or a FailedTopic when a read, a task or a check failed. A Spark job folds each
     range in a task (`_range_frame`), or all of them in one task, in partition order, as
     the driver folds a small batch, when the table's key is a configured one. When
@@ -116,7 +130,7 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
     fmt = pipeline.kafka.format
     frame = None
     try:
-        plan = _topic_plan(head.result(), table, topic, known, fmt, tuning, cut)
+        plan = _topic_plan(head.result(), table, topic, known, fmt, tuning, state)
         # a configured key is not the Kafka key: its records spread over the partitions
         together = bool(table.key) and len({r.partition for r in ranges}) > 1
         for _ in range(ROUNDS):
@@ -220,12 +234,13 @@ def _import_range_modules(batches):
 
 
 def _topic_plan(found, table: TableConfig, topic: str, known: dict[str, str],
-                fmt: WireFormat, tuning: Tuning, cut: int | None) -> TopicPlan:  # fmt: skip
+                fmt: WireFormat, tuning: Tuning, state: TableState) -> TopicPlan:  # fmt: skip
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
     (`found`: `head_schemas`'), those that do not fit the table's columns set aside."""
     key, value = found if found is not None else (None, None)
     plan = TopicPlan(topic, (key,) if key else (), (value,) if value else (),
-                     tuple(table.exclude), known, tuple(table.key), fmt, tuning, cut)  # fmt: skip
+                     tuple(table.exclude), known, tuple(table.key), fmt, tuning,
+                     state.truncate_applied, lake_key=state.key_names)  # fmt: skip
     return plan.with_met([], partial(misfits, table, topic, known=known, fmt=fmt))
 
 
@@ -237,7 +252,7 @@ def _summaries(frame):
 
     meta = F.col(f"`{META_COLUMN}`")
     ends = F.struct(meta.alias("summary"), F.col(f"`{KEYS_COLUMN}`").alias("hashes"))
-    row = meta.isNull()
+    row = meta.isNull() & F.col(f"`{BAD_COLUMN}`").isNull()
     if OP in frame.columns:  # a table's row, not a key change's (`LINEAGE_OPS`)
         row = row & ~F.col(OP).isin(*LINEAGE_OPS).eqNullSafe(True)
     [found] = frame.agg(F.collect_list(F.when(meta.isNotNull(), ends)).alias("ends"),
@@ -252,13 +267,14 @@ def _ranged_topic(frame, plan: TopicPlan, got: AcceptedTopic, total: int) -> Ran
     they add up to what its ranges resolved."""
     from pyspark.sql import functions as F
 
-    meta = F.col(f"`{META_COLUMN}`")
-    rows = frame.where(meta.isNull()).select(*(F.col(f"`{n}`") for n, _ in got.columns))
+    meta, bad = F.col(f"`{META_COLUMN}`"), F.col(f"`{BAD_COLUMN}`")
+    rows = frame.where(meta.isNull() & bad.isNull()).select(
+        *(F.col(f"`{n}`") for n, _ in got.columns))  # fmt: skip
     resolved = sum(got.counts.values())
     if total != resolved:
         raise CdclakeError(f"{plan.topic}: the ranges resolved {resolved} rows but returned "
                            f"{total}; nothing was written")  # fmt: skip
-    return RangedTopic(got, rows, plan.known, frame)
+    return RangedTopic(plan.topic, got, rows, plan.known, frame)
 
 
 def _brief(exc: BaseException, limit: int = 500) -> str:

@@ -15,7 +15,7 @@ from cdclake.debezium.schema import DELETED
 from cdclake.kafka.raw_rows import RawRows
 from cdclake.kafka.reader import arrow_frame
 from cdclake.resolve.placement import MEASURED, Tuning
-from cdclake.resolve.range_plan import AcceptedTopic, accept, head_schemas
+from cdclake.resolve.range_plan import BAD_COLUMN, AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import (
     BATCH_ROWS,
     KEYS_COLUMN,
@@ -133,8 +133,14 @@ def accepted(out, parts, plan=None) -> AcceptedTopic | str:
 
 def unpacked(out, got: AcceptedTopic) -> pa.Table:
     """The resolved rows in a task's output, in the accepted columns."""
+    return rows_of(out).select([n for n, _ in got.columns])
+
+
+def rows_of(out) -> pa.Table:
+    """The resolved rows in a task's output (not its summaries, nor records set aside)."""
     table = pa.Table.from_batches(out)
-    return table.filter(pc.is_null(table[META_COLUMN])).select([n for n, _ in got.columns])
+    rows = pc.and_(pc.is_null(table[META_COLUMN]), pc.is_null(table[BAD_COLUMN]))
+    return table.filter(rows).drop([META_COLUMN, KEYS_COLUMN, BAD_COLUMN])
 
 
 @pytest.mark.parametrize(
@@ -187,8 +193,7 @@ def folded(parts: dict[int, list], partition: int, batch: int = 7):
     task = range_task(reader_of(parts, batch), {TOPIC: plan})
     out = list(task(iter([pa.RecordBatch.from_pylist([r])])))
     (summary,), (hashes,) = ends(out)
-    table = pa.Table.from_batches(out)
-    rows = table.filter(pc.is_null(table[META_COLUMN])).drop([META_COLUMN, KEYS_COLUMN])
+    rows = rows_of(out)
     names = plan.schema.key_names
     return plan, rows.sort_by([(n, "ascending") for n in names]), (summary, sorted(hashes))
 
@@ -585,6 +590,11 @@ def test_a_schema_set_aside_is_named_for_each_of_its_records():
     out, (summary,) = range_rows(parts, plan=plan)
     assert summary.bad == [(0, 1, "does not fit"), (0, 2, "does not fit")]
     assert summary.counts == {False: 1} and not summary.unplanned
+    table = pa.Table.from_batches(out)
+    set_aside = table.filter(pc.is_valid(table[BAD_COLUMN]))[BAD_COLUMN].to_pylist()
+    assert [(b["offset"], b["reason"], b["value"] is not None) for b in set_aside] == \
+        [(1, "does not fit", True), (2, "does not fit", True)]  # fmt: skip
+    assert rows_of(out).num_rows == 1
 
 
 def test_a_range_of_tombstones_only_resolves_to_nothing():
@@ -651,9 +661,7 @@ def test_a_range_with_more_keys_than_it_holds_folds_them_by_bucket(seed):
     keys = list(items_plan().schema.key_names)
 
     def rows(out):
-        table = pa.Table.from_batches(out)
-        rows = table.filter(pc.is_null(table[META_COLUMN])).drop([META_COLUMN, KEYS_COLUMN])
-        return rows.sort_by([(k, "ascending") for k in keys] + [("_cdc_op", "ascending")])
+        return rows_of(out).sort_by([(k, "ascending") for k in keys] + [("_cdc_op", "ascending")])
 
     assert rows(spilled).to_pylist() == rows(memory).to_pylist()
     assert (summary.counts, summary.truncate, summary.toast) == \

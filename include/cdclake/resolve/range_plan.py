@@ -23,6 +23,11 @@ from cdclake.resolve.rules import Truncate
 # summary row of each range, its summary (JSON) and its keys' hashes (`key_hashes`)
 META_COLUMN = "_cdclake_range_meta"
 KEYS_COLUMN = "_cdclake_range_keys"
+# and on a row of a record that cannot be applied, where it was read, why, and its key
+# and value payload texts when it was set aside before it was decoded (for the dead
+# letters)
+BAD_COLUMN = "_cdclake_range_bad"
+BAD_TYPE = "struct<partition:int,offset:bigint,reason:string,key:string,value:string>"
 HEAD_RECORDS = 100  # records of a range's head read for the topic's schemas
 Schema = tuple[int, str]  # a Connect schema's id and text
 
@@ -46,6 +51,9 @@ class TopicPlan:
     tuning: Tuning = MEASURED  # its range_keys and fold_records
     cut: int | None = None  # the LSN of the last truncate the table applied
     set_aside: tuple[tuple[str, int, str], ...] = ()
+    # the lake table's key columns: records that carry no Kafka key (a batch of truncates
+    # alone) keep them
+    lake_key: tuple[str, ...] = ()
 
     @property
     def planned(self) -> bool:
@@ -55,8 +63,9 @@ class TopicPlan:
     @cached_property
     def schema(self) -> TopicSchema:
         """The topic's schema (`DecodeError` for one the lake cannot take)."""
+        key = self.key or (() if self.key_schemas else self.lake_key)
         schema = topic_schema([t for _, t in self.key_schemas],
-                              [t for _, t in self.value_schemas], self.key, self.topic,
+                              [t for _, t in self.value_schemas], key, self.topic,
                               self.exclude, self.known, self.format)  # fmt: skip
         check_key_types(schema)
         return schema
@@ -71,7 +80,7 @@ class TopicPlan:
     @property
     def ddl(self) -> str:
         """The schema of what a range task returns."""
-        meta = f"`{META_COLUMN}` string, `{KEYS_COLUMN}` binary"
+        meta = f"`{META_COLUMN}` string, `{KEYS_COLUMN}` binary, `{BAD_COLUMN}` {BAD_TYPE}"
         columns = self.columns()
         return f"{columns_ddl(columns)}, {meta}" if columns else meta
 

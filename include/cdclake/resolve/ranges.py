@@ -37,7 +37,14 @@ from cdclake.resolve.arrow_fold import (
     resolve_table,
     step_truncate,
 )
-from cdclake.resolve.range_plan import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan
+from cdclake.resolve.range_plan import (
+    BAD_COLUMN,
+    BAD_TYPE,
+    KEYS_COLUMN,
+    META_COLUMN,
+    RangeSummary,
+    TopicPlan,
+)
 from cdclake.resolve.rows import absent, result_columns, table_rows, tally, typed_table
 from cdclake.resolve.rules import Truncate
 from cdclake.resolve.spill import Spill
@@ -66,6 +73,7 @@ class RangeFold:
         # each read batch is decoded (`drain`), nothing held
         self.changelog = self.schema is not None and not self.schema.key_names
         self._pending: list = []
+        self._bad: list = []  # records set aside not returned yet (`BAD_TYPE` arrays)
         self._held = None  # the changes a fold in steps needs (`arrow_fold.fold_step`)
         self._spill: Spill | None = None  # once they outgrow `Tuning.range_keys`
         self._raw: list = []
@@ -181,10 +189,24 @@ class RangeFold:
 
     def _set_aside(self, records, why: str) -> None:
         """Records that cannot be applied, with their reason (column `why`), into the
-        summary: the driver fails the table naming the first or sets them aside."""
+        summary (the driver fails the table naming the first or sets them aside) and, as
+        rows of `BAD_COLUMN`, with their payloads when they are raw rows."""
+        import pyarrow as pa
+
         self.summary.bad += zip(records["partition"].to_pylist(),
                                 records["offset"].to_pylist(),
                                 records[why].to_pylist(), strict=True)  # fmt: skip
+        kind = arrow_type(BAD_TYPE)
+        names = {"key": "key_payload", "value": "value_payload", "reason": why}
+        fields = []
+        for field in kind:
+            name = names.get(field.name, field.name)
+            column = (records[name] if name in records.schema.names
+                      else pa.nulls(records.num_rows, field.type))  # fmt: skip
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            fields.append(column.cast(field.type))
+        self._bad.append(pa.StructArray.from_arrays(fields, fields=list(kind)))
 
     def _log(self, raw: pa.RecordBatch) -> None:
         """A table without a key: the read batch's changes as rows (`changelog_table`),
@@ -199,8 +221,10 @@ class RangeFold:
             self._pending.append(typed_table(data, self.plan.columns()))
 
     def drain(self) -> Iterator[pa.RecordBatch]:
-        """The rows of a table without a key decoded so far (batches of `TopicPlan.ddl`),
-        counted into the summary."""
+        """The records set aside so far, and the rows of a table without a key decoded
+        so far (batches of `TopicPlan.ddl`), counted into the summary."""
+        while self._bad:
+            yield from self._out(None, bad=self._bad.pop(0))
         summary = self.summary
         while self._pending:
             table = self._pending.pop(0)
@@ -216,9 +240,9 @@ class RangeFold:
         if not summary.unplanned:
             summary.key_schemas = list(self._met["key"].items())
             summary.value_schemas = list(self._met["value"].items())
-            if self.changelog:
-                yield from self.drain()
-            elif self.schema is not None:
+            self._fold_sql(None)
+            yield from self.drain()
+            if not self.changelog and self.schema is not None:
                 for table in self._tables():
                     summary.max_source_ms = tally(table, summary.counts,
                                                   summary.max_source_ms)  # fmt: skip
@@ -247,18 +271,19 @@ class RangeFold:
             for start in range(0, table.num_rows, BATCH_ROWS):
                 yield table.slice(start, BATCH_ROWS)
 
-    def _out(self, table: pa.Table | None,
-             summary: RangeSummary | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
-        """Resolved rows (`table`, with the columns it lacks `absent`) or the summary
-        row (every column of a row null) as batches of the plan's `ddl`."""
+    def _out(self, table: pa.Table | None, summary: RangeSummary | None = None,
+             bad=None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+        """Resolved rows (`table`, with the columns it lacks `absent`), the summary row,
+        or rows of records set aside (`bad`, of `BAD_TYPE`; the other columns of such a
+        row null) as batches of the plan's `ddl`."""
         import numpy as np
         import pyarrow as pa
 
         columns = self.plan.columns()
-        rows = 1 if table is None else table.num_rows
+        rows = table.num_rows if table is not None else len(bad) if bad is not None else 1
         arrays = []
         for name, type_ in columns:
-            if table is None:  # the summary row
+            if table is None:
                 arrays.append(pa.nulls(rows, arrow_type(type_)))
             elif name in table.column_names:
                 arrays.append(table.column(name))
@@ -269,7 +294,8 @@ class RangeFold:
         else:
             hashes = np.concatenate(self._hashes) if self._hashes else np.zeros(0, np.uint64)
             arrays += [pa.array([summary.to_json()]), pa.array([hashes.tobytes()])]
-        names = [n for n, _ in columns] + [META_COLUMN, KEYS_COLUMN]
+        arrays.append(bad if bad is not None else pa.nulls(rows, arrow_type(BAD_TYPE)))
+        names = [n for n, _ in columns] + [META_COLUMN, KEYS_COLUMN, BAD_COLUMN]
         yield from pa.Table.from_arrays(arrays, names=names).to_batches()
 
 

@@ -27,7 +27,7 @@ def resolve_table(
     ranged = batch.ranged.get(topic)
     if ranged is not None:
         got = ranged.accepted
-        dead = _bad_records(batch, topic, table, list(got.bad))
+        dead = _bad_records(batch, topic, table, list(got.bad), ranged.set_aside)
         return Resolved(ranged.rows, got.truncate, got.counts, got.max_source_ms, got.toast,
                         Placement.RANGES.value, dead)  # fmt: skip
     import pyarrow as pa
@@ -48,9 +48,10 @@ def resolve_table(
 
 
 def _bad_records(batch: Batch, topic: str, table: TableConfig,
-                 bad: list[tuple[int, int, str]]) -> int:  # fmt: skip
+                 bad: list[tuple[int, int, str]], rows=None) -> int:  # fmt: skip
     """Records that cannot be applied ((partition, offset, reason), in Kafka order): fail
-    the table naming the first, or set them all aside (`on_error`); how many were."""
+    the table naming the first, or set them all aside (`on_error`; `rows`: a function
+    giving them as the dead letters take them); how many were."""
     if not bad:
         return 0
     if batch.pipeline.on_error is not OnError.DEAD_LETTER:
@@ -60,6 +61,8 @@ def _bad_records(batch: Batch, topic: str, table: TableConfig,
             f"was written to {batch.pipeline.qualified_target(table)}; {len(bad)} record(s) "
             "cannot be applied. To go on, set on_error: dead_letter (they are set aside)."
         )
+    if rows is not None:
+        return batch.dead_letters(rows(), len(bad))
     frame = batch.spark.createDataFrame(
         [(topic, p, o, None, None, why) for p, o, why in bad],
         "topic string, partition int, offset bigint, key string, value string, error string",
