@@ -22,7 +22,7 @@ STEP_FIGURES = {
     "fixed_overhead": ("fixed_overhead_s",),
     "merge_scaling": ("merge_scaling_ratio",),
     "deletes_v3": ("v3_write_ratio", "v3_read_ratio"),
-    "memory": ("memory_ratio",),
+    "memory": ("memory_ratio", "snapshot_memory_ratio"),
     "capture": ("capture_ratio",),
     "freshness": (
         "freshness_cron_p95_s", "freshness_watch_p95_s", "freshness_cron_p50_s",
@@ -42,6 +42,7 @@ TARGETS = {
     "fixed_overhead_s": ("<=", 15),
     "peer_ratio": (">=", 10),
     "memory_ratio": ("<=", 1.5),
+    "snapshot_memory_ratio": ("<=", 1.2),
     "capture_ratio": (">=", 3),
     "freshness_cron_p95_s": ("<=", 60),
     "freshness_watch_p95_s": ("<=", 60),

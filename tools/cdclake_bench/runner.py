@@ -359,34 +359,41 @@ class Bench(SteadySteps, ScalingSteps):
 
     # ---- peak memory against batch size --------------------------------------------------
     def memory(self) -> None:
+        """Peak memory of a small and a big batch, each in its own process: of changes to
+        `memory_keys` keys (`memory_ratio`), and of an initial snapshot, every record a
+        new key (`snapshot_memory_ratio`)."""
         self.jvm_archive()
-        peaks, rss, walls = {}, {}, {}
-        keys = self.sizes.memory_keys
-        for events in self.sizes.memory_events:
-            tables = self.sizes.tables
-            workload = Workload.standard(events, keys, prefix=f"benchg{_tag()}", tables=tables)
-            bench_pipeline(self.work, self.stack.s, workload, "memory")
-            cmd = [sys.executable, "-m", "cdclake_bench.batch", "--pipeline",
-                   str(self.work / "memory.yaml"), "--events", str(events),
-                   "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
-            self.say(f"generated batch of {events:,} events in its own process")
-            peak, out = peak_memory(cmd)
-            peaks[events], rss[events] = peak.pss, peak.rss
-            done = json.loads(out.strip().splitlines()[-1])
-            if done["tables"] != tables:
-                raise RuntimeError(f"the {events:,}-event batch loaded {done['tables']} tables "
-                                   f"of {tables}")  # fmt: skip
-            walls[events] = done["wall_s"]
-            self.say(f"peak PSS {peaks[events] / 2**20:,.0f} MiB "
-                     f"(RSS {rss[events] / 2**20:,.0f} MiB), "
-                     f"{events / walls[events]:,.0f} events/s")  # fmt: skip
-        small, big = sorted(peaks)
-        self.figures["memory_ratio"] = peaks[big] / peaks[small]
-        self.details["memory"] = {
-            **{f"events_{e}_peak_mib": p / 2**20 for e, p in peaks.items()},
-            **{f"events_{e}_peak_rss_mib": p / 2**20 for e, p in rss.items()},
-            **{f"events_{e}_wall_s": w for e, w in walls.items()},
-        }
+        for figure, keys in (("memory", self.sizes.memory_keys), ("snapshot_memory", None)):
+            peaks, rss, walls = {}, {}, {}
+            for events in self.sizes.memory_events:
+                peak, wall = self._peak(events, events if keys is None else keys)
+                peaks[events], rss[events], walls[events] = peak.pss, peak.rss, wall
+            small, big = sorted(peaks)
+            self.figures[f"{figure}_ratio"] = peaks[big] / peaks[small]
+            self.details[figure] = {
+                **{f"events_{e}_peak_mib": p / 2**20 for e, p in peaks.items()},
+                **{f"events_{e}_peak_rss_mib": p / 2**20 for e, p in rss.items()},
+                **{f"events_{e}_wall_s": w for e, w in walls.items()},
+            }
+
+    def _peak(self, events: int, keys: int):
+        """The peak memory and wall of a generated batch of `events` events over `keys`
+        keys, loaded in its own process."""
+        tables = self.sizes.tables
+        workload = Workload.standard(events, keys, prefix=f"benchg{_tag()}", tables=tables)
+        bench_pipeline(self.work, self.stack.s, workload, "memory")
+        cmd = [sys.executable, "-m", "cdclake_bench.batch", "--pipeline",
+               str(self.work / "memory.yaml"), "--events", str(events),
+               "--keys", str(keys), "--tables", str(tables)]  # fmt: skip
+        self.say(f"generated batch of {events:,} events over {keys:,} keys in its own process")
+        peak, out = peak_memory(cmd)
+        done = json.loads(out.strip().splitlines()[-1])
+        if done["tables"] != tables:
+            raise RuntimeError(f"the {events:,}-event batch loaded {done['tables']} tables "
+                               f"of {tables}")  # fmt: skip
+        self.say(f"peak PSS {peak.pss / 2**20:,.0f} MiB (RSS {peak.rss / 2**20:,.0f} MiB), "
+                 f"{events / done['wall_s']:,.0f} events/s")  # fmt: skip
+        return peak, done["wall_s"]
 
     # ---- the real connector's capture rate -------------------------------------------------
     def freshness(self) -> None:

@@ -1,9 +1,9 @@
 """A range's fold that outgrows memory: once it holds more keys than `Tuning.range_keys`
 (an initial snapshot: every record a new key), what it holds and every later step's
 decoded changes are written to local disk by key hash, a bucket each, and each bucket
-is folded alone at the end (`arrow_fold.fold_step`, in the order the steps were read):
-a key's changes all land in one bucket, so each bucket's fold is the range's fold of its
-keys, and a task holds one bucket's keys at a time."""
+is folded alone at the end (`arrow_fold.fold_step`, over its steps in the order they
+were read): a key's changes all land in one bucket, so each bucket's fold is the range's
+fold of its keys, and a task holds one bucket at a time."""
 
 from __future__ import annotations
 
@@ -58,20 +58,23 @@ class Spill:
             paths.append(path)
 
     def folds(self, cut: int | None, truncate: Truncate | None) -> Iterator[pa.Table]:
-        """Each bucket's held changes after its steps (`fold_step`; `cut`: the LSN of the
-        table's last truncate, `truncate`: the range's last), a bucket at a time."""
+        """Each bucket's held changes: its files (the first may hold what the fold held,
+        with what was decided of it) folded in one step (`fold_step`; `cut`: the LSN of
+        the table's last truncate, `truncate`: the range's last), a bucket at a time."""
         import pyarrow as pa
 
         for paths in self.files:
-            held = None
+            if not paths:
+                continue
+            steps = []
             for path in paths:
                 with pa.OSFile(path, "rb") as source:
-                    step = pa.ipc.open_file(source).read_all()
-                held, _, _ = fold_step(held, step, self.schema, cut, truncate)
-                del step
+                    steps.append(pa.ipc.open_file(source).read_all())
                 os.remove(path)
-            if held is not None:
-                yield held
+            changes = pa.concat_tables(steps, promote_options="permissive")
+            del steps
+            held, _, _ = fold_step(None, changes, self.schema, cut, truncate)
+            yield held
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
