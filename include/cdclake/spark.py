@@ -73,12 +73,21 @@ def spark_jars(pipeline: PipelineConfig) -> list[Path]:
     return found
 
 
-_SECRET_WORDS = ("password", "secret", "token", "credential", "private-key")
-
-
-def is_secret(key: str) -> bool:
-    """A setting whose value must not travel on a command line or into a log."""
-    return any(word in key.lower() for word in _SECRET_WORDS)
+# The settings spark-submit's command line carries (Airflow logs it, `ps` shows it): those
+# spark-submit itself or the driver's JVM reads before the driver's Python runs. The
+# driver sets every other one (the catalog's, the pipeline's own `spark.conf`) from the
+# pipeline file and its environment when it builds its session (`build_session`).
+LAUNCH_SETTINGS = frozenset({
+    PYTHON, DRIVER_PYTHON, DRIVER_OPTIONS, "spark.driver.memory", "spark.driver.cores",
+    "spark.driver.extraClassPath", "spark.driver.extraLibraryPath", *USER_JAR_SETTINGS,
+    "spark.jars.repositories", "spark.jars.excludes", "spark.jars.ivy",
+    "spark.submit.deployMode", "spark.kubernetes.container.image",
+    "spark.kubernetes.namespace", "spark.yarn.queue",
+})  # fmt: skip
+# Settings a session takes after it started (`build_session`), kept off the command line
+# of a JVM this process starts: a catalog's, whatever their names (a password, a REST
+# catalog's `header.Authorization`, an object store's keys)
+RUNTIME_PREFIX = "spark.sql.catalog."
 
 
 def catalog_spark_conf(catalog: CatalogConfig) -> dict[str, str]:
@@ -111,21 +120,21 @@ def _catalog_timeouts(prefix: str, catalog: CatalogConfig) -> dict[str, str]:
     }
 
 
+def launch_conf(pipeline: PipelineConfig) -> dict[str, str]:
+    """What goes on spark-submit's command line: the pipeline's `spark_conf` of
+    `LAUNCH_SETTINGS` only."""
+    return {k: v for k, v in spark_conf(pipeline).items() if k in LAUNCH_SETTINGS}
+
+
 def spark_conf(
     pipeline: PipelineConfig,
-    secrets: bool = True,
     records: int | None = None,
     ranged: bool | None = None,
 ) -> dict[str, str]:
     """Every Spark setting a load needs; the pipeline's own `spark.conf` wins. The
     driver's Java options depend on the batch's size (`records`; None when unknown) and
     whether it resolves range by range (`ranged`; None: as `resolves_by_range` says of
-    the pipeline alone).
-
-    With `secrets=False` (what goes on spark-submit's command line, which Airflow logs and
-    `ps` shows) settings such as the catalog password are left out: the driver reads the
-    pipeline file itself and sets them on its session from its own environment.
-    """
+    the pipeline alone)."""
     conf = {
         "spark.sql.extensions": (
             "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -160,8 +169,6 @@ def spark_conf(
     if options:
         conf[DRIVER_OPTIONS] = options
     conf.update(pipeline.spark.conf)
-    if not secrets:
-        conf = {k: v for k, v in conf.items() if not is_secret(k)}
     return conf
 
 
@@ -186,9 +193,9 @@ def build_session(
         builder = builder.master(master)
     conf = spark_conf(pipeline, records=records, ranged=ranged)
     # a JVM this process starts gets the builder's settings on its command line, which
-    # `ps` shows: secret SQL settings (a catalog's password) are set on the session after
-    # it started, before anything loads the catalog
-    later = {k: v for k, v in conf.items() if is_secret(k) and k.startswith("spark.sql.")}
+    # `ps` shows: the catalog's are set on the session after it started, before anything
+    # loads the catalog
+    later = {k: v for k, v in conf.items() if k.startswith(RUNTIME_PREFIX)}
     for key, value in conf.items():
         if key not in later:
             builder = builder.config(key, value)

@@ -24,7 +24,7 @@ from airflow.sdk import (
 )
 from cdclake.config import PipelineConfig
 from cdclake.jvm import DRIVER_OPTIONS
-from cdclake.spark import spark_conf
+from cdclake.spark import launch_conf
 
 from cdclake_airflow.isolation import build_isolated
 
@@ -67,11 +67,11 @@ def spark_submit(
     **kwargs,
 ) -> SparkSubmitOperator:
     """The stock SparkSubmitOperator running a cdclake job for `pipeline`: its Spark
-    connection and settings (secrets left for the driver to set), this environment's
-    Python on the driver and the executors. `driver_options` (a template) sets the
-    driver's Java options at run time, unless the pipeline sets them itself; else they
-    are chosen when the DAG file is parsed."""
-    conf = spark_conf(pipeline, secrets=False)
+    connection and launch settings (`launch_conf`; the driver sets the others), this
+    environment's Python on the driver and the executors. `driver_options` (a template)
+    sets the driver's Java options at run time, unless the pipeline sets them itself;
+    else they are chosen when the DAG file is parsed."""
+    conf = launch_conf(pipeline)
     if driver_options is not None and DRIVER_OPTIONS not in pipeline.spark.conf:
         conf[DRIVER_OPTIONS] = driver_options
     return SparkSubmitOperator(

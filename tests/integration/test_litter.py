@@ -47,11 +47,11 @@ def data_files(under: Path) -> set[str]:
 
 def start_submit(pipeline, batch: str) -> subprocess.Popen:
     """spark-submit of jobs/load.py with a plan, as the load DAG's task starts it."""
-    from cdclake.spark import spark_conf
+    from cdclake.spark import launch_conf
     from cdclake_control.planner import plan_pipeline
 
     conf = [
-        x for k, v in spark_conf(pipeline, secrets=False).items() for x in ("--conf", f"{k}={v}")
+        x for k, v in launch_conf(pipeline).items() for x in ("--conf", f"{k}={v}")
     ]
     plan = plan_pipeline(pipeline, batch).to_json()
     return subprocess.Popen(

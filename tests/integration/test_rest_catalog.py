@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import yaml
 from cdclake.pipeline_file import load_pipeline
-from cdclake.spark import spark_conf
+from cdclake.spark import launch_conf
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.planner import plan_pipeline
 from cdclake_local.objectstore import (
@@ -115,7 +115,7 @@ def rest_pipeline(tmp_path: Path, catalog: LocalRestCatalog, name: str, source: 
 def submit(pipeline, job: str, *args: str) -> str:
     """spark-submit of jobs/<job> as the DAGs' tasks start it (secrets off its command
     line); its stdout. The secret must not appear in anything it printed."""
-    conf = spark_conf(pipeline, secrets=False)
+    conf = launch_conf(pipeline)
     assert "spark.sql.catalog.lake.s3.secret-access-key" not in conf
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]"]
     cmd += [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from cdclake.pipeline_file import load_pipeline
-from cdclake.spark import DRIVER_PYTHON, PYTHON, spark_conf
+from cdclake.spark import DRIVER_PYTHON, PYTHON, launch_conf, spark_conf
 
 from tests.conftest import DEMO_PIPELINE
 
@@ -15,7 +15,7 @@ from tests.conftest import DEMO_PIPELINE
 def conf_with(own: dict[str, str]) -> dict[str, str]:
     pipeline = load_pipeline(DEMO_PIPELINE)
     spark = dataclasses.replace(pipeline.spark, conf={"spark.jars": "/jars/x.jar", **own})
-    return spark_conf(dataclasses.replace(pipeline, spark=spark), secrets=False)
+    return launch_conf(dataclasses.replace(pipeline, spark=spark))
 
 
 def test_driver_and_executors_run_this_python_by_default():
@@ -31,5 +31,7 @@ def test_a_pipeline_names_the_executors_python_and_the_driver_keeps_this_one():
 
 
 def test_spark_logs_at_warn_unless_the_pipeline_asks_for_more():
-    assert conf_with({})["spark.log.level"] == "WARN"
-    assert conf_with({"spark.log.level": "INFO"})["spark.log.level"] == "INFO"
+    pipeline = load_pipeline(DEMO_PIPELINE)
+    assert spark_conf(pipeline)["spark.log.level"] == "WARN"
+    spark = dataclasses.replace(pipeline.spark, conf={"spark.log.level": "INFO"})
+    assert spark_conf(dataclasses.replace(pipeline, spark=spark))["spark.log.level"] == "INFO"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cdclake.exceptions import CdclakeError
 from cdclake.jvm import ARCHIVE_ENV, DRIVER_OPTIONS, archive_path, spark_jars
-from cdclake.spark import spark_conf
+from cdclake.spark import launch_conf
 
 # writing the archive warns for every class it leaves out (signed jars, old class files)
 _QUIET = "-Xlog:disable -Xlog:all=error:stderr"
@@ -54,7 +54,7 @@ def _build(archive: Path) -> None:
     spark_submit = Path(sys.executable).parent / "spark-submit"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cdclake-warm-up-") as scratch:
-        conf = {**spark_conf(_warm_up_pipeline(Path(scratch)), secrets=False),
+        conf = {**launch_conf(_warm_up_pipeline(Path(scratch))),
                 DRIVER_OPTIONS: f"-XX:ArchiveClassesAtExit={partial} {_QUIET}"}  # fmt: skip
         cmd = [str(spark_submit), "--master", "local[2]"]
         for k, v in conf.items():
