@@ -50,9 +50,7 @@ def start_submit(pipeline, batch: str) -> subprocess.Popen:
     from cdclake.spark import launch_conf
     from cdclake_control.planner import plan_pipeline
 
-    conf = [
-        x for k, v in launch_conf(pipeline).items() for x in ("--conf", f"{k}={v}")
-    ]
+    conf = [x for k, v in launch_conf(pipeline).items() for x in ("--conf", f"{k}={v}")]
     plan = plan_pipeline(pipeline, batch).to_json()
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", *conf,
