@@ -28,6 +28,12 @@ class _Registry(http.server.BaseHTTPRequestHandler):
     """The Confluent registry API's `GET /schemas/ids/<id>` of the server's schemas."""
 
     def do_GET(self):  # noqa: N802 (the handler's name)
+        login = getattr(self.server, "login", None)
+        if login and self.headers.get("Authorization") != login:
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(b'{"error_code": 401, "message": "Unauthorized"}')
+            return
         sid = self.path.rpartition("/")[2]
         schema = self.server.schemas.get(int(sid)) if sid.isdigit() else None
         body = json.dumps({"schema": json.dumps(schema)} if schema else {"error_code": 40403})
@@ -166,3 +172,20 @@ def test_random_histories_in_avro_resolve_as_in_json(registry, seed):
     assert sorted(resolve_rows(got, *topic_of(got, fmt=WireFormat.AVRO)).rows.to_pylist(),
                   key=key) == sorted(resolve_rows(want, *topic_of(want)).rows.to_pylist(),
                                      key=key)  # fmt: skip
+
+
+def test_a_registry_asks_for_its_login_and_a_wrong_one_fails_naming_it(registry):
+    """HTTP basic authentication with the pipeline's `user_info`: the schema with the
+    right login; with a wrong one, an error naming the registry and not the login."""
+    import base64
+
+    from cdclake.debezium.registry import schema_text
+
+    server, config = registry
+    as_avro(server, records(False)[:1])
+    server.login = "Basic " + base64.b64encode(b"reader:right").decode()
+    url, sid = config.url, next(iter(server.schemas))
+    assert json.loads(schema_text(RegistryConfig(url, "reader:right", timeout_s=5), sid))
+    with pytest.raises(EndpointError, match="refused the login \\(HTTP 401\\)") as e:
+        schema_text(RegistryConfig(url, "reader:wrong", timeout_s=5), sid)
+    assert "wrong" not in str(e.value) and url in str(e.value)

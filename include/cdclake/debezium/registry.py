@@ -1,17 +1,15 @@
 """A Confluent-compatible schema registry (Confluent Schema Registry, Apicurio Registry's
-`/apis/ccompat/v7`, Karapace): the Avro schema of each id the records carry (its caller,
-`cdclake.debezium.avro.translation`, asks once per id and process). Every request is
-bounded; a registry that cannot be reached fails naming its URL, and an id it does not
-hold is an error of the records that carry it."""
+`/apis/ccompat/v7`, Karapace), asked through confluent-kafka's own client
+(`confluent_kafka.schema_registry`): the Avro schema of each id the records carry (its
+caller, `cdclake.debezium.avro.translation`, asks once per id and process). Every request
+is bounded (`RegistryConfig.timeout_s`, three tries); a registry that cannot be reached
+fails naming its URL, and an id it does not hold is an error of the records that carry
+it."""
 
 from __future__ import annotations
 
-import base64
-import json
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+from functools import cache
 
 from cdclake.exceptions import EndpointError
 
@@ -34,39 +32,47 @@ class RegistryConfig:
         return f"RegistryConfig(url={self.url!r}, timeout_s={self.timeout_s})"
 
 
+@cache
+def _client(registry: RegistryConfig):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    conf = {
+        "url": registry.url,
+        "timeout": registry.timeout_s,
+        "max.retries": _ATTEMPTS - 1,
+        "retries.wait.ms": 1000,
+        "retries.max.wait.ms": 2000,
+    }
+    if registry.user_info:
+        conf["basic.auth.user.info"] = registry.user_info
+    return SchemaRegistryClient(conf)
+
+
 def schema_text(registry: RegistryConfig, sid: int) -> str:
     """The Avro schema (JSON text) of id `sid`; `UnknownSchema` when the registry holds
     none; `EndpointError` naming the URL when it cannot be asked."""
-    url = f"{registry.url.rstrip('/')}/schemas/ids/{sid}"
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    if registry.user_info:
-        token = base64.b64encode(registry.user_info.encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    for attempt in range(_ATTEMPTS):
-        try:
-            with urllib.request.urlopen(request, timeout=registry.timeout_s) as answer:
-                body = json.loads(answer.read())
-            break
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                raise UnknownSchema(
-                    f"schema id {sid} is not in the registry at {registry.url}"
-                ) from None
-            if exc.code in (401, 403):
-                raise EndpointError(
-                    f"schema registry at {registry.url} refused the "
-                    f"login (HTTP {exc.code}): check its user_info"
-                ) from None
-            why = f"HTTP {exc.code}"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            why = str(getattr(exc, "reason", exc))
-        if attempt + 1 == _ATTEMPTS:
-            raise EndpointError(f"schema registry at {registry.url} did not give schema id "
-                                f"{sid} ({_ATTEMPTS} tries of up to {registry.timeout_s:.0f}s "
-                                f"each): {why}")  # fmt: skip
-        time.sleep(1.0 + attempt)
-    kind = body.get("schemaType", "AVRO") if isinstance(body, dict) else None
-    if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        raise UnknownSchema(f"schema id {sid} in the registry at {registry.url} is not an "
-                            f"Avro schema ({kind or 'no schema'})")  # fmt: skip
-    return body["schema"]
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    try:
+        schema = _client(registry).get_schema(sid)
+    except SchemaRegistryError as exc:
+        status = exc.http_status_code
+        if status == 404:
+            why = f"schema id {sid} is not in the registry at {registry.url}"
+            raise UnknownSchema(why) from None
+        if status in (401, 403):
+            why = f"refused the login (HTTP {status}): check its user_info"
+            raise EndpointError(f"schema registry at {registry.url} {why}") from None
+        raise EndpointError(_not_given(registry, sid, f"HTTP {status}")) from None
+    except Exception as exc:  # its HTTP library's own errors: refused, reset, timed out
+        raise EndpointError(_not_given(registry, sid, f"{type(exc).__name__}: {exc}")) from None
+    kind = schema.schema_type or "AVRO"
+    if kind != "AVRO" or not isinstance(schema.schema_str, str):
+        where = f"the registry at {registry.url}"
+        raise UnknownSchema(f"schema id {sid} in {where} is not an Avro schema ({kind})")
+    return schema.schema_str
+
+
+def _not_given(registry: RegistryConfig, sid: int, why: str) -> str:
+    tries = f"{_ATTEMPTS} tries of up to {registry.timeout_s:.0f}s each"
+    return f"schema registry at {registry.url} did not give schema id {sid} ({tries}): {why}"
