@@ -81,6 +81,7 @@ LAUNCH_SETTINGS = frozenset({
     PYTHON, DRIVER_PYTHON, DRIVER_OPTIONS, "spark.driver.memory", "spark.driver.cores",
     "spark.driver.extraClassPath", "spark.driver.extraLibraryPath", *USER_JAR_SETTINGS,
     "spark.jars.repositories", "spark.jars.excludes", "spark.jars.ivy",
+    "spark.submit.pyFiles", "spark.archives", "spark.files",
     "spark.submit.deployMode", "spark.kubernetes.container.image",
     "spark.kubernetes.namespace", "spark.yarn.queue",
 })  # fmt: skip
