@@ -32,7 +32,7 @@ from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, Top
 from cdclake.ranged import FailedTopic, read_by_range
 from cdclake.resolve.lineage import linked
 from cdclake.resolve.placement import MEASURED, Placement, Tuning
-from cdclake.resolve.topic import resolve_table
+from cdclake.resolving import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
     SMALL_BATCH_CONF,

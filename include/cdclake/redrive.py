@@ -113,7 +113,7 @@ def raw_rows(pipeline: PipelineConfig, records: list):
     the pipeline's format as the records were when they were read from Kafka."""
     import pyarrow as pa
 
-    from cdclake.kafka.raw_rows import kept_headers, raw_arrow_schema
+    from cdclake.raw_rows import kept_headers, raw_arrow_schema
 
     kafka = pipeline.kafka
     batches = []

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import pyarrow.parquet as pq
 import pytest
-from cdclake.kafka.raw_rows import split_envelope
+from cdclake.raw_rows import split_envelope
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 from cdclake_bench.events import Workload, generate_slice
 from cdclake_bench.memory import peak_memory

@@ -162,8 +162,8 @@ def test_the_driver_reads_what_the_executors_read(stack, spark, tmp_path):
     with the lake equal to the source."""
     import uuid
 
-    from cdclake.kafka.raw_rows import RAW_SCHEMA
     from cdclake.kafka.reader import KAFKA, range_plan, read_local
+    from cdclake.raw_rows import RAW_SCHEMA
 
     from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
 

@@ -10,7 +10,7 @@ import pytest
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.json_flat import lost
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.raw_rows import RawRows, kept_headers
+from cdclake.raw_rows import RawRows, kept_headers
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 

@@ -1,7 +1,7 @@
 import pytest
-from cdclake.kafka.raw_rows import schema_id, split_envelope
 from cdclake.kafka.reader import slice_ranges
 from cdclake.offsets import OffsetRange
+from cdclake.raw_rows import schema_id, split_envelope
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_split_envelope(record, schema, payload):
     "record", [b'{"schema":null,"payload":null}', b'{"payload": null, "schema": null}']
 )
 def test_a_null_schema_and_payload_is_the_converters_null_value(record):
-    from cdclake.kafka.raw_rows import SchemaIds, record_row
+    from cdclake.raw_rows import SchemaIds, record_row
 
     assert split_envelope(record) is None
     row = record_row(SchemaIds(), "t", 0, 7, 0, b'{"schema":{"a":1},"payload":{"id":1}}', record)
@@ -75,7 +75,7 @@ def test_slice_ranges_cuts_big_ranges_into_tasks():
 
 
 def test_schema_ids_are_stable_and_sent_once_per_task():
-    from cdclake.kafka.raw_rows import SchemaIds
+    from cdclake.raw_rows import SchemaIds
 
     ids = SchemaIds()
     a, b = b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
@@ -182,7 +182,7 @@ def test_raw_rows_equal_the_rows_of_record_row(how):
     (`add_many`) must give exactly the general path's rows: schema switches and returns,
     tombstones, records without key, broken envelopes and bad UTF-8."""
     import pyarrow as pa
-    from cdclake.kafka.raw_rows import RawRows, SchemaIds, raw_arrow_schema, record_row
+    from cdclake.raw_rows import RawRows, SchemaIds, raw_arrow_schema, record_row
 
     k, a, b = b'{"type":"int32"}', b'{"type":"struct","v":1}', b'{"type":"struct","v":2}'
     records = [

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from cdclake.exceptions import ConfigError
-from cdclake.kafka.raw_rows import RawRows
+from cdclake.raw_rows import RawRows
 from cdclake.redrive import describe, parse_since, raw_rows
 
 from tests.conftest import DEMO_PIPELINE

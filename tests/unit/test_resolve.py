@@ -20,9 +20,9 @@ from cdclake.debezium.connect import (
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import DELETED, OFFSET, OP, PARTITION, topic_schema
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.raw_rows import NEW_KEY_HEADER, OLD_KEY_HEADER, RawRows, kept_headers
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
+from cdclake.raw_rows import NEW_KEY_HEADER, OLD_KEY_HEADER, RawRows, kept_headers
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,

@@ -5,9 +5,9 @@ import base64
 
 import pyarrow as pa
 import pytest
-from cdclake.kafka.raw_rows import RawRows
 from cdclake.kafka.reader import arrow_frame
 from cdclake.kafka.scan import scan_rows
+from cdclake.raw_rows import RawRows
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 
 from tests.debezium_records import ITEM_COLUMNS, key_record, value_record

@@ -28,8 +28,8 @@ import json
 import time
 from pathlib import Path
 
-from cdclake.kafka.raw_rows import split_envelope
 from cdclake.offsets import OffsetRange
+from cdclake.raw_rows import split_envelope
 
 from cdclake_bench.sources import _file_name
 

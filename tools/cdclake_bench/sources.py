@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from cdclake.kafka.raw_rows import RawRows
 from cdclake.kafka.reader import RawSource
 from cdclake.offsets import OffsetRange
+from cdclake.raw_rows import RawRows
 
 from cdclake_bench.events import Workload, generate_slice
 

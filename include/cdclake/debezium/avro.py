@@ -24,7 +24,7 @@ import msgspec
 
 from cdclake.debezium.registry import RegistryConfig, UnknownSchema, schema_text
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.raw_rows import RawRows
+from cdclake.raw_rows import RawRows
 
 _PRIMITIVES = {"int": "int32", "long": "int64", "float": "float", "double": "double",
                "boolean": "boolean", "string": "string", "bytes": "bytes"}  # fmt: skip

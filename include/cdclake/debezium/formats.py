@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import importlib
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    import pyarrow as pa
+from cdclake.raw_rows import RawRowsWriter
 
 # In `Codec`, a `schema` is the topic's `cdclake.debezium.schema.TopicSchema` (which names
-# its format, so this module imports no other of cdclake's).
+# its format, so this module imports no other of cdclake's but the raw rows' shape).
 
 
 class Unsupported(Exception):
@@ -30,17 +29,6 @@ class Unsupported(Exception):
 
 class BadRecord(Unsupported):
     """A record that cannot be applied (the message says why)."""
-
-
-class RawRowsWriter(Protocol):
-    """A reader task's records of one partition, split into the raw rows
-    (`cdclake.kafka.raw_rows.RAW_SCHEMA`), gathered into Arrow batches."""
-
-    def __len__(self) -> int: ...
-
-    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None: ...
-
-    def batch(self) -> pa.RecordBatch: ...
 
 
 class Codec(Protocol):
@@ -89,4 +77,4 @@ class WireFormat(StrEnum):
 
 
 _ENVELOPE, _FLAT = "cdclake.debezium.json_records", "cdclake.debezium.json_flat"
-_JSON, _AVRO = "cdclake.kafka.raw_rows", "cdclake.debezium.avro"
+_JSON, _AVRO = "cdclake.raw_rows", "cdclake.debezium.avro"

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from cdclake.debezium.connect import ConnectField, parse_connect_schema
 from cdclake.debezium.json_records import key_fields
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.raw_rows import header_values
+from cdclake.raw_rows import header_values
 
 __all__ = ["key_fields", "lost", "tombstone_deletes", "value_fields"]
 META = "__"  # the transform's prefix of the fields (and headers) it adds

@@ -1,6 +1,6 @@
 """The JSON-with-schema wire format (`WireFormat.JSON`, the `Codec` of
 `cdclake.debezium.formats`): each record a whole change event envelope. The reader splits
-each envelope into its schema and payload text (`cdclake.kafka.raw_rows`); the schemas give
+each envelope into its schema and payload text (`cdclake.raw_rows`); the schemas give
 the topic's columns (`key_fields`, `value_fields`) and DuckDB reads the payloads
 (`cdclake.debezium.json_sql`)."""
 

@@ -17,10 +17,15 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from cdclake.config import KafkaConfig
-from cdclake.debezium.formats import WireFormat
-from cdclake.debezium.registry import RegistryConfig
-from cdclake.kafka.raw_rows import RAW_FIELD_NAMES, RAW_SCHEMA, kept_headers, raw_arrow_schema
 from cdclake.offsets import OffsetRange
+from cdclake.raw_rows import (
+    RAW_FIELD_NAMES,
+    RAW_SCHEMA,
+    RawRows,
+    RawRowsWriter,
+    kept_headers,
+    raw_arrow_schema,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,8 +86,9 @@ def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> RangeRe
     default `timeouts.request_s`, a minute at least."""
     if timeout_s is None:
         timeout_s = max(60.0, kafka.timeouts.request_s)
-    return partial(_read_slice, kafka.client_config(), timeout_s=timeout_s, fmt=kafka.format,
-                   registry=kafka.schema_registry)  # fmt: skip
+    # the pipeline's format splits the records (`WireFormat.raw_rows`)
+    split = partial(kafka.format.raw_rows, registry=kafka.schema_registry)
+    return partial(_read_slice, kafka.client_config(), timeout_s=timeout_s, split=split)
 
 
 KAFKA = RawSource(_kafka_reader)
@@ -140,9 +146,10 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
 
 def _read_slice(
     client_config: dict, row: dict, timeout_s: float, batch_bytes: int | None = None,
-    fmt: WireFormat = WireFormat.JSON, registry: RegistryConfig | None = None,
+    split: Callable[[str, int], RawRowsWriter] = RawRows,
 ) -> Iterator[pa.RecordBatch]:  # fmt: skip
-    """The raw rows of one slice, its records split by `fmt`, in Arrow batches of up to
+    """The raw rows of one slice, its records split by `split` (a format's splitter of
+    one partition's records; JSON with schemas by default), in Arrow batches of up to
     10,000 records (or fewer once their records hold `batch_bytes`)."""
     import time
     import uuid
@@ -161,7 +168,7 @@ def _read_slice(
             "queued.max.messages.kbytes": 262144,
         }
     )
-    rows = fmt.raw_rows(topic, partition, registry)
+    rows = split(topic, partition)
     gaps: list[bool] = []  # each record's `follows_gap`, of the records in `rows`
     held = 0  # record bytes in `rows`
     try:

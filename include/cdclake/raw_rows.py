@@ -5,7 +5,7 @@ record that is not a JSON-with-schema envelope is kept with its error."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,6 +46,17 @@ NEW_KEY_HEADER = "__debezium.newkey"  # the key a primary-key change's delete mo
 # ExtractNewRecordState's `add.headers`: a flattened change's metadata as headers
 META_HEADERS = ("__op", "__lsn", "__source_ts_ms")
 _KEPT = frozenset((OLD_KEY_HEADER, NEW_KEY_HEADER, *META_HEADERS))
+
+
+class RawRowsWriter(Protocol):
+    """A reader task's records of one partition, split into the raw rows
+    (`cdclake.raw_rows.RAW_SCHEMA`), gathered into Arrow batches."""
+
+    def __len__(self) -> int: ...
+
+    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None: ...
+
+    def batch(self) -> pa.RecordBatch: ...
 
 
 def kept_headers(headers) -> str | None:
