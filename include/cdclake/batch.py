@@ -13,8 +13,7 @@ from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.leases import Leases
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import Placement, Tuning
-from cdclake.resolve.rules import Truncate
+from cdclake.placement import Placement, Tuning
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
 log = logging.getLogger(__name__)
@@ -58,35 +57,6 @@ class TableResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A table's resolved rows (persisted: the load unpersists them) and what the resolve
-    found: the last truncate, the rows per deleted flag, the latest source time (epoch
-    ms), whether rows may hold TOAST placeholders, where they were resolved
-    (`TableResult.resolved_by`) and how many records it set aside."""
-
-    rows: object
-    truncate: Truncate | None
-    counts: Mapping[bool, int]
-    max_ms: int | None
-    toast: bool
-    by: str
-    dead_letters: int = 0
-    cached: object = None  # the persisted frame the rows come from, when not the rows
-
-    @property
-    def upserts(self) -> int:
-        return self.counts.get(False, 0)
-
-    @property
-    def deletes(self) -> int:
-        return self.counts.get(True, 0)
-
-    def release(self) -> None:
-        """Unpersist the rows (once written)."""
-        (self.rows if self.cached is None else self.cached).unpersist()
 
 
 class Batch:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from cdclake.batch import Batch, LoadStatus, Resolved, TableResult
+from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
@@ -29,9 +29,10 @@ from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_fram
 from cdclake.kafka.scan import RawScan, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
+from cdclake.placement import MEASURED, Placement, Tuning
 from cdclake.ranged import FailedTopic, read_by_range
 from cdclake.resolve.lineage import linked
-from cdclake.resolve.placement import MEASURED, Placement, Tuning
+from cdclake.resolved import Resolved
 from cdclake.resolving import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (

@@ -19,7 +19,7 @@ from cdclake.exceptions import CdclakeError
 from cdclake.iceberg.tables import TableState, table_columns, table_state
 from cdclake.kafka.reader import RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import Tuning
+from cdclake.placement import Tuning
 from cdclake.resolve.range_plan import BAD_COLUMN, AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
 from cdclake.resolve.rules import LINEAGE_OPS

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 
-from cdclake.batch import Batch, Resolved
+from cdclake.batch import Batch
 from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.reader import arrow_frame
+from cdclake.placement import Placement
 from cdclake.resolve.fold import resolve_rows
-from cdclake.resolve.placement import Placement
+from cdclake.resolved import Resolved
 
 log = logging.getLogger(__name__)
 

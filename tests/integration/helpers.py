@@ -13,7 +13,7 @@ import yaml
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
 from cdclake.pipeline_file import load_pipeline
-from cdclake.resolve.placement import Placement
+from cdclake.placement import Placement
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.planner import plan_pipeline
 

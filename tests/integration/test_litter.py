@@ -17,7 +17,7 @@ import pytest
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.leases import LEASE_DIR, Leases, lease_name, process_space
 from cdclake.iceberg.tables import STAGE_PREFIX, deleted_keys_table, load_iceberg_table
-from cdclake.resolve.placement import MEASURED
+from cdclake.placement import MEASURED
 
 from tests.conftest import ROOT
 from tests.integration.helpers import (

@@ -8,7 +8,7 @@ import pytest
 from cdclake.exceptions import CommitConflictError, EndpointError
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.resolve.placement import MEASURED, Placement
+from cdclake.placement import MEASURED, Placement
 from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.planner import plan_pipeline

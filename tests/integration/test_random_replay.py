@@ -16,13 +16,13 @@ from cdclake.iceberg.merge_sql import KeyRange
 from cdclake.job import run_batch
 from cdclake.kafka.reader import RawSource
 from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.placement import MEASURED, Placement, Tuning
 from cdclake.raw_rows import (
     NEW_KEY_HEADER,
     OLD_KEY_HEADER,
     RawRows,
     kept_headers,
 )
-from cdclake.resolve.placement import MEASURED, Placement, Tuning
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 from cdclake_bench.avro_records import AvroWriter, registry_register
 

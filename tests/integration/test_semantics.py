@@ -11,8 +11,8 @@ from cdclake.exceptions import DecodeError
 from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
+from cdclake.placement import Placement
 from cdclake.raw_rows import NEW_KEY_HEADER
-from cdclake.resolve.placement import Placement
 from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition

@@ -28,7 +28,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.job import run_batch
-from cdclake.resolve.placement import MEASURED
+from cdclake.placement import MEASURED
 from cdclake_control.planner import plan_pipeline
 
 from tests.conftest import KAFKA_PORT, ROOT

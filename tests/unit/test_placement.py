@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cdclake.resolve.placement import MEASURED, Placement
+from cdclake.placement import MEASURED, Placement
 
 LIMIT = MEASURED.driver_read_records
 SMALL, BIG = LIMIT, LIMIT + 1

@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 import pytest
 from cdclake.debezium.schema import DELETED
 from cdclake.kafka.reader import arrow_frame
+from cdclake.placement import MEASURED, Tuning
 from cdclake.raw_rows import RawRows
-from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.range_plan import BAD_COLUMN, AcceptedTopic, accept, head_schemas
 from cdclake.resolve.ranges import (
     BATCH_ROWS,

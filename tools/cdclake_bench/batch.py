@@ -22,7 +22,7 @@ from pathlib import Path
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.pipeline_file import load_pipeline
-from cdclake.resolve.placement import MEASURED, Placement
+from cdclake.placement import MEASURED, Placement
 from cdclake.spark import build_session
 
 from cdclake_bench.cpu import cpu_parts, cpu_snapshot

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema
-from cdclake.resolve.rules import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX, Truncate
+from cdclake.resolved import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX, Truncate
 
 TABLE_PROPERTIES = {
     # v3: a MERGE's deletes are deletion vectors, one per data file (docs/performance.md)

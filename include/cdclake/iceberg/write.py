@@ -7,15 +7,16 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any, Protocol
 
-from cdclake.batch import Batch, Resolved
-from cdclake.config import DeleteMode, TableConfig
+from cdclake.config import DeleteMode, PipelineConfig, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.key_changes import (
     forget_key_changes,
     record_key_changes,
 )
+from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.merge_sql import (
     INTEGER_TYPES,
     KEY_FILTER_TYPES,
@@ -48,15 +49,27 @@ from cdclake.offsets import (
     SUMMARY_SOURCE_TS,
     SUMMARY_TRUNCATE,
     SUMMARY_UPSERTS,
+    BatchPlan,
     encode_offsets,
 )
-from cdclake.resolve.placement import Tuning
-from cdclake.resolve.rules import toastable
+from cdclake.placement import Tuning
+from cdclake.resolved import TOAST_PREFIX, Resolved
 
 log = logging.getLogger(__name__)
 
 
-def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: TableState,
+class Writing(Protocol):
+    """What a table's write needs of its batch (`cdclake.batch.Batch` holds it): the
+    session, the pipeline, the plan, the write leases and the tuning."""
+
+    spark: Any
+    pipeline: PipelineConfig
+    plan: BatchPlan
+    leases: Leases
+    tuning: Tuning
+
+
+def write_table(batch: Writing, table: TableConfig, schema: TopicSchema, state: TableState,
                  known: dict[str, str], new_offsets: dict, resolved: Resolved,
                  records: int, moved=None) -> tuple[int | None, str]:  # fmt: skip
     """MERGE (or append) the resolved rows of the batch's `records` records into the
@@ -106,7 +119,9 @@ def write_table(batch: Batch, table: TableConfig, schema: TopicSchema, state: Ta
             query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
                                          truncated_below=below)  # fmt: skip
         elif keyed:
-            toast_columns = [c.name for c in toastable(schema)] if resolved.toast else []
+            # the columns whose placeholders may be left to the table: those with a flag
+            flags = [n for n in resolved.rows.columns if n.startswith(TOAST_PREFIX)]
+            toast_columns = [n.removeprefix(TOAST_PREFIX) for n in flags] if resolved.toast else []
             merge_sql = build_merge_sql(
                 target, view, schema, toast_columns,
                 truncate=truncate, dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,

@@ -14,8 +14,8 @@ from functools import cached_property
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.kafka.reader import RangeReader
+from cdclake.placement import MEASURED, Tuning
 from cdclake.resolve.fold import check_key_types
-from cdclake.resolve.placement import MEASURED, Tuning
 from cdclake.resolve.rows import columns_ddl, result_columns
 from cdclake.resolve.rules import Truncate
 

@@ -20,13 +20,15 @@ Rules (the semantics the tests pin down):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from cdclake.debezium.schema import Column, TopicSchema
+from cdclake.resolved import HAS_VALUES as HAS_VALUES
+from cdclake.resolved import STALE_CHECK_LSN as STALE_CHECK_LSN
+from cdclake.resolved import TOAST_PREFIX as TOAST_PREFIX
+from cdclake.resolved import Truncate
 
 TRUNCATE = "t"
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
-TOAST_PREFIX = "_cdc_toast_"
 TOAST_TYPES = ("string", "binary", "array<string>")  # Debezium sends a placeholder in
 # with the TOAST flags, each key column's value of the key a row's key was changed from
 # (`__debezium.oldkey`) and the change's LSN: a flagged column takes that key's value as
@@ -41,20 +43,6 @@ LINEAGE_OPS = (KEY_CHANGE, KEY_CREATE)
 # a decoded change of a primary-key change: its delete (`__debezium.newkey`) or its
 # create (`__debezium.oldkey`)
 MOVED = "moved"
-STALE_CHECK_LSN = "_cdc_check_lsn"
-# a keyed table's resolved row carries values of the batch: false only for a deleted key
-# whose batch holds no row after of it (its columns are then NULL, and a soft delete keeps
-# the values the table has)
-HAS_VALUES = "_cdc_has_values"
-
-
-@dataclass(frozen=True)
-class Truncate:
-    """The last truncate of a batch: where it is in Kafka and in the WAL."""
-
-    partition: int
-    offset: int
-    lsn: int | None
 
 
 def last_truncate(truncates: Iterable[Truncate], applied: int | None = None) -> Truncate | None:
