@@ -13,7 +13,7 @@ from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.leases import Leases
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.placement import Placement, Tuning
+from cdclake.placement import Tuning
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,11 @@ class Batch:
     def __init__(
         self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
         read_seconds: float, rows, ranged: dict[str, object], before: Mapping[str, str | None],
-        leases: Leases, placement: Placement, tuning: Tuning,
+        leases: Leases, tuning: Tuning,
         set_aside: Mapping[str, int] | None = None,
     ) -> None:  # fmt: skip
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
-        self.placement, self.tuning = placement, tuning
+        self.tuning = tuning
         self.leases = leases  # write leases of the batch's tables
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged  # topics read and resolved range by range (not in `raw`)

@@ -89,7 +89,7 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: RawSource
             )  # fmt: skip
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged, before, leases, placement, tuning, set_aside)  # fmt: skip
+                       ranged, before, leases, tuning, set_aside)  # fmt: skip
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
     finally:

@@ -119,10 +119,10 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
                    known: dict[str, str], state: TableState, head, ranges: list[OffsetRange],
                    tuning: Tuning):  # fmt: skip
     """One topic's ranges read and resolved (`state`: its lake table's; `head`: the
-    future of their head read): its
-    rows, or a FailedTopic when a read, a task or a check failed. A Spark job folds each
-    range in a task (`_range_frame`), or all of them in one task, in partition order, as
-    the driver folds a small batch, when the table's key is a configured one. When
+    future of their head read): its rows, or a FailedTopic when a read, a task or a
+    check failed. A Spark job folds each range in a task (`_range_frame`), or all of
+    them in one task, in partition order, as the driver folds a small batch, when the
+    table's key is a configured one. When
     ranges met schemas beyond their heads, the job runs again with them; when the
     ranges' results cannot be put together (a key in two of them, a truncate after
     changes of another partition), again in one task."""

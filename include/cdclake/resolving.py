@@ -4,8 +4,6 @@ fail the table or go to the dead letters."""
 
 from __future__ import annotations
 
-import logging
-
 from cdclake.batch import Batch
 from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
@@ -14,8 +12,6 @@ from cdclake.kafka.reader import arrow_frame
 from cdclake.placement import Placement
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolved import Resolved
-
-log = logging.getLogger(__name__)
 
 
 def resolve_table(

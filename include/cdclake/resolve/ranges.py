@@ -258,8 +258,7 @@ class RangeFold:
     def _tables(self) -> Iterator[pa.Table]:
         """The resolved rows, `BATCH_ROWS` at a time (a spilled fold's a bucket at a
         time); `summary.toast` says whether they carry the TOAST flags (a placeholder
-        among the changes they come from)."""
-        self._fold_sql(None)
+        among the changes they come from; `finish` folded the last read batches)."""
         if self._spill is not None:
             held = self._spill.folds(self.plan.cut, self._truncate())
         else:
