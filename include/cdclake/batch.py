@@ -64,11 +64,20 @@ class Batch:
     and a lock for the dead-letter table every table writes to."""
 
     def __init__(
-        self, spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan,
-        read_seconds: float, rows, ranged: dict[str, object], before: Mapping[str, str | None],
-        leases: Leases, tuning: Tuning,
+        self,
+        spark,
+        pipeline: PipelineConfig,
+        plan: BatchPlan,
+        raw,
+        scan: RawScan,
+        read_seconds: float,
+        rows,
+        ranged: dict[str, object],
+        before: Mapping[str, str | None],
+        leases: Leases,
+        tuning: Tuning,
         set_aside: Mapping[str, int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.tuning = tuning
         self.leases = leases  # write leases of the batch's tables
@@ -96,8 +105,11 @@ class Batch:
                 return
             restore_settings(self.spark, self.interpreted)
             self.interpreted = {}
-        log.info("%s: a MERGE target of %d rows; the batch's expressions are compiled from "
-                 "now on", table, target_rows)  # fmt: skip
+        log.info(
+            "%s: a MERGE target of %d rows; the batch's expressions are compiled from now on",
+            table,
+            target_rows,
+        )
 
     def ranges_of(self, table: TableConfig) -> list[OffsetRange]:
         topic = self.pipeline.topic_for(table)
@@ -105,5 +117,4 @@ class Batch:
 
     def dead_letters(self, rows, count: int) -> int:
         with self.dead_letter_lock:  # concurrent commits to the one table would conflict
-            return set_aside(self.spark, self.pipeline, self.plan, rows, count,
-                                 self.leases)  # fmt: skip
+            return set_aside(self.spark, self.pipeline, self.plan, rows, count, self.leases)

@@ -45,9 +45,14 @@ log = logging.getLogger(__name__)
 
 
 def run_batch(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, *, read: RawSource = KAFKA,
-    placement: Placement = Placement.AUTO, tuning: Tuning = MEASURED,
-) -> list[TableResult]:  # fmt: skip
+    spark,
+    pipeline: PipelineConfig,
+    plan: BatchPlan,
+    *,
+    read: RawSource = KAFKA,
+    placement: Placement = Placement.AUTO,
+    tuning: Tuning = MEASURED,
+) -> list[TableResult]:
     """Load one planned batch. `read` reads the raw records of the planned ranges; by
     default from Kafka (benchmarks pass recorded files instead). Where they are read
     and resolved follows `placement`'s rule, with `tuning`'s thresholds.
@@ -67,9 +72,15 @@ def run_batch(
         return _run_batch(spark, pipeline, plan, read, before, placement, tuning)
 
 
-def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: RawSource,
-               before: Mapping[str, str | None], placement: Placement,
-               tuning: Tuning):  # fmt: skip
+def _run_batch(
+    spark,
+    pipeline: PipelineConfig,
+    plan: BatchPlan,
+    read: RawSource,
+    before: Mapping[str, str | None],
+    placement: Placement,
+    tuning: Tuning,
+):
     started = time.perf_counter()
     leases = Leases(spark)  # taken on each table before its data files are written
     raw, ranged, rows = None, {}, None
@@ -77,8 +88,11 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: RawSource
         if placement.step(plan.total, tuning.driver_read_records) is Placement.DRIVER:
             rows = read_local(pipeline.kafka, plan.ranges, source=read)
             if rows is None:
-                log.info("batch %s: more than %d MiB of records; read range by range",
-                         plan.batch_id, DRIVER_READ_BYTES >> 20)  # fmt: skip
+                log.info(
+                    "batch %s: more than %d MiB of records; read range by range",
+                    plan.batch_id,
+                    DRIVER_READ_BYTES >> 20,
+                )
         if rows is None:
             ranged = read_by_range(spark, pipeline, plan, read, tuning)
             scan, set_aside = RawScan({}, {}, {}), {}
@@ -86,10 +100,22 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: RawSource
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
             raw, scan, set_aside = handle_broken_envelopes(
                 spark, pipeline, plan, raw, scan_rows(rows), leases
-            )  # fmt: skip
+            )
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
-        batch = Batch(spark, pipeline, plan, raw, scan, time.perf_counter() - started, rows,
-                       ranged, before, leases, tuning, set_aside)  # fmt: skip
+        batch = Batch(
+            spark,
+            pipeline,
+            plan,
+            raw,
+            scan,
+            time.perf_counter() - started,
+            rows,
+            ranged,
+            before,
+            leases,
+            tuning,
+            set_aside,
+        )
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         return _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
     finally:
@@ -99,9 +125,11 @@ def _run_batch(spark, pipeline: PipelineConfig, plan: BatchPlan, read: RawSource
 
 
 def _run_tables(
-    tables: list[TableConfig], load: Callable[[TableConfig], TableResult], threads: int,
+    tables: list[TableConfig],
+    load: Callable[[TableConfig], TableResult],
+    threads: int,
     pipeline: PipelineConfig,
-) -> list[TableResult]:  # fmt: skip
+) -> list[TableResult]:
     """Run `load` for every table, `threads` at a time; results in the tables' order.
     A failed table does not stop the others; the first failure (in order) is raised
     once every table is done."""
@@ -256,18 +284,24 @@ def _load_table(
         return done(status=LoadStatus.SKIPPED, dead_letters=misfits)
     # a batch whose records carry no key (only truncates) keeps the key the table has
     key = table.key or (() if schemas.get("key") else state.key_names)
-    schema = topic_schema([s for _, s in schemas.get("key", [])],
-                          [s for _, s in schemas.get("value", [])],
-                          key, topic, table.exclude, known,
-                          batch.pipeline.kafka.format)  # fmt: skip
+    schema = topic_schema(
+        [s for _, s in schemas.get("key", [])],
+        [s for _, s in schemas.get("value", [])],
+        key,
+        topic,
+        table.exclude,
+        known,
+        batch.pipeline.kafka.format,
+    )
     clock.lap("state")
     resolved = resolve_table(batch, topic, table, schema, schemas, state.truncate_applied)
     resolved, moved = _linked(spark, qualified, schema, state, resolved)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
-        after_id, written_by = write_table(batch, table, schema, state, known, new_offsets,
-                                           resolved, records, moved)  # fmt: skip
+        after_id, written_by = write_table(
+            batch, table, schema, state, known, new_offsets, resolved, records, moved
+        )
     finally:
         resolved.release()
     clock.lap("write")
@@ -276,12 +310,23 @@ def _load_table(
         offsets.setdefault(t, {})[str(p)] = o
     log.info(
         "%s: committed %d records (%d upserts, %d deletes) in snapshot %s",
-        qualified, records, resolved.upserts, resolved.deletes, after_id,
-    )  # fmt: skip
-    return done(status=LoadStatus.COMMITTED, upserts=resolved.upserts, deletes=resolved.deletes,
-                dead_letters=misfits + resolved.dead_letters, offsets=offsets,
-                truncated=resolved.truncate is not None, resolved_by=resolved.by,
-                written_by=written_by, snapshot_id=after_id)  # fmt: skip
+        qualified,
+        records,
+        resolved.upserts,
+        resolved.deletes,
+        after_id,
+    )
+    return done(
+        status=LoadStatus.COMMITTED,
+        upserts=resolved.upserts,
+        deletes=resolved.deletes,
+        dead_letters=misfits + resolved.dead_letters,
+        offsets=offsets,
+        truncated=resolved.truncate is not None,
+        resolved_by=resolved.by,
+        written_by=written_by,
+        snapshot_id=after_id,
+    )
 
 
 class _Clock:

@@ -87,8 +87,10 @@ class BatchPlan:
             )
         mode = data.get("mode", PlanMode.LOAD.value)
         if mode not in PlanMode.__members__.values():
-            raise ConfigError(f"batch plan {data['batch_id']!r}: unknown mode {mode!r} (one "
-                              f"of {[m.value for m in PlanMode]})")  # fmt: skip
+            raise ConfigError(
+                f"batch plan {data['batch_id']!r}: unknown mode {mode!r} (one "
+                f"of {[m.value for m in PlanMode]})"
+            )
         return cls(
             pipeline=data["pipeline"],
             batch_id=data["batch_id"],
@@ -98,9 +100,12 @@ class BatchPlan:
 
 
 def _is_range(r) -> bool:
-    return (isinstance(r, dict) and sorted(r) == ["end", "partition", "start", "topic"]
-            and isinstance(r["topic"], str)
-            and all(type(r[k]) is int for k in ("partition", "start", "end")))  # fmt: skip
+    return (
+        isinstance(r, dict)
+        and sorted(r) == ["end", "partition", "start", "topic"]
+        and isinstance(r["topic"], str)
+        and all(type(r[k]) is int for k in ("partition", "start", "end"))
+    )
 
 
 def plans_from_json(text: str) -> list[BatchPlan]:
@@ -111,8 +116,10 @@ def plans_from_json(text: str) -> list[BatchPlan]:
     except ValueError as exc:
         raise ConfigError(f"the batch plan is not JSON: {exc}") from None
     if not isinstance(data, dict | list):
-        raise ConfigError("a batch plan is a JSON object (or a list of them), "
-                          f"not {type(data).__name__}: {json.dumps(data)[:200]}")  # fmt: skip
+        raise ConfigError(
+            "a batch plan is a JSON object (or a list of them), "
+            f"not {type(data).__name__}: {json.dumps(data)[:200]}"
+        )
     return [BatchPlan.from_dict(p) for p in (data if isinstance(data, list) else [data])]
 
 

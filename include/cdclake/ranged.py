@@ -51,10 +51,13 @@ class RangedTopic:
 
         bad = F.col(f"`{BAD_COLUMN}`")
         return self.frame.where(bad.isNotNull()).select(
-            F.lit(self.topic).alias("topic"), bad["partition"].alias("partition"),
-            bad["offset"].alias("offset"), bad["key"].alias("key"),
-            bad["value"].alias("value"), bad["reason"].alias("error"),
-        )  # fmt: skip
+            F.lit(self.topic).alias("topic"),
+            bad["partition"].alias("partition"),
+            bad["offset"].alias("offset"),
+            bad["key"].alias("key"),
+            bad["value"].alias("value"),
+            bad["reason"].alias("error"),
+        )
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,9 @@ class FailedTopic:
         pass
 
 
-def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawSource,
-                  tuning: Tuning) -> dict[str, RangedTopic | FailedTopic]:  # fmt: skip
+def read_by_range(
+    spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawSource, tuning: Tuning
+) -> dict[str, RangedTopic | FailedTopic]:
     """The batch's topics read and resolved range by range, or whose ranges failed: the
     driver reads the head of each topic's ranges for its schemas (all at once, while it
     looks the lake tables up), then for each topic (as many at a time as tables are
@@ -87,9 +91,12 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawS
     # catalog's first lookups take a second or two)
     threading.Thread(target=start_python_workers, args=(spark,), daemon=True).start()
     with ThreadPoolExecutor(len(eligible)) as pool:
-        heads = {topic: pool.submit(head_schemas, reader,
-                                    [dataclasses.asdict(r) for r in ranges_of[topic]])
-                 for topic in eligible}  # fmt: skip
+        heads = {
+            topic: pool.submit(
+                head_schemas, reader, [dataclasses.asdict(r) for r in ranges_of[topic]]
+            )
+            for topic in eligible
+        }
         work = {}
         for topic in eligible:
             qualified = pipeline.qualified_target(tables[topic])
@@ -100,8 +107,9 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawS
 
     def resolve(topic: str) -> None:
         table, known, state = work[topic]
-        done[topic] = _resolve_topic(spark, pipeline, reader, table, known, state,
-                                     heads[topic], ranges_of[topic], tuning)  # fmt: skip
+        done[topic] = _resolve_topic(
+            spark, pipeline, reader, table, known, state, heads[topic], ranges_of[topic], tuning
+        )
 
     try:  # every topic resolves; then the first error is raised
         with ThreadPoolExecutor(max(1, min(pipeline.parallel_tables, len(work)))) as pool:
@@ -115,9 +123,17 @@ def read_by_range(spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawS
     return done
 
 
-def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
-                   known: dict[str, str], state: TableState, head, ranges: list[OffsetRange],
-                   tuning: Tuning):  # fmt: skip
+def _resolve_topic(
+    spark,
+    pipeline: PipelineConfig,
+    reader,
+    table: TableConfig,
+    known: dict[str, str],
+    state: TableState,
+    head,
+    ranges: list[OffsetRange],
+    tuning: Tuning,
+):
     """One topic's ranges read and resolved (`state`: its lake table's; `head`: the
     future of their head read): its rows, or a FailedTopic when a read, a task or a
     check failed. A Spark job folds each range in a task (`_range_frame`), or all of
@@ -137,10 +153,10 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
             frame = _range_frame(spark, reader, plan, ranges, together, tuning)
             summaries, hashes, rows = _summaries(frame)
             if any(s.unplanned for s in summaries):
-                plan = plan.with_met(summaries, partial(misfits, table, topic, known=known,
-                                                        fmt=fmt))  # fmt: skip
-                log.info("%s: schemas beyond the head of its ranges; read again with them",
-                         topic)  # fmt: skip
+                plan = plan.with_met(
+                    summaries, partial(misfits, table, topic, known=known, fmt=fmt)
+                )
+                log.info("%s: schemas beyond the head of its ranges; read again with them", topic)
             else:
                 got = accept(summaries, plan, hashes)
                 if not isinstance(got, str):
@@ -166,8 +182,9 @@ def _resolve_topic(spark, pipeline: PipelineConfig, reader, table: TableConfig,
 ROUNDS = 3
 
 
-def _range_frame(spark, reader, plan: TopicPlan, ranges: list[OffsetRange],
-                 together: bool, tuning: Tuning):  # fmt: skip
+def _range_frame(
+    spark, reader, plan: TopicPlan, ranges: list[OffsetRange], together: bool, tuning: Tuning
+):
     """The Spark job that reads and folds the topic's ranges, a task each (`together`:
     one task for all), persisted: the resolved rows, then a summary row per task."""
     from pyspark import StorageLevel
@@ -179,8 +196,11 @@ def _range_frame(spark, reader, plan: TopicPlan, ranges: list[OffsetRange],
     # connector). A 1M-event batch took 1.2 s less cold than with its rows on disk.
     most = max(r.size for r in ranges) * (len(ranges) if together else 1)
     keyed = plan.planned and bool(plan.schema.key_names)
-    level = (StorageLevel.MEMORY_AND_DISK if keyed and most <= 2 * tuning.range_keys
-             else cache_level(sum(r.size for r in ranges)))  # fmt: skip
+    level = (
+        StorageLevel.MEMORY_AND_DISK
+        if keyed and most <= 2 * tuning.range_keys
+        else cache_level(sum(r.size for r in ranges))
+    )
     job = range_plan(spark, ranges)
     if together:
         job = job.coalesce(1)
@@ -207,15 +227,17 @@ def start_python_workers(spark) -> list[int]:
         kept = {name: sc.getLocalProperty(name) for name in names}
         sc.setJobGroup(WORKERS_JOB_GROUP, "start the Python workers for the range tasks")
         try:
-            started = (spark.range(0, cores, 1, cores)
-                       .mapInArrow(_import_range_modules, "pid long").collect())  # fmt: skip
+            started = (
+                spark.range(0, cores, 1, cores)
+                .mapInArrow(_import_range_modules, "pid long")
+                .collect()
+            )
         finally:  # this thread's later jobs are not of the group
             for name, value in kept.items():
                 sc.setLocalProperty(name, value)
         return sorted({row.pid for row in started})
     except Exception as exc:
-        log.info("the Python workers were not started ahead of the range tasks: %s",
-                 _brief(exc))  # fmt: skip
+        log.info("the Python workers were not started ahead of the range tasks: %s", _brief(exc))
         return []
 
 
@@ -233,14 +255,30 @@ def _import_range_modules(batches):
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]}, pa.schema([("pid", pa.int64())]))
 
 
-def _topic_plan(found, table: TableConfig, topic: str, known: dict[str, str],
-                fmt: WireFormat, tuning: Tuning, state: TableState) -> TopicPlan:  # fmt: skip
+def _topic_plan(
+    found,
+    table: TableConfig,
+    topic: str,
+    known: dict[str, str],
+    fmt: WireFormat,
+    tuning: Tuning,
+    state: TableState,
+) -> TopicPlan:
     """The plan of a topic's range tasks, with the schemas at the head of its ranges
     (`found`: `head_schemas`'), those that do not fit the table's columns set aside."""
     key, value = found if found is not None else (None, None)
-    plan = TopicPlan(topic, (key,) if key else (), (value,) if value else (),
-                     tuple(table.exclude), known, tuple(table.key), fmt, tuning,
-                     state.truncate_applied, lake_key=state.key_names)  # fmt: skip
+    plan = TopicPlan(
+        topic,
+        (key,) if key else (),
+        (value,) if value else (),
+        tuple(table.exclude),
+        known,
+        tuple(table.key),
+        fmt,
+        tuning,
+        state.truncate_applied,
+        lake_key=state.key_names,
+    )
     return plan.with_met([], partial(misfits, table, topic, known=known, fmt=fmt))
 
 
@@ -255,8 +293,10 @@ def _summaries(frame):
     row = meta.isNull() & F.col(f"`{BAD_COLUMN}`").isNull()
     if OP in frame.columns:  # a table's row, not a key change's (`LINEAGE_OPS`)
         row = row & ~F.col(OP).isin(*LINEAGE_OPS).eqNullSafe(True)
-    [found] = frame.agg(F.collect_list(F.when(meta.isNotNull(), ends)).alias("ends"),
-                        F.count(F.when(row, 1)).alias("rows")).collect()  # fmt: skip
+    [found] = frame.agg(
+        F.collect_list(F.when(meta.isNotNull(), ends)).alias("ends"),
+        F.count(F.when(row, 1)).alias("rows"),
+    ).collect()
     summaries = [RangeSummary.from_json(r.summary) for r in found.ends]
     hashes = [np.frombuffer(r.hashes or b"", dtype=np.uint64) for r in found.ends]
     return summaries, hashes, found.rows
@@ -269,11 +309,14 @@ def _ranged_topic(frame, plan: TopicPlan, got: AcceptedTopic, total: int) -> Ran
 
     meta, bad = F.col(f"`{META_COLUMN}`"), F.col(f"`{BAD_COLUMN}`")
     rows = frame.where(meta.isNull() & bad.isNull()).select(
-        *(F.col(f"`{n}`") for n, _ in got.columns))  # fmt: skip
+        *(F.col(f"`{n}`") for n, _ in got.columns)
+    )
     resolved = sum(got.counts.values())
     if total != resolved:
-        raise CdclakeError(f"{plan.topic}: the ranges resolved {resolved} rows but returned "
-                           f"{total}; nothing was written")  # fmt: skip
+        raise CdclakeError(
+            f"{plan.topic}: the ranges resolved {resolved} rows but returned "
+            f"{total}; nothing was written"
+        )
     return RangedTopic(plan.topic, got, rows, plan.known, frame)
 
 

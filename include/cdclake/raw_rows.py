@@ -64,8 +64,11 @@ def kept_headers(headers) -> str | None:
     the dead-letter table gives them: one JSON object of their texts, None without any."""
     import json
 
-    found = {name: value.decode("utf-8", "replace") for name, value in headers or ()
-             if name in _KEPT and value is not None}  # fmt: skip
+    found = {
+        name: value.decode("utf-8", "replace")
+        for name, value in headers or ()
+        if name in _KEPT and value is not None
+    }
     return json.dumps(found, separators=(",", ":")) if found else None
 
 
@@ -145,16 +148,27 @@ def raw_arrow_schema():
 
 
 def record_row(
-    seen: SchemaIds, topic: str, partition: int, offset: int, timestamp: int,
-    key: bytes | None, value: bytes | None, headers: str | None = None,
-) -> dict[str, object]:  # fmt: skip
+    seen: SchemaIds,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: str | None = None,
+) -> dict[str, object]:
     """One raw row: the record split into schema id, schema text (first time only) and
     payload per side; an envelope that cannot be split is kept with its error."""
     row: dict[str, object] = {
-        "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
-        "is_tombstone": value is None, "follows_gap": False, "error": None,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "timestamp": timestamp,
+        "is_tombstone": value is None,
+        "follows_gap": False,
+        "error": None,
         "headers": headers,
-    }  # fmt: skip
+    }
     for side, data in (("key", key), ("value", value)):
         row[f"{side}_schema_id"] = row[f"{side}_schema"] = row[f"{side}_payload"] = None
         if data is None:
@@ -196,22 +210,38 @@ class RawRows:
     def __len__(self) -> int:
         return self._rows
 
-    def add(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
-            headers: str | None = None) -> None:  # fmt: skip
+    def add(
+        self,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: str | None = None,
+    ) -> None:
         """One record, split by `record_row`; its schemas become the last ones."""
         self._rows += 1
-        self._add_row(record_row(self.seen, self.topic, self.partition, offset, timestamp,
-                                 key, value, headers))  # fmt: skip
+        self._add_row(
+            record_row(
+                self.seen, self.topic, self.partition, offset, timestamp, key, value, headers
+            )
+        )
         for side, (schema, sid) in self.seen.last.items():
             self._head[side] = (_HEAD + schema + _SEP, sid)
 
-    def add_error(self, offset: int, timestamp: int, is_tombstone: bool, error: str,
-                  headers: str | None = None) -> None:  # fmt: skip
+    def add_error(
+        self,
+        offset: int,
+        timestamp: int,
+        is_tombstone: bool,
+        error: str,
+        headers: str | None = None,
+    ) -> None:
         """A record another converter's reader could not read, kept with why (its bytes
         are read again from Kafka if it goes to the dead letters)."""
         self._rows += 1
-        row = record_row(self.seen, self.topic, self.partition, offset, timestamp, None, None,
-                         headers)  # fmt: skip
+        row = record_row(
+            self.seen, self.topic, self.partition, offset, timestamp, None, None, headers
+        )
         row.update(is_tombstone=is_tombstone, error=error)
         self._add_row(row)
 
@@ -223,8 +253,9 @@ class RawRows:
 
         offsets, timestamps = _array(offsets, pa.int64()), _array(timestamps, pa.int64())
         keys, values = _array(keys, pa.binary()), _array(values, pa.binary())
-        heads = pa.nulls(len(offsets), pa.string()) if headers is None else _array(
-            headers, pa.string())  # fmt: skip
+        heads = (
+            pa.nulls(len(offsets), pa.string()) if headers is None else _array(headers, pa.string())
+        )
         start, n = 0, len(offsets)
         while start < n:
             end = self._run(keys, values, start)
@@ -232,9 +263,13 @@ class RawRows:
                 self._add_run(offsets, timestamps, keys, values, heads, start, end)
                 start = end
             if start < n:  # another schema or no envelope: one at a time
-                self.add(offsets[start].as_py(), timestamps[start].as_py(),
-                         keys[start].as_py(), values[start].as_py(),
-                         heads[start].as_py())  # fmt: skip
+                self.add(
+                    offsets[start].as_py(),
+                    timestamps[start].as_py(),
+                    keys[start].as_py(),
+                    values[start].as_py(),
+                    heads[start].as_py(),
+                )
                 start += 1
 
     def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
@@ -248,8 +283,9 @@ class RawRows:
             if head is None:
                 fits = pc.is_null(data)
             else:
-                fits = pc.and_kleene(pc.starts_with(data, pattern=head[0]),
-                                     pc.ends_with(data, pattern="}"))  # fmt: skip
+                fits = pc.and_kleene(
+                    pc.starts_with(data, pattern=head[0]), pc.ends_with(data, pattern="}")
+                )
                 fits = pc.fill_null(fits, True)  # no data: nothing to split
             ok = fits if ok is None else pc.and_(ok, fits)
         bad = pc.index(ok, False).as_py()
@@ -276,14 +312,20 @@ class RawRows:
                 cols[f"{side}_payload"] = pa.nulls(n, pa.string())
                 continue
             valid = pc.is_valid(data)
-            cols[f"{side}_schema_id"] = pc.if_else(valid, pa.scalar(head[1], pa.int64()),
-                                                   pa.scalar(None, pa.int64()))  # fmt: skip
+            cols[f"{side}_schema_id"] = pc.if_else(
+                valid, pa.scalar(head[1], pa.int64()), pa.scalar(None, pa.int64())
+            )
             try:
                 payload = pc.binary_slice(data, len(head[0]), -1).cast(pa.string())
             except pa.ArrowInvalid:  # not UTF-8: the records go one at a time
                 for i in range(start, end):
-                    self.add(offsets[i].as_py(), timestamps[i].as_py(), keys[i].as_py(),
-                             values[i].as_py(), heads[i].as_py())  # fmt: skip
+                    self.add(
+                        offsets[i].as_py(),
+                        timestamps[i].as_py(),
+                        keys[i].as_py(),
+                        values[i].as_py(),
+                        heads[i].as_py(),
+                    )
                 return
             cols[f"{side}_payload"] = payload
         cols["is_tombstone"] = pc.is_null(values.slice(start, n))

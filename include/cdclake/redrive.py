@@ -26,12 +26,25 @@ from cdclake.offsets import BatchPlan, OffsetRange, PlanMode
 log = logging.getLogger(__name__)
 # what one replay takes at most (the records are held by the driver)
 MAX_RECORDS = 100_000
-LISTED = ("topic", "partition", "offset", "batch_id", "recorded_at", "error", "replayed_at",
-          "replayed_in")  # fmt: skip
+LISTED = (
+    "topic",
+    "partition",
+    "offset",
+    "batch_id",
+    "recorded_at",
+    "error",
+    "replayed_at",
+    "replayed_in",
+)
 
 
-def dead_letters(spark, pipeline: PipelineConfig, table: str | None = None,
-                 since: dt.datetime | None = None, pending: bool = True):  # fmt: skip
+def dead_letters(
+    spark,
+    pipeline: PipelineConfig,
+    table: str | None = None,
+    since: dt.datetime | None = None,
+    pending: bool = True,
+):
     """The pipeline's dead letters (of `table`'s topic, recorded since `since`; pending
     only: not replayed yet), oldest first; None when it has none."""
     from pyspark.sql import functions as F
@@ -51,9 +64,12 @@ def dead_letters(spark, pipeline: PipelineConfig, table: str | None = None,
 
 
 def list_dead_letters(
-    spark, pipeline: PipelineConfig, table: str | None = None,
-    since: dt.datetime | None = None, pending: bool = True,
-) -> list[dict]:  # fmt: skip
+    spark,
+    pipeline: PipelineConfig,
+    table: str | None = None,
+    since: dt.datetime | None = None,
+    pending: bool = True,
+) -> list[dict]:
     rows = dead_letters(spark, pipeline, table, since, pending)
     return [] if rows is None else [r.asDict() for r in rows.select(*LISTED).collect()]
 
@@ -79,18 +95,27 @@ def describe(pipeline: str, rows: list[dict], pending: bool = True, shown: int =
     return "\n".join(lines)
 
 
-def replay(spark, pipeline: PipelineConfig, table: str | None = None,
-           since: dt.datetime | None = None) -> dict:  # fmt: skip
+def replay(
+    spark, pipeline: PipelineConfig, table: str | None = None, since: dt.datetime | None = None
+) -> dict:
     """Apply the pending dead letters again (at most `MAX_RECORDS`, oldest first)."""
     rows = dead_letters(spark, pipeline, table, since)
     found = [] if rows is None else rows.limit(MAX_RECORDS).collect()
     usable = [r for r in found if r.raw_key is not None or r.raw_value is not None]
     if len(usable) < len(found):
-        log.warning("%d dead letter(s) have no raw record (gone from Kafka before they were "
-                    "set aside) and cannot be replayed", len(found) - len(usable))  # fmt: skip
+        log.warning(
+            "%d dead letter(s) have no raw record (gone from Kafka before they were "
+            "set aside) and cannot be replayed",
+            len(found) - len(usable),
+        )
     batch_id = f"dead-letters-{uuid.uuid4().hex[:12]}"
-    report = {"pipeline": pipeline.name, "batch_id": batch_id, "pending": len(found),
-              "replayed": 0, "tables": []}  # fmt: skip
+    report = {
+        "pipeline": pipeline.name,
+        "batch_id": batch_id,
+        "pending": len(found),
+        "replayed": 0,
+        "tables": [],
+    }
     if not usable:
         return report
     spans: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -102,8 +127,9 @@ def replay(spark, pipeline: PipelineConfig, table: str | None = None,
     read = RawSource(partial(_reader, raw_rows(pipeline, usable)))
     results = run_batch(spark, pipeline, plan, read=read)  # only tables with ranges load
     loaded = [(r.topic, r.partition, r.offset) for r in usable]
-    report["replayed"] = mark_replayed(spark, f"{pipeline.catalog.name}.{pipeline.namespace}",
-                                       pipeline.name, batch_id, loaded)  # fmt: skip
+    report["replayed"] = mark_replayed(
+        spark, f"{pipeline.catalog.name}.{pipeline.namespace}", pipeline.name, batch_id, loaded
+    )
     report["tables"] = [r.to_dict() for r in results]
     return report
 
@@ -121,9 +147,13 @@ def raw_rows(pipeline: PipelineConfig, records: list):
     for (topic, partition), group in groupby(records, key=lambda r: (r.topic, r.partition)):
         found = list(group)
         writer = kafka.format.raw_rows(topic, partition, kafka.schema_registry)
-        writer.add_many([r.offset for r in found], [0] * len(found),
-                        [r.raw_key for r in found], [r.raw_value for r in found],
-                        [kept_headers(r.headers) for r in found])  # fmt: skip
+        writer.add_many(
+            [r.offset for r in found],
+            [0] * len(found),
+            [r.raw_key for r in found],
+            [r.raw_value for r in found],
+            [kept_headers(r.headers) for r in found],
+        )
         batches.append(writer.batch())
     return pa.Table.from_batches(batches, schema=raw_arrow_schema())
 

@@ -15,9 +15,13 @@ from cdclake.resolved import Resolved
 
 
 def resolve_table(
-    batch: Batch, topic: str, table: TableConfig, schema: TopicSchema,
-    schemas: dict[str, list[tuple[int, str]]], cut: int | None,
-) -> Resolved:  # fmt: skip
+    batch: Batch,
+    topic: str,
+    table: TableConfig,
+    schema: TopicSchema,
+    schemas: dict[str, list[tuple[int, str]]],
+    cut: int | None,
+) -> Resolved:
     """The topic's changes resolved where they were read: range by range, or in the
     driver (`schemas`: the schema versions of its records not set aside). `cut`: the LSN
     of the last truncate the table applied (a truncate not above it is re-sent)."""
@@ -25,8 +29,15 @@ def resolve_table(
     if ranged is not None:
         got = ranged.accepted
         dead = _bad_records(batch, topic, table, list(got.bad), ranged.set_aside)
-        return Resolved(ranged.rows, got.truncate, got.counts, got.max_source_ms, got.toast,
-                        Placement.RANGES.value, dead)  # fmt: skip
+        return Resolved(
+            ranged.rows,
+            got.truncate,
+            got.counts,
+            got.max_source_ms,
+            got.toast,
+            Placement.RANGES.value,
+            dead,
+        )
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -36,16 +47,25 @@ def resolve_table(
         ids = rows[f"{side}_schema_id"]
         kept = pa.array([sid for sid, _ in schemas.get(side, [])], ids.type)
         keep = pc.and_(keep, pc.or_(pc.is_null(ids), pc.is_in(ids, kept)))
-    done = resolve_rows(rows.filter(keep), schema, dict(schemas.get("key", [])),
-                        dict(schemas.get("value", [])), cut)  # fmt: skip
+    done = resolve_rows(
+        rows.filter(keep), schema, dict(schemas.get("key", [])), dict(schemas.get("value", [])), cut
+    )
     dead = _bad_records(batch, topic, table, list(done.bad))
     frame = arrow_frame(batch.spark, done.rows, done.ddl)
-    return Resolved(frame, done.truncate, done.counts, done.max_source_ms, done.toast,
-                    Placement.DRIVER.value, dead)  # fmt: skip
+    return Resolved(
+        frame,
+        done.truncate,
+        done.counts,
+        done.max_source_ms,
+        done.toast,
+        Placement.DRIVER.value,
+        dead,
+    )
 
 
-def _bad_records(batch: Batch, topic: str, table: TableConfig,
-                 bad: list[tuple[int, int, str]], rows=None) -> int:  # fmt: skip
+def _bad_records(
+    batch: Batch, topic: str, table: TableConfig, bad: list[tuple[int, int, str]], rows=None
+) -> int:
     """Records that cannot be applied ((partition, offset, reason), in Kafka order): fail
     the table naming the first, or set them all aside (`on_error`; `rows`: a function
     giving them as the dead letters take them); how many were."""

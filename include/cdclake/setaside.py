@@ -70,13 +70,17 @@ def set_aside_misfits(
     first = unfit.orderBy("partition", "offset").limit(1).collect()[0]
     target = batch.pipeline.qualified_target(table)
     if first._misfit.startswith(NOT_READABLE):
-        go_on = ("set kafka.format to what the connector writes, or on_error: dead_letter "
-                 "(these records are set aside).")  # fmt: skip
+        go_on = (
+            "set kafka.format to what the connector writes, or on_error: dead_letter "
+            "(these records are set aside)."
+        )
     else:
-        go_on = ("set on_error: dead_letter (these records are set aside), or take the new "
-                 "type: drop the column from the lake table, load (records of the old type in "
-                 "the same batch are set aside or fail), and run an incremental snapshot of the "
-                 "table.")  # fmt: skip
+        go_on = (
+            "set on_error: dead_letter (these records are set aside), or take the new "
+            "type: drop the column from the lake table, load (records of the old type in "
+            "the same batch are set aside or fail), and run an incremental snapshot of the "
+            "table."
+        )
     raise DecodeError(
         f"{topic} partition {first.partition} offset {first.offset}: {first._misfit}. "
         f"Nothing of this batch was written to {target}. To go on, {go_on}"
@@ -87,8 +91,14 @@ def _dead_letter_rows(raw, error):
     """Raw rows as `set_aside` takes them: the record's place, its payloads and `error`."""
     from pyspark.sql import functions as F
 
-    return raw.select("topic", "partition", "offset", F.col("key_payload").alias("key"),
-                      F.col("value_payload").alias("value"), error.alias("error"))  # fmt: skip
+    return raw.select(
+        "topic",
+        "partition",
+        "offset",
+        F.col("key_payload").alias("key"),
+        F.col("value_payload").alias("value"),
+        error.alias("error"),
+    )
 
 
 # the start of the reason of a value schema that is not of the pipeline's format (e.g. a
@@ -97,8 +107,13 @@ def _dead_letter_rows(raw, error):
 NOT_READABLE = "not readable as kafka.format"
 
 
-def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, str]]],
-            known: dict[str, str], fmt: WireFormat) -> dict[tuple[str, int], str]:  # fmt: skip
+def misfits(
+    table: TableConfig,
+    topic: str,
+    schemas: dict[str, list[tuple[int, str]]],
+    known: dict[str, str],
+    fmt: WireFormat,
+) -> dict[tuple[str, int], str]:
     """(side, schema id) -> why that schema version (its text in `fmt`) does not fit the
     table's columns."""
     codec = fmt.codec
@@ -111,10 +126,10 @@ def misfits(table: TableConfig, topic: str, schemas: dict[str, list[tuple[int, s
             rejected[("value", sid)] = f"{NOT_READABLE} {fmt.value}: {why}"
     for side in ("key", "value") if not table.key else ("value",):
         versions = [
-            (sid, codec.value_fields(text, topic) if side == "value"
-             else codec.key_fields(text))
-            for sid, text in schemas.get(side, []) if (side, sid) not in rejected
-        ]  # fmt: skip
+            (sid, codec.value_fields(text, topic) if side == "value" else codec.key_fields(text))
+            for sid, text in schemas.get(side, [])
+            if (side, sid) not in rejected
+        ]
         exclude = table.exclude if side == "value" else ()
         types = column_types([f for _, f in versions], known, exclude)
         for sid, fields in versions:

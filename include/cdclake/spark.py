@@ -77,14 +77,28 @@ def spark_jars(pipeline: PipelineConfig) -> list[Path]:
 # spark-submit itself or the driver's JVM reads before the driver's Python runs. The
 # driver sets every other one (the catalog's, the pipeline's own `spark.conf`) from the
 # pipeline file and its environment when it builds its session (`build_session`).
-LAUNCH_SETTINGS = frozenset({
-    PYTHON, DRIVER_PYTHON, DRIVER_OPTIONS, "spark.driver.memory", "spark.driver.cores",
-    "spark.driver.extraClassPath", "spark.driver.extraLibraryPath", *USER_JAR_SETTINGS,
-    "spark.jars.repositories", "spark.jars.excludes", "spark.jars.ivy",
-    "spark.submit.pyFiles", "spark.archives", "spark.files",
-    "spark.submit.deployMode", "spark.kubernetes.container.image",
-    "spark.kubernetes.namespace", "spark.yarn.queue",
-})  # fmt: skip
+LAUNCH_SETTINGS = frozenset(
+    {
+        PYTHON,
+        DRIVER_PYTHON,
+        DRIVER_OPTIONS,
+        "spark.driver.memory",
+        "spark.driver.cores",
+        "spark.driver.extraClassPath",
+        "spark.driver.extraLibraryPath",
+        *USER_JAR_SETTINGS,
+        "spark.jars.repositories",
+        "spark.jars.excludes",
+        "spark.jars.ivy",
+        "spark.submit.pyFiles",
+        "spark.archives",
+        "spark.files",
+        "spark.submit.deployMode",
+        "spark.kubernetes.container.image",
+        "spark.kubernetes.namespace",
+        "spark.yarn.queue",
+    }
+)
 # Settings a session takes after it started (`build_session`), kept off the command line
 # of a JVM this process starts: a catalog's, whatever their names (a password, a REST
 # catalog's `header.Authorization`, an object store's keys)
@@ -206,8 +220,7 @@ def build_session(
     # Iceberg logs an ERROR with its stack for each metadata file its removal of
     # orphan files finds already deleted (`write.metadata.delete-after-commit`), and goes on
     log4j = spark._jvm.org.apache.logging.log4j
-    log4j.core.config.Configurator.setLevel("org.apache.iceberg.ReachableFileUtil",
-                                            log4j.Level.OFF)  # fmt: skip
+    log4j.core.config.Configurator.setLevel("org.apache.iceberg.ReachableFileUtil", log4j.Level.OFF)
     from py4j.java_gateway import java_import
 
     for name in JVM_NAMES:

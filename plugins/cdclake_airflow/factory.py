@@ -32,8 +32,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOAD_APPLICATION = PROJECT_ROOT / "jobs" / "load.py"
 # the runs a scheduled DAG of a pipeline takes: not Airflow's date-range backfill, which
 # means nothing to a run that loads offsets (the cdclake_backfill form replays those)
-NO_DATE_BACKFILL = ("scheduled", "manual", "operator_triggered", "asset_triggered",
-                    "asset_materialization")  # fmt: skip
+NO_DATE_BACKFILL = (
+    "scheduled",
+    "manual",
+    "operator_triggered",
+    "asset_triggered",
+    "asset_materialization",
+)
 
 
 def table_asset(pipeline: PipelineConfig, target: str) -> Asset:

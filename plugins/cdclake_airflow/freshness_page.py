@@ -163,8 +163,10 @@ def collect(user, session, now_ms: int) -> list[PipelineView]:
     if found.pipelines and not out:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "no access to any cdclake pipeline DAG")
     # a broken config has no DAG to check access by; its error says what to fix
-    out += [PipelineView(name=path.stem, dag_id="", error=str(exc))
-            for path, exc in found.errors.items()]  # fmt: skip
+    out += [
+        PipelineView(name=path.stem, dag_id="", error=str(exc))
+        for path, exc in found.errors.items()
+    ]
     return out
 
 

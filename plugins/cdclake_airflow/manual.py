@@ -72,8 +72,10 @@ def picker_tables(
         log.warning(
             "pipeline %s: the tables its patterns %s match are not offered in the forms "
             "(Kafka did not answer: %s); its listed tables are",
-            name, [t.source for t in patterned[name].patterns], error,
-        )  # fmt: skip
+            name,
+            [t.source for t in patterned[name].patterns],
+            error,
+        )
     return tables
 
 
@@ -87,16 +89,23 @@ def _tables_params(
     tables = sorted({t for names in choices.values() for t in names})
     return {
         "tables": Param(
-            None, type=["null", "array"], items={"type": "string", "pattern": pattern},
-            uniqueItems=True, examples=tables, title="Tables",
+            None,
+            type=["null", "array"],
+            items={"type": "string", "pattern": pattern},
+            uniqueItems=True,
+            examples=tables,
+            title="Tables",
             description=f"{what} (schema.table). Must belong to the chosen pipeline.",
         ),
         "other_tables": Param(
-            None, type=["null", "array"], items={"type": "string"}, title="Other tables",
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            title="Other tables",
             description="Tables the picker does not offer (created since it was made), "
             "one schema.table per line",
         ),
-    }  # fmt: skip
+    }
 
 
 def _choices(
@@ -114,48 +123,65 @@ def build_backfill_dag(
     names = sorted(pipelines) or ["-"]
     paths = {name: str(p.path) for name, p in pipelines.items()}
     tables = _tables_params(
-        _choices(pipelines, choices), "Tables to backfill; empty means every table",
+        _choices(pipelines, choices),
+        "Tables to backfill; empty means every table",
         TABLE_OR_TARGET_PATTERN,
-    )  # fmt: skip
+    )
     params = {
         "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
         **tables,
         "mode": Param(
-            "replay", type="string", enum=["replay", "rebuild"], title="Mode",
+            "replay",
+            type="string",
+            enum=["replay", "rebuild"],
+            title="Mode",
             description="replay: re-apply [start, end), never regressing newer rows. "
             "rebuild: drop the tables and reload them from the earliest offset in Kafka.",
         ),
         "start": Param(
-            "earliest", type="string", enum=["earliest", "committed", "offsets", "timestamp"],
-            title="Start", description="rebuild always starts at earliest",
+            "earliest",
+            type="string",
+            enum=["earliest", "committed", "offsets", "timestamp"],
+            title="Start",
+            description="rebuild always starts at earliest",
         ),
         "start_offsets": Param(
-            None, type=["null", "object"], title="Start offsets",
+            None,
+            type=["null", "object"],
+            title="Start offsets",
             description='With start=offsets: {"<partition>": <offset>} for one table, or '
             '{"<schema.table>": {"<partition>": <offset>}}',
         ),
         "start_timestamp": Param(
-            None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="Start timestamp",
+            None,
+            type=["null", "string"],
+            pattern=TIMESTAMP_PATTERN,
+            title="Start timestamp",
             description="With start=timestamp: ISO 8601 (UTC when no offset) or epoch ms; "
             "Kafka record time",
         ),
-        "end": Param(
-            "latest", type="string", enum=["latest", "offsets", "timestamp"], title="End"
-        ),
+        "end": Param("latest", type="string", enum=["latest", "offsets", "timestamp"], title="End"),
         "end_offsets": Param(
-            None, type=["null", "object"], title="End offsets (exclusive)",
+            None,
+            type=["null", "object"],
+            title="End offsets (exclusive)",
             description="With end=offsets, as start offsets",
         ),
         "end_timestamp": Param(
-            None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="End timestamp",
+            None,
+            type=["null", "string"],
+            pattern=TIMESTAMP_PATTERN,
+            title="End timestamp",
             description="With end=timestamp, as start timestamp",
         ),
         "accept_retention_gap": Param(
-            False, type="boolean", title="Accept retention gap",
+            False,
+            type="boolean",
+            title="Accept retention gap",
             description="Rebuild although retention deleted a topic's first records: only "
             "after an incremental snapshot of the table has completed.",
         ),
-    }  # fmt: skip
+    }
     dag = DAG(
         dag_id="cdclake_backfill",
         description="Replay a range of offsets, or rebuild tables from Kafka",
@@ -209,32 +235,42 @@ def build_snapshot_dag(
         ),
         "type": Param("incremental", type="string", enum=["incremental", "blocking"], title="Type"),
         **_tables_params(
-            _choices(pipelines, choices), "Tables to snapshot (execute) or stop; none for "
-            "pause and resume",
+            _choices(pipelines, choices),
+            "Tables to snapshot (execute) or stop; none for pause and resume",
         ),
         "filters": Param(
-            None, type=["null", "object"], title="Filters",
-            description='execute only. Per table, a read-only SQL condition, as JSON: '
+            None,
+            type=["null", "object"],
+            title="Filters",
+            description="execute only. Per table, a read-only SQL condition, as JSON: "
             '{"inventory.orders": "quantity > 1"}. Only columns, literals, operators and '
             "immutable functions; checked against the source database before sending.",
         ),
         "surrogate_key": Param(
-            None, type=["null", "string"], pattern=COLUMN_PATTERN, title="Surrogate key",
+            None,
+            type=["null", "string"],
+            pattern=COLUMN_PATTERN,
+            title="Surrogate key",
             description="execute only. Optional column (of every table) to chunk by instead "
             "of the primary key",
         ),
         "channel": Param(
-            "source", type="string", enum=["source", "kafka"], title="Channel",
+            "source",
+            type="string",
+            enum=["source", "kafka"],
+            title="Channel",
             description="source: insert into the signal table; kafka: the signal topic",
         ),
         "timeout_minutes": Param(
             60, type="integer", minimum=1, maximum=7 * 24 * 60, title="Timeout (minutes)"
         ),
         "trigger_load": Param(
-            True, type="boolean", title="Load when done",
+            True,
+            type="boolean",
+            title="Load when done",
             description="Trigger the pipeline's load DAG once the snapshot completed",
         ),
-    }  # fmt: skip
+    }
     dag = DAG(
         dag_id="cdclake_snapshot",
         description="Send a Debezium snapshot signal and follow it to the end",
@@ -272,20 +308,29 @@ def build_dead_letters_dag(pipelines: Mapping[str, PipelineConfig]) -> DAG:
     params = {
         "pipeline": Param(names[0], type="string", enum=names, title="Pipeline"),
         "action": Param(
-            "list", type="string", enum=["list", "replay"], title="Action",
+            "list",
+            type="string",
+            enum=["list", "replay"],
+            title="Action",
             description="list: the pending dead letters, as JSON in the task's log. replay: "
             "apply them again through the load (never regressing newer rows; no offsets "
             "move); those still refused stay pending with their new reason.",
         ),
         "table": Param(
-            None, type=["null", "string"], pattern=TABLE_OR_TARGET_PATTERN, title="Table",
+            None,
+            type=["null", "string"],
+            pattern=TABLE_OR_TARGET_PATTERN,
+            title="Table",
             description="One table (schema.table, or the lake table's name); empty: every table",
         ),
         "since": Param(
-            None, type=["null", "string"], pattern=TIMESTAMP_PATTERN, title="Recorded since",
+            None,
+            type=["null", "string"],
+            pattern=TIMESTAMP_PATTERN,
+            title="Recorded since",
             description="ISO 8601 (UTC when no offset) or epoch ms; empty: any time",
         ),
-    }  # fmt: skip
+    }
     dag = DAG(
         dag_id="cdclake_dead_letters",
         description="List a pipeline's dead letters, or replay them once the cause is fixed",
@@ -306,13 +351,22 @@ def build_dead_letters_dag(pipelines: Mapping[str, PipelineConfig]) -> DAG:
         choose = task.branch(task_id="choose_pipeline")(tasks.choose_dead_letters)()
         for name, pipeline in sorted(pipelines.items()):
             run = spark_submit(
-                pipeline, task_id=f"dead_letters__{name}", application=DEAD_LETTERS_APPLICATION,
+                pipeline,
+                task_id=f"dead_letters__{name}",
+                application=DEAD_LETTERS_APPLICATION,
                 application_args=[
-                    "--pipeline", str(pipeline.path), "--action", "{{ params.action }}",
-                    "--table", "{{ params.table or '' }}", "--since", "{{ params.since or '' }}",
+                    "--pipeline",
+                    str(pipeline.path),
+                    "--action",
+                    "{{ params.action }}",
+                    "--table",
+                    "{{ params.table or '' }}",
+                    "--since",
+                    "{{ params.since or '' }}",
                 ],
-                name=f"cdclake-dead-letters-{name}", timeout=dt.timedelta(hours=2),
-            )  # fmt: skip
+                name=f"cdclake-dead-letters-{name}",
+                timeout=dt.timedelta(hours=2),
+            )
             choose >> run
     return dag
 
@@ -320,6 +374,9 @@ def build_dead_letters_dag(pipelines: Mapping[str, PipelineConfig]) -> DAG:
 def build_manual_dags() -> dict[str, DAG]:
     pipelines = read_pipelines().pipelines
     choices = picker_tables(pipelines)
-    dags = (build_backfill_dag(pipelines, choices), build_snapshot_dag(pipelines, choices),
-            build_dead_letters_dag(pipelines))  # fmt: skip
+    dags = (
+        build_backfill_dag(pipelines, choices),
+        build_snapshot_dag(pipelines, choices),
+        build_dead_letters_dag(pipelines),
+    )
     return {d.dag_id: d for d in dags}

@@ -60,9 +60,12 @@ class SnapshotTrigger(BaseTrigger):
         progress = SnapshotProgress(self.signal_id, blocking=self.blocking)
         start = {int(p): o for p, o in self.start.items()}
         consumer = await asyncio.to_thread(
-            notification_consumer, pipeline.kafka, self.signal_id, pipeline.notification_topic,
+            notification_consumer,
+            pipeline.kafka,
+            self.signal_id,
+            pipeline.notification_topic,
             start,
-        )  # fmt: skip
+        )
         try:
             while not progress.finished:
                 if time.time() > self.deadline:
@@ -110,9 +113,12 @@ class SnapshotSensor(BaseSensorOperator):
 
         data = event["progress"]
         progress = SnapshotProgress(
-            data["signal_id"], status=data["status"], chunks=data["chunks"],
-            rows_scanned=data["rows_scanned"], tables=data["tables"],
-        )  # fmt: skip
+            data["signal_id"],
+            status=data["status"],
+            chunks=data["chunks"],
+            rows_scanned=data["rows_scanned"],
+            tables=data["tables"],
+        )
         if event["status"] == "TIMEOUT":
             raise SignalError(
                 f"snapshot {progress.signal_id} did not finish in time (last status "
@@ -121,7 +127,10 @@ class SnapshotSensor(BaseSensorOperator):
             )
         progress.check()
         self.log.info(
-            "snapshot %s %s: %d chunks, rows scanned %s", progress.signal_id, progress.status,
-            progress.chunks, progress.rows_scanned,
-        )  # fmt: skip
+            "snapshot %s %s: %d chunks, rows scanned %s",
+            progress.signal_id,
+            progress.status,
+            progress.chunks,
+            progress.rows_scanned,
+        )
         return progress.to_dict()

@@ -22,8 +22,14 @@ def plan(pipeline_path: str, **context) -> str:
     run_id = context["run_id"]
     batch = plan_pipeline(pipeline, batch_id=f"{context['dag'].dag_id}/{run_id}")
     for r in batch.ranges:
-        log.info("plan %s[%d]: offsets %d..%d (%d records)", r.topic, r.partition, r.start,
-                 r.end - 1, r.size)  # fmt: skip
+        log.info(
+            "plan %s[%d]: offsets %d..%d (%d records)",
+            r.topic,
+            r.partition,
+            r.start,
+            r.end - 1,
+            r.size,
+        )
     # the load's driver JVM: the archive when there is one, the JIT for the batch's size
     options = driver_java_options(batch.total, resolves_by_range(pipeline, batch.ranges))
     context["ti"].xcom_push(key=DRIVER_OPTIONS_XCOM, value=options)
@@ -147,8 +153,7 @@ def backfill_report(plan: dict, **context) -> list[dict]:
     reports = report_pipeline(pipeline, plans, int(time.time() * 1000))
     asked = {pipeline.table_named(t).target for t in plan["tables"]}
     emit_changed(context["outlet_events"], pipeline, reports)
-    return [r.to_dict() for t, r in zip(pipeline.tables, reports, strict=True)
-            if t.target in asked]  # fmt: skip
+    return [r.to_dict() for t, r in zip(pipeline.tables, reports, strict=True) if t.target in asked]
 
 
 # ---- cdclake_snapshot -----------------------------------------------------------------
@@ -170,8 +175,13 @@ def source_dsn(pipeline) -> str:
             f"{pipeline.path}: source.conn_id: Airflow connection "
             f"{pipeline.source.conn_id!r} does not exist and source.dsn is not set"
         ) from None
-    params = {"host": conn.host, "port": conn.port, "user": conn.login,
-              "password": conn.password, "dbname": conn.schema}  # fmt: skip
+    params = {
+        "host": conn.host,
+        "port": conn.port,
+        "user": conn.login,
+        "password": conn.password,
+        "dbname": conn.schema,
+    }
     return make_conninfo(**{k: v for k, v in params.items() if v not in (None, "")})
 
 

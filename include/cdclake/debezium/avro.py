@@ -26,8 +26,15 @@ from cdclake.debezium.registry import RegistryConfig, UnknownSchema, schema_text
 from cdclake.exceptions import DecodeError
 from cdclake.raw_rows import RawRows
 
-_PRIMITIVES = {"int": "int32", "long": "int64", "float": "float", "double": "double",
-               "boolean": "boolean", "string": "string", "bytes": "bytes"}  # fmt: skip
+_PRIMITIVES = {
+    "int": "int32",
+    "long": "int64",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
 # Avro's logical types without a `connect.name`, as Connect's own logical types
 _LOGICAL = {
     "decimal": "org.apache.kafka.connect.data.Decimal",
@@ -115,10 +122,14 @@ class Translation:
             connect["parameters"] = params
         return connect, convert
 
-    def _record(self, avro: dict, namespace: str, connect: dict,
-                name: str | None) -> tuple[dict, Convert | None, str]:  # fmt: skip
-        full = avro["name"] if "." in avro["name"] else (
-            f"{avro.get('namespace', namespace)}.{avro['name']}".lstrip("."))  # fmt: skip
+    def _record(
+        self, avro: dict, namespace: str, connect: dict, name: str | None
+    ) -> tuple[dict, Convert | None, str]:
+        full = (
+            avro["name"]
+            if "." in avro["name"]
+            else (f"{avro.get('namespace', namespace)}.{avro['name']}".lstrip("."))
+        )
         inner = full.rpartition(".")[0]
         connect.update(type="struct", fields=[])
         converts: list[tuple[str, Convert]] = []
@@ -190,8 +201,10 @@ def envelope(registry: RegistryConfig, data: bytes) -> bytes:
     """One side of a record, as the JSON converter would have written it; `ValueError`
     saying why it cannot be read."""
     if len(data) < 5 or data[0] != 0:
-        raise ValueError(f"not Avro in the Confluent wire format (it starts {data[:5]!r}, "
-                         "not with a zero byte and a schema id)")  # fmt: skip
+        raise ValueError(
+            f"not Avro in the Confluent wire format (it starts {data[:5]!r}, "
+            "not with a zero byte and a schema id)"
+        )
     sid = int.from_bytes(data[1:5], "big")
     found = translation(registry, sid)
     try:
@@ -242,8 +255,13 @@ class AvroRawRows:
     def _add(self, run, offsets, timestamps, heads) -> None:
         if run:
             at, keys, values = zip(*run, strict=True)
-            self.rows.add_many([offsets[i] for i in at], [timestamps[i] for i in at],
-                               list(keys), list(values), [heads[i] for i in at])  # fmt: skip
+            self.rows.add_many(
+                [offsets[i] for i in at],
+                [timestamps[i] for i in at],
+                list(keys),
+                list(values),
+                [heads[i] for i in at],
+            )
 
 
 def _list(values) -> list:

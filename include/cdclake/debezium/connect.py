@@ -173,11 +173,17 @@ def arrow_type(ddl: str) -> pa.DataType:
 
     ddl = ddl.strip()
     simple = {
-        "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-        "boolean": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
-        "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+        "string": pa.string(),
+        "binary": pa.binary(),
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
         "timestamp_ntz": pa.timestamp("us"),
-    }  # fmt: skip
+    }
     if ddl in simple:
         return simple[ddl]
     if ddl.startswith("decimal("):

@@ -26,8 +26,10 @@ from cdclake.raw_rows import header_values
 
 __all__ = ["key_fields", "lost", "tombstone_deletes", "value_fields"]
 META = "__"  # the transform's prefix of the fields (and headers) it adds
-NO_OP = ("has no __op field or header: flattened records need the transform's "
-         "add.fields=op,lsn,source.ts_ms or add.headers=op,lsn,source.ts_ms")  # fmt: skip
+NO_OP = (
+    "has no __op field or header: flattened records need the transform's "
+    "add.fields=op,lsn,source.ts_ms or add.headers=op,lsn,source.ts_ms"
+)
 
 
 def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
@@ -36,8 +38,10 @@ def value_fields(text: str, where: str) -> tuple[ConnectField, ...]:
     if value.type != "struct":
         raise DecodeError(f"{where}: value is a {value.type}, not a flattened row")
     if value.child("op") and (value.child("after") or value.child("before")):
-        raise DecodeError(f"{where}: value is a whole change event envelope, not a flattened "
-                          "row: set kafka.format to json (or avro)")  # fmt: skip
+        raise DecodeError(
+            f"{where}: value is a whole change event envelope, not a flattened "
+            "row: set kafka.format to json (or avro)"
+        )
     return tuple(f for f in value.fields if not f.name.startswith(META))
 
 

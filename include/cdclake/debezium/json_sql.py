@@ -81,9 +81,11 @@ def leaf(f: ConnectField, x: str) -> Leaf:
     )  # a value as Python shows it (`repr`)
 
     def wrong(what: str, bad: str) -> str:
-        return (f"CASE WHEN {x} IS NOT NULL AND {seen} <> 'NULL' AND coalesce({bad}, true) "
-                f"THEN 'field ' || {name} || ': ' || {shown} || "
-                f"{_sql_text(' is not ' + what)} END")  # fmt: skip
+        return (
+            f"CASE WHEN {x} IS NOT NULL AND {seen} <> 'NULL' AND coalesce({bad}, true) "
+            f"THEN 'field ' || {name} || ': ' || {shown} || "
+            f"{_sql_text(' is not ' + what)} END"
+        )
 
     lg, kind = f.logical, f.type
     if lg not in _DECODED:  # e.g. io.debezium.data.Json: decoded as its Connect type
@@ -92,21 +94,28 @@ def leaf(f: ConnectField, x: str) -> Leaf:
         return _decimal(f, x, seen, wrong)
     if lg == ZONED_TIMESTAMP:
         text = f"({x} ->> '$')"
-        value = (f"CASE {text} WHEN 'infinity' THEN {_MAX_TS}::TIMESTAMPTZ WHEN '-infinity' "
-                 f"THEN {_MIN_TS}::TIMESTAMPTZ ELSE TRY_CAST({text} AS TIMESTAMPTZ) "
-                 "END")  # fmt: skip
+        value = (
+            f"CASE {text} WHEN 'infinity' THEN {_MAX_TS}::TIMESTAMPTZ WHEN '-infinity' "
+            f"THEN {_MIN_TS}::TIMESTAMPTZ ELSE TRY_CAST({text} AS TIMESTAMPTZ) "
+            "END"
+        )
         zoned = f"regexp_matches({text}, '(Z|[+-][0-9][0-9](:?[0-9][0-9])?)$')"
-        bad = (f"{seen} <> 'VARCHAR' OR ({text} NOT IN ('infinity', '-infinity') AND "
-               f"(NOT {zoned} OR {value} IS NULL))")  # fmt: skip
+        bad = (
+            f"{seen} <> 'VARCHAR' OR ({text} NOT IN ('infinity', '-infinity') AND "
+            f"(NOT {zoned} OR {value} IS NULL))"
+        )
         return Leaf(value, wrong("a timestamp with a time zone", bad))
     if lg in (DATE, CONNECT_DATE):
         days = f"TRY_CAST({x} AS BIGINT)"
-        value = (f"CASE {days} WHEN {INFINITY_DAYS[0]} THEN {_MAX_DAY} WHEN {INFINITY_DAYS[1]} "
-                 f"THEN {_MIN_DAY} ELSE TRY(DATE '1970-01-01' + CAST({days} AS INTEGER)) "
-                 "END")  # fmt: skip
+        value = (
+            f"CASE {days} WHEN {INFINITY_DAYS[0]} THEN {_MAX_DAY} WHEN {INFINITY_DAYS[1]} "
+            f"THEN {_MIN_DAY} ELSE TRY(DATE '1970-01-01' + CAST({days} AS INTEGER)) "
+            "END"
+        )
         ok = f"{days} IN {INFINITY_DAYS} OR {days} BETWEEN {_MIN_DAYS} AND {_MAX_DAYS}"
-        return Leaf(value, wrong("a date in the lake's range",
-                                 f"{seen} NOT IN {_INTEGERS} OR NOT ({ok})"))  # fmt: skip
+        return Leaf(
+            value, wrong("a date in the lake's range", f"{seen} NOT IN {_INTEGERS} OR NOT ({ok})")
+        )
     if lg in (TIMESTAMP, CONNECT_TIMESTAMP, MICRO_TIMESTAMP, NANO_TIMESTAMP):
         return _timestamp(f, x, seen, wrong)
     if lg is not None:
@@ -114,14 +123,18 @@ def leaf(f: ConnectField, x: str) -> Leaf:
     if kind in _TYPED:  # as DuckDB converts a JSON value (`from_json_strict`, `_typed`)
         value = f"TRY_CAST({x} AS {_TYPED[kind]})"
         if kind == "string":  # a number's text as DuckDB writes a double's
-            value = (f"CASE WHEN {seen} = 'DOUBLE' THEN CAST(CAST({x} AS DOUBLE) AS VARCHAR) "
-                     f"ELSE ({x} ->> '$') END")  # fmt: skip
+            value = (
+                f"CASE WHEN {seen} = 'DOUBLE' THEN CAST(CAST({x} AS DOUBLE) AS VARCHAR) "
+                f"ELSE ({x} ->> '$') END"
+            )
         return Leaf(value, wrong(_NAMES[kind], f"{value} IS NULL"))
     if kind in ("float32", "float"):  # beyond a 32-bit float's range: infinity
         number = f"TRY_CAST({x} AS DOUBLE)"
-        value = (f"CAST(CASE WHEN abs({number}) > 3.4028234663852886e38 AND NOT "
-                 f"isinf({number}) THEN sign({number}) * 'inf'::DOUBLE ELSE {number} END AS "
-                 "FLOAT)")  # fmt: skip
+        value = (
+            f"CAST(CASE WHEN abs({number}) > 3.4028234663852886e38 AND NOT "
+            f"isinf({number}) THEN sign({number}) * 'inf'::DOUBLE ELSE {number} END AS "
+            "FLOAT)"
+        )
         return Leaf(value, wrong("a number", f"{number} IS NULL"))
     if kind == "bytes":
         value = f"TRY(from_base64({x} ->> '$'))"
@@ -131,10 +144,25 @@ def leaf(f: ConnectField, x: str) -> Leaf:
 
 
 # the logical types `json_values.decoder` decodes as such (others: as their Connect type)
-_DECODED = frozenset((DECIMAL, DATE, CONNECT_DATE, TIMESTAMP, CONNECT_TIMESTAMP,
-                      MICRO_TIMESTAMP, NANO_TIMESTAMP, ZONED_TIMESTAMP, TIME, CONNECT_TIME,
-                      MICRO_TIME, NANO_TIME, VARIABLE_SCALE_DECIMAL, GEOMETRY,
-                      GEOGRAPHY))  # fmt: skip
+_DECODED = frozenset(
+    (
+        DECIMAL,
+        DATE,
+        CONNECT_DATE,
+        TIMESTAMP,
+        CONNECT_TIMESTAMP,
+        MICRO_TIMESTAMP,
+        NANO_TIMESTAMP,
+        ZONED_TIMESTAMP,
+        TIME,
+        CONNECT_TIME,
+        MICRO_TIME,
+        NANO_TIME,
+        VARIABLE_SCALE_DECIMAL,
+        GEOMETRY,
+        GEOGRAPHY,
+    )
+)
 
 
 def _decimal(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
@@ -145,20 +173,29 @@ def _decimal(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
     data = f"TRY(from_base64({x} ->> '$'))"
     n = f"octet_length({data})"
     unsigned = f"TRY_CAST('0x' || hex({data}) AS UHUGEINT)"
-    mask = (f"CASE WHEN {n} >= 16 THEN ~CAST(0 AS UHUGEINT) "
-            f"ELSE (CAST(1 AS UHUGEINT) << CAST(8 * {n} AS UHUGEINT)) - 1 END")  # fmt: skip
+    mask = (
+        f"CASE WHEN {n} >= 16 THEN ~CAST(0 AS UHUGEINT) "
+        f"ELSE (CAST(1 AS UHUGEINT) << CAST(8 * {n} AS UHUGEINT)) - 1 END"
+    )
     negative = f"TRY_CAST('0x' || left(hex({data}), 2) AS INTEGER) >= 128"
-    signed = (f"CASE WHEN {n} = 0 THEN CAST(0 AS HUGEINT) WHEN {negative} THEN "
-              f"-TRY_CAST(((~{unsigned}) & ({mask})) + 1 AS HUGEINT) "
-              f"ELSE TRY_CAST({unsigned} AS HUGEINT) END")  # fmt: skip
+    signed = (
+        f"CASE WHEN {n} = 0 THEN CAST(0 AS HUGEINT) WHEN {negative} THEN "
+        f"-TRY_CAST(((~{unsigned}) & ({mask})) + 1 AS HUGEINT) "
+        f"ELSE TRY_CAST({unsigned} AS HUGEINT) END"
+    )
     if raw_scale < 0:
         signed = f"TRY(({signed}) * CAST({10**-raw_scale} AS HUGEINT))"
-    fits = f"abs({signed}) < CAST({10**precision} AS HUGEINT)" if precision < 38 else \
-        f"abs({signed}) < CAST('{10**38}' AS UHUGEINT)"  # fmt: skip
+    fits = (
+        f"abs({signed}) < CAST({10**precision} AS HUGEINT)"
+        if precision < 38
+        else f"abs({signed}) < CAST('{10**38}' AS UHUGEINT)"
+    )
     bad = f"{seen} <> 'VARCHAR' OR {data} IS NULL OR {n} > 16 OR {signed} IS NULL"
-    big = (f"CASE WHEN NOT ({fits}) THEN 'field ' || {_sql_text(repr(f.name))} || ': ' || "
-           f"CAST({signed} AS VARCHAR) || 'E{-max(raw_scale, 0)} does not fit its decimal "
-           "type' END")  # fmt: skip
+    big = (
+        f"CASE WHEN NOT ({fits}) THEN 'field ' || {_sql_text(repr(f.name))} || ': ' || "
+        f"CAST({signed} AS VARCHAR) || 'E{-max(raw_scale, 0)} does not fit its decimal "
+        "type' END"
+    )
     return Leaf(signed, f"coalesce({wrong('a decimal', bad)}, {big})")
 
 
@@ -167,8 +204,11 @@ def _timestamp(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
     lg = f.logical
     ticks = f"TRY_CAST({x} AS HUGEINT)"
     if lg == NANO_TIMESTAMP:
-        micros, plus, minus = f"(CASE WHEN {ticks} >= 0 THEN {ticks} // 1000 ELSE " \
-            f"-((-{ticks} + 999) // 1000) END)", None, None  # fmt: skip
+        micros, plus, minus = (
+            f"(CASE WHEN {ticks} >= 0 THEN {ticks} // 1000 ELSE -((-{ticks} + 999) // 1000) END)",
+            None,
+            None,
+        )
     elif lg == MICRO_TIMESTAMP:
         micros, (plus, minus) = ticks, INFINITY_MICROS
     else:
@@ -176,11 +216,14 @@ def _timestamp(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
     ranged = f"{micros} BETWEEN {_MIN_MICROS} AND {_MAX_MICROS}"
     value = f"TRY(make_timestamp(TRY_CAST({micros} AS BIGINT)))"
     if plus is not None:
-        value = (f"CASE {ticks} WHEN {plus} THEN {_MAX_TS} WHEN {minus} THEN {_MIN_TS} "
-                 f"ELSE {value} END")  # fmt: skip
+        value = (
+            f"CASE {ticks} WHEN {plus} THEN {_MAX_TS} WHEN {minus} THEN {_MIN_TS} ELSE {value} END"
+        )
         ranged = f"{ticks} IN ({plus}, {minus}) OR {ranged}"
-    bad = (f"{seen} NOT IN {_INTEGERS} OR NOT ({ticks} BETWEEN {-(2**63)} AND {2**63 - 1}) "
-           f"OR NOT ({ranged})")  # fmt: skip
+    bad = (
+        f"{seen} NOT IN {_INTEGERS} OR NOT ({ticks} BETWEEN {-(2**63)} AND {2**63 - 1}) "
+        f"OR NOT ({ranged})"
+    )
     return Leaf(value, wrong("a timestamp in the lake's range", bad))
 
 
@@ -202,9 +245,16 @@ _TYPED = {
 }
 
 
-_NAMES = {"int8": "a int8", "int16": "a int16", "int32": "a int32", "int64": "a int64",
-          "float64": "a number", "double": "a number", "boolean": "a boolean",
-          "string": "text"}  # fmt: skip
+_NAMES = {
+    "int8": "a int8",
+    "int16": "a int16",
+    "int32": "a int32",
+    "int64": "a int64",
+    "float64": "a number",
+    "double": "a number",
+    "boolean": "a boolean",
+    "string": "text",
+}
 
 
 def _typed(f) -> str | None:
@@ -216,8 +266,11 @@ def _typed(f) -> str | None:
 def _row_spec(by_name, columns, checked: bool, more=()) -> str:
     """A row's `from_json` structure: each column of the row's schema as JSON text, or
     unchecked its SQL type where it has one (`_typed`), then the fields `more` as JSON."""
-    kinds = [f'"{c.name}":"{(not checked and _typed(by_name[c.name])) or "JSON"}"'
-             for c in columns if c.name in by_name]  # fmt: skip
+    kinds = [
+        f'"{c.name}":"{(not checked and _typed(by_name[c.name])) or "JSON"}"'
+        for c in columns
+        if c.name in by_name
+    ]
     kinds += [f'"{m}":"JSON"' for m in more]
     return "{" + ",".join(kinds) + "}" if kinds else '"JSON"'  # none DuckDB can name
 
@@ -248,17 +301,26 @@ def event_parts(fields, columns, checked: bool = True) -> tuple[str, list[str], 
     Python), and those of what can be wrong with it."""
     by_name = {f.name: f for f in fields}
     row = _row_spec(by_name, columns, checked)
-    spec = '{"op":"JSON","source":{"ts_ms":"JSON","lsn":"JSON"},"after":' + row + \
-        ',"before":' + row + "}"  # fmt: skip
+    spec = (
+        '{"op":"JSON","source":{"ts_ms":"JSON","lsn":"JSON"},"after":'
+        + row
+        + ',"before":'
+        + row
+        + "}"
+    )
     picked = ["e.op ->> '$' AS op", "e.after IS NOT NULL AS has_after"]
-    errors = ["CASE WHEN e IS NOT NULL AND (json_type(e.op) IS DISTINCT FROM 'VARCHAR' OR "
-              "(e.op ->> '$') NOT IN ('c', 'u', 'd', 'r', 't')) THEN 'unknown operation ' || "
-              "coalesce(e.op ->> '$', 'None') END"]  # fmt: skip
+    errors = [
+        "CASE WHEN e IS NOT NULL AND (json_type(e.op) IS DISTINCT FROM 'VARCHAR' OR "
+        "(e.op ->> '$') NOT IN ('c', 'u', 'd', 'r', 't')) THEN 'unknown operation ' || "
+        "coalesce(e.op ->> '$', 'None') END"
+    ]
     for name in ("ts_ms", "lsn"):
         x = f"e.source.{name}"
         picked.append(f"TRY_CAST({x} AS BIGINT) AS {name}")
-        errors.append(f"CASE WHEN {x} IS NOT NULL AND json_type({x}) NOT IN {_INTEGERS} THEN "
-                      f"'source.{name} is not an integer' END")  # fmt: skip
+        errors.append(
+            f"CASE WHEN {x} IS NOT NULL AND json_type({x}) NOT IN {_INTEGERS} THEN "
+            f"'source.{name} is not an integer' END"
+        )
     for side in ROW_SIDES:
         values, checks = _row_values(by_name, columns, f"e.{side}.", checked)
         picked += [f'{v} AS "{side}__{name}"' for name, v in values]
@@ -282,10 +344,14 @@ def old_key_parts(fields, key, op: str = "(e.op ->> '$')") -> tuple[list[str], l
     _, values, errors = key_parts(fields, key, "o")
     create = f"({op}) = 'c' AND oldkey IS NOT NULL"
     whole = " AND ".join(f"({v}) IS NOT NULL" for v in values)
-    columns = [f'CASE WHEN {create} AND {whole} THEN {v} END AS "from__{c.name}"'
-               for v, c in zip(values, key, strict=True)]  # fmt: skip
-    checks = [f"CASE WHEN {create} AND json_type(o_json) IS DISTINCT FROM 'OBJECT' THEN "
-              "'header __debezium.oldkey is not a key: ' || left(oldkey, 60) END"]  # fmt: skip
+    columns = [
+        f'CASE WHEN {create} AND {whole} THEN {v} END AS "from__{c.name}"'
+        for v, c in zip(values, key, strict=True)
+    ]
+    checks = [
+        f"CASE WHEN {create} AND json_type(o_json) IS DISTINCT FROM 'OBJECT' THEN "
+        "'header __debezium.oldkey is not a key: ' || left(oldkey, 60) END"
+    ]
     checks += [f"CASE WHEN {create} THEN {err} END" for err in errors]
     return columns, checks
 
@@ -309,29 +375,38 @@ def flat_parts(fields, columns, meta: frozenset[str], deletes: bool, checked: bo
 
     def given(name: str) -> str:  # the field, else the header (text, or a JSON envelope)
         head = f"json_extract_string(headers, '$.\"{name}\"')"
-        head = (f"CASE WHEN starts_with({head}, '{{') THEN json_extract_string({head}, "
-                f"'$.payload') ELSE {head} END")  # fmt: skip
+        head = (
+            f"CASE WHEN starts_with({head}, '{{') THEN json_extract_string({head}, "
+            f"'$.payload') ELSE {head} END"
+        )
         return f"coalesce(e.\"{name}\" ->> '$', {head})" if name in meta else head
 
     null_row = "json_type(value_payload) = 'NULL'"
     gone = "'d'" if deletes else "NULL"  # a tombstone
-    op = (f"CASE WHEN value_payload IS NULL THEN {gone} "
-          f"WHEN {null_row} THEN 'd' ELSE {given('__op')} END")  # fmt: skip
+    op = (
+        f"CASE WHEN value_payload IS NULL THEN {gone} "
+        f"WHEN {null_row} THEN 'd' ELSE {given('__op')} END"
+    )
     picked = [f"{op} AS op", f"({op}) IS DISTINCT FROM 'd' AND e IS NOT NULL AS has_after"]
-    errors = [f"CASE WHEN value_payload IS NOT NULL AND NOT {null_row} AND ({op}) IS NULL "
-              f"THEN {_sql_text('record ' + NO_OP)} END",
-              f"CASE WHEN ({op}) NOT IN ('c', 'u', 'd', 'r', 't') THEN 'unknown operation ' || "
-              f"({op}) END"]  # fmt: skip
+    errors = [
+        f"CASE WHEN value_payload IS NOT NULL AND NOT {null_row} AND ({op}) IS NULL "
+        f"THEN {_sql_text('record ' + NO_OP)} END",
+        f"CASE WHEN ({op}) NOT IN ('c', 'u', 'd', 'r', 't') THEN 'unknown operation ' || "
+        f"({op}) END",
+    ]
     for name, out in (("__source_ts_ms", "ts_ms"), ("__lsn", "lsn")):
         text = given(name)
         picked.append(f"TRY_CAST({text} AS BIGINT) AS {out}")
-        errors.append(f"CASE WHEN {text} IS NOT NULL AND TRY_CAST({text} AS BIGINT) IS NULL "
-                      f"THEN '{name} is not an integer: ' || {_sql_text(chr(39))} || "
-                      f"left({text}, 40) || {_sql_text(chr(39))} END")  # fmt: skip
+        errors.append(
+            f"CASE WHEN {text} IS NOT NULL AND TRY_CAST({text} AS BIGINT) IS NULL "
+            f"THEN '{name} is not an integer: ' || {_sql_text(chr(39))} || "
+            f"left({text}, 40) || {_sql_text(chr(39))} END"
+        )
     values, checks = _row_values(by_name, columns, "e.", checked)
     for side, when in (("after", "<>"), ("before", "=")):
-        picked += [f"CASE WHEN ({op}) {when} 'd' THEN {v} END AS \"{side}__{name}\""
-                   for name, v in values]  # fmt: skip
+        picked += [
+            f"CASE WHEN ({op}) {when} 'd' THEN {v} END AS \"{side}__{name}\"" for name, v in values
+        ]
     errors += checks
     tombstone = "is_tombstone AND value_payload IS NULL" if not deletes else "false"
     broken = [
@@ -342,8 +417,14 @@ def flat_parts(fields, columns, meta: frozenset[str], deletes: bool, checked: bo
     return spec, picked, errors, tombstone, broken, op
 
 
-def changes_sql(key_fields, value_fields, schema, source: str = "raw", checked: bool = True,
-                flat: tuple[frozenset[str], bool] | None = None) -> str:  # fmt: skip
+def changes_sql(
+    key_fields,
+    value_fields,
+    schema,
+    source: str = "raw",
+    checked: bool = True,
+    flat: tuple[frozenset[str], bool] | None = None,
+) -> str:
     """A query over the raw rows `source` of one key and one value schema: per record,
     its position, tombstone flag, key columns, operation, source time and LSN, both
     sides' columns, the key a create was changed from and `reason`, what is wrong with
@@ -353,18 +434,24 @@ def changes_sql(key_fields, value_fields, schema, source: str = "raw", checked: 
     if flat is None:
         value_spec, values, value_errors = event_parts(value_fields, schema.columns, checked)
         tombstone, op = "is_tombstone", "(e.op ->> '$')"
-        broken = ["CASE WHEN value_payload IS NOT NULL AND (e IS NULL OR e.op IS NULL) THEN "
-                  "CASE WHEN json_type(value_payload) IS DISTINCT FROM 'OBJECT' THEN 'value is "
-                  "not a Debezium envelope matching its schema' WHEN e IS NULL THEN 'the "
-                  "payload is not a change event of its schema' END END"]  # fmt: skip
+        broken = [
+            "CASE WHEN value_payload IS NOT NULL AND (e IS NULL OR e.op IS NULL) THEN "
+            "CASE WHEN json_type(value_payload) IS DISTINCT FROM 'OBJECT' THEN 'value is "
+            "not a Debezium envelope matching its schema' WHEN e IS NULL THEN 'the "
+            "payload is not a change event of its schema' END END"
+        ]
     else:
         value_spec, values, value_errors, tombstone, broken, op = flat_parts(
-            value_fields, schema.columns, *flat, checked)  # fmt: skip
+            value_fields, schema.columns, *flat, checked
+        )
     key_spec, keys, key_errors = key_parts(key_fields, schema.key)
     keys = [f'{v} AS "key__{c.name}"' for v, c in zip(keys, schema.key, strict=True)]
     olds, old_errors = old_key_parts(key_fields, schema.key, op)
-    broken = ["CASE WHEN k IS NULL AND key_payload IS NOT NULL THEN 'the key is not JSON "
-              "of its schema' END", *broken]  # fmt: skip
+    broken = [
+        "CASE WHEN k IS NULL AND key_payload IS NOT NULL THEN 'the key is not JSON "
+        "of its schema' END",
+        *broken,
+    ]
     query = (
         f'SELECT partition, "offset", {tombstone} AS is_tombstone, follows_gap, '
         f"{', '.join([*keys, *values, *olds])}, CASE ({op}) WHEN 'd' THEN {_NEW_KEY} IS NOT "
@@ -381,11 +468,14 @@ def changes_sql(key_fields, value_fields, schema, source: str = "raw", checked: 
     )
     if not schema.key_names:
         return query
-    keyless = " AND ".join(f'"{side}__{k}" IS NULL' for k in schema.key_names
-                           for side in ("key", "after", "before"))  # fmt: skip
-    return (f"SELECT * REPLACE (coalesce(reason, CASE WHEN NOT is_tombstone AND op IS "
-            f"DISTINCT FROM 't' AND {keyless} THEN 'record has no key' END) AS reason) "
-            f"FROM ({query})")  # fmt: skip
+    keyless = " AND ".join(
+        f'"{side}__{k}" IS NULL' for k in schema.key_names for side in ("key", "after", "before")
+    )
+    return (
+        f"SELECT * REPLACE (coalesce(reason, CASE WHEN NOT is_tombstone AND op IS "
+        f"DISTINCT FROM 't' AND {keyless} THEN 'record has no key' END) AS reason) "
+        f"FROM ({query})"
+    )
 
 
 def decoded(rows, schema, key_schemas, value_schemas):
@@ -461,8 +551,9 @@ def lake_values(found, value_fields, schema):
             found = found.set_column(found.schema.get_field_index(name), name, column)
     if reasons is None:
         return found
-    return found.set_column(found.schema.get_field_index("reason"), "reason",
-                            pa.array(reasons, pa.string()))  # fmt: skip
+    return found.set_column(
+        found.schema.get_field_index("reason"), "reason", pa.array(reasons, pa.string())
+    )
 
 
 def _decode(texts, f, reasons):

@@ -110,8 +110,10 @@ def _decimal(field: ConnectField) -> Callable[[Any], Any]:
         if raw_scale < 0:
             unscaled *= 10**-raw_scale
         if abs(unscaled) >= limit:  # Spark makes it NULL: a value that does not fit
-            raise BadRecord(f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
-                              "fit its decimal type")  # fmt: skip
+            raise BadRecord(
+                f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
+                "fit its decimal type"
+            )
         return Decimal(f"{unscaled}E{-max(raw_scale, 0)}")
 
     return decode
@@ -179,8 +181,9 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
     if lg == MICRO_TIMESTAMP:
         return _infinity(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, field)
     if lg == NANO_TIMESTAMP:
-        return lambda v: _ranged(_integer(v, field, _INT64) // 1000, _MIN_MICROS, _MAX_MICROS,
-                                 f"field {field.name!r}:")  # fmt: skip
+        return lambda v: _ranged(
+            _integer(v, field, _INT64) // 1000, _MIN_MICROS, _MAX_MICROS, f"field {field.name!r}:"
+        )
     if lg == ZONED_TIMESTAMP:
         return _zoned(field)
     if lg in (TIME, CONNECT_TIME):
@@ -197,8 +200,10 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
             if not isinstance(value, dict):
                 raise BadRecord(f"field {field.name!r}: {value!r} is not a geometry")
             wkb, srid = value.get("wkb"), value.get("srid")
-            return {"wkb": None if wkb is None else _unbase64(wkb, field),
-                    "srid": None if srid is None else _integer(srid, field, _INT32)}  # fmt: skip
+            return {
+                "wkb": None if wkb is None else _unbase64(wkb, field),
+                "srid": None if srid is None else _integer(srid, field, _INT32),
+            }
 
         return geo
     kind = field.type
@@ -218,13 +223,17 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
         return _checked(field, str, "text")
     if kind == "array" and field.items is not None:
         item = decoder(field.items)
-        return _checked(field, list, "an array",
-                        lambda v: [None if x is None else item(x) for x in v])  # fmt: skip
+        return _checked(
+            field, list, "an array", lambda v: [None if x is None else item(x) for x in v]
+        )
     if kind == "map" and field.values is not None:
         member = decoder(field.values)
-        return _checked(field, dict, "a map", lambda v: [
-            (k, None if x is None else member(x)) for k, x in v.items()
-        ])  # fmt: skip
+        return _checked(
+            field,
+            dict,
+            "a map",
+            lambda v: [(k, None if x is None else member(x)) for k, x in v.items()],
+        )
     if kind == "struct":  # kept as JSON text (a point's x, y, wkb, srid)
         return lambda v: _json_text(v, field)
     raise DecodeError(f"field {field.name!r}: Connect type {kind} has no lake type")

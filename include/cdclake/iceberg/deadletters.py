@@ -14,8 +14,9 @@ from cdclake.offsets import BatchPlan
 log = logging.getLogger(__name__)
 
 
-def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int,
-              leases: Leases) -> int:  # fmt: skip
+def set_aside(
+    spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int, leases: Leases
+) -> int:
     """Write `count` records set aside (`rows`: topic, partition, offset, key and value
     payload text, error) to the pipeline's dead-letter table, once each."""
     from pyspark.sql import functions as F
@@ -23,11 +24,19 @@ def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int
     stamped = _with_raw(spark, pipeline, rows).select(
         F.lit(pipeline.name).alias("pipeline"),
         F.lit(plan.batch_id).alias("batch_id"),
-        "topic", "partition", "offset", "key", "value", "error",
-        F.current_timestamp().alias("recorded_at"), "raw_key", "raw_value", "headers",
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        "error",
+        F.current_timestamp().alias("recorded_at"),
+        "raw_key",
+        "raw_value",
+        "headers",
         F.lit(None).cast("timestamp").alias("replayed_at"),
         F.lit(None).cast("string").alias("replayed_in"),
-    )  # fmt: skip
+    )
     namespace = f"{pipeline.catalog.name}.{pipeline.namespace}"
     ensure_namespace(spark, namespace)
     dead = f"{namespace}.{DEAD_LETTERS}"
@@ -48,8 +57,9 @@ def _with_raw(spark, pipeline: PipelineConfig, rows):
     (read again: the rows kept only what could be parsed of them)."""
     coordinates = [tuple(r) for r in rows.select("topic", "partition", "offset").collect()]
     found = [(*at, *record) for at, record in raw_records(pipeline.kafka, coordinates).items()]
-    frame = spark.createDataFrame(found, f"topic string, partition int, offset bigint, "
-                                         f"{DEAD_LETTER_RAW}")  # fmt: skip
+    frame = spark.createDataFrame(
+        found, f"topic string, partition int, offset bigint, {DEAD_LETTER_RAW}"
+    )
     return rows.join(frame, ["topic", "partition", "offset"], "left")
 
 
@@ -76,25 +86,34 @@ def write_dead_letters(spark, namespace: str, rows) -> None:
         if name not in columns:  # a table of an older version
             spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({kinds})")
     # a record set aside again (by a replay) is pending again, with its new reason
-    _merge_by_record(spark, table, rows, "cdclake_dead_letters_new",
+    _merge_by_record(
+        spark,
+        table,
+        rows,
+        "cdclake_dead_letters_new",
         "WHEN MATCHED AND t.batch_id <> s.batch_id THEN UPDATE SET batch_id = s.batch_id, "
         "error = s.error, recorded_at = s.recorded_at, replayed_at = NULL, replayed_in = NULL "
         "WHEN NOT MATCHED THEN INSERT *",
-    )  # fmt: skip
+    )
 
 
-def mark_replayed(spark, namespace: str, pipeline: str, batch_id: str,
-                  records: list[tuple[str, int, int]]) -> int:  # fmt: skip
+def mark_replayed(
+    spark, namespace: str, pipeline: str, batch_id: str, records: list[tuple[str, int, int]]
+) -> int:
     """Mark the pipeline's pending dead letters at `records` (topic, partition, offset)
     replayed by `batch_id`, but those it set aside again; returns how many were."""
     table = f"{namespace}.{DEAD_LETTERS}"
     frame = spark.createDataFrame(records, "topic string, `partition` int, `offset` bigint")
     # the pipeline's name is an identifier, the batch id cdclake's own: plain literals
-    _merge_by_record(spark, table, frame, "cdclake_dead_letters_replayed",
+    _merge_by_record(
+        spark,
+        table,
+        frame,
+        "cdclake_dead_letters_replayed",
         f"WHEN MATCHED AND t.pipeline = '{pipeline}' AND t.replayed_at IS NULL AND t.batch_id "
         f"<> '{batch_id}' THEN UPDATE SET replayed_at = current_timestamp(), "
         f"replayed_in = '{batch_id}'",
-    )  # fmt: skip
+    )
     return spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_in = '{batch_id}'").first()[0]
 
 

@@ -40,16 +40,21 @@ def record_key_changes(spark, table: str, kept, schema: TopicSchema) -> None:
     if not spark.catalog.tableExists(ledger):
         cols = ", ".join(f"{quote(n)} {t}" for n, t in wanted.items())
         props = _properties_sql(TABLE_PROPERTIES)
-        _create(spark, ledger, f"CREATE TABLE {ledger} ({cols}) USING iceberg "
-                               f"TBLPROPERTIES ({props})", of=table)  # fmt: skip
+        _create(
+            spark,
+            ledger,
+            f"CREATE TABLE {ledger} ({cols}) USING iceberg TBLPROPERTIES ({props})",
+            of=table,
+        )
     else:
         have = table_columns(spark, ledger)
         for n, t in wanted.items():
             if n not in have:
                 spark.sql(f"ALTER TABLE {ledger} ADD COLUMN {quote(n)} {t}")
     have = table_columns(spark, ledger)
-    kept.select(*(quote(n) if n in kept.columns else f"NULL AS {quote(n)}"
-                  for n in have)).writeTo(ledger).append()  # fmt: skip
+    kept.select(*(quote(n) if n in kept.columns else f"NULL AS {quote(n)}" for n in have)).writeTo(
+        ledger
+    ).append()
 
 
 def forget_key_changes(spark, table: str, taken, schema: TopicSchema) -> None:
@@ -63,9 +68,12 @@ def forget_key_changes(spark, table: str, taken, schema: TopicSchema) -> None:
     view = f"cdclake_taken_{table.replace('.', '_')}"
     taken.toDF(*names).createOrReplaceTempView(view)
     try:
-        on = " AND ".join([*(f"l.{quote(k)} = t.{n}" for k, n in zip(keys, names[:-1],
-                                                                       strict=True)),
-                           f"l.{LSN} = t._cdc_tlsn"])  # fmt: skip
+        on = " AND ".join(
+            [
+                *(f"l.{quote(k)} = t.{n}" for k, n in zip(keys, names[:-1], strict=True)),
+                f"l.{LSN} = t._cdc_tlsn",
+            ]
+        )
         if not spark.sql(f"SELECT 1 FROM {ledger} l JOIN {view} t ON {on}").take(1):
             return  # no entry of them: nothing to commit
         spark.sql(f"MERGE INTO {ledger} l USING {view} t ON {on} WHEN MATCHED THEN DELETE")

@@ -164,16 +164,20 @@ class Leases:
         try:
             entries = list_leases(io, root)
         except Exception as exc:  # maintenance's orphan removal is what is left
-            log.info("%s: no write lease (its FileIO does not list its files: %s)", table,
-                     first_line(exc))  # fmt: skip
+            log.info(
+                "%s: no write lease (its FileIO does not list its files: %s)",
+                table,
+                first_line(exc),
+            )
             held.delete(START)
             held.delete(LIVE)
             return 0
         with self.lock:
             self.held[table] = held
             if self.thread is None:
-                self.thread = threading.Thread(target=self._renew, name="cdclake-leases",
-                                               daemon=True)  # fmt: skip
+                self.thread = threading.Thread(
+                    target=self._renew, name="cdclake-leases", daemon=True
+                )
                 self.thread.start()
         return self._sweep(held, entries)
 
@@ -254,12 +258,19 @@ class Leases:
             return 0
         removed = 0
         try:
-            for table in (held.table, deleted_keys_table(held.table),
-                          key_changes_table(held.table)):  # fmt: skip
+            for table in (
+                held.table,
+                deleted_keys_table(held.table),
+                key_changes_table(held.table),
+            ):
                 removed += remove_unreferenced(self.spark, table, oldest)
         except Exception as exc:  # the dead leases stay: a later run sweeps again
-            log.warning("%s: the files of %d dead load(s) were not removed: %s", held.table,
-                        len(dead), first_line(exc))  # fmt: skip
+            log.warning(
+                "%s: the files of %d dead load(s) were not removed: %s",
+                held.table,
+                len(dead),
+                first_line(exc),
+            )
             return removed
         for e in dead:
             _delete(held.io, f"{held.root}/{e.name}{LIVE}")

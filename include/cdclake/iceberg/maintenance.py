@@ -143,8 +143,9 @@ def run_maintenance(pipeline: PipelineConfig, spark=None, run_id: str | None = N
     run_id = run_id or uuid.uuid4().hex
     pipeline = discover(pipeline)
     with Leases(spark) as leases:  # its rewrites write data files, as loads do
-        results = [maintain_table(spark, pipeline, t, now_ms, run_id, leases)
-                   for t in pipeline.tables]  # fmt: skip
+        results = [
+            maintain_table(spark, pipeline, t, now_ms, run_id, leases) for t in pipeline.tables
+        ]
         dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
         if spark.catalog.tableExists(dead):
             leases.take(dead)
@@ -167,13 +168,15 @@ def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
         actions.expireSnapshots(fresh_table(spark, name)).expireOlderThan(
             now_ms - settings.expire_older_than_hours * HOUR_MS
         ).retainLast(max(1, settings.retain_last)).execute()
-    remove_orphans(spark, fresh_table(spark, name),
-                   now_ms - settings.orphan_older_than_hours * HOUR_MS)  # fmt: skip
+    remove_orphans(
+        spark, fresh_table(spark, name), now_ms - settings.orphan_older_than_hours * HOUR_MS
+    )
     return max(0, before - _count_snapshots(spark, name))
 
 
-def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int,
-                   run_id: str, leases: Leases) -> TableMaintenance:  # fmt: skip
+def maintain_table(
+    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str, leases: Leases
+) -> TableMaintenance:
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
         log.info("%s: does not exist yet; nothing to maintain", qualified)
@@ -210,9 +213,12 @@ def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: 
             figures["ledger_rows_pruned"] = prune_deleted_keys(spark, qualified)
         figures["side_tables"] = {ledger: maintain_side_table(spark, ledger, settings, now_ms)}
     result = TableMaintenance(
-        table=qualified, status=MaintenanceStatus.MAINTAINED, run_id=run_id,
-        seconds=round(time.monotonic() - started, 3), **figures,
-    )  # fmt: skip
+        table=qualified,
+        status=MaintenanceStatus.MAINTAINED,
+        run_id=run_id,
+        seconds=round(time.monotonic() - started, 3),
+        **figures,
+    )
     # a metadata-only commit: Iceberg re-applies it on top of a concurrent load
     fresh_table(spark, qualified).updateProperties().set(
         PROPERTY_LAST_RUN, json.dumps(asdict(result), sort_keys=True)
@@ -221,11 +227,16 @@ def maintain_table(spark, pipeline: PipelineConfig, table: TableConfig, now_ms: 
     log.info(
         "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
         "%d orphan file(s) removed, %d deleted-keys ledger row(s) pruned",
-        qualified, result.data_files_before, result.data_files_after,
-        result.delete_files_before, result.delete_files_after,
-        result.snapshots_before, result.snapshots_after, result.orphan_files_removed,
+        qualified,
+        result.data_files_before,
+        result.data_files_after,
+        result.delete_files_before,
+        result.delete_files_after,
+        result.snapshots_before,
+        result.snapshots_after,
+        result.orphan_files_removed,
         result.ledger_rows_pruned,
-    )  # fmt: skip
+    )
     return result
 
 
@@ -264,8 +275,7 @@ def _rewrite_files(spark, qualified: str, settings, figures: dict, offsets: dict
     return offsets
 
 
-def _expire(spark, qualified: str, settings, now_ms: int, figures: dict,
-            offsets: dict) -> dict:  # fmt: skip
+def _expire(spark, qualified: str, settings, now_ms: int, figures: dict, offsets: dict) -> dict:
     """Expire old snapshots, keeping the newest with offsets, the counts into `figures`;
     the offsets, checked."""
     ice = fresh_table(spark, qualified)
@@ -286,9 +296,10 @@ def _expire(spark, qualified: str, settings, now_ms: int, figures: dict,
         expired = expire.retainLast(retain).execute()
     figures["off_main_snapshots_expired"] = len(off_main)
     figures["files_deleted_by_expiry"] = int(
-        expired.deletedDataFilesCount() + expired.deletedPositionDeleteFilesCount()
+        expired.deletedDataFilesCount()
+        + expired.deletedPositionDeleteFilesCount()
         + expired.deletedEqualityDeleteFilesCount()
-    )  # fmt: skip
+    )
     offsets = _checked(spark, qualified, "expire_snapshots", offsets)
     figures["snapshots_expired"] = max(0, before_expiry - _count_snapshots(spark, qualified))
     return offsets

@@ -148,17 +148,22 @@ def _updated(n: str, toast_columns: Sequence[str]) -> str:
     return f"s.{quote(n)}"
 
 
-def _soft_delete(schema: TopicSchema, toast_columns: Sequence[str],
-                 dropped_columns: Sequence[str]) -> str:  # fmt: skip
+def _soft_delete(
+    schema: TopicSchema, toast_columns: Sequence[str], dropped_columns: Sequence[str]
+) -> str:
     """A soft delete of a matched row: it stays, flagged, with the last values it had:
     the batch's when it holds a row after of the key (an insert or update before the
     delete), else the table's (a delete alone carries no values)."""
     marks = [f"t.{quote(n)} = {_updated(n, toast_columns)}" for n in METADATA_COLUMNS]
-    kept = [(c.name, _updated(c.name, toast_columns)) for c in schema.columns
-            if c.name not in schema.key_names]  # fmt: skip
+    kept = [
+        (c.name, _updated(c.name, toast_columns))
+        for c in schema.columns
+        if c.name not in schema.key_names
+    ]
     kept += [(n, "NULL") for n in dropped_columns]
-    values = [f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END"
-              for n, v in kept]  # fmt: skip
+    values = [
+        f"t.{quote(n)} = CASE WHEN s.{HAS_VALUES} THEN {v} ELSE t.{quote(n)} END" for n, v in kept
+    ]
     return f"UPDATE SET t.{DELETED} = true, {', '.join(marks + values)}"
 
 
@@ -194,8 +199,9 @@ def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyR
     whose value of one of them is outside the batch's matches no change."""
     types = {k.name: k.type for k in schema.key}
     if not key_values or not set(key_values) <= set(types):
-        raise ValueError(f"a key filter takes some of the key columns {sorted(types)}, "
-                         f"not {sorted(key_values)}")  # fmt: skip
+        raise ValueError(
+            f"a key filter takes some of the key columns {sorted(types)}, not {sorted(key_values)}"
+        )
     parts = []
     for name, values in key_values.items():
         kind = types[name]
@@ -274,11 +280,19 @@ DELETED_AT = "_cdc_deleted_at_lsn"  # the deleted-keys ledger's column: the dele
 # created with one of them does not list it, and setting it means something else (an
 # upgrade of the format, say). The pipeline's value of one takes effect at creation only.
 # (Iceberg's `TableProperties.RESERVED_PROPERTIES`.)
-RESERVED_PROPERTIES = frozenset({
-    "format-version", "uuid", "snapshot-count", "current-snapshot-id",
-    "current-snapshot-summary", "current-snapshot-timestamp-ms", "current-schema",
-    "default-partition-spec", "default-sort-order",
-})  # fmt: skip
+RESERVED_PROPERTIES = frozenset(
+    {
+        "format-version",
+        "uuid",
+        "snapshot-count",
+        "current-snapshot-id",
+        "current-snapshot-summary",
+        "current-snapshot-timestamp-ms",
+        "current-schema",
+        "default-partition-spec",
+        "default-sort-order",
+    }
+)
 
 
 # Which table properties the pipeline file set (a JSON list of their names), kept on the

@@ -144,16 +144,24 @@ def _follow_key(spark, table: str, key_names: Sequence[str]) -> None:
         return
     optional = [k for k in key_names if (f := schema.findField(k)) is None or f.isOptional()]
     if not optional:
-        spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS "
-                  f"{', '.join(quote(k) for k in key_names)}")  # fmt: skip
+        spark.sql(
+            f"ALTER TABLE {table} SET IDENTIFIER FIELDS {', '.join(quote(k) for k in key_names)}"
+        )
         log.info("%s: identifier fields set to %s", table, list(key_names))
     elif have:
-        spark.sql(f"ALTER TABLE {table} DROP IDENTIFIER FIELDS "
-                  f"{', '.join(quote(k) for k in sorted(have))}")  # fmt: skip
-        log.warning("%s: the key is now %s, but %s may hold NULL in the table, which "
-                    "Iceberg cannot make an identifier field: the old identifier fields %s "
-                    "were dropped. A rebuild backfill creates the table with the new key.",
-                    table, list(key_names), optional, sorted(have))  # fmt: skip
+        spark.sql(
+            f"ALTER TABLE {table} DROP IDENTIFIER FIELDS "
+            f"{', '.join(quote(k) for k in sorted(have))}"
+        )
+        log.warning(
+            "%s: the key is now %s, but %s may hold NULL in the table, which "
+            "Iceberg cannot make an identifier field: the old identifier fields %s "
+            "were dropped. A rebuild backfill creates the table with the new key.",
+            table,
+            list(key_names),
+            optional,
+            sorted(have),
+        )
 
 
 def ensure_table(
@@ -172,8 +180,9 @@ def ensure_table(
     read them (empty: it does not exist)."""
     keys = ", ".join(quote(k) for k in schema.key_names)
     if not existing:
-        _create(spark, table, build_create_sql(table, schema, properties, partition_by,
-                                               soft_delete))  # fmt: skip
+        _create(
+            spark, table, build_create_sql(table, schema, properties, partition_by, soft_delete)
+        )
         if schema.key_names:
             spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {keys}")
         log.info("created %s with key %s", table, schema.key_names)
@@ -223,8 +232,12 @@ def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
     if not spark.catalog.tableExists(ledger):
         return resolved.withColumn(DELETED_AT, F.lit(None).cast("bigint"))
     keys = list(schema.key_names)
-    deletes = (spark.table(ledger).join(resolved.select(*keys), keys, "left_semi")
-               .groupBy(*keys).agg(F.max(LSN).alias(DELETED_AT)))  # fmt: skip
+    deletes = (
+        spark.table(ledger)
+        .join(resolved.select(*keys), keys, "left_semi")
+        .groupBy(*keys)
+        .agg(F.max(LSN).alias(DELETED_AT))
+    )
     return resolved.join(deletes, keys, "left")
 
 
@@ -273,8 +286,13 @@ def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> Non
     if not exists:
         cols = ", ".join(f"{quote(n)} {t} NOT NULL" for n, t in wanted.items())
         props = _properties_sql(TABLE_PROPERTIES)
-        _create(spark, ledger, f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) "
-                               f"USING iceberg TBLPROPERTIES ({props})", of=table)  # fmt: skip
+        _create(
+            spark,
+            ledger,
+            f"CREATE TABLE {ledger} ({cols}, {LSN} bigint NOT NULL) "
+            f"USING iceberg TBLPROPERTIES ({props})",
+            of=table,
+        )
     # an append (no join with what the ledger holds): readers take each key's highest LSN
     deleted = resolved.where(f"{DELETED} AND {LSN} IS NOT NULL")
     deleted.select(*(quote(k) for k in wanted), LSN).writeTo(ledger).append()
@@ -387,9 +405,10 @@ def table_state(spark, table: str) -> TableState:
     below = [int(x) for x in (applied, properties.get(TRUNCATED_BELOW)) if x is not None]
     rows = snap.summary().get("total-records") if snap is not None else None
     schema = ice.schema()
-    fields = tuple((str(f.name()), str(f.transform().toString()),
-                    str(schema.findColumnName(f.sourceId())))
-                   for f in ice.spec().fields())  # fmt: skip
+    fields = tuple(
+        (str(f.name()), str(f.transform().toString()), str(schema.findColumnName(f.sourceId())))
+        for f in ice.spec().fields()
+    )
     return TableState(
         True,
         committed,
@@ -404,8 +423,9 @@ def table_state(spark, table: str) -> TableState:
     )
 
 
-def property_changes(current: Mapping[str, str],
-                     wanted: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+def property_changes(
+    current: Mapping[str, str], wanted: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
     """What brings a table's properties (`current`) to the pipeline's (`wanted`): the
     properties to set and those to unset.
 
@@ -420,8 +440,9 @@ def property_changes(current: Mapping[str, str],
         before = set(json.loads(current.get(PIPELINE_PROPERTIES) or "[]"))
     except ValueError:
         before = set()
-    to_set = {k: v for k, v in wanted.items()
-              if k not in RESERVED_PROPERTIES and current.get(k) != v}  # fmt: skip
+    to_set = {
+        k: v for k, v in wanted.items() if k not in RESERVED_PROPERTIES and current.get(k) != v
+    }
     to_unset = []
     for k in sorted(before - set(wanted) - RESERVED_PROPERTIES - {PIPELINE_PROPERTIES}):
         if k in TABLE_PROPERTIES:
@@ -435,8 +456,9 @@ def property_changes(current: Mapping[str, str],
     return to_set, to_unset
 
 
-def apply_table_settings(spark, table: str, state: TableState, properties: Mapping[str, str],
-                         partition_by: Sequence[str]) -> list[str]:  # fmt: skip
+def apply_table_settings(
+    spark, table: str, state: TableState, properties: Mapping[str, str], partition_by: Sequence[str]
+) -> list[str]:
     """Bring an existing table's properties and partition spec to the pipeline's: a
     property whose value differs is set, one the pipeline set before and no longer
     names is unset (`property_changes`); partition fields the pipeline no longer names

@@ -69,9 +69,17 @@ class Writing(Protocol):
     tuning: Tuning
 
 
-def write_table(batch: Writing, table: TableConfig, schema: TopicSchema, state: TableState,
-                 known: dict[str, str], new_offsets: dict, resolved: Resolved,
-                 records: int, moved=None) -> tuple[int | None, str]:  # fmt: skip
+def write_table(
+    batch: Writing,
+    table: TableConfig,
+    schema: TopicSchema,
+    state: TableState,
+    known: dict[str, str],
+    new_offsets: dict,
+    resolved: Resolved,
+    records: int,
+    moved=None,
+) -> tuple[int | None, str]:
     """MERGE (or append) the resolved rows of the batch's `records` records into the
     table, its new offsets in the same commit: the id of the snapshot that carries them,
     and how the rows were written (`TableResult.written_by`). `moved`: the key changes
@@ -84,16 +92,17 @@ def write_table(batch: Writing, table: TableConfig, schema: TopicSchema, state: 
         "batch was not committed to it. Plan again."
     ):
         soft = table.delete_mode is DeleteMode.SOFT
-        lake_columns = ensure_table(spark, qualified, schema, table.properties,
-                                    table.partition_by, soft, known)  # fmt: skip
+        lake_columns = ensure_table(
+            spark, qualified, schema, table.properties, table.partition_by, soft, known
+        )
         if state.exists:
-            apply_table_settings(spark, qualified, state, table.properties,
-                                 table.partition_by)  # fmt: skip
+            apply_table_settings(spark, qualified, state, table.properties, table.partition_by)
         batch.leases.take(qualified)  # before any data file of it or its ledger
         present = {c.name for c in schema.columns}
         dropped = [n for n in lake_columns if n not in present]
-        props = _summary_properties(batch.plan.batch_id, new_offsets, records, resolved,
-                                    state.truncate_applied)  # fmt: skip
+        props = _summary_properties(
+            batch.plan.batch_id, new_offsets, records, resolved, state.truncate_applied
+        )
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
         before_id = state.snapshot_id
@@ -116,24 +125,33 @@ def write_table(batch: Writing, table: TableConfig, schema: TopicSchema, state: 
         first_load = keyed and batch.tuning.first_load_append and state.empty and not dropped
         query = merge_sql = None
         if first_load:
-            query = build_first_load_sql(view, schema, soft, deleted_lsn=hard,
-                                         truncated_below=below)  # fmt: skip
+            query = build_first_load_sql(
+                view, schema, soft, deleted_lsn=hard, truncated_below=below
+            )
         elif keyed:
             # the columns whose placeholders may be left to the table: those with a flag
             flags = [n for n in resolved.rows.columns if n.startswith(TOAST_PREFIX)]
             toast_columns = [n.removeprefix(TOAST_PREFIX) for n in flags] if resolved.toast else []
             merge_sql = build_merge_sql(
-                target, view, schema, toast_columns,
-                truncate=truncate, dropped_columns=dropped, soft_delete=soft, deleted_lsn=hard,
-                truncated_below=below, key_values=_key_filter(state, schema, rows, truncate,
-                                                              counts, batch.tuning),
-            )  # fmt: skip
+                target,
+                view,
+                schema,
+                toast_columns,
+                truncate=truncate,
+                dropped_columns=dropped,
+                soft_delete=soft,
+                deleted_lsn=hard,
+                truncated_below=below,
+                key_values=_key_filter(state, schema, rows, truncate, counts, batch.tuning),
+            )
         else:
             merge_sql = build_append_sql(target, view, schema, soft_delete=soft)
         try:
             batch.leases.check(qualified)
-            with commit_properties(spark, props), _staged(spark, qualified, before_id, stage,
-                                                          props):  # fmt: skip
+            with (
+                commit_properties(spark, props),
+                _staged(spark, qualified, before_id, stage, props),
+            ):
                 if query is not None:
                     append_to_empty(spark, target, query, before_id)
                 else:
@@ -147,8 +165,9 @@ def write_table(batch: Writing, table: TableConfig, schema: TopicSchema, state: 
     return after_id, "merge" if keyed and not first_load else "append"
 
 
-def _summary_properties(batch_id: str, offsets: dict, records: int, resolved: Resolved,
-                        truncate_applied: int | None) -> dict[str, str]:  # fmt: skip
+def _summary_properties(
+    batch_id: str, offsets: dict, records: int, resolved: Resolved, truncate_applied: int | None
+) -> dict[str, str]:
     """The snapshot summary a load's commit carries: its offsets, batch and figures, and
     the last truncate applied (`truncate_applied`, or the batch's own)."""
     props = {
@@ -160,8 +179,9 @@ def _summary_properties(batch_id: str, offsets: dict, records: int, resolved: Re
     }
     if resolved.max_ms is not None:
         props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
-    lsns = [x for x in (truncate_applied, resolved.truncate and resolved.truncate.lsn)
-            if x is not None]  # fmt: skip
+    lsns = [
+        x for x in (truncate_applied, resolved.truncate and resolved.truncate.lsn) if x is not None
+    ]
     if lsns:
         props[SUMMARY_TRUNCATE] = str(max(lsns))
     return props
@@ -172,8 +192,9 @@ def _stage_name(batch_id: str) -> str:
 
 
 @contextmanager
-def _staged(spark, qualified: str, before_id: int | None, name: str | None,
-            props: Mapping[str, str]) -> Iterator[None]:  # fmt: skip
+def _staged(
+    spark, qualified: str, before_id: int | None, name: str | None, props: Mapping[str, str]
+) -> Iterator[None]:
     """The load's commits inside go to the branch `name` (`qualified.branch_<name>`), made
     at `before_id`, that main takes at the end (after an empty commit carrying `props`
     when nothing else was committed to it). Without a branch (a table without snapshot)
@@ -212,8 +233,9 @@ def _staged(spark, qualified: str, before_id: int | None, name: str | None,
         raise
 
 
-def _check_commit(spark, qualified: str, before_id: int | None,
-                  props: Mapping[str, str]) -> int | None:  # fmt: skip
+def _check_commit(
+    spark, qualified: str, before_id: int | None, props: Mapping[str, str]
+) -> int | None:
     """The snapshot that carries the batch's offsets: an empty commit carries them when
     nothing changed; another run's commit in between fails the check."""
     after_id, summary = current_snapshot(spark, qualified)
@@ -227,8 +249,7 @@ def _check_commit(spark, qualified: str, before_id: int | None,
     return after_id
 
 
-def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, counts,
-                tuning: Tuning):  # fmt: skip
+def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, counts, tuning: Tuning):
     """The values of each key column among the resolved rows, sorted, or the range of
     each integer key column's, when the MERGE is worth filtering by them (None: not)."""
     keys = schema.key

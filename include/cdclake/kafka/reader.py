@@ -39,8 +39,11 @@ DRIVER_READ_BYTES = 256 * 1024 * 1024
 
 def slice_ranges(ranges: Sequence[OffsetRange], size: int = SLICE_RECORDS) -> list[OffsetRange]:
     """Cut ranges into tasks of at most `size` records, so partitions read in parallel."""
-    return [OffsetRange(r.topic, r.partition, start, min(start + size, r.end))
-            for r in ranges for start in range(r.start, r.end, size)]  # fmt: skip
+    return [
+        OffsetRange(r.topic, r.partition, start, min(start + size, r.end))
+        for r in ranges
+        for start in range(r.start, r.end, size)
+    ]
 
 
 # A function a Spark task calls with one offset range ({"topic", "partition", "start",
@@ -67,8 +70,13 @@ def range_plan(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
     DataFrame's Arrow tasks that read the ranges."""
     from pyspark.sql import functions as F
 
-    rows = ", ".join(f"({i}L, {_sql_text(r.topic)}, {r.partition}, {r.start}L, {r.end}L)"
-                     for i, r in enumerate(ranges)) or "(0L, '', 0, 0L, 0L)"  # fmt: skip
+    rows = (
+        ", ".join(
+            f"({i}L, {_sql_text(r.topic)}, {r.partition}, {r.start}L, {r.end}L)"
+            for i, r in enumerate(ranges)
+        )
+        or "(0L, '', 0, 0L, 0L)"
+    )
     plan = spark.sql(f"SELECT * FROM VALUES {rows} AS ranges(id, topic, partition, start, end)")
     if not ranges:
         return plan.drop("id").where(F.lit(False))
@@ -95,9 +103,12 @@ KAFKA = RawSource(_kafka_reader)
 
 
 def read_local(
-    kafka: KafkaConfig, ranges: Sequence[OffsetRange], timeout_s: float | None = None,
-    max_bytes: int = DRIVER_READ_BYTES, source: RawSource | None = None,
-) -> pa.Table | None:  # fmt: skip
+    kafka: KafkaConfig,
+    ranges: Sequence[OffsetRange],
+    timeout_s: float | None = None,
+    max_bytes: int = DRIVER_READ_BYTES,
+    source: RawSource | None = None,
+) -> pa.Table | None:
     """Read the ranges in this process, slice after slice, from Kafka (or `source`): the
     raw rows the Spark tasks of `KAFKA` would yield, as one Arrow table. None as
     soon as the rows hold more than `max_bytes` (what was read is dropped; the caller
@@ -136,18 +147,23 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
     if not batches:
         return spark.createDataFrame([], schema)
     stream = spark.sparkContext._serialize_to_jvm(
-        batches, ArrowStreamSerializer(),
+        batches,
+        ArrowStreamSerializer(),
         lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
         lambda: jvm.ArrowIteratorServer(),  # when I/O encryption is on
-    )  # fmt: skip
-    return DataFrame(jvm.PythonSQLUtils.toDataFrame(stream, schema.json(), spark._jsparkSession),
-                     spark)  # fmt: skip
+    )
+    return DataFrame(
+        jvm.PythonSQLUtils.toDataFrame(stream, schema.json(), spark._jsparkSession), spark
+    )
 
 
 def _read_slice(
-    client_config: dict, row: dict, timeout_s: float, batch_bytes: int | None = None,
+    client_config: dict,
+    row: dict,
+    timeout_s: float,
+    batch_bytes: int | None = None,
     split: Callable[[str, int], RawRowsWriter] = RawRows,
-) -> Iterator[pa.RecordBatch]:  # fmt: skip
+) -> Iterator[pa.RecordBatch]:
     """The raw rows of one slice, its records split by `split` (a format's splitter of
     one partition's records; JSON with schemas by default), in Arrow batches of up to
     10,000 records (or fewer once their records hold `batch_bytes`)."""
@@ -193,8 +209,9 @@ def _read_slice(
                 continue
             offsets, stamps, keys, values, heads, after_gaps = zip(*got, strict=True)
             held += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
-            rows.add_many(offsets, stamps, keys, values,
-                          heads if any(h is not None for h in heads) else None)  # fmt: skip
+            rows.add_many(
+                offsets, stamps, keys, values, heads if any(h is not None for h in heads) else None
+            )
             gaps.extend(after_gaps)
             if len(rows) >= 10_000 or (batch_bytes is not None and held > batch_bytes):
                 yield _with_gaps(rows.batch(), gaps)
@@ -238,6 +255,5 @@ def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
         gap = key is not None and offset > next_offset and key != last
         next_offset, last = offset + 1, key
         headers = msg.headers()
-        records.append((offset, stamp, key, value, kept_headers(headers) if headers else None,
-                        gap))  # fmt: skip
+        records.append((offset, stamp, key, value, kept_headers(headers) if headers else None, gap))
     return records, next_offset, last

@@ -35,8 +35,16 @@ def scan_rows(rows: pa.Table | pa.RecordBatch) -> RawScan:
 
 Group = tuple[str, str, int]  # topic, side ("key" or "value"), schema id
 # the raw rows' columns a tally reads
-SCAN_COLUMNS = ["topic", "partition", "offset", "error", "key_schema_id", "key_schema",
-                "value_schema_id", "value_schema"]  # fmt: skip
+SCAN_COLUMNS = [
+    "topic",
+    "partition",
+    "offset",
+    "error",
+    "key_schema_id",
+    "key_schema",
+    "value_schema_id",
+    "value_schema",
+]
 
 
 @dataclass
@@ -58,8 +66,11 @@ class _Tally:
             for side in ("key", "value"):
                 sid = columns[f"{side}_schema_id"][i]
                 if sid is not None:
-                    self._use((topic, side, sid), columns[f"{side}_schema"][i],
-                              None if error is not None else (partition, offset))  # fmt: skip
+                    self._use(
+                        (topic, side, sid),
+                        columns[f"{side}_schema"][i],
+                        None if error is not None else (partition, offset),
+                    )
             if error is not None:
                 self._broke(topic, (partition, offset, error), 1)
 
@@ -80,5 +91,6 @@ class _Tally:
         last = self.last
         for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
             schemas.setdefault(topic, {}).setdefault(side, []).append(
-                (sid, self.texts[(topic, side, sid)]))  # fmt: skip
+                (sid, self.texts[(topic, side, sid)])
+            )
         return RawScan(schemas, self.broken, self.counts)

@@ -86,8 +86,14 @@ def raw_records(
     by_partition: dict[tuple[str, int], set[int]] = {}
     for topic, partition, offset in wanted:
         by_partition.setdefault((topic, partition), set()).add(offset)
-    consumer = Consumer({**kafka.client_config(), "group.id": "cdclake-dead-letters",
-                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": "cdclake-dead-letters",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     out: dict[tuple[str, int, int], Raw] = {}
     try:
         for (topic, partition), offsets in sorted(by_partition.items()):
@@ -100,8 +106,10 @@ def raw_records(
                 if msg.error() is not None:
                     if msg.error().code() == -191:  # end of partition
                         break
-                    raise EndpointError(f"Kafka at {kafka.servers}: reading {topic}[{partition}]"
-                                        f"@{min(offsets)}: {msg.error()}")  # fmt: skip
+                    raise EndpointError(
+                        f"Kafka at {kafka.servers}: reading {topic}[{partition}]"
+                        f"@{min(offsets)}: {msg.error()}"
+                    )
                 idle = time.monotonic() + timeout
                 if msg.offset() in offsets:
                     headers = list(msg.headers() or [])

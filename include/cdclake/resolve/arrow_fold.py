@@ -71,13 +71,15 @@ def applied(changes: pa.Table, keys: list[pa.Array], truncate: Truncate | None) 
 def change_keys(changes: pa.Table, schema: TopicSchema) -> list[pa.Array]:
     """Each change's key, a column of the key's each (its Kafka key's, else its row's)."""
     types = {c.name: arrow_type(c.type) for c in schema.key}
-    return [pc.coalesce(*(changes[f"{side}__{k}"].cast(types[k])
-                          for side in ("key", "after", "before")))
-            for k in schema.key_names]  # fmt: skip
+    return [
+        pc.coalesce(
+            *(changes[f"{side}__{k}"].cast(types[k]) for side in ("key", "after", "before"))
+        )
+        for k in schema.key_names
+    ]
 
 
-def step_truncate(changes: pa.Table, cut: int | None,
-                  earlier: Truncate | None) -> Truncate | None:  # fmt: skip
+def step_truncate(changes: pa.Table, cut: int | None, earlier: Truncate | None) -> Truncate | None:
     """The truncate a step of a fold applies (`truncate_of`): one not above the table's
     (`cut`) nor the one an earlier step applied (`earlier`) is re-sent."""
     if earlier is not None and earlier.lsn is not None:
@@ -96,23 +98,27 @@ def key_hashes(table: pa.Table, key_names: Sequence[str]):
     import pyarrow as pa
 
     columns = [table.column(n) for n in key_names]
-    if (len(columns) == 1 and pa.types.is_integer(columns[0].type)
-            and columns[0].null_count == 0):  # fmt: skip
+    if len(columns) == 1 and pa.types.is_integer(columns[0].type) and columns[0].null_count == 0:
         return columns[0].cast(pa.int64()).to_numpy().view(np.uint64)
     blake = hashlib.blake2b
     values = zip(*(c.to_pylist() for c in columns), strict=True)
     return np.fromiter(
-        (int.from_bytes(blake(repr(k).encode(), digest_size=8).digest(), "little")
-         for k in values),
-        dtype=np.uint64, count=table.num_rows,
-    )  # fmt: skip
+        (int.from_bytes(blake(repr(k).encode(), digest_size=8).digest(), "little") for k in values),
+        dtype=np.uint64,
+        count=table.num_rows,
+    )
 
 
 DECIDED = "decided"  # a held change's `Records.decided` (a fold in steps)
 
 
-def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | None,
-            earlier: Truncate | None = None):  # fmt: skip
+def _folded(
+    changes: pa.Table,
+    schema: TopicSchema,
+    follow: bool,
+    cut: int | None,
+    earlier: Truncate | None = None,
+):
     """(the changes a resolve folds, their keys, the TOAST columns followed, whether a
     placeholder is among them, the truncate, `latest`'s winners); `follow`: follow the
     TOAST columns' last real values even without a placeholder (a fold in steps); `cut`:
@@ -126,8 +132,7 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | Non
     if len(at) < changes.num_rows:  # a take copies every column
         picked, keys = changes.take(at), [k.take(at) for k in keys]
     toasty = toastable(schema)
-    moved = (_np(pc.fill_null(picked[MOVED], False)) if toasty
-             else np.zeros(picked.num_rows, bool))  # fmt: skip
+    moved = _np(pc.fill_null(picked[MOVED], False)) if toasty else np.zeros(picked.num_rows, bool)
     follow = follow or bool(moved.any())
     real, found = [], False
     for c in toasty:
@@ -135,14 +140,25 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | Non
         mark = _marked(values)
         found = found or bool(pc.any(mark).as_py())
         real.append(_np(pc.and_(pc.is_valid(values), pc.invert(pc.fill_null(mark, False)))))
-    codes = [_np(pc.dictionary_encode(pa.chunked_array([k]) if isinstance(k, pa.Array) else k)
-                 .combine_chunks().indices) for k in keys]  # fmt: skip
-    key = (np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)[1].ravel()
-           if len(codes) > 1 else codes[0])  # fmt: skip
+    codes = [
+        _np(
+            pc.dictionary_encode(pa.chunked_array([k]) if isinstance(k, pa.Array) else k)
+            .combine_chunks()
+            .indices
+        )
+        for k in keys
+    ]
+    key = (
+        np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)[1].ravel()
+        if len(codes) > 1
+        else codes[0]
+    )
     lsn, n = picked["lsn"], picked.num_rows
-    decided = (_np(pc.fill_null(picked[DECIDED], UNDECIDED)).astype(np.int8)
-               if DECIDED in picked.column_names
-               else np.full(n, UNDECIDED, np.int8))  # fmt: skip
+    decided = (
+        _np(pc.fill_null(picked[DECIDED], UNDECIDED)).astype(np.int8)
+        if DECIDED in picked.column_names
+        else np.full(n, UNDECIDED, np.int8)
+    )
     records = Records(
         key=key.astype(np.int64),
         partition=_np(picked["partition"]).astype(np.int64),
@@ -160,8 +176,13 @@ def _folded(changes: pa.Table, schema: TopicSchema, follow: bool, cut: int | Non
     return picked, keys, toasty, found, truncate, latest(records)
 
 
-def fold_step(held: pa.Table | None, changes: pa.Table, schema: TopicSchema,
-              cut: int | None = None, earlier: Truncate | None = None):  # fmt: skip
+def fold_step(
+    held: pa.Table | None,
+    changes: pa.Table,
+    schema: TopicSchema,
+    cut: int | None = None,
+    earlier: Truncate | None = None,
+):
     """(what a fold in steps holds after `changes` (decoded changes of one partition, in
     offset order): the changes the next step needs of `held` and them, with what was
     decided of each (`DECIDED`); the truncate among `changes`, if any (`cut`: the LSN of
@@ -256,10 +277,13 @@ def _with(rows: dict, more: dict) -> dict:
     out = {}
     for name in dict.fromkeys([*rows, *more]):
         like = rows.get(name, more.get(name)).type
-        arrays = [d[name] if name in d else absent(name, like, n)
-                  for d, n in zip((rows, more), sizes, strict=True)]  # fmt: skip
-        out[name] = pa.concat_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray)
-                                      else a for a in arrays])  # fmt: skip
+        arrays = [
+            d[name] if name in d else absent(name, like, n)
+            for d, n in zip((rows, more), sizes, strict=True)
+        ]
+        out[name] = pa.concat_arrays(
+            [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+        )
     return out
 
 
@@ -272,9 +296,10 @@ def _moved_from(picked, schema, create, wanted) -> dict:
     for name in [*(f"from__{k.name}" for k in schema.key), "lsn"]:
         value = picked[name].take(at)
         out[name] = pc.if_else(wanted, value, pa.nulls(len(value), value.type))
-    return {FROM_LSN: out.pop("lsn"),
-            **{f"{FROM_KEY_PREFIX}{n.removeprefix('from__')}": v
-               for n, v in out.items()}}  # fmt: skip
+    return {
+        FROM_LSN: out.pop("lsn"),
+        **{f"{FROM_KEY_PREFIX}{n.removeprefix('from__')}": v for n, v in out.items()},
+    }
 
 
 def _moved_rows(picked, keys, won, schema, toasty) -> dict:
@@ -316,12 +341,14 @@ def changelog_table(changes: pa.Table, schema: TopicSchema) -> dict:
         if c.type in TOAST_TYPES:
             value = pc.if_else(pc.fill_null(_marked(value), False), before, value)
         out[c.name] = value
-    out.update({
-        DELETED: deleted,
-        OP: t["op"],
-        SOURCE_TS: pc.multiply(t["ts_ms"], 1000).cast(pa.timestamp("us", "UTC")),
-        LSN: t["lsn"],
-        PARTITION: t["partition"],
-        OFFSET: t["offset"],
-    })  # fmt: skip
+    out.update(
+        {
+            DELETED: deleted,
+            OP: t["op"],
+            SOURCE_TS: pc.multiply(t["ts_ms"], 1000).cast(pa.timestamp("us", "UTC")),
+            LSN: t["lsn"],
+            PARTITION: t["partition"],
+            OFFSET: t["offset"],
+        }
+    )
     return out

@@ -41,8 +41,18 @@ class TopicResolved:
     bad: tuple[tuple[int, int, str], ...] = ()
 
 
-_SCALAR_KEYS = ("int", "bigint", "float", "double", "string", "binary", "boolean", "date",
-                "timestamp", "timestamp_ntz")  # fmt: skip
+_SCALAR_KEYS = (
+    "int",
+    "bigint",
+    "float",
+    "double",
+    "string",
+    "binary",
+    "boolean",
+    "date",
+    "timestamp",
+    "timestamp_ntz",
+)
 
 
 def check_key_types(schema: TopicSchema) -> None:
@@ -74,8 +84,16 @@ def resolve_rows(
     bad: tuple = ()
     if changes is not None and changes["reason"].null_count != changes.num_rows:
         wrong = changes.filter(pc.is_valid(changes["reason"]))
-        bad = tuple(sorted(zip(wrong["partition"].to_pylist(), wrong["offset"].to_pylist(),
-                               wrong["reason"].to_pylist(), strict=True)))  # fmt: skip
+        bad = tuple(
+            sorted(
+                zip(
+                    wrong["partition"].to_pylist(),
+                    wrong["offset"].to_pylist(),
+                    wrong["reason"].to_pylist(),
+                    strict=True,
+                )
+            )
+        )
         changes = changes.filter(pc.is_null(changes["reason"]))
     keyed = bool(schema.key_names)
     if changes is None or not changes.num_rows:

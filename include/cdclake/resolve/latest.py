@@ -104,9 +104,17 @@ def latest(records: Records) -> Latest:
     create = _last(key, kept & records.create[order], keys)
     since_create = np.arange(n) >= create[key]  # NONE: every record
     real = records.real[order]
-    toast = np.stack([_highest(key, offset, kept & since_create & real[:, j], keys)
-                      for j in range(real.shape[1])], axis=1) if real.shape[1] else \
-        np.zeros((keys, 0), np.int64)  # fmt: skip
+    toast = (
+        np.stack(
+            [
+                _highest(key, offset, kept & since_create & real[:, j], keys)
+                for j in range(real.shape[1])
+            ],
+            axis=1,
+        )
+        if real.shape[1]
+        else np.zeros((keys, 0), np.int64)
+    )
     winners = {
         "last": _highest(key, offset, kept, keys),
         "change": _highest(key, offset, kept & ~tombstone, keys),
@@ -122,18 +130,24 @@ def latest(records: Records) -> Latest:
     moves, move_toast, move_create = _as_of_moves(
         key, first, kept & records.moved[order], kept & records.create[order], kept, real
     )
-    needed = np.concatenate([*winners.values(), toast.ravel(), top, ends, moves,
-                             move_toast.ravel(), move_create])  # fmt: skip
+    needed = np.concatenate(
+        [*winners.values(), toast.ravel(), top, ends, moves, move_toast.ravel(), move_create]
+    )
     marked = np.zeros(n, bool)
     marked[needed[needed != NONE]] = True
     keep = np.flatnonzero(marked)
     state = np.where(kept, KEPT, np.where(tombstone, DROPPED, STALE)).astype(np.int8)
     ahead = np.argsort(order[keep])  # the kept records in the caller's order
-    return Latest(**{k: _mapped(v, order) for k, v in winners.items()},
-                  toast=_mapped(toast, order), lsn=lsn, moves=order[moves],
-                  move_toast=_mapped(move_toast, order), move_create=_mapped(move_create, order),
-                  keep=order[keep][ahead],
-                  decided=state[keep][ahead])  # fmt: skip
+    return Latest(
+        **{k: _mapped(v, order) for k, v in winners.items()},
+        toast=_mapped(toast, order),
+        lsn=lsn,
+        moves=order[moves],
+        move_toast=_mapped(move_toast, order),
+        move_create=_mapped(move_create, order),
+        keep=order[keep][ahead],
+        decided=state[keep][ahead],
+    )
 
 
 def _as_of_moves(key, first, moved, create, kept, real):

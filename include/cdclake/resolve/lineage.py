@@ -75,11 +75,20 @@ def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
         unset = unset | F.col(f"`{f}`")
     # a key change whose values are its key's row before the batch points at that row
     own = moved & unset & F.col(f"`{FROM_LSN}`").isNull()
-    rows = rows.select(*[F.when(own, F.col(f"`{keys[froms.index(c)]}`")).otherwise(F.col(f"`{c}`"))
-                         .alias(c) if c in froms else F.col(f"`{c}`")
-                         for c in rows.columns])  # fmt: skip
-    graph = _graph(rows.where(op.isin(*LINEAGE_OPS) | F.col(f"`{froms[0]}`").isNotNull())
-                   .select(*keys, LSN, OP, *froms, FROM_LSN).collect(), len(keys))  # fmt: skip
+    rows = rows.select(
+        *[
+            F.when(own, F.col(f"`{keys[froms.index(c)]}`")).otherwise(F.col(f"`{c}`")).alias(c)
+            if c in froms
+            else F.col(f"`{c}`")
+            for c in rows.columns
+        ]
+    )
+    graph = _graph(
+        rows.where(op.isin(*LINEAGE_OPS) | F.col(f"`{froms[0]}`").isNotNull())
+        .select(*keys, LSN, OP, *froms, FROM_LSN)
+        .collect(),
+        len(keys),
+    )
     if graph is None:
         return Linked(rows.drop(*froms, FROM_LSN), None, None)  # no key changed
     # the changes the batch's creates took their rows from: done with, wherever they are
@@ -87,16 +96,26 @@ def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
     rows = rows.where(~op.eqNullSafe(KEY_CREATE))
     if graph.pointers:
         pointer = F.col(f"`{froms[0]}`").isNotNull()
-        rows = _followed(rows.withColumn(_POINTED, pointer), keys, toast, flags, froms,
-                         graph.steps, lake if graph.outside else None, ledger())  # fmt: skip
+        rows = _followed(
+            rows.withColumn(_POINTED, pointer),
+            keys,
+            toast,
+            flags,
+            froms,
+            graph.steps,
+            lake if graph.outside else None,
+            ledger(),
+        )
     kept = None
     if graph.kept:
         named = taken.toDF(*(f"_cdc_t{i}" for i in range(len(keys))), "_cdc_tlsn")
         on = [F.col(f"`{k}`") == F.col(f"_cdc_t{i}") for i, k in enumerate(keys)]
-        kept = (rows.where(moved).join(named, [*on, F.col(LSN) == F.col("_cdc_tlsn")],
-                                       "left_anti").select(*keys, LSN, *toast))  # fmt: skip
-    return Linked(rows.where(~moved).drop(*froms, FROM_LSN), kept,
-                  taken if graph.taken else None)  # fmt: skip
+        kept = (
+            rows.where(moved)
+            .join(named, [*on, F.col(LSN) == F.col("_cdc_tlsn")], "left_anti")
+            .select(*keys, LSN, *toast)
+        )
+    return Linked(rows.where(~moved).drop(*froms, FROM_LSN), kept, taken if graph.taken else None)
 
 
 @dataclass(frozen=True)
@@ -155,26 +174,39 @@ def _followed(rows, keys, toast, flags, froms, steps: int, lake, ledger):
         on = moved & F.col(f"`{LSN}`").eqNullSafe(F.col("_cdc_src_lsn"))
         for c in own:
             on = on & c
-        rows = _taken(rows.join(entries, on, "left"), rows.columns, toast, flags, froms,
-                      forced=True)  # fmt: skip
+        rows = _taken(
+            rows.join(entries, on, "left"), rows.columns, toast, flags, froms, forced=True
+        )
     for _ in range(steps):
         changes = _source(rows.where(moved), keys, toast, flags, froms, True)
-        rows = _taken(rows.join(changes, _on(froms, True), "left"), rows.columns, toast, flags,
-                      froms, pointer=True)  # fmt: skip
+        rows = _taken(
+            rows.join(changes, _on(froms, True), "left"),
+            rows.columns,
+            toast,
+            flags,
+            froms,
+            pointer=True,
+        )
         if steps > 2:  # each step reads the last twice: a long chain's plan would double
             rows = rows.localCheckpoint()
     if entries is not None:
-        rows = _taken(rows.join(entries, _on(froms, True), "left"), rows.columns, toast, flags,
-                      froms)  # fmt: skip
+        rows = _taken(
+            rows.join(entries, _on(froms, True), "left"), rows.columns, toast, flags, froms
+        )
     if lake is not None:
         held = _source(lake, keys, toast, [], froms, False)
-        rows = _taken(rows.join(held, _on(froms, False), "left"), rows.columns, toast, flags,
-                      froms)  # fmt: skip
+        rows = _taken(rows.join(held, _on(froms, False), "left"), rows.columns, toast, flags, froms)
     # a row that pointed elsewhere keeps nothing of its own key's table row
     had = F.col(_POINTED)
-    return rows.select(*[F.when(had, F.lit(False)).otherwise(F.col(f"`{c}`")).alias(c)
-                         if c in flags else F.col(f"`{c}`")
-                         for c in rows.columns if c != _POINTED])  # fmt: skip
+    return rows.select(
+        *[
+            F.when(had, F.lit(False)).otherwise(F.col(f"`{c}`")).alias(c)
+            if c in flags
+            else F.col(f"`{c}`")
+            for c in rows.columns
+            if c != _POINTED
+        ]
+    )
 
 
 def _source(frame, keys, toast, flags, froms, by_lsn: bool):
@@ -188,8 +220,11 @@ def _source(frame, keys, toast, flags, froms, by_lsn: bool):
     for j, c in enumerate(toast):
         cols.append((F.col(f"`{c}`") if c in present else F.lit(None)).alias(f"_cdc_src_v{j}"))
         flag = f"{TOAST_PREFIX}{c}"
-        cols.append((F.col(f"`{flag}`") if flag in flags and flag in present
-                     else F.lit(False)).alias(f"_cdc_src_f{j}"))  # fmt: skip
+        cols.append(
+            (F.col(f"`{flag}`") if flag in flags and flag in present else F.lit(False)).alias(
+                f"_cdc_src_f{j}"
+            )
+        )
     for i, f in enumerate([*froms, FROM_LSN]):
         cols.append((F.col(f"`{f}`") if f in present else F.lit(None)).alias(f"_cdc_src_p{i}"))
     return frame.select(*cols, F.lit(True).alias(_HIT))
@@ -228,8 +263,9 @@ def _taken(joined, columns, toast, flags, froms, pointer: bool = False, forced: 
         elif c in froms or c == FROM_LSN:
             i = [*froms, FROM_LSN].index(c)
             done = F.lit(None).cast(joined.schema[c].dataType)
-            out.append(F.when(hit, F.col(f"_cdc_src_p{i}") if pointer else done)
-                       .otherwise(col).alias(c))  # fmt: skip
+            out.append(
+                F.when(hit, F.col(f"_cdc_src_p{i}") if pointer else done).otherwise(col).alias(c)
+            )
         else:
             out.append(col)
     return joined.select(*out)

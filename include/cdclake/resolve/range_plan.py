@@ -64,9 +64,15 @@ class TopicPlan:
     def schema(self) -> TopicSchema:
         """The topic's schema (`DecodeError` for one the lake cannot take)."""
         key = self.key or (() if self.key_schemas else self.lake_key)
-        schema = topic_schema([t for _, t in self.key_schemas],
-                              [t for _, t in self.value_schemas], key, self.topic,
-                              self.exclude, self.known, self.format)  # fmt: skip
+        schema = topic_schema(
+            [t for _, t in self.key_schemas],
+            [t for _, t in self.value_schemas],
+            key,
+            self.topic,
+            self.exclude,
+            self.known,
+            self.format,
+        )
         check_key_types(schema)
         return schema
 
@@ -96,18 +102,22 @@ class TopicPlan:
         for side, sid, _ in self.set_aside:
             found[side].pop(sid, None)
         every = {side: list(texts.items()) for side, texts in found.items()}
-        rejected = {**{(side, sid): why for side, sid, why in self.set_aside},
-                    **misfits(every)}  # fmt: skip
-        kept = {side: tuple((sid, t) for sid, t in every[side] if (side, sid) not in rejected)
-                for side in every}  # fmt: skip
+        rejected = {**{(side, sid): why for side, sid, why in self.set_aside}, **misfits(every)}
+        kept = {
+            side: tuple((sid, t) for sid, t in every[side] if (side, sid) not in rejected)
+            for side in every
+        }
         return dataclasses.replace(
-            self, key_schemas=kept["key"], value_schemas=kept["value"],
+            self,
+            key_schemas=kept["key"],
+            value_schemas=kept["value"],
             set_aside=tuple((side, sid, why) for (side, sid), why in rejected.items()),
-        )  # fmt: skip
+        )
 
 
-def head_schemas(reader: RangeReader, ranges: Sequence[dict],
-                 records: int = HEAD_RECORDS) -> tuple[Schema, Schema | None] | None:  # fmt: skip
+def head_schemas(
+    reader: RangeReader, ranges: Sequence[dict], records: int = HEAD_RECORDS
+) -> tuple[Schema, Schema | None] | None:
     """The key and value schemas (id, text) of the first records that carry them, read
     from the head (`records`) of each range in turn: no value schema (None) when the
     heads hold tombstones only; no key schema (None) when their records have no key (a
@@ -191,8 +201,9 @@ class AcceptedTopic:
         return columns_ddl(self.columns)
 
 
-def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
-           hashes: Sequence | None = None) -> AcceptedTopic | str:  # fmt: skip
+def accept(
+    summaries: Sequence[RangeSummary], plan: TopicPlan, hashes: Sequence | None = None
+) -> AcceptedTopic | str:
     """The topic's ranges taken together, or why they must be read again in one task
     (`hashes`: each task's key hashes, `key_hashes`, which must not share a number).
     The ranges met the plan's schemas only (`unplanned` is empty)."""
@@ -216,10 +227,15 @@ def accept(summaries: Sequence[RangeSummary], plan: TopicPlan,
     stamps = [s.max_source_ms for s in summaries if s.max_source_ms is not None]
     return AcceptedTopic(
         {"key": list(keys.items()), "value": list(values.items())},
-        plan.columns(toast), plan.schema.key_names if plan.planned else (), toast, counts,
-        max(stamps) if stamps else None, len(summaries), truncate,
+        plan.columns(toast),
+        plan.schema.key_names if plan.planned else (),
+        toast,
+        counts,
+        max(stamps) if stamps else None,
+        len(summaries),
+        truncate,
         tuple(sorted(b for s in summaries for b in s.bad)),
-    )  # fmt: skip
+    )
 
 
 def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
@@ -236,8 +252,13 @@ def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
         return "truncates in more than one partition"
     last = Truncate(*cut[0].truncate)
     for s in summaries:
-        if (s is not cut[0] and last.lsn is not None
-                and s.first_lsn is not None and s.first_lsn <= last.lsn):  # fmt: skip
-            return (f"a truncate in partition {last.partition} after changes of partition "
-                    f"{s.partition}")  # fmt: skip
+        if (
+            s is not cut[0]
+            and last.lsn is not None
+            and s.first_lsn is not None
+            and s.first_lsn <= last.lsn
+        ):
+            return (
+                f"a truncate in partition {last.partition} after changes of partition {s.partition}"
+            )
     return last

@@ -125,8 +125,9 @@ class RangeFold:
                     self._unplanned[side].setdefault(sid, texts[first].as_py())
             aside = [sid for s, sid in self._aside if s == side]
             if aside:
-                raw = raw.filter(pc.invert(pc.fill_null(
-                    pc.is_in(ids, pa.array(aside, ids.type)), False)))  # fmt: skip
+                raw = raw.filter(
+                    pc.invert(pc.fill_null(pc.is_in(ids, pa.array(aside, ids.type)), False))
+                )
         if self.collecting:
             self._held = self._spill = None
             self._raw, self._pending = [], []
@@ -154,8 +155,7 @@ class RangeFold:
         # the truncate so far drops what it drops of every later step
         earlier, cut = self._truncate(), self.plan.cut
         if self._spill is None:
-            self._held, truncate, keys = fold_step(self._held, found, self.schema, cut,
-                                                   earlier)  # fmt: skip
+            self._held, truncate, keys = fold_step(self._held, found, self.schema, cut, earlier)
             tuning = self.plan.tuning
             if keys > tuning.range_keys:  # on local disk by key from now on
                 self._spill = Spill(self.schema, -(-self.records // tuning.range_keys))
@@ -167,8 +167,10 @@ class RangeFold:
         if truncate is not None:
             self.summary.truncate = [truncate.partition, truncate.offset, truncate.lsn]
             self.summary.first_lsn = None
-            before = pc.and_(pc.equal(found["partition"], truncate.partition),
-                             pc.less_equal(found["offset"], truncate.offset))  # fmt: skip
+            before = pc.and_(
+                pc.equal(found["partition"], truncate.partition),
+                pc.less_equal(found["offset"], truncate.offset),
+            )
             found = found.filter(pc.invert(before))
         low, first = pc.min(found["lsn"]).as_py(), self.summary.first_lsn
         if low is not None and (first is None or low < first):
@@ -193,16 +195,22 @@ class RangeFold:
         rows of `BAD_COLUMN`, with their payloads when they are raw rows."""
         import pyarrow as pa
 
-        self.summary.bad += zip(records["partition"].to_pylist(),
-                                records["offset"].to_pylist(),
-                                records[why].to_pylist(), strict=True)  # fmt: skip
+        self.summary.bad += zip(
+            records["partition"].to_pylist(),
+            records["offset"].to_pylist(),
+            records[why].to_pylist(),
+            strict=True,
+        )
         kind = arrow_type(BAD_TYPE)
         names = {"key": "key_payload", "value": "value_payload", "reason": why}
         fields = []
         for field in kind:
             name = names.get(field.name, field.name)
-            column = (records[name] if name in records.schema.names
-                      else pa.nulls(records.num_rows, field.type))  # fmt: skip
+            column = (
+                records[name]
+                if name in records.schema.names
+                else pa.nulls(records.num_rows, field.type)
+            )
             if isinstance(column, pa.ChunkedArray):
                 column = column.combine_chunks()
             fields.append(column.cast(field.type))
@@ -235,8 +243,9 @@ class RangeFold:
         """The resolved rows (batches of up to `BATCH_ROWS` rows, of `TopicPlan.ddl`),
         then the summary row; only the summary when the range met unplanned schemas."""
         summary = self.summary
-        summary.unplanned = {side: list(found.items())
-                             for side, found in self._unplanned.items() if found}  # fmt: skip
+        summary.unplanned = {
+            side: list(found.items()) for side, found in self._unplanned.items() if found
+        }
         if not summary.unplanned:
             summary.key_schemas = list(self._met["key"].items())
             summary.value_schemas = list(self._met["value"].items())
@@ -244,8 +253,7 @@ class RangeFold:
             yield from self.drain()
             if not self.changelog and self.schema is not None:
                 for table in self._tables():
-                    summary.max_source_ms = tally(table, summary.counts,
-                                                  summary.max_source_ms)  # fmt: skip
+                    summary.max_source_ms = tally(table, summary.counts, summary.max_source_ms)
                     self._hashes.append(key_hashes(table_rows(table), self.schema.key_names))
                     yield from self._out(table)
         yield from self._out(None, summary)
@@ -270,8 +278,9 @@ class RangeFold:
             for start in range(0, table.num_rows, BATCH_ROWS):
                 yield table.slice(start, BATCH_ROWS)
 
-    def _out(self, table: pa.Table | None, summary: RangeSummary | None = None,
-             bad=None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    def _out(
+        self, table: pa.Table | None, summary: RangeSummary | None = None, bad=None
+    ) -> Iterator[pa.RecordBatch]:
         """Resolved rows (`table`, with the columns it lacks `absent`), the summary row,
         or rows of records set aside (`bad`, of `BAD_TYPE`; the other columns of such a
         row null) as batches of the plan's `ddl`."""
@@ -314,8 +323,9 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan], together: bo
             if not group:
                 continue
             first = group[0]
-            fold = RangeFold(plans[first["topic"]], first["partition"],
-                             sum(r["end"] - r["start"] for r in group))  # fmt: skip
+            fold = RangeFold(
+                plans[first["topic"]], first["partition"], sum(r["end"] - r["start"] for r in group)
+            )
             try:
                 # the rows of a table without a key come after each read batch (a
                 # range's memory is one read batch's, whatever its size); a keyed fold's

@@ -58,9 +58,13 @@ def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
     import pyarrow as pa
 
     n = len(next(iter(data.values()))) if data else 0
-    return pa.table([data[name].cast(arrow_type(t)) if name in data
-                     else absent(name, arrow_type(t), n)
-                     for name, t in columns], names=[name for name, _ in columns])  # fmt: skip
+    return pa.table(
+        [
+            data[name].cast(arrow_type(t)) if name in data else absent(name, arrow_type(t), n)
+            for name, t in columns
+        ],
+        names=[name for name, _ in columns],
+    )
 
 
 def absent(name: str, type_, n: int):
