@@ -86,7 +86,6 @@ def write_table(
     of the batch (`cdclake.resolve.lineage.Linked`), kept for later batches before the
     commit, those the batch's creates took forgotten after it."""
     spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
-    truncate, counts = resolved.truncate, resolved.counts
     with conflicts_reported(
         f"{qualified}: another run wrote to this table at the same time; this run's "
         "batch was not committed to it. Plan again."
@@ -118,44 +117,20 @@ def write_table(
         source.createOrReplaceTempView(view)
         if hard and resolved.deletes:
             record_deleted_keys(spark, qualified, rows, schema)
-        lsns = (state.truncated_below, truncate and truncate.lsn)
-        below = max((x for x in lsns if x is not None), default=None)
-        # a keyed table that holds no row takes only the MERGE's inserts: an append
         keyed = bool(schema.key_names)
         first_load = keyed and batch.tuning.first_load_append and state.empty and not dropped
-        query = merge_sql = None
-        if first_load:
-            query = build_first_load_sql(
-                view, schema, soft, deleted_lsn=hard, truncated_below=below
-            )
-        elif keyed:
-            # the columns whose placeholders may be left to the table: those with a flag
-            flags = [n for n in resolved.rows.columns if n.startswith(TOAST_PREFIX)]
-            toast_columns = [n.removeprefix(TOAST_PREFIX) for n in flags] if resolved.toast else []
-            merge_sql = build_merge_sql(
-                target,
-                view,
-                schema,
-                toast_columns,
-                truncate=truncate,
-                dropped_columns=dropped,
-                soft_delete=soft,
-                deleted_lsn=hard,
-                truncated_below=below,
-                key_values=_key_filter(state, schema, rows, truncate, counts, batch.tuning),
-            )
-        else:
-            merge_sql = build_append_sql(target, view, schema, soft_delete=soft)
+        mode = (soft, hard, first_load)
+        sql = _write_sql(batch.tuning, state, schema, resolved, view, target, dropped, mode)
         try:
             batch.leases.check(qualified)
             with (
                 commit_properties(spark, props),
                 _staged(spark, qualified, before_id, stage, props),
             ):
-                if query is not None:
-                    append_to_empty(spark, target, query, before_id)
+                if first_load:
+                    append_to_empty(spark, target, sql, before_id)
                 else:
-                    spark.sql(merge_sql)
+                    spark.sql(sql)
         finally:
             spark.catalog.dropTempView(view)
         after_id = _check_commit(spark, qualified, before_id, props)
@@ -282,3 +257,42 @@ def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, coun
     except ValueError:  # a text no SQL literal holds
         return None
     return values
+
+
+def _write_sql(
+    tuning: Tuning,
+    state: TableState,
+    schema: TopicSchema,
+    resolved: Resolved,
+    view: str,
+    target: str,
+    dropped: list[str],
+    mode: tuple[bool, bool, bool],
+) -> str:
+    """The statement that writes the rows of `view` into `target`: the first load's query
+    (a keyed table that holds no row takes only the MERGE's inserts: an append), the MERGE
+    of a keyed table, or the append of a keyless one. `mode`: soft deletes, a deleted-keys
+    ledger (hard deletes), the first load."""
+    soft, hard, first_load = mode
+    truncate = resolved.truncate
+    lsns = (state.truncated_below, truncate and truncate.lsn)
+    below = max((x for x in lsns if x is not None), default=None)
+    if first_load:
+        return build_first_load_sql(view, schema, soft, deleted_lsn=hard, truncated_below=below)
+    if not schema.key_names:
+        return build_append_sql(target, view, schema, soft_delete=soft)
+    # the columns whose placeholders may be left to the table: those with a flag
+    flags = [n for n in resolved.rows.columns if n.startswith(TOAST_PREFIX)]
+    toast_columns = [n.removeprefix(TOAST_PREFIX) for n in flags] if resolved.toast else []
+    return build_merge_sql(
+        target,
+        view,
+        schema,
+        toast_columns,
+        truncate=truncate,
+        dropped_columns=dropped,
+        soft_delete=soft,
+        deleted_lsn=hard,
+        truncated_below=below,
+        key_values=_key_filter(state, schema, resolved.rows, truncate, resolved.counts, tuning),
+    )
