@@ -11,9 +11,10 @@ from enum import StrEnum
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.leases import Leases
+from cdclake.iceberg.write import WrittenBy
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
-from cdclake.placement import Tuning
+from cdclake.placement import Placement, Tuning
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
 
 log = logging.getLogger(__name__)
@@ -40,14 +41,10 @@ class TableResult:
     dead_letters: int = 0
     truncated: bool = False
     offsets: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # where the changes were decoded and resolved: "driver" (a small batch) or "ranges"
-    # (in the Spark tasks that read the Kafka partitions' ranges); empty when the table
-    # had nothing to load
-    resolved_by: str = ""
-    # how the rows were written: "merge", or "append" (a table without a key, or a keyed
-    # table that held no row, as on a first load: the MERGE's inserts alone, without its
-    # join); empty when nothing was
-    written_by: str = ""
+    # where the changes were decoded and resolved; None when the table had nothing to load
+    resolved_by: Placement | None = None
+    # how the rows were written; None when nothing was
+    written_by: WrittenBy | None = None
     snapshot_id: int | None = None
     # where the time went, in seconds: `read` (the batch's read and raw scan, shared by
     # its tables), then this table's `state` (table state and schema check), `resolve`

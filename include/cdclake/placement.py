@@ -4,10 +4,10 @@ caller asks for (the tests run each place, the benchmark compares them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Placement(Enum):
+class Placement(StrEnum):
     """Where the changes of a batch are read and resolved.
 
     `AUTO` is the rule every load follows, on the batch's planned records alone (before

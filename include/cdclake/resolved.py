@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cdclake.placement import Placement
+
 # a keyed table's resolved row, per TOAST column: the column's value is a placeholder left
 # to the table (the MERGE keeps the table's value)
 TOAST_PREFIX = "_cdc_toast_"
@@ -40,7 +42,7 @@ class Resolved:
     counts: Mapping[bool, int]
     max_ms: int | None
     toast: bool
-    by: str
+    by: Placement
     dead_letters: int = 0
     cached: object = None  # the persisted frame the rows come from, when not the rows
 

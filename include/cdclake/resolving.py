@@ -35,7 +35,7 @@ def resolve_table(
             got.counts,
             got.max_source_ms,
             got.toast,
-            Placement.RANGES.value,
+            Placement.RANGES,
             dead,
         )
     import pyarrow as pa
@@ -58,7 +58,7 @@ def resolve_table(
         done.counts,
         done.max_source_ms,
         done.toast,
-        Placement.DRIVER.value,
+        Placement.DRIVER,
         dead,
     )
 

@@ -7,6 +7,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any, Protocol
 
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
@@ -56,6 +57,15 @@ from cdclake.placement import Tuning
 from cdclake.resolved import TOAST_PREFIX, Resolved
 
 log = logging.getLogger(__name__)
+
+
+class WrittenBy(StrEnum):
+    """How a batch's rows were written into a table (`TableResult.written_by`)."""
+
+    MERGE = "merge"
+    # a table without a key, or a keyed table that held no row (as on a first load): the
+    # MERGE's inserts alone, without its join
+    APPEND = "append"
 
 
 class Writing(Protocol):
@@ -137,7 +147,7 @@ def write_table(
         if moved is not None:
             forget_key_changes(spark, qualified, moved.taken, schema)
         batch.leases.done(qualified)
-    return after_id, "merge" if keyed and not first_load else "append"
+    return after_id, WrittenBy.MERGE if keyed and not first_load else WrittenBy.APPEND
 
 
 def _summary_properties(
