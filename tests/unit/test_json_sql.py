@@ -21,7 +21,8 @@ from cdclake.debezium.connect import (
     ConnectField,
 )
 from cdclake.debezium.formats import BadRecord
-from cdclake.debezium.json_sql import _TYPED, changes_sql, lake_values, leaf
+from cdclake.debezium.json_decode import lake_values
+from cdclake.debezium.json_sql import _TYPED, changes_sql, leaf
 from cdclake.debezium.json_values import decoder
 
 duckdb = pytest.importorskip("duckdb")

@@ -6,7 +6,7 @@ flattened), each shape one module with the functions of `Codec`. The reader spli
 record with the format's `raw_rows` into schema ids, schema text and payload (an Avro
 record as the JSON converter would have written it); the batch's topic shape
 comes from the row fields of its schemas (`key_fields`, `value_fields`); DuckDB decodes
-the raw rows into a table of changes (`cdclake.debezium.json_sql.decoded`), a reason
+the raw rows into a table of changes (`cdclake.debezium.json_decode.decoded`), a reason
 beside each record that cannot be applied. Everything after that table (the CDC rules,
 the MERGE) is the same for every format.
 """

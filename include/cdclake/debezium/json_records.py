@@ -2,7 +2,7 @@
 `cdclake.debezium.formats`): each record a whole change event envelope. The reader splits
 each envelope into its schema and payload text (`cdclake.raw_rows`); the schemas give
 the topic's columns (`key_fields`, `value_fields`) and DuckDB reads the payloads
-(`cdclake.debezium.json_sql`)."""
+(`cdclake.debezium.json_decode`)."""
 
 from __future__ import annotations
 

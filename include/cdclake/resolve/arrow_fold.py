@@ -1,4 +1,4 @@
-"""Each key's resolved row from a table of decoded changes (`json_sql.decoded`'s), all
+"""Each key's resolved row from a table of decoded changes (`json_decode.decoded`'s), all
 in Arrow and numpy: the truncate, the changes folded (`cdclake.resolve.latest`) and the
 rows taken column by column."""
 

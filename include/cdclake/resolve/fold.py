@@ -1,5 +1,5 @@
 """The resolve of one topic's raw records (the reader's Arrow rows) into the rows the MERGE
-reads (`resolve_rows`): decoded by DuckDB (`cdclake.debezium.json_sql.decoded`), then each
+reads (`resolve_rows`): decoded by DuckDB (`cdclake.debezium.json_decode.decoded`), then each
 key's latest change in Kafka order (`cdclake.resolve.arrow_fold.resolve_table`, over the
 rules of `cdclake.resolve.latest`), or for a table without a key every change
 (`changelog_table`). It runs in the driver for a batch the driver read
@@ -76,7 +76,7 @@ def resolve_rows(
     that cannot be applied; `cut`: the LSN of the last truncate the table applied."""
     import pyarrow.compute as pc
 
-    from cdclake.debezium.json_sql import decoded
+    from cdclake.debezium.json_decode import decoded
     from cdclake.resolve.arrow_fold import changelog_table, resolve_table
 
     check_key_types(schema)

@@ -177,11 +177,11 @@ class RangeFold:
             self.summary.first_lsn = low
 
     def _decoded(self, raw: pa.Table) -> pa.Table | None:
-        """The raw rows' changes (`json_sql.decoded`) but for the records that cannot be
+        """The raw rows' changes (`json_decode.decoded`) but for the records that cannot be
         applied, which go to the summary (`_set_aside`)."""
         import pyarrow.compute as pc
 
-        from cdclake.debezium.json_sql import decoded
+        from cdclake.debezium.json_decode import decoded
 
         found = decoded(raw, self.schema, self._texts["key"], self._texts["value"])
         if found is not None and found["reason"].null_count != found.num_rows:

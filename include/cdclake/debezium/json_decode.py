@@ -1,0 +1,114 @@
+"""Raw rows of one topic as a table of changes: `json_sql`'s queries run by DuckDB over
+the payload texts, each run of one (key, value) schema pair by its own query, and the
+values DuckDB leaves as JSON text decoded by `json_values.decoder` (`lake_values`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from cdclake.debezium.connect import arrow_type, parse_connect_schema
+from cdclake.debezium.formats import BadRecord
+from cdclake.debezium.json_flat import tombstone_deletes
+from cdclake.debezium.json_sql import ROW_SIDES, changes_sql, leaf
+from cdclake.debezium.json_values import decoder
+
+_FLAT_META = frozenset(("__op", "__lsn", "__source_ts_ms"))
+
+
+def decoded(rows, schema, key_schemas, value_schemas):
+    """Raw rows of one topic (JSON with schema, any mix of its key and value schemas) as
+    `changes_sql` reads them, each run of one (key, value) schema pair by its query, read
+    unchecked first (see `json_sql`), its columns as the lake holds them (`lake_values`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    codec = schema.format.codec
+    deletes = schema.format.flat and tombstone_deletes(value_schemas.values())
+    pairs = pa.table({"k": rows["key_schema_id"], "v": rows["value_schema_id"]})
+    parts = []
+    found_pairs = pairs.group_by(["k", "v"]).aggregate([]).to_pylist()
+    with _database().cursor() as con:
+        for k, v in sorted(((p["k"], p["v"]) for p in found_pairs), key=repr):
+            same = pc.and_kleene(_same(rows["key_schema_id"], k), _same(rows["value_schema_id"], v))
+            part = rows.filter(same)
+            kf = codec.key_fields(key_schemas[k]) if k is not None else ()
+            vf = codec.value_fields(value_schemas[v], "value") if v is not None else ()
+            flat = None
+            if schema.format.flat:
+                meta = parse_connect_schema(value_schemas[v]).fields if v is not None else ()
+                flat = (frozenset(f.name for f in meta if f.name in _FLAT_META), deletes)
+            parts.append(_read(con, part, (kf, vf, schema), flat))
+    if not parts:
+        return None
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _read(con, rows, fields, flat):
+    """`changes_sql`'s rows of raw rows of one schema pair (`fields`: its key and value
+    fields and the topic's schema), unchecked, then checked when one has a reason."""
+    con.register("raw", rows)
+    try:
+        found = con.sql(changes_sql(*fields, "raw", False, flat)).to_arrow_table()
+        if found["reason"].null_count != found.num_rows:
+            found = con.sql(changes_sql(*fields, "raw", True, flat)).to_arrow_table()
+    finally:
+        con.unregister("raw")
+    return lake_values(found, *fields[1:])
+
+
+@functools.cache
+def _database():
+    """The process's one in-memory DuckDB database, on one thread (a connection costs
+    ~20 ms; each call takes a cursor of its own, so threads can share it)."""
+    import duckdb
+
+    return duckdb.connect(config={"threads": 1})
+
+
+def lake_values(found, value_fields, schema):
+    """`changes_sql`'s rows `found` of one value schema with each side's values as the
+    lake holds them: a decimal from its unscaled value, JSON text decoded by its field's
+    `decoder` (a value that does not fit: NULL, and its record's reason says why)."""
+    import pyarrow as pa
+
+    by_name = {f.name: f for f in value_fields}
+    reasons = None  # the records' reasons as a list, once a decoder may add to them
+    for c in schema.columns:
+        f = by_name.get(c.name)
+        texts = f is not None and leaf(f, "x").value is None
+        if not texts and not c.type.startswith("decimal("):
+            continue
+        for name in (f"{side}__{c.name}" for side in ROW_SIDES):
+            column = found[name].combine_chunks()
+            if texts:
+                reasons = found["reason"].to_pylist() if reasons is None else reasons
+                column = pa.array(_decode(column.to_pylist(), f, reasons), arrow_type(c.type))
+            else:  # the unscaled value
+                column = column.cast(pa.decimal128(38, 0)).view(arrow_type(c.type))
+            found = found.set_column(found.schema.get_field_index(name), name, column)
+    if reasons is None:
+        return found
+    return found.set_column(
+        found.schema.get_field_index("reason"), "reason", pa.array(reasons, pa.string())
+    )
+
+
+def _decode(texts, f, reasons):
+    """JSON texts decoded by field `f`'s `decoder`; one that does not fit is None, and
+    the first reason of its record (`reasons`, set in place) unless it has one."""
+    fn, out = decoder(f), []
+    for i, text in enumerate(texts):
+        try:
+            out.append(None if text is None else fn(json.loads(text)))
+        except BadRecord as exc:
+            out.append(None)
+            why = str(exc) if str(exc).startswith("field ") else f"field {f.name!r}: {exc}"
+            reasons[i] = reasons[i] or why
+    return out
+
+
+def _same(column, value):
+    import pyarrow.compute as pc
+
+    return pc.is_null(column) if value is None else pc.fill_null(pc.equal(column, value), False)
