@@ -157,9 +157,9 @@ def _problems(path: Path, exc: ValidationError) -> list[str]:
 
 def _field(loc: tuple[Any, ...]) -> str:
     """A field's path as a file's author reads it: `tables[2].delete_mode`."""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    text = str(loc[0]) if loc else ""
+    for part in loc[1:]:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
     return text
 
 
