@@ -1,21 +1,52 @@
-"""Pipeline configuration: frozen dataclasses, built once at the edge from a pipeline file
-(`pipeline_file`), and what the rest of cdclake reads."""
+"""Pipeline configuration: the frozen dataclasses the rest of cdclake reads, and the rule of
+each field. pydantic checks the rules when `pipeline_file` reads a pipeline file into these
+classes (every validator here sees a file's values); code that builds them itself is
+trusted, as their constructors check nothing."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    AliasChoices,
+    AliasGenerator,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+    with_config,
+)
+
+from cdclake.config_fields import (
+    FILE,
+    IDENTIFIER,
+    Column,
+    FieldProblem,
+    Identifier,
+    OptionalText,
+    OrphanHours,
+    PipelineName,
+    Schedule,
+    SchemaTable,
+    Seconds,
+    Settings,
+    SourceTable,
+    Text,
+    TopicPrefix,
+    Transform,
+    Whole,
+    is_glob,
+)
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.registry import RegistryConfig
 from cdclake.exceptions import ConfigError
-
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class DeleteMode(StrEnum):
@@ -39,14 +70,15 @@ class CatalogType(StrEnum):
     REST = "rest"  # an Iceberg REST catalog service
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class TimeoutsConfig:
     """How long cdclake waits on Kafka, the catalog and the source database: `connect_s` to
     reach an endpoint (TCP and handshake), `request_s` for one request's answer. So an
     endpoint that accepts connections but never answers fails the task, naming it."""
 
-    connect_s: float = 10.0
-    request_s: float = 30.0
+    connect_s: Seconds = 10.0
+    request_s: Seconds = 30.0
 
 
 class _ClosedCoordinator(logging.Filter):
@@ -57,8 +89,8 @@ class _ClosedCoordinator(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return not ("[thrd:GroupCoordinator]" in text and "Broker transport failure" in text
-                    and "in state DOWN)" in text)  # fmt: skip
+        marks = ("[thrd:GroupCoordinator]", "Broker transport failure", "in state DOWN)")
+        return not all(mark in text for mark in marks)
 
 
 # librdkafka's own lines, as Python log records (of every client `client_config` sets up)
@@ -66,15 +98,35 @@ CLIENT_LOG = logging.getLogger("cdclake.kafka.client")
 CLIENT_LOG.addFilter(_ClosedCoordinator())
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class KafkaConfig:
-    bootstrap_servers: str
-    properties: Mapping[str, str] = field(default_factory=dict)
+    bootstrap_servers: Text
+    properties: Settings = field(default_factory=dict)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
     # the converter the connector writes with: how the reader splits and decodes records
     format: WireFormat = WireFormat.JSON
     # where an Avro format's schemas are (None for JSON)
     schema_registry: RegistryConfig | None = None
+
+    @model_validator(mode="after")
+    def _registry_of_avro(self) -> KafkaConfig:
+        """An Avro format's schema registry, at an http(s) URL that carries no login."""
+        registry, fmt = self.schema_registry, self.format
+        if registry is None and fmt.avro:
+            raise FieldProblem("schema_registry.url", f"is required with kafka.format {fmt}")
+        if registry is None:
+            return self
+        if not fmt.avro:
+            problem = f"is for the Avro formats, and kafka.format is {fmt}"
+            raise FieldProblem("schema_registry", problem)
+        url = registry.url
+        if not url.startswith(("http://", "https://")) or "@" in url.partition("://")[2]:
+            raise FieldProblem(
+                "schema_registry.url",
+                f"{url!r} must be an http(s) URL without a login (the login goes in user_info)",
+            )
+        return replace(self, schema_registry=replace(registry, url=url.rstrip("/")))
 
     def client_config(self) -> dict[str, object]:
         """librdkafka settings shared by every client cdclake creates; `properties` win,
@@ -98,27 +150,61 @@ class KafkaConfig:
         return str(self.client_config()["bootstrap.servers"])
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class CatalogConfig:
-    name: str
+    name: Identifier
     type: CatalogType
-    uri: str
-    warehouse: str
-    properties: Mapping[str, str] = field(default_factory=dict)
+    uri: Text
+    warehouse: Text  # a URI; in a file, a path without "://" is relative to the file
+    properties: Settings = field(default_factory=dict)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # the pipeline's
 
+    @field_validator("warehouse")
+    @classmethod
+    def _beside_the_file(cls, warehouse: str, info: ValidationInfo) -> str:
+        if "://" in warehouse:
+            return warehouse
+        return (Path(info.context["file"]).parent / warehouse).resolve().as_uri()
 
+
+@with_config(FILE)
 @dataclass(frozen=True)
 class TableConfig:
     """One captured source table and where it lands."""
 
-    source: str  # "<schema>.<table>" in PostgreSQL
-    target: str  # table name inside the pipeline's namespace
-    key: tuple[str, ...] = ()  # overrides the Kafka key columns when set
-    exclude: tuple[str, ...] = ()  # source columns never loaded
+    # "<schema>.<table>" in PostgreSQL; a pattern of * and ? makes the table a pattern
+    source: SourceTable
+    # table name inside the pipeline's namespace ("" for a pattern: its tables keep theirs)
+    target: Identifier = ""
+    key: tuple[Column, ...] = ()  # overrides the Kafka key columns when set
+    exclude: tuple[Column, ...] = ()  # source columns never loaded
     delete_mode: DeleteMode = DeleteMode.HARD
-    partition_by: tuple[str, ...] = ()  # Iceberg transforms: "bucket(16, id)", "days(ts)"
-    properties: Mapping[str, str] = field(default_factory=dict)  # Iceberg table properties
+    partition_by: tuple[Transform, ...] = ()  # Iceberg transforms: "bucket(16, id)", "days(ts)"
+    properties: Settings = field(default_factory=dict)  # Iceberg table properties
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listed(cls, item: Any) -> Any:
+        """A table is listed as its source's name or as a mapping."""
+        if isinstance(item, str):
+            return {"source": item}
+        if not isinstance(item, dict):
+            raise ValueError("must be a string '<schema>.<table>' or a mapping")
+        if isinstance(item.get("source"), str) and is_glob(item["source"]) and "target" in item:
+            problem = "a pattern's tables keep their own names; list a table by name to rename it"
+            raise FieldProblem("target", problem)
+        return item
+
+    @model_validator(mode="after")
+    def _named(self) -> TableConfig:
+        """A key column is never excluded; the target defaults to the source's table name."""
+        clash = sorted(set(self.key) & set(self.exclude))
+        if clash:
+            raise FieldProblem("exclude", f"key column(s) {clash} cannot be excluded")
+        if self.target or is_glob(self.source):
+            return self
+        return replace(self, target=self.source_table)
 
     @property
     def source_schema(self) -> str:
@@ -129,34 +215,49 @@ class TableConfig:
         return self.source.split(".", 1)[1]
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class SparkConfig:
     conn_id: str = "spark_default"
     master: str = "local[2]"  # used by the CLI; Airflow takes the master from conn_id
-    conf: Mapping[str, str] = field(default_factory=dict)
+    conf: Settings = field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_served(cls, section: Any) -> Any:
+        if isinstance(section, dict) and "served" in section:  # a file of an older cdclake
+            problem = "the served driver was removed; loads run through spark-submit"
+            raise FieldProblem("served", problem + " (remove this key)")
+        return section
 
 
-HANDLING_MODES = {
-    "decimal_handling_mode": ("precise", "double", "string"),
-    "time_precision_mode": ("adaptive", "adaptive_time_microseconds", "connect"),
-    "binary_handling_mode": ("bytes", "base64", "base64-url-safe", "hex"),
-    "hstore_handling_mode": ("json", "map"),
-    "interval_handling_mode": ("numeric", "string"),
-}
+# a handling mode is also read by the connector's own name of it: binary.handling.mode
+_DOTTED = AliasGenerator(validation_alias=lambda name: AliasChoices(name, name.replace("_", ".")))
 
 
+@with_config({**FILE, "alias_generator": _DOTTED})
 @dataclass(frozen=True)
 class ConnectorModes:
     """The connector's handling modes, as set on it (Debezium's defaults otherwise). The
     load decodes by the Connect schema alone; `compare` needs them to read values back."""
 
-    decimal_handling_mode: str = "precise"
-    time_precision_mode: str = "adaptive"
-    binary_handling_mode: str = "bytes"
-    hstore_handling_mode: str = "json"
-    interval_handling_mode: str = "numeric"
+    decimal_handling_mode: Literal["precise", "double", "string"] = "precise"
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
+    binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = "bytes"
+    hstore_handling_mode: Literal["json", "map"] = "json"
+    interval_handling_mode: Literal["numeric", "string"] = "numeric"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, section: Any) -> Any:
+        for name in (f.name for f in fields(cls) if isinstance(section, dict)):
+            dotted = name.replace("_", ".")
+            if name in section and dotted in section:
+                raise FieldProblem(dotted, f"give connector.{name} or {dotted}, not both")
+        return section
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class WatchConfig:
     """Runs when records arrive: the load DAG is scheduled on an Airflow Asset that the
@@ -167,54 +268,57 @@ class WatchConfig:
     conn_id: str = "cdclake_kafka"
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class SourceConfig:
     """The captured PostgreSQL database and Debezium's signal and notification channels."""
 
     conn_id: str = "cdclake_source"  # Airflow connection of the source database
-    dsn: str | None = None  # libpq connection string for the CLI (password: PGPASSWORD)
-    signal_table: str = "public.debezium_signal"
-    signal_topic: str | None = None  # Kafka signal channel, when the connector enables it
-    notification_topic: str | None = None  # default: <topic_prefix>.debezium_notifications
+    dsn: OptionalText = None  # libpq connection string for the CLI (password: PGPASSWORD)
+    signal_table: SchemaTable = "public.debezium_signal"
+    signal_topic: OptionalText = None  # Kafka signal channel, when the connector enables it
+    notification_topic: OptionalText = None  # default: <topic_prefix>.debezium_notifications
     # what a snapshot filter may cost the source database, estimated before it is sent
     # (`cdclake_control.snapshot_filter.check_in_source`)
-    filter_max_seconds: float = 600.0
+    filter_max_seconds: Seconds = 600.0
 
 
+@with_config(FILE)
 @dataclass(frozen=True)
 class MaintenanceConfig:
     """Iceberg table maintenance of a pipeline's tables (its
-    `cdclake_maintenance__<pipeline>` DAG, on `schedule`).
+    `cdclake_maintenance__<pipeline>` DAG, on `schedule`; None: manual runs only).
 
     Expiry never removes the newest snapshot that carries the committed offsets, whatever
     these settings say (see `cdclake.iceberg.maintenance`).
     """
 
     enabled: bool = True
-    schedule: str | None = "@daily"
-    expire_older_than_hours: int = 120  # snapshots older than this are expired ...
-    retain_last: int = 10  # ... but at least this many of the newest are kept
-    target_file_size_bytes: int = 134_217_728  # data file size compaction aims at
-    min_input_files: int = 5  # a file group is rewritten from this many small files on
-    delete_file_threshold: int = 2  # a data file with this many delete files is rewritten
-    orphan_older_than_hours: int = 72  # unreferenced files younger than this are kept
+    schedule: Schedule = "@daily"
+    expire_older_than_hours: Annotated[Whole, Field(ge=0)] = 120  # older snapshots expire ...
+    retain_last: Annotated[Whole, Field(ge=1)] = 10  # ... but at least this many are kept
+    # the data file size compaction aims at
+    target_file_size_bytes: Annotated[Whole, Field(ge=1_048_576)] = 134_217_728
+    # a file group is rewritten from this many small files on
+    min_input_files: Annotated[Whole, Field(ge=1)] = 5
+    delete_file_threshold: Annotated[Whole, Field(ge=1)] = 2  # delete files that rewrite a file
+    orphan_older_than_hours: OrphanHours = 72  # younger unreferenced files are kept
 
 
-ORPHAN_MIN_HOURS = 24  # younger files may belong to a commit that is still running
-
-
+@with_config(FILE)
 @dataclass(frozen=True)
 class PipelineConfig:
-    name: str
+    name: PipelineName
     path: Path
-    topic_prefix: str
+    topic_prefix: TopicPrefix
     kafka: KafkaConfig
     catalog: CatalogConfig
-    namespace: str
-    tables: tuple[TableConfig, ...]  # listed by name, plus those `discover` found
-    max_records_per_batch: int = 1_000_000
-    parallel_tables: int = 4  # tables of one batch loaded at the same time
-    schedule: str | None = None
+    namespace: Identifier
+    # listed by name, plus those `discover` found
+    tables: Annotated[tuple[TableConfig, ...], Field(min_length=1)]
+    max_records_per_batch: Annotated[Whole, Field(gt=0)] = 1_000_000
+    parallel_tables: Annotated[Whole, Field(gt=0)] = 4  # tables of one batch loaded at once
+    schedule: Schedule = None
     watch: WatchConfig | None = None  # also run when records arrive
     on_error: OnError = OnError.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
@@ -224,6 +328,35 @@ class PipelineConfig:
     # `source` globs ("inventory.*"): every captured table that matches is loaded too
     patterns: tuple[TableConfig, ...] = ()
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)  # kafka, catalog carry it
+
+    @model_validator(mode="after")
+    def _as_a_whole(self) -> PipelineConfig:
+        """What a file's sections say together: its `tables` are the tables it names and
+        the patterns; two tables never land in one target; `watch` needs a schedule that
+        repeats (or none); the Kafka clients and the catalog wait `timeouts`."""
+        if self.watch is not None and self.schedule in ("@once", "@continuous"):
+            raise FieldProblem(
+                "watch",
+                f"cannot be combined with schedule {self.schedule!r}: give a cron expression, "
+                "a periodic preset or no schedule",
+            )
+        tables = tuple(t for t in self.tables if not is_glob(t.source))
+        seen: dict[str, str] = {}
+        for t in tables:
+            if t.target in seen:
+                problem = f"{seen[t.target]} and {t.source} both land in {t.target!r}"
+                raise FieldProblem("tables", problem)
+            seen[t.target] = t.source
+        registry = self.kafka.schema_registry
+        if registry is not None:
+            registry = replace(registry, timeout_s=self.timeouts.request_s)
+        return replace(
+            self,
+            tables=tables,
+            patterns=tuple(t for t in self.tables if is_glob(t.source)),
+            kafka=replace(self.kafka, timeouts=self.timeouts, schema_registry=registry),
+            catalog=replace(self.catalog, timeouts=self.timeouts),
+        )
 
     @property
     def notification_topic(self) -> str:

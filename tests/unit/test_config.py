@@ -65,7 +65,7 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (("namespace: shop", "namespace: 3rd"), "namespace"),  # not an identifier
         (("type: jdbc", "type: glue"), "catalog.type"),  # unsupported catalog
         (("  - public.orders", "  - orders"), "tables[0].source"),  # no schema part
-        (("key: [order_id, line]", "key: [1]"), "tables[1].key"),  # key not a name
+        (("key: [order_id, line]", "key: [1]"), "tables[1].key[0]"),  # key not a name
         (("tables:", "max_records_per_batch: 0\ntables:"), "max_records_per_batch"),
         (("tables:", "on_error: ignore\ntables:"), "on_error"),  # not a known mode
         (("tables:", "parallel_tables: 0\ntables:"), "parallel_tables"),  # no table at a time
@@ -226,18 +226,21 @@ def test_maintenance_defaults_and_overrides(tmp_path):
 @pytest.mark.parametrize(
     "section, field, problem",
     [
-        ("{retain_last: 0}", "maintenance.retain_last", "must be at least 1"),  # no snapshot left
+        ("{retain_last: 0}", "maintenance.retain_last",
+         "Input should be greater than or equal to 1"),  # no snapshot left
         ("{orphan_older_than_hours: 1}", "maintenance.orphan_older_than_hours",
          "must be at least 24"),  # younger files may be a committing load's
         ("{expire_older_than_hours: -1}", "maintenance.expire_older_than_hours",
-         "must be at least 0"),
-        ("{min_input_files: many}", "maintenance.min_input_files", "must be a int"),  # not a number
-        ("{delete_file_threshold: 0}", "maintenance.delete_file_threshold", "must be at least 1"),
+         "Input should be greater than or equal to 0"),
+        ("{min_input_files: many}", "maintenance.min_input_files",
+         "Input should be a valid integer"),  # not a number
+        ("{delete_file_threshold: 0}", "maintenance.delete_file_threshold",
+         "Input should be greater than or equal to 1"),
         ("{target_file_size_bytes: 10}", "maintenance.target_file_size_bytes",
-         "must be at least 1048576"),  # < 1 MiB
-        ("{enabled: sometimes}", "maintenance.enabled", "must be a bool"),
+         "Input should be greater than or equal to 1048576"),  # < 1 MiB
+        ("{enabled: sometimes}", "maintenance.enabled", "Input should be a valid boolean"),
         ("{keep_forever: true}", "maintenance.keep_forever", "unknown key"),
-        ("[expire]", "maintenance", "must be a dict"),  # not a mapping
+        ("[expire]", "maintenance", "must be a mapping"),  # not a mapping
         ("{serve: 'http://driver:8765'}", "spark.serve", "unknown key"),
         # a pipeline file written for the served driver, which was removed
         ("{served: 'http://driver:8765', conf: {}}", "spark.served",
@@ -255,9 +258,9 @@ def test_bad_section_names_file_and_field(tmp_path, section, field, problem):
 @pytest.mark.parametrize(
     "type_line, problem",
     [("type: jdbc", None), ("type: rest", None),  # the two catalogs
-     ("type: glue", "catalog.type: 'glue' is not one of ['jdbc', 'rest']"),  # not one
-     ("type: JDBC", "catalog.type: 'JDBC' is not one of ['jdbc', 'rest']"),  # spelled so
-     ("type: ''", "catalog.type: must not be empty"),
+     ("type: glue", "catalog.type: Input should be 'jdbc' or 'rest'"),  # not one
+     ("type: JDBC", "catalog.type: Input should be 'jdbc' or 'rest'"),  # spelled so
+     ("type: ''", "catalog.type: Input should be 'jdbc' or 'rest'"),
      ("type: null", "catalog.type: is required")],  # given as nothing
 )  # fmt: skip
 def test_the_catalog_type_is_one_of_the_catalogs(tmp_path, type_line, problem):
@@ -310,8 +313,8 @@ def test_a_source_table_may_be_a_pattern_and_the_signal_table_is_kept(tmp_path):
 def test_the_wire_format_is_read_from_the_kafka_section(tmp_path, monkeypatch):
     text = VALID.replace("properties: {", "format: json, properties: {", 1)
     assert load_pipeline(write(tmp_path, text)).kafka.format is WireFormat.JSON
-    with pytest.raises(ConfigError, match=r"kafka.format: 'protobuf' is not one of "
-                       r"\['json', 'json-flat', 'avro', 'avro-flat'\]"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"kafka.format: Input should be "
+                       r"'json', 'json-flat', 'avro' or 'avro-flat'"):  # fmt: skip
         load_pipeline(write(tmp_path, text.replace("format: json", "format: protobuf")))
     monkeypatch.setenv("REGISTRY_LOGIN", "cdc:s3cret")
     avro = text.replace(
@@ -462,8 +465,8 @@ def test_a_topic_prefix_may_use_every_character_kafka_allows(tmp_path):
     assert p.topic_for(p.tables[0]) == "P.g_1-x.public.orders"
 
 
-def test_known_keys_are_those_the_parser_reads(tmp_path):
-    """The list of known keys comes from the reads themselves: every section's reads."""
+def test_known_keys_are_the_fields_of_the_section(tmp_path):
+    """The list of known keys comes from the config classes' fields, every section's."""
     path = write(tmp_path, VALID + "colour: blue\n")
     with pytest.raises(ConfigError) as err:
         load_pipeline(path)
@@ -489,7 +492,7 @@ def test_schedules_airflow_accepts_are_accepted(tmp_path, schedule):
 def test_schedule_shape_is_checked_without_croniter(monkeypatch):
     import sys
 
-    from cdclake.config_reader import schedule_problem
+    from cdclake.config_fields import schedule_problem
 
     monkeypatch.setitem(sys.modules, "croniter", None)  # import croniter raises ImportError
     assert schedule_problem("*/5 * * * *") is None
@@ -566,3 +569,88 @@ def test_a_snapshot_filters_cost_is_bounded_by_a_setting(tmp_path):
     assert load_pipeline(write(tmp_path, VALID)).source.filter_max_seconds == 600
     text = VALID.replace("tables:", "source: {filter_max_seconds: 2.5}\ntables:")
     assert load_pipeline(write(tmp_path, text)).source.filter_max_seconds == 2.5
+
+
+def test_every_problem_of_a_file_is_reported_one_line_each(tmp_path):
+    text = VALID.replace("name: shop", "name: Shop").replace("delete_mode: soft", "colour: red")
+    path = write(tmp_path, text + "parallel_tables: 0\nmaintenance: {retain_last: true}\n")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert str(err.value).splitlines() == [
+        f"{path}: name: 'Shop' must be lower-case letters, digits and underscores (at most 100)",
+        f"{path}: tables[2].colour: unknown key (known: delete_mode, exclude, key, "
+        "partition_by, properties, source, target)",
+        f"{path}: parallel_tables: Input should be greater than 0",
+        f"{path}: maintenance.retain_last: must be a whole number, got True",  # no 1
+    ]
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        pytest.param(
+            "namespace: shop",
+            "namespace: shop\npath: /elsewhere.yaml",
+            "path: unknown key (known: catalog, connector, kafka,",
+            id="the file's own path",
+        ),
+        pytest.param(
+            "tables:",
+            "patterns: ['sales.*']\ntables:",
+            "patterns: unknown key",
+            id="patterns, which come from tables",
+        ),
+        pytest.param(
+            "warehouse: wh}",
+            "warehouse: wh, timeouts: {connect_s: 1}}",
+            "catalog.timeouts: unknown key (known: name, properties, type, uri, warehouse)",
+            id="a section's timeouts, which are the pipeline's",
+        ),
+        pytest.param(
+            "properties: {security",
+            "format: avro, schema_registry: {url: 'http://r', timeout_s: 1}, properties: {security",
+            "kafka.schema_registry.timeout_s: unknown key (known: url, user_info)",
+            id="the registry's timeout, which is the pipeline's request_s",
+        ),
+    ],
+)
+def test_fields_the_pipeline_fills_in_are_not_read_from_the_file(tmp_path, old, new, expected):
+    assert VALID.count(old) == 1
+    path = write(tmp_path, VALID.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert f"{path}: {expected}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        pytest.param(
+            "  - public.orders\n",
+            "  - 7\n",
+            "tables[0]: must be a string '<schema>.<table>' or a mapping",
+            id="a number",
+        ),
+        pytest.param(
+            "  - public.orders\n",
+            "  - [public.orders]\n",
+            "tables[0]: must be a string '<schema>.<table>' or a mapping",
+            id="a list",
+        ),
+        pytest.param(
+            "  - public.orders\n",
+            "  - {source: 7}\n",
+            "tables[0].source: '7' must be '<schema>.<table>'",
+            id="a number as a source",
+        ),
+        pytest.param(
+            "tables:\n", "tables: []\nx-tables:\n", "tables: must not be empty", id="no table"
+        ),
+    ],
+)
+def test_a_table_is_listed_by_name_or_as_a_mapping(tmp_path, old, new, expected):
+    assert VALID.count(old) == 1
+    path = write(tmp_path, VALID.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(path)
+    assert f"{path}: {expected}" in str(err.value)

@@ -82,7 +82,7 @@ def test_a_key_filter_is_refused_where_it_would_change_the_outcome(schema, value
 def test_a_partition_by_entry_is_read_as_iceberg_names_its_field(spec, field):
     """What `apply_table_settings` compares with the table's spec (Iceberg's transform
     names): every form the config accepts."""
-    from cdclake.pipeline_file import partition_field
+    from cdclake.config_fields import partition_field
 
     assert partition_field(spec) == field
 

@@ -58,7 +58,7 @@ def test_timeouts_are_read_from_the_pipeline_file(tmp_path, monkeypatch):
         ("{connect_s: true}", "timeouts.connect_s", "number of seconds"),  # a bool is no number
         ("{connect_s: [1]}", "timeouts.connect_s", "number of seconds"),  # a list
         ("{connect: 5}", "timeouts.connect", "unknown key"),  # misspelt key
-        ("[10, 30]", "timeouts", "must be a dict"),  # not a mapping
+        ("[10, 30]", "timeouts", "must be a mapping"),  # not a mapping
     ],
 )
 def test_bad_timeouts_name_file_and_field(tmp_path, section, field, problem):
@@ -113,3 +113,14 @@ def test_catalog_clients_take_the_timeouts(tmp_path):
 )
 def test_a_source_dsn_is_named_without_its_password(dsn, named):
     assert describe_dsn(dsn) == named
+
+
+def test_the_schema_registry_waits_the_request_timeout(tmp_path):
+    text = PIPELINE.replace(
+        "properties: {security.protocol: SSL}",
+        "format: avro, schema_registry: {url: 'http://registry:8080/'}",
+    )
+    registry = load_pipeline(
+        write(tmp_path, text + "timeouts: {request_s: 7}\n")
+    ).kafka.schema_registry
+    assert (registry.url, registry.timeout_s) == ("http://registry:8080", 7.0)

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from cdclake.config_fields import partition_field
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
 from cdclake.iceberg.merge_sql import (
@@ -30,7 +31,6 @@ from cdclake.iceberg.snapshots import (
     offsets_summary,
 )
 from cdclake.offsets import SUMMARY_TRUNCATE, TopicPartition
-from cdclake.pipeline_file import partition_field
 
 log = logging.getLogger(__name__)
 
