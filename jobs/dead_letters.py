@@ -28,8 +28,10 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(rows, default=str))
     else:
         report = replay(spark, pipeline, table, since)
-        print(f"{report['replayed']} of {report['pending']} pending dead letter(s) for "
-              f"{pipeline.name} replayed")  # fmt: skip
+        print(
+            f"{report['replayed']} of {report['pending']} pending dead letter(s) for "
+            f"{pipeline.name} replayed"
+        )
         print(json.dumps(report))
 
 

@@ -197,12 +197,20 @@ def parse_request(
     request = BackfillRequest(
         tables=names,
         mode=mode_v,
-        start=position(start_v.value, start_offsets, start_timestamp, "start_offsets"
-                       if start_v is StartAt.OFFSETS else "start_timestamp"),
-        end=position(end_v.value, end_offsets, end_timestamp, "end_offsets"
-                     if end_v is EndAt.OFFSETS else "end_timestamp"),
+        start=position(
+            start_v.value,
+            start_offsets,
+            start_timestamp,
+            "start_offsets" if start_v is StartAt.OFFSETS else "start_timestamp",
+        ),
+        end=position(
+            end_v.value,
+            end_offsets,
+            end_timestamp,
+            "end_offsets" if end_v is EndAt.OFFSETS else "end_timestamp",
+        ),
         accept_retention_gap=bool(accept_retention_gap),
-    )  # fmt: skip
+    )
     if (
         request.start.timestamp_ms is not None
         and request.end.timestamp_ms is not None
@@ -278,8 +286,11 @@ def _table_bounds(
         c = committed.get(tp)
         return m.low if c is None else c
 
-    starts = resolve(request.start, committed_or_low if request.start.kind == "committed"
-                     else (lambda tp, m: m.low), "start_offsets")  # fmt: skip
+    starts = resolve(
+        request.start,
+        committed_or_low if request.start.kind == "committed" else (lambda tp, m: m.low),
+        "start_offsets",
+    )
     ends = resolve(request.end, lambda tp, m: m.high, "end_offsets")
     out = {}
     for tp, m in sorted(parts.items()):
@@ -344,9 +355,13 @@ def plan_pipeline_backfill(
         committed.update(table_state(cat, pipeline, table).offsets)
     marks = fetch_watermarks(pipeline.kafka, [pipeline.topic_for(t) for t in tables])
     plans = plan_backfill(
-        pipeline, request, backfill_id, committed, marks,
+        pipeline,
+        request,
+        backfill_id,
+        committed,
+        marks,
         lambda parts, ts: offsets_for_time(pipeline.kafka, parts, ts),
-    )  # fmt: skip
+    )
     log.info("backfill %s: %s", backfill_id, describe(plans))
     return plans
 

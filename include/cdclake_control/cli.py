@@ -66,8 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     archive.add_argument("--force", action="store_true", help="rebuild it when it exists")
 
     status = sub.add_parser("status", help="freshness of every lake table (commit, lag, rows)")
-    status.add_argument("--pipeline", help="pipeline YAML file (default: every pipeline in "
-                        "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)")  # fmt: skip
+    status.add_argument(
+        "--pipeline",
+        help="pipeline YAML file (default: every pipeline in "
+        "include/pipelines/ or $CDCLAKE_PIPELINES_DIR)",
+    )
     status.add_argument("--json", action="store_true")
     return p
 
@@ -135,13 +138,20 @@ def _snapshot_parser(sub) -> None:
 
 
 def _dead_letters_parser(sub) -> None:
-    dl = sub.add_parser("dead-letters", help="list the records a pipeline set aside, or "
-                        "apply them again once what refused them is fixed")  # fmt: skip
+    dl = sub.add_parser(
+        "dead-letters",
+        help="list the records a pipeline set aside, or "
+        "apply them again once what refused them is fixed",
+    )
     dl.add_argument("action", choices=["list", "replay"])
     dl.add_argument("--pipeline", required=True, help="pipeline YAML file")
     dl.add_argument("--table", default=None, help="one table (its target or source name)")
-    dl.add_argument("--since", type=_instant, default=None,
-                    help="recorded at or after this ISO time (UTC) or epoch ms")  # fmt: skip
+    dl.add_argument(
+        "--since",
+        type=_instant,
+        default=None,
+        help="recorded at or after this ISO time (UTC) or epoch ms",
+    )
     dl.add_argument("--all", action="store_true", help="list replayed ones too")
     dl.add_argument("--json", action="store_true", help="the listing as JSON")
 
@@ -165,8 +175,11 @@ def _dead_letters(args: argparse.Namespace) -> int:
     spark = build_session(pipeline, pipeline.spark.master)
     if args.action == "list":
         rows = list_dead_letters(spark, pipeline, args.table, args.since, not args.all)
-        print(json.dumps(rows, indent=2, default=str) if args.json
-              else describe(pipeline.name, rows, not args.all))  # fmt: skip
+        print(
+            json.dumps(rows, indent=2, default=str)
+            if args.json
+            else describe(pipeline.name, rows, not args.all)
+        )
         return 0
     print(json.dumps(replay(spark, pipeline, args.table, args.since), indent=2, sort_keys=True))
     return 0
@@ -180,9 +193,12 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--work", default=".cdclake/bench/work", help="scratch directory")
     bench.add_argument("--only", nargs="*", help="steps to run (default: all)")
     bench.add_argument(
-        "--size", action="append", default=[], metavar="NAME=N[,N]",
+        "--size",
+        action="append",
+        default=[],
+        metavar="NAME=N[,N]",
         help="override one size of the scale, e.g. merge_rows=1000,100000",
-    )  # fmt: skip
+    )
     bench.add_argument(
         "--baseline", metavar="REV", help="also run revision REV's benchmark; print both"
     )
@@ -256,8 +272,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from cdclake_control.freshness import render_freshness, status_rows
 
         rows = status_rows(args.pipeline, int(time.time() * 1000))
-        print(json.dumps([r.to_dict() for r in rows], indent=2) if args.json
-              else render_freshness(rows))  # fmt: skip
+        print(
+            json.dumps([r.to_dict() for r in rows], indent=2)
+            if args.json
+            else render_freshness(rows)
+        )
         return 0
     raise AssertionError(args.command)
 
@@ -276,11 +295,17 @@ def _backfill(args: argparse.Namespace) -> int:
 
     pipeline = load_pipeline(args.pipeline)
     request = parse_request(
-        pipeline, tables=args.tables, mode=args.mode, start=args.start, end=args.end,
-        start_offsets=args.start_offsets, end_offsets=args.end_offsets,
-        start_timestamp=args.start_timestamp, end_timestamp=args.end_timestamp,
+        pipeline,
+        tables=args.tables,
+        mode=args.mode,
+        start=args.start,
+        end=args.end,
+        start_offsets=args.start_offsets,
+        end_offsets=args.end_offsets,
+        start_timestamp=args.start_timestamp,
+        end_timestamp=args.end_timestamp,
         accept_retention_gap=args.accept_retention_gap,
-    )  # fmt: skip
+    )
     backfill_id = args.backfill_id or f"backfill-{uuid.uuid4().hex[:12]}"
     plans = plan_pipeline_backfill(pipeline, request, backfill_id)
     print(describe(plans), file=sys.stderr)
@@ -318,7 +343,13 @@ def _snapshot(args: argparse.Namespace) -> int:
         print(json.dumps(sent, indent=2))
         return 0
     start = {int(p): o for p, o in sent["notification_offsets"].items()}
-    progress = follow_snapshot(pipeline.kafka, pipeline.notification_topic, sent["signal_id"],
-                               args.timeout, start, sent["blocking"])  # fmt: skip
+    progress = follow_snapshot(
+        pipeline.kafka,
+        pipeline.notification_topic,
+        sent["signal_id"],
+        args.timeout,
+        start,
+        sent["blocking"],
+    )
     print(json.dumps(progress.to_dict(), indent=2))
     return 0

@@ -238,9 +238,11 @@ def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=No
 
     modes = pipeline.connector
     data = lake_table(pipeline, table, cat)
-    lake_names = [] if data is None else [
-        c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED
-    ]  # fmt: skip
+    lake_names = (
+        []
+        if data is None
+        else [c for c in data.column_names if c not in METADATA_COLUMNS and c != DELETED]
+    )
     try:  # whole tables are read: no statement timeout, only the connect timeout
         with connect_source(dsn, pipeline.timeouts, limit_statements=False) as conn:
             src_cols = [c for c in source_columns(conn, table) if c.name not in table.exclude]

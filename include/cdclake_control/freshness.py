@@ -74,10 +74,11 @@ def pipeline_freshness(pipeline: PipelineConfig, now_ms: int) -> list[TableFresh
     committed = {topic: state.offsets for topic, state in zip(topics, states, strict=True)}
     lag = source_lag(pipeline.kafka, marks, committed, now_ms)
     return [
-        table_freshness(pipeline, table, state, offsets_behind(marks, topic, state.offsets),
-                        lag[topic])
+        table_freshness(
+            pipeline, table, state, offsets_behind(marks, topic, state.offsets), lag[topic]
+        )
         for table, topic, state in zip(pipeline.tables, topics, states, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def format_time(ms: int | None) -> str:
@@ -105,8 +106,14 @@ _RIGHT = {"offsets behind", "behind source", "rows"}
 def freshness_cells(row: TableFreshness) -> tuple[str, ...]:
     """The display cells of one row, in COLUMNS order (shared by the terminal and the page)."""
     if not row.exists:
-        return (row.table, "not created yet", f"{row.offsets_behind:,}",
-                format_seconds(row.seconds_behind_source), "-", "-")  # fmt: skip
+        return (
+            row.table,
+            "not created yet",
+            f"{row.offsets_behind:,}",
+            format_seconds(row.seconds_behind_source),
+            "-",
+            "-",
+        )
     return (
         row.table,
         format_time(row.last_commit_ms),

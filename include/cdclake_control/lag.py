@@ -122,7 +122,7 @@ def first_record_times(
             "auto.offset.reset": "earliest",  # a start retention removed meanwhile
             "fetch.max.bytes": _FETCH_BYTES * 16,
             "max.partition.fetch.bytes": _FETCH_BYTES,
-        }  # fmt: skip
+        }
     )
     out: dict[TopicPartition, int | None] = {}
     done: set[TopicPartition] = set()

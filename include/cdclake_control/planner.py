@@ -43,8 +43,9 @@ def plan_pipeline(pipeline: PipelineConfig, batch_id: str | None = None) -> Batc
     return plan
 
 
-def flattened_lacks(pipeline: PipelineConfig,
-                    marks: dict[tuple[str, int], Watermarks]) -> dict[str, list[str]]:  # fmt: skip
+def flattened_lacks(
+    pipeline: PipelineConfig, marks: dict[tuple[str, int], Watermarks]
+) -> dict[str, list[str]]:
     """What the CDC rules lack in each flattened topic (`json_flat.lost`), read from the
     latest records of its fullest partition that carry a row."""
     from cdclake.debezium.json_flat import lost
@@ -54,8 +55,10 @@ def flattened_lacks(pipeline: PipelineConfig,
     for (topic, partition), m in marks.items():
         if m.high > m.low and m.high > fullest.get(topic, (0, Watermarks(0, 0)))[1].high:
             fullest[topic] = (partition, m)
-    ranges = [OffsetRange(topic, p, max(m.low, m.high - PEEK_RECORDS), m.high)
-              for topic, (p, m) in sorted(fullest.items())]  # fmt: skip
+    ranges = [
+        OffsetRange(topic, p, max(m.low, m.high - PEEK_RECORDS), m.high)
+        for topic, (p, m) in sorted(fullest.items())
+    ]
     kafka = pipeline.kafka
     rows = read_local(kafka, ranges, timeout_s=kafka.timeouts.request_s)
     found: dict[str, list[str]] = {}

@@ -57,8 +57,11 @@ class TableReport:
         """One line of a task log: what the run did to the table and how far behind it is."""
         if not self.exists:
             return f"{self.table}: not created yet (no change loaded)"
-        done = (f"{self.records} records loaded ({self.upserts} upserts, {self.deletes} "
-                "deletes)" if self.records else "nothing new loaded")  # fmt: skip
+        done = (
+            f"{self.records} records loaded ({self.upserts} upserts, {self.deletes} deletes)"
+            if self.records
+            else "nothing new loaded"
+        )
         parts = [done, f"{self.offsets_behind} offsets behind Kafka"]
         if self.committed_at is not None:
             parts.append(f"offsets committed at {self.committed_at}")
@@ -121,8 +124,9 @@ def report_pipeline(
     topics = [pipeline.topic_for(t) for t in pipeline.tables]
     marks = fetch_watermarks(pipeline.kafka, topics)
     states = [table_state(cat, pipeline, t) for t in pipeline.tables]
-    lag = source_lag(pipeline.kafka, marks, dict(zip(topics, (s.offsets for s in states),
-                                                     strict=True)), now_ms)  # fmt: skip
+    lag = source_lag(
+        pipeline.kafka, marks, dict(zip(topics, (s.offsets for s in states), strict=True)), now_ms
+    )
     by_topic = batches_by_topic(plans)
     out = []
     for table, topic, state in zip(pipeline.tables, topics, states, strict=True):

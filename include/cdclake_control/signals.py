@@ -127,8 +127,12 @@ def parse_request(
     type = type or "incremental"
     if isinstance(filters, str):
         filters = _filters_from_json(filters)
-    names = {"execute": Action.EXECUTE, "stop": Action.STOP, "pause": Action.PAUSE,
-             "resume": Action.RESUME}  # fmt: skip
+    names = {
+        "execute": Action.EXECUTE,
+        "stop": Action.STOP,
+        "pause": Action.PAUSE,
+        "resume": Action.RESUME,
+    }
     key = str(action).strip().lower().removesuffix("-snapshot")
     if key not in names:
         raise SignalError(f"action {action!r} is not one of {sorted(names)}")
@@ -170,9 +174,13 @@ def _filters_from_json(text: str) -> dict:
 
 
 def check_source(
-    dsn: str, signal_table: str, request: SnapshotRequest, channel: str = "source",
-    timeouts: TimeoutsConfig | None = None, filter_max_seconds: float = 600.0,
-) -> int:  # fmt: skip
+    dsn: str,
+    signal_table: str,
+    request: SnapshotRequest,
+    channel: str = "source",
+    timeouts: TimeoutsConfig | None = None,
+    filter_max_seconds: float = 600.0,
+) -> int:
     """Validate against the source database, writing nothing, every wait bounded: the
     signal table and every table exist, the surrogate key is a column of each, each filter
     calls only functions pg_proc marks immutable and is a valid condition on its table
@@ -263,9 +271,12 @@ def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> int
 
 
 def send_to_signal_table(
-    dsn: str, signal_table: str, signal_id: str, request: SnapshotRequest,
+    dsn: str,
+    signal_table: str,
+    signal_id: str,
+    request: SnapshotRequest,
     timeouts: TimeoutsConfig | None = None,
-) -> None:  # fmt: skip
+) -> None:
     import psycopg
     from psycopg import sql
 
@@ -294,13 +305,17 @@ def send_to_kafka(
     value = {"id": signal_id, "type": request.action.value, "data": signal_data(request)}
     errors: list = []
     producer.produce(
-        topic, key=topic_prefix.encode(), value=json.dumps(value).encode(), partition=0,
+        topic,
+        key=topic_prefix.encode(),
+        value=json.dumps(value).encode(),
+        partition=0,
         on_delivery=lambda err, _msg: err and errors.append(err),
-    )  # fmt: skip
+    )
     if producer.flush(30) or errors:
         raise SignalError(f"signal {signal_id} could not be sent to {topic}: {errors or 'timeout'}")
-    log.info("signal %s sent to %s: %s %s", signal_id, topic, request.action.value,
-             list(request.tables))  # fmt: skip
+    log.info(
+        "signal %s sent to %s: %s %s", signal_id, topic, request.action.value, list(request.tables)
+    )
 
 
 @dataclass
@@ -382,7 +397,7 @@ def notification_consumer(
             **kafka.client_config(),
             "group.id": f"cdclake-follow-{signal_id}",
             "enable.auto.commit": False,
-        }  # fmt: skip
+        }
     )
     meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
     parts = sorted(meta.partitions) if meta and not meta.error and meta.partitions else [0]
@@ -465,16 +480,24 @@ def submit(
         raise SignalError(
             f"{pipeline.path}: source.signal_topic is not set, so the kafka channel is unavailable"
         )
-    id_chars = check_source(dsn, pipeline.source.signal_table, request, channel,
-                            pipeline.timeouts, pipeline.source.filter_max_seconds)  # fmt: skip
+    id_chars = check_source(
+        dsn,
+        pipeline.source.signal_table,
+        request,
+        channel,
+        pipeline.timeouts,
+        pipeline.source.filter_max_seconds,
+    )
     signal_id = new_signal_id(origin, id_chars)
     start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
     if channel == "kafka":
-        send_to_kafka(pipeline.kafka, pipeline.source.signal_topic, pipeline.topic_prefix,
-                      signal_id, request)  # fmt: skip
+        send_to_kafka(
+            pipeline.kafka, pipeline.source.signal_topic, pipeline.topic_prefix, signal_id, request
+        )
     else:
-        send_to_signal_table(dsn, pipeline.source.signal_table, signal_id, request,
-                             pipeline.timeouts)  # fmt: skip
+        send_to_signal_table(
+            dsn, pipeline.source.signal_table, signal_id, request, pipeline.timeouts
+        )
     return {
         "pipeline": pipeline.name,
         "pipeline_path": str(pipeline.path),

@@ -79,16 +79,39 @@ PLAIN_TYPES = frozenset(
     "bit varbit".split()
 )
 _PLAIN_EXPR_KINDS = frozenset(
-    {"AEXPR_OP", "AEXPR_OP_ANY", "AEXPR_OP_ALL", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT",
-     "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE", "AEXPR_BETWEEN",
-     "AEXPR_NOT_BETWEEN", "AEXPR_BETWEEN_SYM", "AEXPR_NOT_BETWEEN_SYM"}
-)  # fmt: skip
+    {
+        "AEXPR_OP",
+        "AEXPR_OP_ANY",
+        "AEXPR_OP_ALL",
+        "AEXPR_DISTINCT",
+        "AEXPR_NOT_DISTINCT",
+        "AEXPR_NULLIF",
+        "AEXPR_IN",
+        "AEXPR_LIKE",
+        "AEXPR_ILIKE",
+        "AEXPR_BETWEEN",
+        "AEXPR_NOT_BETWEEN",
+        "AEXPR_BETWEEN_SYM",
+        "AEXPR_NOT_BETWEEN_SYM",
+    }
+)
 _LIKE_OPS = frozenset({"~~", "!~~", "~~*", "!~~*"})
 # nodes whose children are all expressions checked by the same rules
 _COMPOSITE = frozenset(
-    {"BoolExpr", "NullTest", "BooleanTest", "CoalesceExpr", "MinMaxExpr", "CaseExpr",
-     "CaseWhen", "A_ArrayExpr", "RowExpr", "A_Indirection", "A_Indices"}
-)  # fmt: skip
+    {
+        "BoolExpr",
+        "NullTest",
+        "BooleanTest",
+        "CoalesceExpr",
+        "MinMaxExpr",
+        "CaseExpr",
+        "CaseWhen",
+        "A_ArrayExpr",
+        "RowExpr",
+        "A_Indirection",
+        "A_Indices",
+    }
+)
 _REFUSED = {
     "SubLink": "a subquery",
     "ParamRef": "a parameter ($n)",
@@ -168,8 +191,11 @@ def check_in_source(conn, table: str, condition: str, max_seconds: float) -> flo
     try:
         with conn.transaction():
             [[found]] = conn.execute(statement).fetchall()
-            rows = conn.execute(sql.SQL("SELECT reltuples FROM pg_class WHERE oid = {}::regclass")
-                                .format(sql.Literal(f"{schema}.{name}"))).fetchone()[0]  # fmt: skip
+            rows = conn.execute(
+                sql.SQL("SELECT reltuples FROM pg_class WHERE oid = {}::regclass").format(
+                    sql.Literal(f"{schema}.{name}")
+                )
+            ).fetchone()[0]
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
@@ -178,8 +204,9 @@ def check_in_source(conn, table: str, condition: str, max_seconds: float) -> flo
     plan = found[0]
     sampled = plan["Plan"]["Plans"][0]["Actual Rows"] if plan["Plan"].get("Plans") else 0
     rows = max(rows, sampled)  # reltuples is an estimate (-1 before the first ANALYZE)
-    seconds = filter_seconds(plan["Planning Time"] / 1e3, plan["Execution Time"] / 1e3,
-                             sampled, rows)  # fmt: skip
+    seconds = filter_seconds(
+        plan["Planning Time"] / 1e3, plan["Execution Time"] / 1e3, sampled, rows
+    )
     if seconds > max_seconds:
         raise FilterError(
             f"filter for {table!r} would cost the source database about {seconds:,.0f} s "
@@ -250,9 +277,21 @@ def _parse(table: str, text: str):
         stmt = stmts[0].stmt if len(stmts) == 1 else None
         if type(stmt).__name__ != "SelectStmt" or stmt.whereClause is None:
             return None
-        extra = ("fromClause", "groupClause", "havingClause", "sortClause", "limitCount",
-                 "limitOffset", "lockingClause", "withClause", "windowClause", "larg",
-                 "valuesLists", "distinctClause", "intoClause")  # fmt: skip
+        extra = (
+            "fromClause",
+            "groupClause",
+            "havingClause",
+            "sortClause",
+            "limitCount",
+            "limitOffset",
+            "lockingClause",
+            "withClause",
+            "windowClause",
+            "larg",
+            "valuesLists",
+            "distinctClause",
+            "intoClause",
+        )
         if any(getattr(stmt, f, None) for f in extra) or len(stmt.targetList or ()) != 1:
             return None
         return stmt.whereClause
@@ -293,8 +332,12 @@ def _walk(node, depth: int) -> Iterator[tuple[object, int]]:
     kind = type(node).__name__
     if kind in ("A_Const", "ColumnRef", "String"):
         return
-    skip = {"FuncCall": {"funcname"}, "A_Expr": {"name"}, "TypeCast": {"typeName"},
-            "CollateClause": {"collname"}}.get(kind, set())  # fmt: skip
+    skip = {
+        "FuncCall": {"funcname"},
+        "A_Expr": {"name"},
+        "TypeCast": {"typeName"},
+        "CollateClause": {"collname"},
+    }.get(kind, set())
     for attr in node:
         if attr in skip:
             continue

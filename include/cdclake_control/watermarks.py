@@ -59,7 +59,7 @@ def offsets_for_time(
             "group.id": "cdclake-planner",
             "enable.auto.commit": False,
             "fetch.max.bytes": 1 << 20,
-        }  # fmt: skip
+        }
     )
 
     def timestamp_at(tp: TopicPartition, offset: int) -> int:
