@@ -1,4 +1,5 @@
-"""Background processes started by the local stack, tracked by pid files."""
+"""Background processes started by the local stack, tracked by pid files (a pid and the
+process's start time, so that a pid taken by another process since is never signalled)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,26 @@ def secret(path: Path) -> str:
 
 
 def read_pid(pidfile: Path) -> int | None:
+    """The pid `pidfile` records, if that process is still the one started (`start_daemon`
+    records its start time beside its pid): None when the file is missing or the pid now
+    belongs to another process."""
     try:
-        return int(pidfile.read_text().strip())
+        pid, _, started = pidfile.read_text().strip().partition(" ")
+        pid_number = int(pid)
     except (FileNotFoundError, ValueError):
+        return None
+    if started and _start_time(pid_number) != started:
+        return None
+    return pid_number
+
+
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (psutil's create time, as text), None when there is none."""
+    import psutil
+
+    try:
+        return repr(psutil.Process(pid).create_time())
+    except psutil.Error:
         return None
 
 
@@ -85,7 +103,7 @@ def start_daemon(
             env=dict(env) if env is not None else None,
             start_new_session=True,
         )
-    pidfile.write_text(str(proc.pid))
+    pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}")
     log.info("started %s (pid %d), log %s", Path(cmd[0]).name, proc.pid, logfile)
     return proc.pid
 
