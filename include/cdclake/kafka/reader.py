@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config import KafkaConfig
 from cdclake.offsets import OffsetRange
@@ -48,7 +48,7 @@ def slice_ranges(ranges: Sequence[OffsetRange], size: int = SLICE_RECORDS) -> li
 
 # A function a Spark task calls with one offset range ({"topic", "partition", "start",
 # "end"}) to get its raw rows, in Arrow batches (picklable: it is sent to the tasks)
-RangeReader = Callable[[dict], Iterator["pa.RecordBatch"]]
+RangeReader = Callable[[dict[str, Any]], Iterator["pa.RecordBatch"]]
 
 
 @dataclass(frozen=True)
