@@ -5,8 +5,8 @@ beside the table's own. Neither the fold's rules nor the storage: both sides imp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cdclake.placement import Placement
 
