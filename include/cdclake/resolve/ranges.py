@@ -323,13 +323,13 @@ class RangeFold:
 
 def range_task(
     reader: RangeReader, plans: Mapping[str, TopicPlan], together: bool = False
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A `mapInArrow` function over range rows (`reader.range_plan`): each range read
     whole by `reader` and resolved (`TopicPlan.ddl`), or with `together` a task's ranges
     (a topic's) folded as one, in partition order."""
     plans = dict(plans)
 
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [r for batch in batches for r in batch.to_pylist()]
         if together:
             groups = [sorted(ranges, key=lambda r: (r["partition"], r["start"]))]
