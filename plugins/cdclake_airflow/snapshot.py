@@ -89,7 +89,7 @@ class SnapshotSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.signal_task = signal_task
 
-    def execute(self, context) -> dict | None:
+    def execute(self, context) -> dict[str, Any] | None:
         sent = context["ti"].xcom_pull(task_ids=self.signal_task)
         if not sent or not sent.get("follow"):
             self.log.info("nothing to follow for action %s", (sent or {}).get("action"))
@@ -108,7 +108,7 @@ class SnapshotSensor(BaseSensorOperator):
         )
         return None
 
-    def execute_complete(self, context, event: dict) -> dict:
+    def execute_complete(self, context, event: dict) -> dict[str, Any]:
         from cdclake_control.signals import SignalError, SnapshotProgress
 
         data = event["progress"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def form_tables(params) -> list[str]:
     return list(dict.fromkeys([*(params.get("tables") or []), *typed]))
 
 
-def backfill_plan(paths: dict[str, str], **context) -> dict:
+def backfill_plan(paths: dict[str, str], **context) -> dict[str, Any]:
     """Validate the form against the pipeline and Kafka; the plans of the backfill."""
     from cdclake.pipeline_file import load_pipeline
     from cdclake_control.backfill import describe, parse_request, plan_pipeline_backfill
@@ -185,7 +186,7 @@ def source_dsn(pipeline) -> str:
     return make_conninfo(**{k: v for k, v in params.items() if v not in (None, "")})
 
 
-def snapshot_send(paths: dict[str, str], **context) -> dict:
+def snapshot_send(paths: dict[str, str], **context) -> dict[str, Any]:
     """Validate everything, then send the signal; what the sensor needs to follow it."""
     from cdclake.pipeline_file import load_pipeline
     from cdclake_control.signals import parse_request, submit
