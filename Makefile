@@ -48,6 +48,7 @@ bench: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean: down
 	rm -rf .cdclake

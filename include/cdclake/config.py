@@ -165,7 +165,8 @@ class CatalogConfig:
     def _beside_the_file(cls, warehouse: str, info: ValidationInfo) -> str:
         if "://" in warehouse:
             return warehouse
-        return (Path(info.context["file"]).parent / warehouse).resolve().as_uri()
+        context: Any = info.context  # the loader gives the file's path
+        return (Path(context["file"]).parent / warehouse).resolve().as_uri()
 
 
 @with_config(FILE)

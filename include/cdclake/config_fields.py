@@ -27,7 +27,14 @@ _TRANSFORM = re.compile(
 )
 # Airflow's schedule presets (airflow.sdk.definitions.timetables._cron.CRON_PRESETS, @once,
 # @continuous); other strings are cron expressions, which Airflow checks with croniter
-SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly")
+SCHEDULE_PRESETS: tuple[str, ...] = (
+    "@once",
+    "@continuous",
+    "@hourly",
+    "@daily",
+    "@weekly",
+    "@monthly",
+)
 SCHEDULE_PRESETS += ("@quarterly", "@yearly")
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*?,/#-]+$")
 ORPHAN_MIN_HOURS = 24  # younger files may belong to a commit that is still running

@@ -28,7 +28,13 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cdclake.config import PipelineConfig
+    from cdclake.offsets import OffsetRange
 
 ARCHIVE_ENV = "CDCLAKE_JVM_ARCHIVE"
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
@@ -60,7 +66,9 @@ def driver_java_options(records: int | None = None, ranged: bool = False) -> str
     return " ".join(parts)
 
 
-def resolves_by_range(pipeline, ranges=None) -> bool:
+def resolves_by_range(
+    pipeline: PipelineConfig, ranges: Iterable[OffsetRange] | None = None
+) -> bool:
     """A big batch of the pipeline's is resolved range by range, unless a topic's ranges
     hold what they cannot take: no table with a configured `key` has its topic in more
     than one partition of the batch's `ranges` (a table without a primary key sends no

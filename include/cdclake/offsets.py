@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 from cdclake.exceptions import ConfigError
 
@@ -66,14 +67,14 @@ class BatchPlan:
     def total(self) -> int:
         return sum(r.size for r in self.ranges)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ranges": [asdict(r) for r in self.ranges]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict) -> BatchPlan:
+    def from_dict(cls, data: dict[str, Any]) -> BatchPlan:
         if not isinstance(data, dict):
             raise ConfigError(f"a batch plan is a JSON object, not {type(data).__name__}")
         missing = [k for k in ("pipeline", "batch_id", "ranges") if k not in data]
@@ -99,7 +100,7 @@ class BatchPlan:
         )
 
 
-def _is_range(r) -> bool:
+def _is_range(r: object) -> bool:
     return (
         isinstance(r, dict)
         and sorted(r) == ["end", "partition", "start", "topic"]

@@ -7,24 +7,40 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import OP
 from cdclake.exceptions import CdclakeError
 from cdclake.iceberg.tables import TableState, table_columns, table_state
-from cdclake.kafka.reader import RawSource, range_plan
+from cdclake.kafka.reader import RangeReader, RawSource, range_plan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Tuning
-from cdclake.resolve.range_plan import BAD_COLUMN, AcceptedTopic, accept, head_schemas
-from cdclake.resolve.ranges import KEYS_COLUMN, META_COLUMN, RangeSummary, TopicPlan, range_task
+from cdclake.resolve.range_plan import (
+    BAD_COLUMN,
+    KEYS_COLUMN,
+    META_COLUMN,
+    AcceptedTopic,
+    RangeSummary,
+    Schema,
+    TopicPlan,
+    accept,
+    head_schemas,
+)
+from cdclake.resolve.ranges import range_task
 from cdclake.resolve.rules import LINEAGE_OPS
 from cdclake.setaside import misfits
 from cdclake.spark import cache_level
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +53,14 @@ class RangedTopic:
 
     topic: str
     accepted: AcceptedTopic
-    rows: object
+    rows: DataFrame
     known: Mapping[str, str]
-    frame: object
+    frame: DataFrame
 
     def release(self) -> None:
         self.frame.unpersist()
 
-    def set_aside(self):
+    def set_aside(self) -> DataFrame:
         """The records its ranges set aside, as the dead letters take them (topic,
         partition, offset, key and value payload text, error)."""
         from pyspark.sql import functions as F
@@ -73,7 +89,11 @@ class FailedTopic:
 
 
 def read_by_range(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, source: RawSource, tuning: Tuning
+    spark: SparkSession,
+    pipeline: PipelineConfig,
+    plan: BatchPlan,
+    source: RawSource,
+    tuning: Tuning,
 ) -> dict[str, RangedTopic | FailedTopic]:
     """The batch's topics read and resolved range by range, or whose ranges failed: the
     driver reads the head of each topic's ranges for its schemas (all at once, while it
@@ -117,23 +137,23 @@ def read_by_range(
         for future in futures:
             future.result()
     except BaseException:
-        for topic in done.values():
-            topic.release()
+        for got in done.values():
+            got.release()
         raise
     return done
 
 
 def _resolve_topic(
-    spark,
+    spark: SparkSession,
     pipeline: PipelineConfig,
-    reader,
+    reader: RangeReader,
     table: TableConfig,
     known: dict[str, str],
     state: TableState,
-    head,
+    head: Future[tuple[Schema | None, Schema | None] | None],
     ranges: list[OffsetRange],
     tuning: Tuning,
-):
+) -> RangedTopic | FailedTopic:
     """One topic's ranges read and resolved (`state`: its lake table's; `head`: the
     future of their head read): its rows, or a FailedTopic when a read, a task or a
     check failed. A Spark job folds each range in a task (`_range_frame`), or all of
@@ -144,7 +164,7 @@ def _resolve_topic(
     changes of another partition), again in one task."""
     topic = ranges[0].topic
     fmt = pipeline.kafka.format
-    frame = None
+    frame: DataFrame | None = None
     try:
         plan = _topic_plan(head.result(), table, topic, known, fmt, tuning, state)
         # a configured key is not the Kafka key: its records spread over the partitions
@@ -183,8 +203,13 @@ ROUNDS = 3
 
 
 def _range_frame(
-    spark, reader, plan: TopicPlan, ranges: list[OffsetRange], together: bool, tuning: Tuning
-):
+    spark: SparkSession,
+    reader: RangeReader,
+    plan: TopicPlan,
+    ranges: list[OffsetRange],
+    together: bool,
+    tuning: Tuning,
+) -> DataFrame:
     """The Spark job that reads and folds the topic's ranges, a task each (`together`:
     one task for all), persisted: the resolved rows, then a summary row per task."""
     from pyspark import StorageLevel
@@ -211,7 +236,7 @@ def _range_frame(
 WORKERS_JOB_GROUP = "cdclake-python-workers"
 
 
-def start_python_workers(spark) -> list[int]:
+def start_python_workers(spark: SparkSession) -> list[int]:
     """Start the Python workers of the executors' cores and import the range tasks'
     modules in them, while the driver looks the lake tables up and reads the heads (a
     job of one task per core; Spark keeps the workers for the tasks after it). A cold
@@ -234,14 +259,15 @@ def start_python_workers(spark) -> list[int]:
             )
         finally:  # this thread's later jobs are not of the group
             for name, value in kept.items():
-                sc.setLocalProperty(name, value)
+                # None unsets it (Spark's own API), which PySpark's annotation leaves out
+                sc.setLocalProperty(name, value)  # type: ignore[arg-type]
         return sorted({row.pid for row in started})
     except Exception as exc:
         log.info("the Python workers were not started ahead of the range tasks: %s", _brief(exc))
         return []
 
 
-def _import_range_modules(batches):
+def _import_range_modules(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     import os
 
     import numpy  # noqa: F401
@@ -256,7 +282,7 @@ def _import_range_modules(batches):
 
 
 def _topic_plan(
-    found,
+    found: tuple[Schema | None, Schema | None] | None,
     table: TableConfig,
     topic: str,
     known: dict[str, str],
@@ -282,7 +308,7 @@ def _topic_plan(
     return plan.with_met([], partial(misfits, table, topic, known=known, fmt=fmt))
 
 
-def _summaries(frame):
+def _summaries(frame: DataFrame) -> tuple[list[RangeSummary], list[np.ndarray], int]:
     """A range job's summaries, each task's key hashes, and the count of its rows (one
     job over the cached frame)."""
     import numpy as np
@@ -302,7 +328,7 @@ def _summaries(frame):
     return summaries, hashes, found.rows
 
 
-def _ranged_topic(frame, plan: TopicPlan, got: AcceptedTopic, total: int) -> RangedTopic:
+def _ranged_topic(frame: DataFrame, plan: TopicPlan, got: AcceptedTopic, total: int) -> RangedTopic:
     """A topic's range results (`frame`, persisted; `total` rows) -> its rows, once
     they add up to what its ranges resolved."""
     from pyspark.sql import functions as F

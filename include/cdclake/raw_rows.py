@@ -5,7 +5,8 @@ record that is not a JSON-with-schema envelope is kept with its error."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,18 +49,29 @@ META_HEADERS = ("__op", "__lsn", "__source_ts_ms")
 _KEPT = frozenset((OLD_KEY_HEADER, NEW_KEY_HEADER, *META_HEADERS))
 
 
+# a column of records' values: an Arrow array (chunked or not) or a list
+Values: TypeAlias = "pa.Array | pa.ChunkedArray | Sequence[Any]"
+
+
 class RawRowsWriter(Protocol):
     """A reader task's records of one partition, split into the raw rows
     (`cdclake.raw_rows.RAW_SCHEMA`), gathered into Arrow batches."""
 
     def __len__(self) -> int: ...
 
-    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None: ...
+    def add_many(
+        self,
+        offsets: Values,
+        timestamps: Values,
+        keys: Values,
+        values: Values,
+        headers: Values | None = None,
+    ) -> None: ...
 
     def batch(self) -> pa.RecordBatch: ...
 
 
-def kept_headers(headers) -> str | None:
+def kept_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> str | None:
     """The headers cdclake reads of a record's (name, value) pairs, as Kafka's client or
     the dead-letter table gives them: one JSON object of their texts, None without any."""
     import json
@@ -141,7 +153,7 @@ class SchemaIds:
         return sid, first
 
 
-def raw_arrow_schema():
+def raw_arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema([(name, getattr(pa, arrow)()) for name, _, arrow in _FIELDS])
@@ -203,7 +215,7 @@ class RawRows:
         self.seen = SchemaIds()
         # per side: the envelope head of its last schema, and that schema's id
         self._head: dict[str, tuple[bytes, int] | None] = {"key": None, "value": None}
-        self._cols: dict[str, list] = {name: [] for name in RAW_FIELD_NAMES}
+        self._cols: dict[str, list[Any]] = {name: [] for name in RAW_FIELD_NAMES}
         self._done: list[pa.RecordBatch] = []  # batches of rows before those in `_cols`
         self._rows = 0
 
@@ -245,7 +257,14 @@ class RawRows:
         row.update(is_tombstone=is_tombstone, error=error)
         self._add_row(row)
 
-    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None:
+    def add_many(
+        self,
+        offsets: Values,
+        timestamps: Values,
+        keys: Values,
+        values: Values,
+        headers: Values | None = None,
+    ) -> None:
         """`add` of each record, in order, from Arrow arrays (or lists; `headers`: each
         record's `kept_headers`): each run of records that split with the last schemas is
         split by Arrow compute functions."""
@@ -291,7 +310,16 @@ class RawRows:
         bad = pc.index(ok, False).as_py()
         return len(keys) if bad < 0 else start + bad
 
-    def _add_run(self, offsets, timestamps, keys, values, heads, start: int, end: int) -> None:
+    def _add_run(
+        self,
+        offsets: pa.Array,
+        timestamps: pa.Array,
+        keys: pa.Array,
+        values: pa.Array,
+        heads: pa.Array,
+        start: int,
+        end: int,
+    ) -> None:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -361,7 +389,7 @@ class RawRows:
         return pa.Table.from_batches(done).combine_chunks().to_batches()[0]
 
 
-def _array(values, kind):
+def _array(values: Values, kind: pa.DataType) -> pa.Array:
     """`values` as one Arrow array of `kind`."""
     import pyarrow as pa
 

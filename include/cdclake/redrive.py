@@ -13,6 +13,7 @@ import uuid
 from collections import defaultdict
 from functools import partial
 from itertools import groupby
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config import PipelineConfig
 from cdclake.exceptions import ConfigError
@@ -22,6 +23,15 @@ from cdclake.job import run_batch
 from cdclake.kafka.reader import RawSource
 from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, PlanMode
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, Row, SparkSession
+
+    from cdclake.config import KafkaConfig
+    from cdclake.kafka.reader import RangeReader
 
 log = logging.getLogger(__name__)
 # what one replay takes at most (the records are held by the driver)
@@ -39,12 +49,12 @@ LISTED = (
 
 
 def dead_letters(
-    spark,
+    spark: SparkSession,
     pipeline: PipelineConfig,
     table: str | None = None,
     since: dt.datetime | None = None,
     pending: bool = True,
-):
+) -> DataFrame | None:
     """The pipeline's dead letters (of `table`'s topic, recorded since `since`; pending
     only: not replayed yet), oldest first; None when it has none."""
     from pyspark.sql import functions as F
@@ -64,23 +74,25 @@ def dead_letters(
 
 
 def list_dead_letters(
-    spark,
+    spark: SparkSession,
     pipeline: PipelineConfig,
     table: str | None = None,
     since: dt.datetime | None = None,
     pending: bool = True,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     rows = dead_letters(spark, pipeline, table, since, pending)
     return [] if rows is None else [r.asDict() for r in rows.select(*LISTED).collect()]
 
 
-def describe(pipeline: str, rows: list[dict], pending: bool = True, shown: int = 20) -> str:
+def describe(
+    pipeline: str, rows: list[dict[str, Any]], pending: bool = True, shown: int = 20
+) -> str:
     """A listing in words: how many dead letters, per topic, then the oldest `shown`, one
     line each (where it was read, when it was set aside, the first line of why)."""
     kind = "pending dead letter" if pending else "dead letter"
     if not rows:
         return f"0 {kind}s for {pipeline}"
-    topics = defaultdict(int)
+    topics: defaultdict[str, int] = defaultdict(int)
     for r in rows:
         topics[r["topic"]] += 1
     per_topic = ", ".join(f"{t}: {n}" for t, n in sorted(topics.items()))
@@ -96,8 +108,11 @@ def describe(pipeline: str, rows: list[dict], pending: bool = True, shown: int =
 
 
 def replay(
-    spark, pipeline: PipelineConfig, table: str | None = None, since: dt.datetime | None = None
-) -> dict:
+    spark: SparkSession,
+    pipeline: PipelineConfig,
+    table: str | None = None,
+    since: dt.datetime | None = None,
+) -> dict[str, Any]:
     """Apply the pending dead letters again (at most `MAX_RECORDS`, oldest first)."""
     rows = dead_letters(spark, pipeline, table, since)
     found = [] if rows is None else rows.limit(MAX_RECORDS).collect()
@@ -109,7 +124,7 @@ def replay(
             len(found) - len(usable),
         )
     batch_id = f"dead-letters-{uuid.uuid4().hex[:12]}"
-    report = {
+    report: dict[str, Any] = {
         "pipeline": pipeline.name,
         "batch_id": batch_id,
         "pending": len(found),
@@ -134,7 +149,7 @@ def replay(
     return report
 
 
-def raw_rows(pipeline: PipelineConfig, records: list):
+def raw_rows(pipeline: PipelineConfig, records: list[Row]) -> pa.Table:
     """The reader's raw rows of dead letters (Spark rows with their raw record), split by
     the pipeline's format as the records were when they were read from Kafka."""
     import pyarrow as pa
@@ -178,12 +193,12 @@ def _topic(pipeline: PipelineConfig, table: str) -> str:
     raise ConfigError(f"pipeline {pipeline.name} has no table {table!r}")
 
 
-def _reader(rows, kafka):
+def _reader(rows: pa.Table, kafka: KafkaConfig) -> RangeReader:
     """The `RangeReader` of the dead letters' raw rows (`rows`), read as Kafka's are."""
     return partial(_range_rows, rows)
 
 
-def _range_rows(rows, r: dict):
+def _range_rows(rows: pa.Table, r: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     """The raw rows of one range ({"topic", "partition", "start", "end"})."""
     import pyarrow.compute as pc
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cdclake.placement import Placement
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 # a keyed table's resolved row, per TOAST column: the column's value is a placeholder left
 # to the table (the MERGE keeps the table's value)
@@ -37,14 +41,14 @@ class Resolved:
     ms), whether rows may hold TOAST placeholders, where they were resolved
     (`TableResult.resolved_by`) and how many records it set aside."""
 
-    rows: object
+    rows: DataFrame
     truncate: Truncate | None
     counts: Mapping[bool, int]
     max_ms: int | None
     toast: bool
     by: Placement
     dead_letters: int = 0
-    cached: object = None  # the persisted frame the rows come from, when not the rows
+    cached: DataFrame | None = None  # the persisted frame the rows come from, when not the rows
 
     @property
     def upserts(self) -> int:

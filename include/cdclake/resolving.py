@@ -4,6 +4,9 @@ fail the table or go to the dead letters."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from cdclake.batch import Batch
 from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
@@ -12,6 +15,9 @@ from cdclake.kafka.reader import arrow_frame
 from cdclake.placement import Placement
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolved import Resolved
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def resolve_table(
@@ -64,7 +70,11 @@ def resolve_table(
 
 
 def _bad_records(
-    batch: Batch, topic: str, table: TableConfig, bad: list[tuple[int, int, str]], rows=None
+    batch: Batch,
+    topic: str,
+    table: TableConfig,
+    bad: list[tuple[int, int, str]],
+    rows: Callable[[], DataFrame] | None = None,
 ) -> int:
     """Records that cannot be applied ((partition, offset, reason), in Kafka order): fail
     the table naming the first, or set them all aside (`on_error`; `rows`: a function

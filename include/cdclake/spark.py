@@ -8,13 +8,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config import CatalogConfig, CatalogType, PipelineConfig
 from cdclake.exceptions import ConfigError
 from cdclake.jvm import DRIVER_OPTIONS, driver_java_options, resolves_by_range
 
 if TYPE_CHECKING:
+    from pyspark import StorageLevel
     from pyspark.sql import SparkSession
 
 # The jars a load adds to Spark, found by artifact in the folder CDCLAKE_SPARK_JARS names:
@@ -219,7 +220,8 @@ def build_session(
         spark.conf.set(key, value)
     # Iceberg logs an ERROR with its stack for each metadata file its removal of
     # orphan files finds already deleted (`write.metadata.delete-after-commit`), and goes on
-    log4j = spark._jvm.org.apache.logging.log4j
+    jvm: Any = spark._jvm
+    log4j = jvm.org.apache.logging.log4j
     log4j.core.config.Configurator.setLevel("org.apache.iceberg.ReachableFileUtil", log4j.Level.OFF)
     from py4j.java_gateway import java_import
 
@@ -274,7 +276,7 @@ COMPILE_TARGET_ROWS = 1_000_000
 LARGE_BATCH_RECORDS = 100_000
 
 
-def cache_level(records: int):
+def cache_level(records: int) -> StorageLevel:
     """The storage level of what a batch (or a table of it) of `records` records caches."""
     from pyspark import StorageLevel
 

@@ -23,13 +23,16 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import CdclakeError
 from cdclake.offsets import BatchPlan, PlanMode, TopicPartition, Watermarks
 
 from cdclake_control.planner import cut_batch
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,10 @@ class BackfillRequest:
     accept_retention_gap: bool = False  # rebuild although Kafka's earliest offset is > 0
 
 
-def _choice(enum: type[StrEnum], value: Any, what: str) -> StrEnum:
+_Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def _choice(enum: type[_Choice], value: Any, what: str) -> _Choice:
     try:
         return enum(str(value).strip().lower())
     except ValueError:
@@ -262,7 +268,9 @@ def _table_bounds(
         log.info("%s: topic %s has no records in Kafka; nothing to backfill", table.source, topic)
         return {}
 
-    def resolve(pos: Position, default: Callable[[TopicPartition, Watermarks], int], what: str):
+    def resolve(
+        pos: Position, default: Callable[[TopicPartition, Watermarks], int], what: str
+    ) -> dict[TopicPartition, int]:
         if pos.kind == "offsets":
             given = pos.offsets[table.source]
             unknown = sorted(set(given) - {p for _, p in parts})
@@ -349,7 +357,8 @@ def plan_pipeline_backfill(
     from cdclake_control.watermarks import fetch_watermarks, offsets_for_time
 
     cat = load_catalog(pipeline.catalog)
-    tables = [pipeline.table_named(n) for n in request.tables]
+    # the request's tables were found in the pipeline when it was made (`backfill_request`)
+    tables = [cast(TableConfig, pipeline.table_named(n)) for n in request.tables]
     committed: dict[TopicPartition, int | None] = {}
     for table in tables:
         committed.update(table_state(cat, pipeline, table).offsets)
@@ -366,7 +375,9 @@ def plan_pipeline_backfill(
     return plans
 
 
-def run_backfill(spark, pipeline: PipelineConfig, plans: list[BatchPlan]) -> list[dict]:
+def run_backfill(
+    spark: SparkSession, pipeline: PipelineConfig, plans: list[BatchPlan]
+) -> list[dict[str, Any]]:
     """Run the plans in order with the load job; a retried backfill skips what committed."""
     from cdclake.job import run_batch
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote as urlquote
 from urllib.parse import urlencode, urlsplit
 
@@ -17,6 +18,13 @@ from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
 
 from cdclake_control.source import libpq_settings
+
+if TYPE_CHECKING:
+    import requests
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
 
 
 def sqlalchemy_uri(catalog: CatalogConfig) -> str:
@@ -50,7 +58,7 @@ def catalog_endpoint(catalog: CatalogConfig) -> str:
     return f"{parts.hostname}:{parts.port or default}"
 
 
-def _rest_catalog(catalog: CatalogConfig, props: dict[str, str]):
+def _rest_catalog(catalog: CatalogConfig, props: dict[str, str]) -> RestCatalog:
     """pyiceberg's REST catalog with every request bounded (it sets no timeout of its own
     and has no property for one): `timeouts.connect_s` to connect, `request_s` to answer."""
     from pyiceberg.catalog.rest import RestCatalog
@@ -58,22 +66,24 @@ def _rest_catalog(catalog: CatalogConfig, props: dict[str, str]):
     bounds = (catalog.timeouts.connect_s, catalog.timeouts.request_s)
 
     class BoundedRestCatalog(RestCatalog):
-        def _create_session(self):
+        def _create_session(self) -> requests.Session:
             session = super()._create_session()
             send = session.request
 
-            def request(method, url, **kwargs):
+            def request(method: str, url: str | bytes, **kwargs: Any) -> requests.Response:
                 if kwargs.get("timeout") is None:
                     kwargs["timeout"] = bounds
                 return send(method, url, **kwargs)
 
-            session.request = request
+            # a wrapper with a default timeout; Session's get/post/... pass all but the
+            # method and URL by keyword, which is all it takes
+            session.request = request  # type: ignore[method-assign, assignment]
             return session
 
     return BoundedRestCatalog(catalog.name, uri=catalog.uri, warehouse=catalog.warehouse, **props)
 
 
-def load_catalog(catalog: CatalogConfig):
+def load_catalog(catalog: CatalogConfig) -> Catalog:
     """The pipeline's catalog; one that cannot be reached within the pipeline's timeouts
     is an EndpointError naming its host and port and what to check."""
     props = {k: v for k, v in catalog.properties.items() if not k.startswith("jdbc.")}
@@ -81,7 +91,7 @@ def load_catalog(catalog: CatalogConfig):
         if catalog.type == CatalogType.JDBC:
             from pyiceberg.catalog.sql import SqlCatalog
 
-            def connect():
+            def connect() -> Catalog:
                 return SqlCatalog(
                     catalog.name, uri=sqlalchemy_uri(catalog), warehouse=catalog.warehouse, **props
                 )
@@ -108,7 +118,7 @@ def load_catalog(catalog: CatalogConfig):
         ) from exc
 
 
-def _ancestry_snapshots(table, name: str = "") -> Iterable:
+def _ancestry_snapshots(table: Table, name: str = "") -> Iterator[Snapshot]:
     snap = table.current_snapshot()
     while snap is not None:
         yield snap
@@ -121,15 +131,15 @@ def _ancestry_snapshots(table, name: str = "") -> Iterable:
         snap = parent
 
 
-def _summary(snap) -> dict[str, str]:
+def _summary(snap: Snapshot | None) -> dict[str, str]:
     return dict(snap.summary.additional_properties) if snap is not None and snap.summary else {}
 
 
-def _ancestry(table, name: str = "") -> Iterable[dict[str, str]]:
+def _ancestry(table: Table, name: str = "") -> Iterable[dict[str, str]]:
     return (_summary(s) for s in _ancestry_snapshots(table, name))
 
 
-def _offsets_snapshot(table, name: str = ""):
+def _offsets_snapshot(table: Table, name: str = "") -> Snapshot | None:
     """The newest snapshot (walking back from current) that carries committed offsets."""
     ancestors = _ancestry_snapshots(table, name)
     return next((s for s in ancestors if SUMMARY_OFFSETS in _summary(s)), None)
@@ -146,7 +156,7 @@ class TableState:
     offsets_committed_at_ms: int | None = None
 
 
-def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState:
+def table_state(cat: Catalog, pipeline: PipelineConfig, table: TableConfig) -> TableState:
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
@@ -171,13 +181,13 @@ def table_state(cat, pipeline: PipelineConfig, table: TableConfig) -> TableState
     )
 
 
-def last_runs(pipeline: PipelineConfig) -> list[dict | None]:
+def last_runs(pipeline: PipelineConfig) -> list[dict[str, Any] | None]:
     """Per table, the figures its last maintenance run stored (None: never maintained)."""
     from pyiceberg.exceptions import NoSuchTableError
 
     cat = load_catalog(pipeline.catalog)
     pipeline = discover(pipeline)
-    out: list[dict | None] = []
+    out: list[dict[str, Any] | None] = []
     for table in pipeline.tables:
         try:
             ice = cat.load_table((pipeline.namespace, table.target))

@@ -8,8 +8,12 @@ import logging
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from cdclake.exceptions import CdclakeError
+
+if TYPE_CHECKING:
+    import datetime as dt
 
 log = logging.getLogger("cdclake")
 
@@ -75,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _backfill_parser(sub) -> None:
+def _backfill_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`cdclake backfill`'s arguments."""
     bf = sub.add_parser(
         "backfill",
@@ -109,7 +113,7 @@ def _backfill_parser(sub) -> None:
     bf.add_argument("--id", dest="backfill_id", default=None, help="backfill id (default new)")
 
 
-def _snapshot_parser(sub) -> None:
+def _snapshot_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`cdclake snapshot`'s arguments."""
     sn = sub.add_parser(
         "snapshot",
@@ -137,7 +141,7 @@ def _snapshot_parser(sub) -> None:
     sn.add_argument("--no-follow", action="store_true", help="send and return")
 
 
-def _dead_letters_parser(sub) -> None:
+def _dead_letters_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dl = sub.add_parser(
         "dead-letters",
         help="list the records a pipeline set aside, or "
@@ -156,7 +160,7 @@ def _dead_letters_parser(sub) -> None:
     dl.add_argument("--json", action="store_true", help="the listing as JSON")
 
 
-def _instant(text: str):
+def _instant(text: str) -> dt.datetime:
     from cdclake.exceptions import ConfigError
     from cdclake.redrive import parse_since
 
@@ -185,7 +189,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_parser(sub) -> None:
+def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`cdclake bench`'s arguments."""
     bench = sub.add_parser("bench", help="benchmark the load job on the local stack")
     bench.add_argument("--scale", type=float, default=1.0, help="1 = full size (hours)")
@@ -256,9 +260,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         from cdclake_control.compare import compare_pipeline, render_comparison
 
-        results = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
-        print(render_comparison(results))
-        return 0 if all(r.equal for r in results) else 1
+        compared = compare_pipeline(load_pipeline(args.pipeline), args.source_dsn)
+        print(render_comparison(compared))
+        return 0 if all(r.equal for r in compared) else 1
     if args.command == "bench":
         from cdclake_bench.baseline import command
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config import ConnectorModes, PipelineConfig, TableConfig
 from cdclake.debezium.connect import (
@@ -27,6 +27,11 @@ from cdclake.exceptions import EndpointError
 from cdclake_control.catalog import load_catalog
 from cdclake_control.source import connect_source, describe_dsn
 
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+
 DEFAULT_MODES = ConnectorModes()
 _NUMERIC = ("numeric", "money")
 
@@ -36,10 +41,10 @@ class TableComparison:
     source: str
     target: str
     columns: list[str]
-    source_rows: list[tuple]
-    lake_rows: list[tuple]
-    missing: list[tuple] = field(default_factory=list)  # in the source, not in the lake
-    extra: list[tuple] = field(default_factory=list)  # in the lake, not in the source
+    source_rows: list[tuple[Any, ...]]
+    lake_rows: list[tuple[Any, ...]]
+    missing: list[tuple[Any, ...]] = field(default_factory=list)  # in the source, not in the lake
+    extra: list[tuple[Any, ...]] = field(default_factory=list)  # in the lake, not in the source
     missing_columns: list[str] = field(default_factory=list)  # source columns not in the lake
 
     @property
@@ -188,7 +193,7 @@ def _lit(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def source_columns(conn, table: TableConfig) -> list[SourceColumn]:
+def source_columns(conn: psycopg.Connection[Any], table: TableConfig) -> list[SourceColumn]:
     rows = conn.execute(
         """
         select a.attname, format_type(a.atttypid, a.atttypmod),
@@ -206,7 +211,9 @@ def source_columns(conn, table: TableConfig) -> list[SourceColumn]:
     return [SourceColumn(name, kind, base, bool(is_array)) for name, kind, base, is_array in rows]
 
 
-def lake_table(pipeline: PipelineConfig, table: TableConfig, cat=None):
+def lake_table(
+    pipeline: PipelineConfig, table: TableConfig, cat: Catalog | None = None
+) -> pa.Table | None:
     """The lake table as Arrow (soft-deleted rows dropped), or None if it does not exist."""
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -233,7 +240,9 @@ def _display(value: Any) -> Any:
     return value
 
 
-def compare_table(pipeline: PipelineConfig, table: TableConfig, dsn: str, cat=None):
+def compare_table(
+    pipeline: PipelineConfig, table: TableConfig, dsn: str, cat: Catalog | None = None
+) -> TableComparison:
     import psycopg
 
     modes = pipeline.connector
@@ -325,7 +334,7 @@ def render_comparison(results: Iterable[TableComparison], max_rows: int = 12) ->
     return "\n".join(out)
 
 
-def _fmt(row: tuple) -> str:
+def _fmt(row: tuple[Any, ...]) -> str:
     return ", ".join("NULL" if v is None else str(v) for v in row)
 
 

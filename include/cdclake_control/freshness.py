@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.snapshots import live_rows
@@ -38,7 +39,7 @@ class TableFreshness:
     rows: int | None  # live rows of the current snapshot; None when it cannot be told exactly
     batch_id: str | None  # the batch (DAG run) that committed the offsets
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from typing import cast
 
 from cdclake.config import KafkaConfig
 from cdclake.exceptions import EndpointError
@@ -131,7 +132,7 @@ def first_record_times(
         deadline = time.monotonic() + timeout
         while len(done) < len(starts) and (left := deadline - time.monotonic()) > 0:
             for msg in consumer.consume(num_messages=100, timeout=min(1.0, left)):
-                tp = (msg.topic(), msg.partition())
+                tp = cast("tuple[str, int]", (msg.topic(), msg.partition()))  # a record's: set
                 if tp not in starts or tp in done:
                     continue
                 err = msg.error()
@@ -139,9 +140,9 @@ def first_record_times(
                     raise EndpointError(
                         f"Kafka at {kafka.servers}: reading {tp[0]}[{tp[1]}]@{starts[tp]}: {err}"
                     )
-                if err is None and msg.offset() < starts[tp]:
+                if err is None and cast(int, msg.offset()) < starts[tp]:
                     continue
-                if err is None and msg.offset() < marks[tp].high:
+                if err is None and cast(int, msg.offset()) < marks[tp].high:
                     out[tp] = record_time_ms(msg.value(), msg.timestamp())
                 done.add(tp)
                 consumer.pause([KafkaTP(*tp)])
@@ -165,7 +166,7 @@ def source_lag(
 ) -> dict[str, float | None]:
     """Seconds behind source (`seconds_behind_source`) per topic of `committed` (its
     committed offsets), reading one record per partition that has records waiting."""
-    starts = {}
+    starts: dict[TopicPartition, int] = {}
     for topic, offsets in committed.items():
         starts |= unloaded_starts({tp: m for tp, m in marks.items() if tp[0] == topic}, offsets)
     oldest = oldest_per_topic(first_record_times(kafka, starts, marks))

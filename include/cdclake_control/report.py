@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import EndpointError
@@ -20,6 +21,9 @@ from cdclake.offsets import (
 from cdclake_control.catalog import TableState, load_catalog, table_state
 from cdclake_control.lag import offsets_behind, source_lag
 from cdclake_control.watermarks import fetch_watermarks
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 _COUNTS = (SUMMARY_RECORDS, SUMMARY_UPSERTS, SUMMARY_DELETES)
 
@@ -50,7 +54,7 @@ class TableReport:
         at = dt.datetime.fromtimestamp(self.committed_at_ms / 1000, dt.UTC)
         return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "committed_at": self.committed_at}
 
     def summary(self) -> str:
@@ -89,7 +93,11 @@ def sum_counts(summaries: Iterable[Mapping[str, str]]) -> tuple[int, int, int]:
 
 
 def batch_summaries(
-    cat, pipeline: PipelineConfig, table: TableConfig, state: TableState, batch_ids: set[str]
+    cat: Catalog,
+    pipeline: PipelineConfig,
+    table: TableConfig,
+    state: TableState,
+    batch_ids: set[str],
 ) -> list[dict[str, str]]:
     """The summaries of the table's snapshots committed by `batch_ids`: the one holding the
     offsets when it is the only batch asked for, else found walking back from the current

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
 from cdclake.jvm import resolves_by_range
@@ -10,7 +12,7 @@ from cdclake.spark import build_session
 from cdclake_control.planner import plan_pipeline
 
 
-def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict:
+def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict[str, Any]:
     """Plan the next batch and load it in this process."""
     plan = plan_pipeline(pipeline, batch_id)
     if not plan.ranges:

@@ -18,12 +18,17 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any, cast
 
-from cdclake.config import KafkaConfig, TimeoutsConfig
+from cdclake.config import KafkaConfig, PipelineConfig, TimeoutsConfig
 from cdclake.exceptions import CdclakeError, first_line
 
 from cdclake_control.snapshot_filter import FilterError, check_in_source, filter_sql, parse_filter
 from cdclake_control.source import connect_source
+
+if TYPE_CHECKING:
+    import psycopg
+    from confluent_kafka import Consumer, KafkaError, Message
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +90,11 @@ def validate(request: SnapshotRequest, captured: Sequence[str]) -> None:
         raise SignalError(f"surrogate key {request.surrogate_key!r} is not a column name")
 
 
-def signal_data(request: SnapshotRequest) -> dict:
+def signal_data(request: SnapshotRequest) -> dict[str, Any]:
     """The `data` document of the signal (Debezium 3.x field names)."""
     if request.action in (Action.PAUSE, Action.RESUME):
         return {}
-    data: dict = {"data-collections": [re.escape(t) for t in request.tables]}
+    data: dict[str, Any] = {"data-collections": [re.escape(t) for t in request.tables]}
     data["type"] = request.type.value
     if request.action is Action.EXECUTE:
         if request.filters:
@@ -158,7 +163,7 @@ def parse_request(
     )
 
 
-def _filters_from_json(text: str) -> dict:
+def _filters_from_json(text: str) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
@@ -208,7 +213,9 @@ def check_source(
             conn.rollback()
 
 
-def _check_tables(conn, signal_table: str, request: SnapshotRequest) -> None:
+def _check_tables(
+    conn: psycopg.Connection[Any], signal_table: str, request: SnapshotRequest
+) -> None:
     for table in (signal_table, *request.tables):
         schema, name = table.split(".", 1)
         found = conn.execute(
@@ -232,7 +239,9 @@ def _check_tables(conn, signal_table: str, request: SnapshotRequest) -> None:
                 )
 
 
-def _check_filters(conn, request: SnapshotRequest, max_seconds: float) -> None:
+def _check_filters(
+    conn: psycopg.Connection[Any], request: SnapshotRequest, max_seconds: float
+) -> None:
     for table, condition in request.filters.items():
         try:
             seconds = check_in_source(conn, table, condition, max_seconds)
@@ -241,7 +250,9 @@ def _check_filters(conn, request: SnapshotRequest, max_seconds: float) -> None:
         log.info("filter for %s: about %.1f s of the source database's time", table, seconds)
 
 
-def _check_signal_fits(conn, signal_table: str, request: SnapshotRequest) -> int:
+def _check_signal_fits(
+    conn: psycopg.Connection[Any], signal_table: str, request: SnapshotRequest
+) -> int:
     """The signal table's `data` column is often varchar(2048) and its `id` varchar(42)
     (Debezium's examples): a longer signal would fail the INSERT. The id's length."""
     schema, name = signal_table.split(".", 1)
@@ -303,13 +314,18 @@ def send_to_kafka(
 
     producer = Producer(kafka.client_config())
     value = {"id": signal_id, "type": request.action.value, "data": signal_data(request)}
-    errors: list = []
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err:
+            errors.append(err)
+
     producer.produce(
         topic,
         key=topic_prefix.encode(),
         value=json.dumps(value).encode(),
         partition=0,
-        on_delivery=lambda err, _msg: err and errors.append(err),
+        on_delivery=delivered,
     )
     if producer.flush(30) or errors:
         raise SignalError(f"signal {signal_id} could not be sent to {topic}: {errors or 'timeout'}")
@@ -339,7 +355,7 @@ class SnapshotProgress:
     def finished(self) -> bool:
         return self.status in ("COMPLETED", "ABORTED")
 
-    def feed(self, note: Mapping) -> str | None:
+    def feed(self, note: Mapping[str, Any]) -> str | None:
         """Take one notification; a line to log when it is about this snapshot."""
         mine = (
             note.get("aggregate_type") == "Initial Snapshot"
@@ -376,7 +392,7 @@ class SnapshotProgress:
             raise SignalError(f"snapshot {self.signal_id} {self.status.lower()}: {reasons}")
         return self
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "signal_id": self.signal_id,
             "status": self.status,
@@ -388,7 +404,7 @@ class SnapshotProgress:
 
 def notification_consumer(
     kafka: KafkaConfig, signal_id: str, topic: str, start: Mapping[int, int] | None
-):
+) -> Consumer:
     """A consumer on the notification topic from `start` (per partition; default 0)."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -413,12 +429,12 @@ def notification_offsets(kafka: KafkaConfig, topic: str) -> dict[int, int]:
     return {p: m.high for (_, p), m in fetch_watermarks(kafka, [topic]).items()}
 
 
-def poll_notification(consumer, timeout: float = 1.0) -> dict | None:
+def poll_notification(consumer: Consumer, timeout: float = 1.0) -> dict[str, Any] | None:
     msg = consumer.poll(timeout)
     if msg is None or msg.error() or msg.value() is None:
         return None
     try:
-        return _payload(msg.value())
+        return _payload(cast(bytes, msg.value()))  # not None: checked above
     except ValueError:
         log.warning("notification at offset %s is not JSON; ignored", msg.offset())
         return None
@@ -454,18 +470,18 @@ def _scan_status(result: Mapping[str, str]) -> str:
     return result.get("scan_status") or result.get("status") or "SUCCEEDED"
 
 
-def _payload(value: bytes) -> dict:
+def _payload(value: bytes) -> dict[str, Any]:
     doc = json.loads(value)
     return doc.get("payload", doc) if isinstance(doc, dict) else {}
 
 
 def submit(
-    pipeline,
+    pipeline: PipelineConfig,
     dsn: str,
     request: SnapshotRequest,
     channel: str = "source",
     origin: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Validate a request against the pipeline and the source database, then send it.
 
     Nothing is written unless every check passes. Returns what following it needs: the
@@ -492,7 +508,11 @@ def submit(
     start = notification_offsets(pipeline.kafka, pipeline.notification_topic)
     if channel == "kafka":
         send_to_kafka(
-            pipeline.kafka, pipeline.source.signal_topic, pipeline.topic_prefix, signal_id, request
+            pipeline.kafka,
+            cast(str, pipeline.source.signal_topic),  # set: checked above
+            pipeline.topic_prefix,
+            signal_id,
+            request,
         )
     else:
         send_to_signal_table(

@@ -22,8 +22,15 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any, cast
 
 from cdclake.exceptions import CdclakeError, first_line
+
+if TYPE_CHECKING:
+    import psycopg
+
+# a pglast parse tree node (its attributes are the node type's)
+Node = Any
 
 # Debezium keeps every filter of a running incremental snapshot in the connector's offsets
 # (`incremental_snapshot_collections`), stored with each snapshot record; cdclake caps a
@@ -170,7 +177,9 @@ def check_functions(
             )
 
 
-def check_in_source(conn, table: str, condition: str, max_seconds: float) -> float:
+def check_in_source(
+    conn: psycopg.Connection[Any], table: str, condition: str, max_seconds: float
+) -> float:
     """The whole check against the source database (`conn` in a read-only transaction):
     functions first, so nothing is run that calls one not immutable, then the condition
     run on the table's first `SAMPLE_ROWS` rows (EXPLAIN ANALYZE, in a savepoint), whose
@@ -191,11 +200,14 @@ def check_in_source(conn, table: str, condition: str, max_seconds: float) -> flo
     try:
         with conn.transaction():
             [[found]] = conn.execute(statement).fetchall()
-            rows = conn.execute(
-                sql.SQL("SELECT reltuples FROM pg_class WHERE oid = {}::regclass").format(
-                    sql.Literal(f"{schema}.{name}")
-                )
-            ).fetchone()[0]
+            rows = cast(  # the table's row: the sample read it
+                "tuple[Any, ...]",
+                conn.execute(
+                    sql.SQL("SELECT reltuples FROM pg_class WHERE oid = {}::regclass").format(
+                        sql.Literal(f"{schema}.{name}")
+                    )
+                ).fetchone(),
+            )[0]
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
@@ -227,7 +239,9 @@ def filter_seconds(plan_s: float, run_s: float, sampled: int, rows: float) -> fl
     return plan_s * chunks + (run_s / sampled * rows if sampled else run_s)
 
 
-def read_functions(conn, names: tuple[str, ...]) -> dict[str, FunctionInfo | None]:
+def read_functions(
+    conn: psycopg.Connection[Any], names: tuple[str, ...]
+) -> dict[str, FunctionInfo | None]:
     """What pg_proc says about each name: `schema.name` looks in that schema, a bare name
     in every schema (the connector's search_path is not known here), so a name is
     immutable only when every function of that name is."""
@@ -267,14 +281,14 @@ def _check_tokens(table: str, text: str) -> None:
             raise FilterError(f"filter for {table!r} may not contain statement separators (;)")
 
 
-def _parse(table: str, text: str):
+def _parse(table: str, text: str) -> Node:
     """The WHERE expression of `SELECT WHERE <text>`; the text must be the whole of it,
     alone or in parentheses the same expression (nothing escapes or follows it)."""
     from pglast import parse_sql, parser
 
-    def where_of(sql: str):
+    def where_of(sql: str) -> Node | None:
         stmts = parse_sql(sql)
-        stmt = stmts[0].stmt if len(stmts) == 1 else None
+        stmt: Node = stmts[0].stmt if len(stmts) == 1 else None
         if type(stmt).__name__ != "SelectStmt" or stmt.whereClause is None:
             return None
         extra = (
@@ -317,7 +331,7 @@ def _parse(table: str, text: str):
     return bare
 
 
-def _walk(node, depth: int) -> Iterator[tuple[object, int]]:
+def _walk(node: Node, depth: int) -> Iterator[tuple[object, int]]:
     """Every expression node under `node`, with its depth; names, type names and
     constants' values are not walked into (they are checked where they are)."""
     from pglast import ast
@@ -346,7 +360,7 @@ def _walk(node, depth: int) -> Iterator[tuple[object, int]]:
             yield from _walk(value, depth + 1)
 
 
-def _check_node(table: str, node) -> str | None:
+def _check_node(table: str, node: Node) -> str | None:
     """Refuse a node outside the read-only set; the function name of a call."""
     kind = type(node).__name__
     where = f"filter for {table!r}"
@@ -373,7 +387,7 @@ def _check_node(table: str, node) -> str | None:
     raise FilterError(f"{where} may not contain {kind} (not a read-only expression cdclake knows)")
 
 
-def _check_operator(where: str, node) -> None:
+def _check_operator(where: str, node: Node) -> None:
     kind = node.kind.name
     if kind not in _PLAIN_EXPR_KINDS:
         raise FilterError(f"{where} may not use {kind.removeprefix('AEXPR_').replace('_', ' ')}")
@@ -390,7 +404,7 @@ def _check_operator(where: str, node) -> None:
         )
 
 
-def _check_type(where: str, type_name) -> None:
+def _check_type(where: str, type_name: Node) -> None:
     names = [n.sval for n in type_name.names]
     qualifier_ok = len(names) == 1 or (len(names) == 2 and names[0] == "pg_catalog")
     if not qualifier_ok or names[-1] not in PLAIN_TYPES or type_name.pct_type or type_name.setof:
@@ -400,7 +414,7 @@ def _check_type(where: str, type_name) -> None:
         )
 
 
-def _function_name(where: str, node) -> str:
+def _function_name(where: str, node: Node) -> str:
     names = [n.sval for n in node.funcname]  # unquoted names come folded to lower case
     name = ".".join(names)
     if node.over is not None or node.agg_star or node.agg_distinct or node.agg_filter:

@@ -60,7 +60,7 @@ def connect_source(
             "source database: the connection string cannot be read (libpq's "
             "'host=... port=... dbname=...' or a postgresql:// URI)"
         ) from None
-    settings = libpq_settings(timeouts, limit_statements)
+    settings: dict[str, Any] = libpq_settings(timeouts, limit_statements)
     settings["connect_timeout"] = params.get("connect_timeout") or settings["connect_timeout"]
     if params.get("options"):  # a later -c of the same setting (the DSN's) wins
         settings["options"] = f"{settings.get('options', '')} {params['options']}".strip()

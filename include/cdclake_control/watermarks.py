@@ -4,6 +4,7 @@ first offset at or after a time (a backfill's start)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 from cdclake.config import KafkaConfig
 from cdclake.exceptions import EndpointError
@@ -74,7 +75,7 @@ def offsets_for_time(
                 raise EndpointError(
                     f"Kafka at {kafka.servers}: reading {tp[0]}[{tp[1]}]@{offset}: {msg.error()}"
                 )
-            if msg.offset() >= offset:
+            if cast(int, msg.offset()) >= offset:  # a record's: set
                 return msg.timestamp()[1]
         raise EndpointError(
             f"Kafka at {kafka.servers}: no record at {tp[0]}[{tp[1]}]@{offset} within "

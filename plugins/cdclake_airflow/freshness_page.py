@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.api_fastapi.app import get_auth_manager
@@ -39,6 +39,10 @@ from cdclake_control.pipelines import read_pipelines
 from fastapi import FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class PipelineView:
         }
 
 
-def _dag_states(session, dag_ids: Iterable[str]) -> dict[str, DagState]:
+def _dag_states(session: Session, dag_ids: Iterable[str]) -> dict[str, DagState]:
     """Each DAG's state, in one query; a DAG without a row is missing."""
     ids = list(dag_ids)
     rows = session.execute(
@@ -103,7 +107,7 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _last_runs(session, dag_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+def _last_runs(session: Session, dag_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """The newest run of each DAG (by run_after), in one query."""
     ids = list(dag_ids)
     newest = (
@@ -130,13 +134,13 @@ def _last_runs(session, dag_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _readable(user, dag_id: str) -> bool:
+def _readable(user: BaseUser, dag_id: str) -> bool:
     return get_auth_manager().is_authorized_dag(
         method="GET", details=DagDetails(id=dag_id), user=user
     )
 
 
-def collect(user, session, now_ms: int) -> list[PipelineView]:
+def collect(user: BaseUser, session: Session, now_ms: int) -> list[PipelineView]:
     """Every pipeline whose DAG the user may read, a failing one carrying its error, then
     each config file that could not be read, with its error.
 

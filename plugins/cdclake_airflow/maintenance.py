@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from airflow.sdk import DAG, task
 from cdclake.config import PipelineConfig
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 MAINTAIN_APPLICATION = PROJECT_ROOT / "jobs" / "maintain.py"
 
 
-def report(pipeline_path: str, **context) -> list[dict]:
+def report(pipeline_path: str, **context: Any) -> list[dict[str, Any]]:
     """Log the figures the job stored with each table, and check they are this run's."""
     from cdclake.kafka.topics import discover
     from cdclake_control.catalog import last_runs

@@ -58,10 +58,11 @@ def picker_tables(
     if not patterned:
         return tables
     pool = ThreadPoolExecutor(max_workers=min(8, len(patterned)), thread_name_prefix="picker")
-    futures = {
-        pool.submit(lambda p=p: p.with_topics(list_topics(p.kafka, timeout=timeout_s))): name
-        for name, p in patterned.items()
-    }
+
+    def listed(p: PipelineConfig) -> PipelineConfig:
+        return p.with_topics(list_topics(p.kafka, timeout=timeout_s))
+
+    futures = {pool.submit(listed, p): name for name, p in patterned.items()}
     done, _ = wait(futures, timeout=timeout_s + 1.0)
     pool.shutdown(wait=False, cancel_futures=True)
     for future, name in futures.items():
@@ -200,12 +201,16 @@ def build_backfill_dag(
     )
     with dag:
         plan = task(task_id="plan")(tasks.backfill_plan)(paths)
-        choose = task.branch(task_id="choose_pipeline")(tasks.choose_load)(plan)
+        choose = task.branch(task_id="choose_pipeline")(tasks.choose_load)(
+            plan  # type: ignore[arg-type]  # an XComArg: its value at run time
+        )
         report = task(
             task_id="report",
             outlets=[tables_alias(name) for name in sorted(pipelines)],
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
-        )(tasks.backfill_report)(plan)
+        )(tasks.backfill_report)(
+            plan  # type: ignore[arg-type]  # an XComArg: its value at run time
+        )
         for name, pipeline in sorted(pipelines.items()):
             load = load_task(
                 pipeline,
@@ -290,7 +295,9 @@ def build_snapshot_dag(
     with dag:
         send = task(task_id="send_signal")(tasks.snapshot_send)(paths)
         follow = SnapshotSensor(task_id="wait_for_snapshot", signal_task="send_signal")
-        should_load = task.short_circuit(task_id="should_load")(tasks.snapshot_should_load)(send)
+        should_load = task.short_circuit(task_id="should_load")(tasks.snapshot_should_load)(
+            send  # type: ignore[arg-type]  # an XComArg: its value at run time
+        )
         load = TriggerDagRunOperator(
             task_id="trigger_load",
             trigger_dag_id="cdclake__{{ params.pipeline }}",

@@ -8,10 +8,13 @@ import datetime as dt
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ class SnapshotTrigger(BaseTrigger):
         blocking: bool,
         deadline: float,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow leaves it unannotated
         self.pipeline_path = pipeline_path
         self.signal_id = signal_id
         self.start = {str(k): int(v) for k, v in start.items()}
@@ -84,12 +87,12 @@ class SnapshotSensor(BaseSensorOperator):
     """Waits (deferred) for the snapshot sent by `signal_task`; fails when it aborts, a
     table's scan did not succeed, or the timeout passes."""
 
-    def __init__(self, *, signal_task: str, **kwargs) -> None:
+    def __init__(self, *, signal_task: str, **kwargs: Any) -> None:
         kwargs.setdefault("mode", "reschedule")
         super().__init__(**kwargs)
         self.signal_task = signal_task
 
-    def execute(self, context) -> dict | None:
+    def execute(self, context: Context) -> dict[str, Any] | None:
         sent = context["ti"].xcom_pull(task_ids=self.signal_task)
         if not sent or not sent.get("follow"):
             self.log.info("nothing to follow for action %s", (sent or {}).get("action"))
@@ -108,7 +111,7 @@ class SnapshotSensor(BaseSensorOperator):
         )
         return None
 
-    def execute_complete(self, context, event: dict) -> dict:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         from cdclake_control.signals import SignalError, SnapshotProgress
 
         data = event["progress"]

@@ -5,6 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from cdclake.config import PipelineConfig, TableConfig
+    from cdclake_control.report import TableReport
 
 log = logging.getLogger(__name__)
 
@@ -12,7 +18,7 @@ log = logging.getLogger(__name__)
 DRIVER_OPTIONS_XCOM = "driver_java_options"
 
 
-def plan(pipeline_path: str, **context) -> str:
+def plan(pipeline_path: str, **context: Any) -> str:
     """Next batch plan as JSON; the batch id names the DAG run so commits can be traced."""
     from cdclake.jvm import driver_java_options, resolves_by_range
     from cdclake.pipeline_file import load_pipeline
@@ -43,7 +49,9 @@ def has_work(plan_json: str) -> bool:
     return bool(batch.ranges)
 
 
-def emit_changed(outlet_events, pipeline, reports) -> list[str]:
+def emit_changed(
+    outlet_events: Any, pipeline: PipelineConfig, reports: Sequence[TableReport]
+) -> list[str]:
     """One asset event (the table's figures in `extra`) for each table the run changed,
     through the pipeline's asset alias; tables it did not change get none. The tables a
     pattern found get theirs as well (the alias creates their assets)."""
@@ -63,7 +71,7 @@ def emit_changed(outlet_events, pipeline, reports) -> list[str]:
     return changed
 
 
-def report(pipeline_path: str, plan_json: str, **context) -> list[dict]:
+def report(pipeline_path: str, plan_json: str, **context: Any) -> list[dict[str, Any]]:
     """Per-table figures, and an asset event for each table the batch changed."""
     from cdclake.kafka.topics import discover
     from cdclake.offsets import plans_from_json
@@ -88,14 +96,14 @@ def _pipeline_path(paths: dict[str, str], name: str) -> str:
     return paths[name]
 
 
-def form_tables(params) -> list[str]:
+def form_tables(params: Mapping[str, Any]) -> list[str]:
     """The tables a form names: those picked, then those typed under Other tables (one
     per line; blank lines left out)."""
     typed = [t.strip() for t in params.get("other_tables") or [] if t and t.strip()]
     return list(dict.fromkeys([*(params.get("tables") or []), *typed]))
 
 
-def backfill_plan(paths: dict[str, str], **context) -> dict:
+def backfill_plan(paths: dict[str, str], **context: Any) -> dict[str, Any]:
     """Validate the form against the pipeline and Kafka; the plans of the backfill."""
     from cdclake.pipeline_file import load_pipeline
     from cdclake_control.backfill import describe, parse_request, plan_pipeline_backfill
@@ -130,18 +138,18 @@ def backfill_plan(paths: dict[str, str], **context) -> dict:
     }
 
 
-def choose_load(plan: dict) -> list[str]:
+def choose_load(plan: dict[str, Any]) -> list[str]:
     if not plan["batches"]:
         log.info("nothing to backfill")
         return []
     return [f"load__{plan['pipeline']}"]
 
 
-def choose_dead_letters(**context) -> list[str]:
+def choose_dead_letters(**context: Any) -> list[str]:
     return [f"dead_letters__{context['params']['pipeline']}"]
 
 
-def backfill_report(plan: dict, **context) -> list[dict]:
+def backfill_report(plan: dict[str, Any], **context: Any) -> list[dict[str, Any]]:
     """The backfilled tables' figures, and an asset event for each table it changed."""
     from cdclake.kafka.topics import discover
     from cdclake.offsets import plans_from_json
@@ -151,7 +159,8 @@ def backfill_report(plan: dict, **context) -> list[dict]:
     pipeline = discover(load_pipeline(plan["pipeline_path"]))
     plans = plans_from_json(plan["plans_json"]) if plan["batches"] else []
     reports = report_pipeline(pipeline, plans, int(time.time() * 1000))
-    asked = {pipeline.table_named(t).target for t in plan["tables"]}
+    # the plan's tables were found in the pipeline when it was made (`backfill_plan`)
+    asked = {cast(TableConfig, pipeline.table_named(t)).target for t in plan["tables"]}
     emit_changed(context["outlet_events"], pipeline, reports)
     return [r.to_dict() for t, r in zip(pipeline.tables, reports, strict=True) if t.target in asked]
 
@@ -159,7 +168,7 @@ def backfill_report(plan: dict, **context) -> list[dict]:
 # ---- cdclake_snapshot -----------------------------------------------------------------
 
 
-def source_dsn(pipeline) -> str:
+def source_dsn(pipeline: PipelineConfig) -> str:
     """libpq connection string of the pipeline's source database: the Airflow connection
     `source.conn_id`, else `source.dsn`. Never logged."""
     from airflow.sdk import BaseHook
@@ -182,10 +191,10 @@ def source_dsn(pipeline) -> str:
         "password": conn.password,
         "dbname": conn.schema,
     }
-    return make_conninfo(**{k: v for k, v in params.items() if v not in (None, "")})
+    return make_conninfo("", **{k: v for k, v in params.items() if v not in (None, "")})
 
 
-def snapshot_send(paths: dict[str, str], **context) -> dict:
+def snapshot_send(paths: dict[str, str], **context: Any) -> dict[str, Any]:
     """Validate everything, then send the signal; what the sensor needs to follow it."""
     from cdclake.pipeline_file import load_pipeline
     from cdclake_control.signals import parse_request, submit
@@ -211,5 +220,5 @@ def snapshot_send(paths: dict[str, str], **context) -> dict:
     return sent
 
 
-def snapshot_should_load(sent: dict) -> bool:
+def snapshot_should_load(sent: dict[str, Any]) -> bool:
     return bool(sent.get("trigger_load"))

@@ -18,13 +18,16 @@ import io
 import json
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from cdclake.debezium.registry import RegistryConfig, UnknownSchema, schema_text
 from cdclake.exceptions import DecodeError
-from cdclake.raw_rows import RawRows
+from cdclake.raw_rows import RawRows, Values
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _PRIMITIVES = {
     "int": "int32",
@@ -54,7 +57,7 @@ class Translation:
         import fastavro
 
         avro = json.loads(text)
-        self.named: dict[str, dict] = {}
+        self.named: dict[str, tuple[dict[str, Any], Convert | None]] = {}
         connect, self.convert = self._schema(avro, "")
         self.schema = json.dumps(connect, separators=(",", ":")).encode()
         # logical types left out: values stay as the converter wrote them (days, millis,
@@ -67,7 +70,7 @@ class Translation:
         value = schemaless_reader(io.BytesIO(data), self.reader, None)
         return value if self.convert is None else self.convert(value)
 
-    def _schema(self, avro: Any, namespace: str) -> tuple[dict, Convert | None]:
+    def _schema(self, avro: Any, namespace: str) -> tuple[dict[str, Any], Convert | None]:
         """The Connect schema (JSON) of an Avro type, and what its values need to be
         written as the JSON converter does (None: nothing)."""
         if isinstance(avro, list):
@@ -86,7 +89,7 @@ class Translation:
         kind = avro["type"]
         if isinstance(kind, (dict, list)):
             return self._schema(kind, namespace)
-        connect: dict[str, Any] = {"optional": False}
+        connect = {"optional": False}
         name = avro.get("connect.name") or _LOGICAL.get(avro.get("logicalType", ""))
         params = dict(avro.get("connect.parameters") or {})
         if avro.get("logicalType") == "decimal" and "connect.parameters" not in avro:
@@ -103,15 +106,16 @@ class Translation:
             connect.update(type="array", items=items)
             convert = None if each is None else (lambda v: [each(x) for x in v])
         elif kind == "map":
-            values, each = self._schema(avro["values"], namespace)
+            values, member = self._schema(avro["values"], namespace)
             connect.update(type="map", keys={"type": "string", "optional": False}, values=values)
-            convert = None if each is None else (lambda v: {k: each(x) for k, x in v.items()})
+            convert = None if member is None else (lambda v: {k: member(x) for k, x in v.items()})
         elif kind in ("enum", "fixed"):
             connect["type"] = "string" if kind == "enum" else "bytes"
             convert = None if kind == "enum" else _base64
         elif kind in _PRIMITIVES:
             connect["type"] = avro.get("connect.type") or _PRIMITIVES[kind]
-            convert = {"bytes": _base64, "float": _number, "double": _number}.get(kind)
+            primitive: dict[str, Convert] = {"bytes": _base64, "float": _number, "double": _number}
+            convert = primitive.get(kind)
         else:
             raise DecodeError(f"Avro type {kind!r} is not a Connect type")
         if name:
@@ -123,8 +127,8 @@ class Translation:
         return connect, convert
 
     def _record(
-        self, avro: dict, namespace: str, connect: dict, name: str | None
-    ) -> tuple[dict, Convert | None, str]:
+        self, avro: dict[str, Any], namespace: str, connect: dict[str, Any], name: str | None
+    ) -> tuple[dict[str, Any], Convert | None, str]:
         full = (
             avro["name"]
             if "." in avro["name"]
@@ -145,7 +149,7 @@ class Translation:
 
 
 def _fields(converts: list[tuple[str, Convert]]) -> Convert:
-    def convert(row: dict) -> dict:
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
         for name, fn in converts:
             row[name] = fn(row[name])
         return row
@@ -228,10 +232,17 @@ class AvroRawRows:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def batch(self):
+    def batch(self) -> pa.RecordBatch:
         return self.rows.batch()
 
-    def add_many(self, offsets, timestamps, keys, values, headers=None) -> None:
+    def add_many(
+        self,
+        offsets: Values,
+        timestamps: Values,
+        keys: Values,
+        values: Values,
+        headers: Values | None = None,
+    ) -> None:
         """`RawRows.add_many` of the records as envelopes, in order; a record a side of
         which cannot be read is kept with why (`RawRows.add_error`)."""
         offsets, timestamps = _list(offsets), _list(timestamps)
@@ -252,7 +263,13 @@ class AvroRawRows:
         except ValueError as exc:
             raise ValueError(f"{side}: {exc}") from None
 
-    def _add(self, run, offsets, timestamps, heads) -> None:
+    def _add(
+        self,
+        run: list[tuple[int, bytes | None, bytes | None]],
+        offsets: list[int],
+        timestamps: list[int],
+        heads: list[Any],
+    ) -> None:
         if run:
             at, keys, values = zip(*run, strict=True)
             self.rows.add_many(
@@ -264,5 +281,5 @@ class AvroRawRows:
             )
 
 
-def _list(values) -> list:
+def _list(values: Values) -> list[Any]:
     return values.to_pylist() if hasattr(values, "to_pylist") else list(values)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cdclake.exceptions import DecodeError
 
@@ -60,7 +60,7 @@ class ConnectField:
 def parse_connect_schema(schema: Mapping[str, Any] | str, name: str = "") -> ConnectField:
     """Turn the `schema` part of a JSON-with-schema record into a ConnectField tree."""
     if isinstance(schema, str):
-        schema = json.loads(schema)
+        schema = cast(Mapping[str, Any], json.loads(schema))
     kind = schema.get("type")
     if not isinstance(kind, str):
         raise DecodeError(f"schema of {name or 'record'} has no type: {str(schema)[:200]}")

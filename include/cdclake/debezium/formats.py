@@ -62,7 +62,7 @@ class WireFormat(StrEnum):
 
     @property
     def codec(self) -> Codec:
-        return importlib.import_module(_FLAT if self.flat else _ENVELOPE)  # type: ignore[return-value]
+        return importlib.import_module(_FLAT if self.flat else _ENVELOPE)
 
     @property
     def avro(self) -> bool:
@@ -72,8 +72,12 @@ class WireFormat(StrEnum):
         """The splitter of one reader task's records (`registry`: the
         `cdclake.debezium.registry.RegistryConfig` of an Avro format)."""
         if self.avro:
-            return importlib.import_module(_AVRO).AvroRawRows(topic, partition, registry)
-        return importlib.import_module(_JSON).RawRows(topic, partition)
+            writer: RawRowsWriter = importlib.import_module(_AVRO).AvroRawRows(
+                topic, partition, registry
+            )
+            return writer
+        rows: RawRowsWriter = importlib.import_module(_JSON).RawRows(topic, partition)
+        return rows
 
 
 _ENVELOPE, _FLAT = "cdclake.debezium.json_records", "cdclake.debezium.json_flat"

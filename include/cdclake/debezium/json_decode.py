@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.connect import arrow_type, parse_connect_schema
 from cdclake.debezium.formats import BadRecord
@@ -13,10 +15,24 @@ from cdclake.debezium.json_flat import tombstone_deletes
 from cdclake.debezium.json_sql import ROW_SIDES, changes_sql, leaf
 from cdclake.debezium.json_values import decoder
 
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+
+    from cdclake.debezium.connect import ConnectField
+    from cdclake.debezium.schema import TopicSchema
+
+_Fields = tuple[Sequence["ConnectField"], Sequence["ConnectField"], "TopicSchema"]
+
 _FLAT_META = frozenset(("__op", "__lsn", "__source_ts_ms"))
 
 
-def decoded(rows, schema, key_schemas, value_schemas):
+def decoded(
+    rows: pa.Table,
+    schema: TopicSchema,
+    key_schemas: Mapping[int, str],
+    value_schemas: Mapping[int, str],
+) -> pa.Table | None:
     """Raw rows of one topic (JSON with schema, any mix of its key and value schemas) as
     `changes_sql` reads them, each run of one (key, value) schema pair by its query, read
     unchecked first (see `json_sql`), its columns as the lake holds them (`lake_values`)."""
@@ -26,7 +42,7 @@ def decoded(rows, schema, key_schemas, value_schemas):
     codec = schema.format.codec
     deletes = schema.format.flat and tombstone_deletes(value_schemas.values())
     pairs = pa.table({"k": rows["key_schema_id"], "v": rows["value_schema_id"]})
-    parts = []
+    parts: list[pa.Table] = []
     found_pairs = pairs.group_by(["k", "v"]).aggregate([]).to_pylist()
     with _database().cursor() as con:
         for k, v in sorted(((p["k"], p["v"]) for p in found_pairs), key=repr):
@@ -34,7 +50,7 @@ def decoded(rows, schema, key_schemas, value_schemas):
             part = rows.filter(same)
             kf = codec.key_fields(key_schemas[k]) if k is not None else ()
             vf = codec.value_fields(value_schemas[v], "value") if v is not None else ()
-            flat = None
+            flat: tuple[frozenset[str], bool] | None = None
             if schema.format.flat:
                 meta = parse_connect_schema(value_schemas[v]).fields if v is not None else ()
                 flat = (frozenset(f.name for f in meta if f.name in _FLAT_META), deletes)
@@ -44,7 +60,12 @@ def decoded(rows, schema, key_schemas, value_schemas):
     return pa.concat_tables(parts, promote_options="permissive")
 
 
-def _read(con, rows, fields, flat):
+def _read(
+    con: duckdb.DuckDBPyConnection,
+    rows: pa.Table,
+    fields: _Fields,
+    flat: tuple[frozenset[str], bool] | None,
+) -> pa.Table:
     """`changes_sql`'s rows of raw rows of one schema pair (`fields`: its key and value
     fields and the topic's schema), unchecked, then checked when one has a reason."""
     con.register("raw", rows)
@@ -58,7 +79,7 @@ def _read(con, rows, fields, flat):
 
 
 @functools.cache
-def _database():
+def _database() -> duckdb.DuckDBPyConnection:
     """The process's one in-memory DuckDB database, on one thread (a connection costs
     ~20 ms; each call takes a cursor of its own, so threads can share it)."""
     import duckdb
@@ -66,7 +87,9 @@ def _database():
     return duckdb.connect(config={"threads": 1})
 
 
-def lake_values(found, value_fields, schema):
+def lake_values(
+    found: pa.Table, value_fields: Sequence[ConnectField], schema: TopicSchema
+) -> pa.Table:
     """`changes_sql`'s rows `found` of one value schema with each side's values as the
     lake holds them: a decimal from its unscaled value, JSON text decoded by its field's
     `decoder` (a value that does not fit: NULL, and its record's reason says why)."""
@@ -81,7 +104,7 @@ def lake_values(found, value_fields, schema):
             continue
         for name in (f"{side}__{c.name}" for side in ROW_SIDES):
             column = found[name].combine_chunks()
-            if texts:
+            if texts and f is not None:  # `texts` holds only with a field
                 reasons = found["reason"].to_pylist() if reasons is None else reasons
                 column = pa.array(_decode(column.to_pylist(), f, reasons), arrow_type(c.type))
             else:  # the unscaled value
@@ -94,10 +117,11 @@ def lake_values(found, value_fields, schema):
     )
 
 
-def _decode(texts, f, reasons):
+def _decode(texts: list[Any], f: ConnectField, reasons: list[str | None]) -> list[Any]:
     """JSON texts decoded by field `f`'s `decoder`; one that does not fit is None, and
     the first reason of its record (`reasons`, set in place) unless it has one."""
-    fn, out = decoder(f), []
+    fn = decoder(f)
+    out: list[Any] = []
     for i, text in enumerate(texts):
         try:
             out.append(None if text is None else fn(json.loads(text)))
@@ -108,7 +132,7 @@ def _decode(texts, f, reasons):
     return out
 
 
-def _same(column, value):
+def _same(column: pa.Array | pa.ChunkedArray, value: int | None) -> pa.Array:
     import pyarrow.compute as pc
 
     return pc.is_null(column) if value is None else pc.fill_null(pc.equal(column, value), False)

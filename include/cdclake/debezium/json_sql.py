@@ -16,7 +16,9 @@ schema."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cdclake.debezium.connect import (
     CONNECT_DATE,
@@ -41,6 +43,9 @@ from cdclake.debezium.connect import (
     decimal_params,
 )
 from cdclake.debezium.json_flat import NO_OP
+
+if TYPE_CHECKING:
+    from cdclake.debezium.schema import Column, TopicSchema
 
 # the lake's range (Spark's and Iceberg's), which ±infinity loads as
 _MAX_DAY, _MIN_DAY = "DATE '9999-12-31'", "DATE '0001-01-01'"
@@ -158,7 +163,7 @@ _DECODED = frozenset(
 )
 
 
-def _decimal(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
+def _decimal(f: ConnectField, x: str, seen: str, wrong: Callable[[str, str], str]) -> Leaf:
     """A decimal's unscaled value (HUGEINT; the lake decimal is its `decimal(p, s)` view):
     big-endian two's complement bytes in base64, times 10^-scale for a negative scale."""
     precision, _ = decimal_params(f)
@@ -192,7 +197,7 @@ def _decimal(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
     return Leaf(signed, f"coalesce({wrong('a decimal', bad)}, {big})")
 
 
-def _timestamp(f: ConnectField, x: str, seen: str, wrong) -> Leaf:
+def _timestamp(f: ConnectField, x: str, seen: str, wrong: Callable[[str, str], str]) -> Leaf:
     """A timestamp of milli-, micro- or nanoseconds since the epoch (no time zone)."""
     lg = f.logical
     ticks = f"TRY_CAST({x} AS HUGEINT)"
@@ -250,13 +255,18 @@ _NAMES = {
 }
 
 
-def _typed(f) -> str | None:
+def _typed(f: ConnectField) -> str | None:
     """The DuckDB type a field is read as when its JSON type goes unchecked (None: as
     JSON)."""
     return _TYPED.get(f.type) if f.logical not in _DECODED else None
 
 
-def _row_spec(by_name, columns, checked: bool, more=()) -> str:
+def _row_spec(
+    by_name: Mapping[str, ConnectField],
+    columns: Sequence[Column],
+    checked: bool,
+    more: Sequence[str] = (),
+) -> str:
     """A row's `from_json` structure: each column of the row's schema as JSON text, or
     unchecked its SQL type where it has one (`_typed`), then the fields `more` as JSON."""
     kinds = [
@@ -268,11 +278,14 @@ def _row_spec(by_name, columns, checked: bool, more=()) -> str:
     return "{" + ",".join(kinds) + "}" if kinds else '"JSON"'  # none DuckDB can name
 
 
-def _row_values(by_name, columns, at: str, checked: bool):
+def _row_values(
+    by_name: Mapping[str, ConnectField], columns: Sequence[Column], at: str, checked: bool
+) -> tuple[list[tuple[str, str]], list[str]]:
     """Each column's (name, lake value) over a row read at `at` (NULL for a column the
     row's schema lacks), and the checks of its values; unchecked, a plainly typed field is
     its value as read (`from_json_strict` converted it)."""
-    values, checks = [], []
+    values: list[tuple[str, str]] = []
+    checks: list[str] = []
     for c in columns:
         f = by_name.get(c.name)
         x = f'{at}"{c.name}"'
@@ -287,7 +300,9 @@ def _row_values(by_name, columns, at: str, checked: bool):
     return values, checks
 
 
-def event_parts(fields, columns, checked: bool = True) -> tuple[str, list[str], list[str]]:
+def event_parts(
+    fields: Sequence[ConnectField], columns: Sequence[Column], checked: bool = True
+) -> tuple[str, list[str], list[str]]:
     """A change event's `from_json` structure, and over it (`e`) the expressions of its
     operation, source time, LSN and both sides' columns (`after__<name>`,
     `before__<name>`: the lake value, or its JSON text where `leaf` leaves it to
@@ -321,7 +336,9 @@ def event_parts(fields, columns, checked: bool = True) -> tuple[str, list[str], 
     return spec, picked, errors
 
 
-def key_parts(fields, key, at: str = "k") -> tuple[str, list[str], list[str]]:
+def key_parts(
+    fields: Sequence[ConnectField], key: Sequence[Column], at: str = "k"
+) -> tuple[str, list[str], list[str]]:
     """A key's `from_json` structure, and over it (`at`) its columns' value expressions
     (in the order of `key`) and those of what can be wrong with them."""
     by_name = {f.name: f for f in fields}
@@ -330,7 +347,9 @@ def key_parts(fields, key, at: str = "k") -> tuple[str, list[str], list[str]]:
     return _row_spec(by_name, key, True), [v for _, v in values], errors
 
 
-def old_key_parts(fields, key, op: str = "(e.op ->> '$')") -> tuple[list[str], list[str]]:
+def old_key_parts(
+    fields: Sequence[ConnectField], key: Sequence[Column], op: str = "(e.op ->> '$')"
+) -> tuple[list[str], list[str]]:
     """The key a create was changed from (its `__debezium.oldkey` header, parsed as `o`:
     a primary-key change) as columns `from__<name>` (NULL unless the change is a create
     and every key column has a value), and what can be wrong with it."""
@@ -358,7 +377,13 @@ _OLD_KEY_JSON = (
 )
 
 
-def flat_parts(fields, columns, meta: frozenset[str], deletes: bool, checked: bool = True):
+def flat_parts(
+    fields: Sequence[ConnectField],
+    columns: Sequence[Column],
+    meta: frozenset[str],
+    deletes: bool,
+    checked: bool = True,
+) -> tuple[str, list[str], list[str], str, list[str], str]:
     """`event_parts` of a row flattened by ExtractNewRecordState (`json_flat`): `e` is the
     row, `meta` the transform's fields its schema has (`__op`, `__lsn`, ...), and their
     headers stand in for missing ones; a null payload, and with `deletes` a tombstone,
@@ -411,9 +436,9 @@ def flat_parts(fields, columns, meta: frozenset[str], deletes: bool, checked: bo
 
 
 def changes_sql(
-    key_fields,
-    value_fields,
-    schema,
+    key_fields: Sequence[ConnectField],
+    value_fields: Sequence[ConnectField],
+    schema: TopicSchema,
     source: str = "raw",
     checked: bool = True,
     flat: tuple[frozenset[str], bool] | None = None,

@@ -12,7 +12,7 @@ import math
 import struct
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from cdclake.debezium.connect import (
     CONNECT_DATE,
@@ -54,13 +54,13 @@ _INT64 = (-(2**63), 2**63 - 1)
 _FLOAT_TEXTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def _integer(value, field: ConnectField, bounds: tuple[int, int]) -> int:
+def _integer(value: Any, field: ConnectField, bounds: tuple[int, int]) -> int:
     if type(value) is not int or not bounds[0] <= value <= bounds[1]:
         raise BadRecord(f"field {field.name!r}: {value!r} is not a {field.type}")
     return value
 
 
-def _number(value, field: ConnectField) -> float:
+def _number(value: Any, field: ConnectField) -> float:
     if isinstance(value, str) and value in _FLOAT_TEXTS:
         return _FLOAT_TEXTS[value]
     if type(value) not in (int, float):
@@ -71,12 +71,13 @@ def _number(value, field: ConnectField) -> float:
 def _float32(value: float) -> float:
     """The value a float column holds (Spark parses JSON into a 32-bit float)."""
     try:
-        return struct.unpack("f", struct.pack("f", value))[0]
+        out: float = struct.unpack("f", struct.pack("f", value))[0]
+        return out
     except (OverflowError, struct.error):
         raise BadRecord(f"{value!r} is out of a 32-bit float's range") from None
 
 
-def _unbase64(value, field: ConnectField) -> bytes:
+def _unbase64(value: Any, field: ConnectField) -> bytes:
     if not isinstance(value, str):
         raise BadRecord(f"field {field.name!r}: {value!r} is not base64 text")
     try:
@@ -104,7 +105,7 @@ def _decimal(field: ConnectField) -> Callable[[Any], Any]:
     raw_scale = int(field.param("scale", "0") or 0)
     limit = 10**precision  # on the digits of the lake's unscaled value
 
-    def decode(value):
+    def decode(value: Any) -> Any:
         # integers only: Decimal arithmetic rounds to 28 digits
         unscaled = int.from_bytes(_unbase64(value, field), "big", signed=True)
         if raw_scale < 0:
@@ -120,7 +121,7 @@ def _decimal(field: ConnectField) -> Callable[[Any], Any]:
 
 
 def _variable_scale(field: ConnectField) -> Callable[[Any], Any]:
-    def decode(value):
+    def decode(value: Any) -> Any:
         if not isinstance(value, dict):
             raise BadRecord(f"field {field.name!r}: {value!r} is not a variable-scale decimal")
         scale, digits64 = value.get("scale"), value.get("value")
@@ -137,7 +138,7 @@ def _variable_scale(field: ConnectField) -> Callable[[Any], Any]:
 
 
 def _zoned(field: ConnectField) -> Callable[[Any], Any]:
-    def decode(value):
+    def decode(value: Any) -> Any:
         if value == "infinity":
             return _MAX_MICROS
         if value == "-infinity":
@@ -155,8 +156,10 @@ def _zoned(field: ConnectField) -> Callable[[Any], Any]:
     return decode
 
 
-def _infinity(values: tuple[int, int], top: int, bottom: int, scale: int, field: ConnectField):
-    def decode(value):
+def _infinity(
+    values: tuple[int, int], top: int, bottom: int, scale: int, field: ConnectField
+) -> Callable[[Any], Any]:
+    def decode(value: Any) -> Any:
         value = _integer(value, field, _INT64)
         if value == values[0]:
             return top
@@ -196,7 +199,7 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
         return _variable_scale(field)
     if lg in (GEOMETRY, GEOGRAPHY):
 
-        def geo(value):
+        def geo(value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise BadRecord(f"field {field.name!r}: {value!r} is not a geometry")
             wkb, srid = value.get("wkb"), value.get("srid")
@@ -239,10 +242,12 @@ def decoder(field: ConnectField) -> Callable[[Any], Any]:
     raise DecodeError(f"field {field.name!r}: Connect type {kind} has no lake type")
 
 
-def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callable[[Any], Any]:
+def _checked(
+    field: ConnectField, kind: type, what: str, convert: Callable[[Any], Any] | None = None
+) -> Callable[[Any], Any]:
     """A decoder of JSON values of one Python type (`convert`ed, when given)."""
 
-    def decode(value):
+    def decode(value: Any) -> Any:
         if not isinstance(value, kind):
             raise BadRecord(f"field {field.name!r}: {value!r:.60} is not {what}")
         return value if convert is None else convert(value)
@@ -250,7 +255,7 @@ def _checked(field: ConnectField, kind: type, what: str, convert=None) -> Callab
     return decode
 
 
-def _json_text(value, field: ConnectField) -> str:
+def _json_text(value: Any, field: ConnectField) -> str:
     """JSON text as Spark's `from_json` writes a nested value it reads as a string:
     Jackson's compact generator, doubles as Java's `Double.toString`."""
     if isinstance(value, dict):
@@ -280,5 +285,5 @@ def _java_double(value: float, field: ConnectField) -> str:
         return repr(value)  # plain digits with a point, as Java writes them in this range
     sign, digits, exponent = Decimal(repr(value)).as_tuple()
     text = "".join(map(str, digits)).rstrip("0") or "0"
-    power = exponent + len(digits) - 1
+    power = cast(int, exponent) + len(digits) - 1  # a finite value's: a number
     return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"

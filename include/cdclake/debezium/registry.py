@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from cdclake.exceptions import EndpointError
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 _ATTEMPTS = 3
 
@@ -33,7 +37,7 @@ class RegistryConfig:
 
 
 @cache
-def _client(registry: RegistryConfig):
+def _client(registry: RegistryConfig) -> SchemaRegistryClient:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     conf = {

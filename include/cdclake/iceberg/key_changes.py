@@ -11,9 +11,14 @@ partition read ahead of the old key's) is never read and stays, one row per such
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cdclake.debezium.schema import LSN, TopicSchema
 from cdclake.iceberg.merge_sql import TABLE_PROPERTIES, _properties_sql, quote
 from cdclake.iceberg.tables import _create, table_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 KEY_CHANGES_PREFIX = "_cdclake_key_changes__"  # + the table's name
 
@@ -23,13 +28,15 @@ def key_changes_table(table: str) -> str:
     return f"{head}.{KEY_CHANGES_PREFIX}{name}"
 
 
-def read_key_changes(spark, table: str):
+def read_key_changes(spark: SparkSession, table: str) -> DataFrame | None:
     """The ledger's entries (None: no ledger)."""
     ledger = key_changes_table(table)
     return spark.table(ledger) if spark.catalog.tableExists(ledger) else None
 
 
-def record_key_changes(spark, table: str, kept, schema: TopicSchema) -> None:
+def record_key_changes(
+    spark: SparkSession, table: str, kept: DataFrame | None, schema: TopicSchema
+) -> None:
     """Append `kept` (key columns, `LSN`, TOAST columns; None: nothing) to the ledger,
     made or given the columns it lacks first."""
     if kept is None:
@@ -57,7 +64,9 @@ def record_key_changes(spark, table: str, kept, schema: TopicSchema) -> None:
     ).append()
 
 
-def forget_key_changes(spark, table: str, taken, schema: TopicSchema) -> None:
+def forget_key_changes(
+    spark: SparkSession, table: str, taken: DataFrame | None, schema: TopicSchema
+) -> None:
     """Remove the ledger's entries of the changes `taken` (from-key columns, then the
     change's LSN) names: their creates are loaded."""
     ledger = key_changes_table(table)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema
 from cdclake.resolved import HAS_VALUES, STALE_CHECK_LSN, TOAST_PREFIX, Truncate
@@ -80,7 +81,7 @@ def build_merge_sql(
     soft_delete: bool = False,
     deleted_lsn: bool = False,
     truncated_below: int | None = None,
-    key_values: Mapping[str, Sequence] | None = None,
+    key_values: Mapping[str, Sequence[Any]] | None = None,
 ) -> str:
     """MERGE the resolved changes. A change only replaces a row it is newer than (by LSN,
     when both have one); TOAST placeholders keep the table's value; a truncate deletes
@@ -192,7 +193,7 @@ class KeyRange:
     high: int
 
 
-def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence | KeyRange]) -> str:
+def key_filter_sql(schema: TopicSchema, key_values: Mapping[str, Sequence[Any] | KeyRange]) -> str:
     """` AND t.<column> IN (...)` for each key column of `key_values` with its values
     (NULLs match nothing and are left out), or ` AND t.<column> BETWEEN <low> AND
     <high>` for an integer one with a `KeyRange`. Any of the key columns will do: a row

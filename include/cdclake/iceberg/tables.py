@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config_fields import partition_field
 from cdclake.debezium.schema import DELETED, LSN, METADATA_COLUMNS, TopicSchema, widens
@@ -32,6 +33,12 @@ from cdclake.iceberg.snapshots import (
 )
 from cdclake.offsets import SUMMARY_TRUNCATE, TopicPartition
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# a py4j proxy of a JVM object (an Iceberg `Table`, Spark actions): untyped
+JvmObject = Any
+
 log = logging.getLogger(__name__)
 
 # What Iceberg raises when another writer got to a table first (creating, evolving or
@@ -52,7 +59,7 @@ DEAD_LETTERS = "_cdclake_dead_letters"  # the namespace's dead-letter table
 STAGE_PREFIX = "cdclake_load_"
 
 
-def stage_branches(ice) -> list[str]:
+def stage_branches(ice: JvmObject) -> list[str]:
     """The branches loads made on the JVM Iceberg table `ice` (`STAGE_PREFIX`)."""
     return [str(r) for r in ice.refs().keySet() if str(r).startswith(STAGE_PREFIX)]
 
@@ -74,7 +81,7 @@ def conflicts_reported(message: str, names: Sequence[str] = ICEBERG_CONFLICTS) -
         raise
 
 
-def append_to_empty(spark, table: str, query: str, snapshot_id: int | None) -> None:
+def append_to_empty(spark: SparkSession, table: str, query: str, snapshot_id: int | None) -> None:
     """Write `query`'s rows into `table`, which held no row at `snapshot_id` (None: no
     snapshot yet), in one commit that fails if any other commit has added rows since.
 
@@ -91,12 +98,12 @@ def append_to_empty(spark, table: str, query: str, snapshot_id: int | None) -> N
     writer.overwrite(F.lit(False))
 
 
-def table_columns(spark, table: str) -> dict[str, str]:
+def table_columns(spark: SparkSession, table: str) -> dict[str, str]:
     """Column name -> Spark type (simple string) of an existing table."""
     return {f.name: f.dataType.simpleString() for f in spark.table(table).schema.fields}
 
 
-def ensure_namespace(spark, namespace: str) -> None:
+def ensure_namespace(spark: SparkSession, namespace: str) -> None:
     """CREATE NAMESPACE IF NOT EXISTS, also when another run creates it at the same moment
     (the JDBC catalog then fails on its unique key although the namespace now exists)."""
     try:
@@ -107,7 +114,7 @@ def ensure_namespace(spark, namespace: str) -> None:
         log.info("%s: created by another run at the same time", namespace)
 
 
-def _namespace_exists(spark, namespace: str) -> bool:
+def _namespace_exists(spark: SparkSession, namespace: str) -> bool:
     try:
         spark.sql(f"DESCRIBE NAMESPACE {namespace}").collect()
     except Exception:
@@ -115,7 +122,7 @@ def _namespace_exists(spark, namespace: str) -> bool:
     return True
 
 
-def _create(spark, table: str, create_sql: str, of: str | None = None) -> None:
+def _create(spark: SparkSession, table: str, create_sql: str, of: str | None = None) -> None:
     """Run a CREATE TABLE; when it fails because another run created the table at the
     same moment, fail this run's batch as a conflict (nothing of it is written). The
     JDBC catalog reports such a loss as an unknown SQL failure (PostgreSQL's unique
@@ -131,7 +138,7 @@ def _create(spark, table: str, create_sql: str, of: str | None = None) -> None:
         ) from exc
 
 
-def _follow_key(spark, table: str, key_names: Sequence[str]) -> None:
+def _follow_key(spark: SparkSession, table: str, key_names: Sequence[str]) -> None:
     """Keep the table's identifier fields on the batch's key: set them when a run
     stopped between CREATE TABLE and setting them, or when the key changed (a new
     primary key in the source, a new `key:`). Iceberg makes only required columns
@@ -165,7 +172,7 @@ def _follow_key(spark, table: str, key_names: Sequence[str]) -> None:
 
 
 def ensure_table(
-    spark,
+    spark: SparkSession,
     table: str,
     schema: TopicSchema,
     properties: Mapping[str, str],
@@ -222,7 +229,9 @@ def deleted_keys_table(table: str) -> str:
     return f"{head}.{DELETED_KEYS_PREFIX}{name}"
 
 
-def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
+def with_deleted_lsn(
+    spark: SparkSession, table: str, resolved: DataFrame, schema: TopicSchema
+) -> DataFrame:
     """The resolved rows with the LSN of an earlier hard delete of their key (or NULL).
     Only the ledger's rows of the batch's keys are grouped (a semi join first): the
     ledger holds a row per delete ever loaded, the batch a few of its keys."""
@@ -241,7 +250,7 @@ def with_deleted_lsn(spark, table: str, resolved, schema: TopicSchema):
     return resolved.join(deletes, keys, "left")
 
 
-def prune_deleted_keys(spark, table: str) -> int:
+def prune_deleted_keys(spark: SparkSession, table: str) -> int:
     """Remove the rows of `table`'s deleted-keys ledger that no load can need any more,
     and return how many. Exactly those: a key's row below the highest LSN the ledger
     holds for it (a load takes the highest), and a key's row below the LSN of the row the
@@ -264,7 +273,9 @@ def prune_deleted_keys(spark, table: str) -> int:
     return 0 if before is None or after is None else max(0, before - after)
 
 
-def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> None:
+def record_deleted_keys(
+    spark: SparkSession, table: str, resolved: DataFrame, schema: TopicSchema
+) -> None:
     """Remember the LSN of every key this batch hard-deletes (the deleted rows of
     `resolved`, the batch's resolved rows), so that a re-sent older change of the key,
     loaded in a later batch, does not bring the row back. The ledger only grows by
@@ -299,13 +310,13 @@ def record_deleted_keys(spark, table: str, resolved, schema: TopicSchema) -> Non
 
 
 @contextmanager
-def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
+def commit_properties(spark: SparkSession, properties: Mapping[str, str]) -> Iterator[None]:
     """Snapshot-summary properties for every Iceberg commit this thread makes inside.
 
     Iceberg's Spark writes read them from `CommitMetadata`'s thread-local; PySpark pins
     each Python thread to one JVM thread, and SQL commands commit on the calling thread.
     """
-    jvm = spark.sparkContext._jvm
+    jvm: Any = spark.sparkContext._jvm
     loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
     cls = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata", True, loader)
     field = cls.getDeclaredField("COMMIT_PROPERTIES")
@@ -318,27 +329,26 @@ def commit_properties(spark, properties: Mapping[str, str]) -> Iterator[None]:
         local.remove()
 
 
-def load_iceberg_table(spark, table: str):
+def load_iceberg_table(spark: SparkSession, table: str) -> JvmObject:
     """The JVM Iceberg `Table` behind a Spark table name (catalog.namespace.table)."""
-    jvm = spark.sparkContext._jvm
+    jvm: Any = spark.sparkContext._jvm
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
 
 
-def fresh_table(spark, table: str):
+def fresh_table(spark: SparkSession, table: str) -> JvmObject:
     """`load_iceberg_table` with its metadata read again: as other writers left it."""
     ice = load_iceberg_table(spark, table)
     ice.refresh()
     return ice
 
 
-def spark_actions(spark):
+def spark_actions(spark: SparkSession) -> JvmObject:
     """Iceberg's Spark actions (compaction, expiry, orphan removal) through the JVM."""
-    return spark.sparkContext._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
-        spark._jsparkSession
-    )
+    jvm: Any = spark.sparkContext._jvm
+    return jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
 
 
-def jvm_ancestors(ice, table: str) -> Iterator[tuple[int, int, dict[str, str]]]:
+def jvm_ancestors(ice: JvmObject, table: str) -> Iterator[tuple[int, int, dict[str, str]]]:
     """(snapshot id, timestamp ms, summary) of a JVM Iceberg table, from its current
     snapshot back to the root; an expired parent on the way is a DataLossError."""
     snap = ice.currentSnapshot()
@@ -353,14 +363,16 @@ def jvm_ancestors(ice, table: str) -> Iterator[tuple[int, int, dict[str, str]]]:
         snap = older
 
 
-def committed_offsets(spark, table: str) -> dict[TopicPartition, int]:
+def committed_offsets(spark: SparkSession, table: str) -> dict[TopicPartition, int]:
     """The table's committed offsets, by the planner's walk (`committed_from_snapshots`),
     read through the JVM from the table as it is now."""
     ice = fresh_table(spark, table)
     return committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
 
 
-def commit_empty(spark, table: str, properties: Mapping[str, str], branch: str = "main") -> None:
+def commit_empty(
+    spark: SparkSession, table: str, properties: Mapping[str, str], branch: str = "main"
+) -> None:
     """A snapshot with no data change, carrying the summary (offsets moved, rows did not)."""
     ice = load_iceberg_table(spark, table)
     append = ice.newAppend().toBranch(branch)
@@ -391,7 +403,7 @@ class TableState:
     key_names: tuple[str, ...] = ()  # its identifier fields: the key its loads gave it
 
 
-def table_state(spark, table: str) -> TableState:
+def table_state(spark: SparkSession, table: str) -> TableState:
     """Whether the table exists, its committed offsets and current snapshot: one catalog
     lookup and one metadata read instead of one each."""
     if not spark.catalog.tableExists(table):
@@ -457,7 +469,11 @@ def property_changes(
 
 
 def apply_table_settings(
-    spark, table: str, state: TableState, properties: Mapping[str, str], partition_by: Sequence[str]
+    spark: SparkSession,
+    table: str,
+    state: TableState,
+    properties: Mapping[str, str],
+    partition_by: Sequence[str],
 ) -> list[str]:
     """Bring an existing table's properties and partition spec to the pipeline's: a
     property whose value differs is set, one the pipeline set before and no longer
@@ -488,7 +504,7 @@ def apply_table_settings(
     return changed
 
 
-def current_snapshot(spark, table: str) -> tuple[int | None, dict[str, str]]:
+def current_snapshot(spark: SparkSession, table: str) -> tuple[int | None, dict[str, str]]:
     """Snapshot id and summary of the table's current snapshot, read through the JVM."""
     snap = fresh_table(spark, table).currentSnapshot()
     if snap is None:

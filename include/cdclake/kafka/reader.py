@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cdclake.config import KafkaConfig
 from cdclake.offsets import OffsetRange
@@ -29,7 +29,9 @@ from cdclake.raw_rows import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from confluent_kafka import Message
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 SLICE_RECORDS = 50_000  # records per read of the driver's (`read_local`)
 # The raw rows of a batch the driver reads (`read_local`; `Tuning.driver_read_records`)
 # are held in its memory up to this many bytes: records bigger than that in all (wide
@@ -48,7 +50,7 @@ def slice_ranges(ranges: Sequence[OffsetRange], size: int = SLICE_RECORDS) -> li
 
 # A function a Spark task calls with one offset range ({"topic", "partition", "start",
 # "end"}) to get its raw rows, in Arrow batches (picklable: it is sent to the tasks)
-RangeReader = Callable[[dict], Iterator["pa.RecordBatch"]]
+RangeReader = Callable[[dict[str, Any]], Iterator["pa.RecordBatch"]]
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,15 @@ def _sql_text(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> RangeReader:
+class _SliceReader(Protocol):
+    """A `RangeReader` of Kafka's, which also takes a batch's byte budget."""
+
+    def __call__(
+        self, row: dict[str, Any], batch_bytes: int | None = None
+    ) -> Iterator[pa.RecordBatch]: ...
+
+
+def _kafka_reader(kafka: KafkaConfig, timeout_s: float | None = None) -> _SliceReader:
     """The reader of slices from Kafka; a slice waits `timeout_s` for its next records, by
     default `timeouts.request_s`, a minute at least."""
     if timeout_s is None:
@@ -116,11 +126,16 @@ def read_local(
     import pyarrow as pa
 
     from_kafka = source is None or source is KAFKA
-    reader = _kafka_reader(kafka, timeout_s) if from_kafka else source.open(kafka)
-    batches, held = [], 0
+    reader = _kafka_reader(kafka, timeout_s) if from_kafka or source is None else source.open(kafka)
+    batches: list[pa.RecordBatch] = []
+    held = 0
     for r in slice_ranges(ranges):
         # from Kafka, a batch comes as soon as its records pass what is left of the budget
-        read = reader(asdict(r), batch_bytes=max_bytes - held) if from_kafka else reader(asdict(r))
+        read = (
+            cast(_SliceReader, reader)(asdict(r), batch_bytes=max_bytes - held)
+            if from_kafka
+            else reader(asdict(r))
+        )
         for batch in read:
             held += batch.nbytes
             if held > max_bytes:
@@ -141,8 +156,8 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.sql.types import _parse_datatype_string
 
-    schema = _parse_datatype_string(ddl or RAW_SCHEMA)
-    jvm = spark._jvm
+    schema = cast("StructType", _parse_datatype_string(ddl or RAW_SCHEMA))  # a DDL's: a struct
+    jvm: Any = spark._jvm
     batches = (rows if ddl else rows.select(RAW_FIELD_NAMES)).to_batches()
     if not batches:
         return spark.createDataFrame([], schema)
@@ -158,8 +173,8 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
 
 
 def _read_slice(
-    client_config: dict,
-    row: dict,
+    client_config: dict[str, Any],
+    row: dict[str, Any],
     timeout_s: float,
     batch_bytes: int | None = None,
     split: Callable[[str, int], RawRowsWriter] = RawRows,
@@ -230,7 +245,9 @@ def _with_gaps(batch: pa.RecordBatch, gaps: list[bool]) -> pa.RecordBatch:
     return batch.set_column(batch.schema.get_field_index("follows_gap"), "follows_gap", flags)
 
 
-def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
+def _records(
+    msgs: list[Message], next_offset: int, end: int, last: bytes | None
+) -> tuple[list[tuple[int, int, bytes | None, bytes | None, str | None, bool]], int, bytes | None]:
     """The records of `msgs` below `end` as (offset, timestamp, key, value,
     `kept_headers`, whether it follows a gap), and the next offset and last key read. A
     record follows a gap when the offsets before it were not read (a compacted topic's
@@ -243,17 +260,20 @@ def _records(msgs: list, next_offset: int, end: int, last: bytes | None):
         err = msg.error()
         if err is not None:
             if err.code() == -191:  # _PARTITION_EOF: offsets may have gaps
-                if msg.offset() is not None and msg.offset() >= end:
+                at = msg.offset()
+                if at is not None and at >= end:
                     next_offset = end
                 continue
             raise KafkaException(err)
-        offset = msg.offset()
+        offset = cast(int, msg.offset())  # a record's, not an event's: set
         if offset >= end:
             next_offset = end
             break
         key, value, stamp = msg.key(), msg.value(), msg.timestamp()[1]
         gap = key is not None and offset > next_offset and key != last
         next_offset, last = offset + 1, key
-        headers = msg.headers()
+        headers = cast(
+            "list[tuple[str, bytes | None]]", msg.headers()
+        )  # a consumed record's: pairs
         records.append((offset, stamp, key, value, kept_headers(headers) if headers else None, gap))
     return records, next_offset, last

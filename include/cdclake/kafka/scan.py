@@ -5,7 +5,7 @@ envelopes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,7 +58,7 @@ class _Tally:
     broken: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # broken records per topic
 
-    def add_rows(self, rows) -> None:
+    def add_rows(self, rows: pa.Table) -> None:
         columns = rows.select(SCAN_COLUMNS).to_pydict()
         for i, topic in enumerate(columns["topic"]):
             partition, offset = columns["partition"][i], columns["offset"][i]
@@ -91,6 +91,7 @@ class _Tally:
         last = self.last
         for topic, side, sid in sorted(last, key=lambda g: (g[0], last[g][1], last[g][0])):
             schemas.setdefault(topic, {}).setdefault(side, []).append(
-                (sid, self.texts[(topic, side, sid)])
+                # the reader sends each schema's text with its first use in a task
+                (sid, cast(str, self.texts[(topic, side, sid)]))
             )
         return RawScan(schemas, self.broken, self.counts)

@@ -5,18 +5,25 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, cast
 
 from cdclake.config import KafkaConfig, PipelineConfig
 from cdclake.exceptions import EndpointError
 
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka.admin._metadata import ClusterMetadata
+
 
 @contextmanager
-def topic_metadata(kafka: KafkaConfig, timeout: float | None) -> Iterator[tuple[object, object]]:
+def topic_metadata(
+    kafka: KafkaConfig, timeout: float | None
+) -> Iterator[tuple[Consumer, ClusterMetadata]]:
     """A planner consumer and the cluster's topic metadata; an unreachable broker is an
     EndpointError naming it. `timeout` defaults to the pipeline's `timeouts.request_s`."""
     from confluent_kafka import Consumer
 
-    errors: list = []  # librdkafka's reports on its connections (error_cb)
+    errors: list[KafkaError] = []  # librdkafka's reports on its connections (error_cb)
     consumer = Consumer(
         {
             **kafka.client_config(),
@@ -31,7 +38,9 @@ def topic_metadata(kafka: KafkaConfig, timeout: float | None) -> Iterator[tuple[
         consumer.close()
 
 
-def _topics(kafka: KafkaConfig, consumer, errors: list, timeout: float | None):
+def _topics(
+    kafka: KafkaConfig, consumer: Consumer, errors: list[KafkaError], timeout: float | None
+) -> ClusterMetadata:
     """The cluster's topic metadata, asked for a second at a time so that brokers that
     all refused or timed out their connections fail at once, not after `timeout`."""
     from confluent_kafka import KafkaError, KafkaException
@@ -40,7 +49,10 @@ def _topics(kafka: KafkaConfig, consumer, errors: list, timeout: float | None):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return consumer.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            meta: ClusterMetadata = consumer.list_topics(
+                timeout=min(1.0, max(0.1, deadline - time.monotonic()))
+            )
+            return meta
         except KafkaException as exc:
             consumer.poll(0)  # serves error_cb
             down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
@@ -103,18 +115,20 @@ def raw_records(
                 msg = consumer.poll(1.0)
                 if msg is None:
                     continue
-                if msg.error() is not None:
-                    if msg.error().code() == -191:  # end of partition
+                error = msg.error()
+                if error is not None:
+                    if error.code() == -191:  # end of partition
                         break
                     raise EndpointError(
                         f"Kafka at {kafka.servers}: reading {topic}[{partition}]"
-                        f"@{min(offsets)}: {msg.error()}"
+                        f"@{min(offsets)}: {error}"
                     )
                 idle = time.monotonic() + timeout
-                if msg.offset() in offsets:
-                    headers = list(msg.headers() or [])
-                    out[(topic, partition, msg.offset())] = (msg.key(), msg.value(), headers)
-                if msg.offset() >= last:
+                at = cast(int, msg.offset())  # a record's, not an event's: set
+                if at in offsets:
+                    headers = list(cast("list[tuple[str, bytes | None]]", msg.headers() or []))
+                    out[(topic, partition, at)] = (msg.key(), msg.value(), headers)
+                if at >= last:
                     break
             missing = sorted(o for o in offsets if (topic, partition, o) not in out)
             if missing:

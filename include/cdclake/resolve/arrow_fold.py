@@ -5,14 +5,24 @@ rows taken column by column."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdclake.debezium.connect import arrow_type
-from cdclake.debezium.schema import DELETED, LSN, OFFSET, OP, PARTITION, SOURCE_TS, TopicSchema
-from cdclake.resolve.latest import NO_LSN, NONE, UNDECIDED, Records, latest
+from cdclake.debezium.schema import (
+    DELETED,
+    LSN,
+    OFFSET,
+    OP,
+    PARTITION,
+    SOURCE_TS,
+    Column,
+    TopicSchema,
+)
+from cdclake.resolve.latest import NO_LSN, NONE, UNDECIDED, Latest, Records, latest
 from cdclake.resolve.rows import absent
 from cdclake.resolve.rules import (
     FROM_KEY_PREFIX,
@@ -30,11 +40,12 @@ from cdclake.resolve.rules import (
 )
 
 
-def _np(column) -> np.ndarray:
-    return column.to_numpy(zero_copy_only=False)
+def _np(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    out: np.ndarray = column.to_numpy(zero_copy_only=False)
+    return out
 
 
-def _marked(values) -> pa.Array:
+def _marked(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Which values are a TOAST placeholder (null: null), as their type holds it (an
     array: the placeholder alone)."""
     if pa.types.is_list(values.type):  # the one element joins to itself alone
@@ -87,7 +98,7 @@ def step_truncate(changes: pa.Table, cut: int | None, earlier: Truncate | None) 
     return truncate_of(changes, cut)
 
 
-def key_hashes(table: pa.Table, key_names: Sequence[str]):
+def key_hashes(table: pa.Table, key_names: Sequence[str]) -> np.ndarray:
     """A 64-bit number for each row's key (numpy uint64): equal keys give equal numbers,
     as Spark groups them. One integer key column is its own number; other keys are
     hashed (two keys of one number make their topic's ranges be read again in one task,
@@ -99,7 +110,8 @@ def key_hashes(table: pa.Table, key_names: Sequence[str]):
 
     columns = [table.column(n) for n in key_names]
     if len(columns) == 1 and pa.types.is_integer(columns[0].type) and columns[0].null_count == 0:
-        return columns[0].cast(pa.int64()).to_numpy().view(np.uint64)
+        same: np.ndarray = columns[0].cast(pa.int64()).to_numpy().view(np.uint64)
+        return same
     blake = hashlib.blake2b
     values = zip(*(c.to_pylist() for c in columns), strict=True)
     return np.fromiter(
@@ -118,7 +130,7 @@ def _folded(
     follow: bool,
     cut: int | None,
     earlier: Truncate | None = None,
-):
+) -> tuple[pa.Table, list[pa.Array], list[Column], bool, Truncate | None, Latest]:
     """(the changes a resolve folds, their keys, the TOAST columns followed, whether a
     placeholder is among them, the truncate, `latest`'s winners); `follow`: follow the
     TOAST columns' last real values even without a placeholder (a fold in steps); `cut`:
@@ -182,7 +194,7 @@ def fold_step(
     schema: TopicSchema,
     cut: int | None = None,
     earlier: Truncate | None = None,
-):
+) -> tuple[pa.Table, Truncate | None, int]:
     """(what a fold in steps holds after `changes` (decoded changes of one partition, in
     offset order): the changes the next step needs of `held` and them, with what was
     decided of each (`DECIDED`); the truncate among `changes`, if any (`cut`: the LSN of
@@ -199,7 +211,9 @@ def fold_step(
     return kept, truncate, len(won.last)
 
 
-def resolve_table(changes: pa.Table, schema: TopicSchema, cut: int | None = None):
+def resolve_table(
+    changes: pa.Table, schema: TopicSchema, cut: int | None = None
+) -> tuple[dict[str, Any], Truncate | None, bool]:
     """(resolved rows as a table of `result_columns`, the truncate, toast flags set);
     `cut`: the LSN of the last truncate the table applied."""
     picked, keys, toasty, found, truncate, won = _folded(changes, schema, False, cut)
@@ -214,7 +228,13 @@ def resolve_table(changes: pa.Table, schema: TopicSchema, cut: int | None = None
     return rows, truncate, left
 
 
-def _rows(picked, keys, won, schema, toasty):
+def _rows(
+    picked: pa.Table,
+    keys: list[pa.Array],
+    won: Latest,
+    schema: TopicSchema,
+    toasty: list[Column],
+) -> dict[str, Any]:
     has = won.last >= 0
     last, change, after = won.last[has], won.change[has], won.after[has]
     tomb = _np(picked["is_tombstone"])
@@ -222,7 +242,7 @@ def _rows(picked, keys, won, schema, toasty):
     deleted = tomb[last] | (ops[last] == "d")
     from_after = np.where(deleted, after, last)
     from_before = deleted & (after < 0) & (change >= 0) & (ops[np.maximum(change, 0)] == "d")
-    out = {}
+    out: dict[str, Any] = {}
     for c in schema.columns:
         a = picked[f"after__{c.name}"].take(pa.array(np.maximum(from_after, 0)))
         b = picked[f"before__{c.name}"].take(pa.array(np.maximum(change, 0)))
@@ -271,12 +291,12 @@ def _rows(picked, keys, won, schema, toasty):
     return out
 
 
-def _with(rows: dict, more: dict) -> dict:
+def _with(rows: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """`rows` and then `more` (arrays by name), a name one lacks `absent` in it."""
     sizes = [len(next(iter(d.values()))) for d in (rows, more)]
-    out = {}
+    out: dict[str, Any] = {}
     for name in dict.fromkeys([*rows, *more]):
-        like = rows.get(name, more.get(name)).type
+        like = (rows[name] if name in rows else more[name]).type
         arrays = [
             d[name] if name in d else absent(name, like, n)
             for d, n in zip((rows, more), sizes, strict=True)
@@ -287,22 +307,30 @@ def _with(rows: dict, more: dict) -> dict:
     return out
 
 
-def _moved_from(picked, schema, create, wanted) -> dict:
+def _moved_from(
+    picked: pa.Table, schema: TopicSchema, create: np.ndarray, wanted: np.ndarray
+) -> dict[str, Any]:
     """The key each `create` (NONE: none) was changed from, where `wanted`, and the
     change's LSN (`FROM_LSN`): where the row's values left to it are found."""
     at = pa.array(np.maximum(create, 0))
-    wanted = pa.array(wanted & (create >= 0))
-    out = {}
+    mask = pa.array(wanted & (create >= 0))
+    out: dict[str, Any] = {}
     for name in [*(f"from__{k.name}" for k in schema.key), "lsn"]:
         value = picked[name].take(at)
-        out[name] = pc.if_else(wanted, value, pa.nulls(len(value), value.type))
+        out[name] = pc.if_else(mask, value, pa.nulls(len(value), value.type))
     return {
         FROM_LSN: out.pop("lsn"),
         **{f"{FROM_KEY_PREFIX}{n.removeprefix('from__')}": v for n, v in out.items()},
     }
 
 
-def _moved_rows(picked, keys, won, schema, toasty) -> dict:
+def _moved_rows(
+    picked: pa.Table,
+    keys: list[pa.Array],
+    won: Latest,
+    schema: TopicSchema,
+    toasty: list[Column],
+) -> dict[str, Any]:
     """A row per record of a primary-key change: its delete's (`KEY_CHANGE`: the old
     key, its LSN, each TOAST column's value as of it, flagged where the key's state
     before the records holds it, and where that state came from, `_moved_from`) and its
@@ -326,14 +354,14 @@ def _moved_rows(picked, keys, won, schema, toasty) -> dict:
     return out
 
 
-def changelog_table(changes: pa.Table, schema: TopicSchema) -> dict:
+def changelog_table(changes: pa.Table, schema: TopicSchema) -> dict[str, Any]:
     """The rows of a table without a key: every change but tombstones, in order (a
     delete's row is its row before, a truncate's none), a TOAST placeholder taking the
     change's own row before's value."""
     t = changes.filter(pc.invert(changes["is_tombstone"]))
     ops = pc.fill_null(t["op"], "")
     deleted, truncate = pc.equal(ops, "d"), pc.equal(ops, TRUNCATE)
-    out = {}
+    out: dict[str, Any] = {}
     for c in schema.columns:
         after, before = t[f"after__{c.name}"], t[f"before__{c.name}"]
         none = pa.nulls(len(after), after.type)

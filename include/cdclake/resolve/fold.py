@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
@@ -81,7 +81,7 @@ def resolve_rows(
 
     check_key_types(schema)
     changes = decoded(rows, schema, key_schemas, value_schemas)
-    bad: tuple = ()
+    bad: tuple[tuple[int, int, str], ...] = ()
     if changes is not None and changes["reason"].null_count != changes.num_rows:
         wrong = changes.filter(pc.is_valid(changes["reason"]))
         bad = tuple(
@@ -97,6 +97,7 @@ def resolve_rows(
         changes = changes.filter(pc.is_null(changes["reason"]))
     keyed = bool(schema.key_names)
     if changes is None or not changes.num_rows:
+        data: dict[str, Any]
         data, truncate, toast = {}, None, False
     elif keyed:
         data, truncate, toast = resolve_table(changes, schema, cut)

@@ -150,7 +150,14 @@ def latest(records: Records) -> Latest:
     )
 
 
-def _as_of_moves(key, first, moved, create, kept, real):
+def _as_of_moves(
+    key: np.ndarray,
+    first: np.ndarray,
+    moved: np.ndarray,
+    create: np.ndarray,
+    kept: np.ndarray,
+    real: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the positions (key order) of the key changes' records, per move and TOAST column
     the position of the last kept real value before it since the last kept create before
     it, and that create's position; NONE for none)."""
@@ -174,7 +181,7 @@ def _mapped(positions: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.where(positions == NONE, NONE, order[np.maximum(positions, 0)])
 
 
-def _stale(key, lsn, has_lsn, first) -> np.ndarray:
+def _stale(key: np.ndarray, lsn: np.ndarray, has_lsn: np.ndarray, first: np.ndarray) -> np.ndarray:
     """Whether each record's LSN is not above an earlier one's of its key (records in key
     order): the running highest LSN of each key, its LSNs offset above every earlier
     key's (as ranks when their span is too wide for that)."""
@@ -193,10 +200,11 @@ def _stale(key, lsn, has_lsn, first) -> np.ndarray:
     seen = np.zeros(n, np.int64)  # the highest before each record, 0: none
     seen[1:] = running[:-1]
     seen[first] = 0
-    return has_lsn & (seen > 0) & (rank <= seen)
+    out: np.ndarray = has_lsn & (seen > 0) & (rank <= seen)
+    return out
 
 
-def _highest(key, offset, mask, keys: int) -> np.ndarray:
+def _highest(key: np.ndarray, offset: np.ndarray, mask: np.ndarray, keys: int) -> np.ndarray:
     """Per key, the position (key order) of the masked record of highest offset, the
     first of equal ones; NONE for a key with none."""
     out = np.full(keys, NONE)
@@ -213,7 +221,7 @@ def _highest(key, offset, mask, keys: int) -> np.ndarray:
     return out
 
 
-def _last(key, mask, keys: int) -> np.ndarray:
+def _last(key: np.ndarray, mask: np.ndarray, keys: int) -> np.ndarray:
     """Per key, the position of its last masked record in key order (NONE: none)."""
     out = np.full(keys, NONE)
     at = np.flatnonzero(mask)

@@ -25,8 +25,9 @@ the changes the batch's creates took (`KEY_CREATE` rows) are removed after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.schema import LSN, OP, TopicSchema
 from cdclake.resolve.rules import (
@@ -38,6 +39,10 @@ from cdclake.resolve.rules import (
     TOAST_PREFIX,
     toastable,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column as SparkColumn
+    from pyspark.sql import DataFrame, Row
 
 _HIT = "_cdc_src_hit"
 _POINTED = "_cdc_pointed"
@@ -55,7 +60,12 @@ class Linked:
     taken: Any | None
 
 
-def linked(rows, schema: TopicSchema, lake, ledger) -> Linked:
+def linked(
+    rows: DataFrame,
+    schema: TopicSchema,
+    lake: DataFrame | None,
+    ledger: Callable[[], DataFrame | None],
+) -> Linked:
     """`rows` (the resolved rows, with `LINEAGE_OPS` rows) with every pointer followed:
     `lake` is the table before the batch (None: no table), `ledger()` its key changes
     ledger (None: none); see the module. One Spark job reads the batch's pointers (key
@@ -132,16 +142,21 @@ class _Graph:
     kept: bool
 
 
-def _graph(found, width: int) -> _Graph | None:
+def _graph(found: list[Row], width: int) -> _Graph | None:
     """The `_Graph` of the batch's lineage rows and rows with a pointer (each: its key
     columns, LSN, operation and pointer); None: none."""
     if not found:
         return None
-    changes, pointers, taken = {}, [], set()
+    changes: dict[tuple[tuple[Any, ...], Any], tuple[tuple[Any, ...], Any] | None] = {}
+    pointers: list[tuple[tuple[Any, ...], Any]] = []
+    taken: set[tuple[tuple[Any, ...], Any] | None] = set()
     for r in found:
         key, lsn, op = tuple(r[:width]), r[width], r[width + 1]
-        to = (tuple(r[width + 2 : 2 * width + 2]), r[2 * width + 2])
-        if to[0][0] is None:  # points nowhere
+        to: tuple[tuple[Any, ...], Any] | None = (
+            tuple(r[width + 2 : 2 * width + 2]),
+            r[2 * width + 2],
+        )
+        if to is not None and to[0][0] is None:  # points nowhere
             to = None
         if op == KEY_CREATE:
             taken.add(to)
@@ -150,15 +165,24 @@ def _graph(found, width: int) -> _Graph | None:
         if op != KEY_CREATE and to is not None:
             pointers.append(to)
     steps, outside = 0, False
-    for to in pointers:
-        n = 0
+    for start in pointers:
+        to, n = start, 0
         while to in changes and n <= len(changes):  # each step goes to an earlier change
             to, n = changes[to], n + 1
         steps, outside = max(steps, n), outside or to is not None
     return _Graph(bool(pointers), steps, outside, bool(taken), bool(set(changes) - taken))
 
 
-def _followed(rows, keys, toast, flags, froms, steps: int, lake, ledger):
+def _followed(
+    rows: DataFrame,
+    keys: Sequence[str],
+    toast: list[str],
+    flags: list[str],
+    froms: list[str],
+    steps: int,
+    lake: DataFrame | None,
+    ledger: DataFrame | None,
+) -> DataFrame:
     """`rows` (`_POINTED`: they had a pointer) with their pointers followed `steps` times
     through the batch's changes, then into the ledger and the table (None: not needed),
     their TOAST flags then cleared."""
@@ -209,7 +233,14 @@ def _followed(rows, keys, toast, flags, froms, steps: int, lake, ledger):
     )
 
 
-def _source(frame, keys, toast, flags, froms, by_lsn: bool):
+def _source(
+    frame: DataFrame,
+    keys: Sequence[str],
+    toast: list[str],
+    flags: list[str],
+    froms: list[str],
+    by_lsn: bool,
+) -> DataFrame:
     """`frame`'s key (and LSN), TOAST values, flags and pointer, named apart."""
     from pyspark.sql import functions as F
 
@@ -230,7 +261,7 @@ def _source(frame, keys, toast, flags, froms, by_lsn: bool):
     return frame.select(*cols, F.lit(True).alias(_HIT))
 
 
-def _on(froms, by_lsn: bool):
+def _on(froms: list[str], by_lsn: bool) -> SparkColumn:
     from pyspark.sql import functions as F
 
     cond = [F.col(f"`{f}`") == F.col(f"_cdc_src_k{i}") for i, f in enumerate(froms)]
@@ -242,7 +273,15 @@ def _on(froms, by_lsn: bool):
     return out
 
 
-def _taken(joined, columns, toast, flags, froms, pointer: bool = False, forced: bool = False):
+def _taken(
+    joined: DataFrame,
+    columns: list[str],
+    toast: list[str],
+    flags: list[str],
+    froms: list[str],
+    pointer: bool = False,
+    forced: bool = False,
+) -> DataFrame:
     """The rows of `joined` (rows left-joined with a `_source`): where a source row was
     found, each flagged TOAST column (each, `forced`) takes its value and keeps its flag
     only where the source's is set; the pointer becomes the source's (`pointer`) or is

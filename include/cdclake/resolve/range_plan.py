@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, cast
 
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import TopicSchema, topic_schema
@@ -90,7 +91,11 @@ class TopicPlan:
         columns = self.columns()
         return f"{columns_ddl(columns)}, {meta}" if columns else meta
 
-    def with_met(self, summaries: Sequence[RangeSummary], misfits) -> TopicPlan:
+    def with_met(
+        self,
+        summaries: Sequence[RangeSummary],
+        misfits: Callable[[dict[str, list[tuple[int, str]]]], Mapping[tuple[str, int], str]],
+    ) -> TopicPlan:
         """The plan with the schemas the ranges met beyond it (`RangeSummary.unplanned`),
         those that do not fit the table (`misfits`: schemas -> {(side, id): why}) set
         aside."""
@@ -116,8 +121,8 @@ class TopicPlan:
 
 
 def head_schemas(
-    reader: RangeReader, ranges: Sequence[dict], records: int = HEAD_RECORDS
-) -> tuple[Schema, Schema | None] | None:
+    reader: RangeReader, ranges: Sequence[dict[str, Any]], records: int = HEAD_RECORDS
+) -> tuple[Schema | None, Schema | None] | None:
     """The key and value schemas (id, text) of the first records that carry them, read
     from the head (`records`) of each range in turn: no value schema (None) when the
     heads hold tombstones only; no key schema (None) when their records have no key (a
@@ -157,14 +162,14 @@ class RangeSummary:
     records: int = 0
     key_schemas: list[tuple[int, str]] = field(default_factory=list)
     value_schemas: list[tuple[int, str]] = field(default_factory=list)
-    unplanned: dict[str, list] = field(default_factory=dict)
+    unplanned: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     counts: dict[bool, int] = field(default_factory=dict)  # resolved rows per deleted flag
     max_source_ms: int | None = None
     toast: bool = False  # a TOAST placeholder may be among the values (its text was seen)
-    truncate: list | None = None  # the last truncate: [partition, offset, LSN or None]
+    truncate: list[Any] | None = None  # the last truncate: [partition, offset, LSN or None]
     first_lsn: int | None = None  # the lowest LSN of the changes folded
     # records that cannot be applied: [partition, offset, reason], in Kafka order
-    bad: list = field(default_factory=list)
+    bad: list[tuple[int, int, str]] = field(default_factory=list)
 
     def to_json(self) -> str:
         out = self.__dict__ | {"counts": [[k, v] for k, v in self.counts.items()]}
@@ -202,7 +207,7 @@ class AcceptedTopic:
 
 
 def accept(
-    summaries: Sequence[RangeSummary], plan: TopicPlan, hashes: Sequence | None = None
+    summaries: Sequence[RangeSummary], plan: TopicPlan, hashes: Sequence[Any] | None = None
 ) -> AcceptedTopic | str:
     """The topic's ranges taken together, or why they must be read again in one task
     (`hashes`: each task's key hashes, `key_hashes`, which must not share a number).
@@ -250,7 +255,7 @@ def _truncate(summaries: Sequence[RangeSummary]) -> Truncate | str | None:
         return None
     if len(cut) > 1:
         return "truncates in more than one partition"
-    last = Truncate(*cut[0].truncate)
+    last = Truncate(*cast(list[Any], cut[0].truncate))  # not None: `cut` holds it
     for s in summaries:
         if (
             s is not cut[0]

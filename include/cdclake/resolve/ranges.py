@@ -24,8 +24,8 @@ takes a small batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import DELETED, TopicSchema
@@ -50,6 +50,7 @@ from cdclake.resolve.rules import Truncate
 from cdclake.resolve.spill import Spill
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 BATCH_ROWS = 2_000  # resolved rows per Arrow batch a task returns
@@ -66,18 +67,27 @@ class RangeFold:
         self.schema: TopicSchema | None = plan.schema if plan.planned else None
         self._texts = {"key": dict(plan.key_schemas), "value": dict(plan.value_schemas)}
         self._aside = {(side, sid): why for side, sid, why in plan.set_aside}
-        self._met: dict[str, dict] = {"key": {}, "value": {}}
-        self._unplanned: dict[str, dict] = {"key": {}, "value": {}}
-        self._hashes: list = []  # each returned batch's key hashes
+        self._met: dict[str, dict[int, str]] = {"key": {}, "value": {}}
+        self._unplanned: dict[str, dict[int, str]] = {"key": {}, "value": {}}
+        self._hashes: list[np.ndarray] = []  # each returned batch's key hashes
         # a table without a key: every change is a row (`changelog_table`), returned as
         # each read batch is decoded (`drain`), nothing held
         self.changelog = self.schema is not None and not self.schema.key_names
-        self._pending: list = []
-        self._bad: list = []  # records set aside not returned yet (`BAD_TYPE` arrays)
-        self._held = None  # the changes a fold in steps needs (`arrow_fold.fold_step`)
+        self._pending: list[pa.Table] = []
+        self._bad: list[
+            pa.StructArray
+        ] = []  # records set aside not returned yet (`BAD_TYPE` arrays)
+        self._held: pa.Table | None = (
+            None  # the changes a fold in steps needs (`arrow_fold.fold_step`)
+        )
         self._spill: Spill | None = None  # once they outgrow `Tuning.range_keys`
-        self._raw: list = []
+        self._raw: list[pa.RecordBatch] = []
         self._raw_rows = 0
+
+    @property
+    def _planned(self) -> TopicSchema:
+        """The plan's schema: a fold starts only with it (`add`)."""
+        return cast(TopicSchema, self.schema)
 
     @property
     def collecting(self) -> bool:
@@ -155,10 +165,10 @@ class RangeFold:
         # the truncate so far drops what it drops of every later step
         earlier, cut = self._truncate(), self.plan.cut
         if self._spill is None:
-            self._held, truncate, keys = fold_step(self._held, found, self.schema, cut, earlier)
+            self._held, truncate, keys = fold_step(self._held, found, self._planned, cut, earlier)
             tuning = self.plan.tuning
             if keys > tuning.range_keys:  # on local disk by key from now on
-                self._spill = Spill(self.schema, -(-self.records // tuning.range_keys))
+                self._spill = Spill(self._planned, -(-self.records // tuning.range_keys))
                 self._spill.add(self._held)
                 self._held = None
         else:
@@ -183,13 +193,13 @@ class RangeFold:
 
         from cdclake.debezium.json_decode import decoded
 
-        found = decoded(raw, self.schema, self._texts["key"], self._texts["value"])
+        found = decoded(raw, self._planned, self._texts["key"], self._texts["value"])
         if found is not None and found["reason"].null_count != found.num_rows:
             self._set_aside(found.filter(pc.is_valid(found["reason"])), "reason")
             found = found.filter(pc.is_null(found["reason"]))
         return found
 
-    def _set_aside(self, records, why: str) -> None:
+    def _set_aside(self, records: pa.Table | pa.RecordBatch, why: str) -> None:
         """Records that cannot be applied, with their reason (column `why`), into the
         summary (the driver fails the table naming the first or sets them aside) and, as
         rows of `BAD_COLUMN`, with their payloads when they are raw rows."""
@@ -224,7 +234,7 @@ class RangeFold:
         found = self._decoded(pa.Table.from_batches([raw]))
         if found is None or not found.num_rows:
             return
-        data = changelog_table(found, self.schema)
+        data = changelog_table(found, self._planned)
         if len(data[DELETED]):
             self._pending.append(typed_table(data, self.plan.columns()))
 
@@ -267,19 +277,23 @@ class RangeFold:
         """The resolved rows, `BATCH_ROWS` at a time (a spilled fold's a bucket at a
         time); `summary.toast` says whether they carry the TOAST flags (a placeholder
         among the changes they come from; `finish` folded the last read batches)."""
+        held: Iterable[pa.Table]
         if self._spill is not None:
             held = self._spill.folds(self.plan.cut, self._truncate())
         else:
             held = [] if self._held is None else [self._held]
         for changes in held:
-            data, _, toast = resolve_table(changes, self.schema)
+            data, _, toast = resolve_table(changes, self._planned)
             self.summary.toast |= toast
-            table = typed_table(data, result_columns(self.schema, True, toast))
+            table = typed_table(data, result_columns(self._planned, True, toast))
             for start in range(0, table.num_rows, BATCH_ROWS):
                 yield table.slice(start, BATCH_ROWS)
 
     def _out(
-        self, table: pa.Table | None, summary: RangeSummary | None = None, bad=None
+        self,
+        table: pa.Table | None,
+        summary: RangeSummary | None = None,
+        bad: pa.StructArray | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Resolved rows (`table`, with the columns it lacks `absent`), the summary row,
         or rows of records set aside (`bad`, of `BAD_TYPE`; the other columns of such a
@@ -307,13 +321,15 @@ class RangeFold:
         yield from pa.Table.from_arrays(arrays, names=names).to_batches()
 
 
-def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan], together: bool = False):
+def range_task(
+    reader: RangeReader, plans: Mapping[str, TopicPlan], together: bool = False
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A `mapInArrow` function over range rows (`reader.range_plan`): each range read
     whole by `reader` and resolved (`TopicPlan.ddl`), or with `together` a task's ranges
     (a topic's) folded as one, in partition order."""
     plans = dict(plans)
 
-    def task(batches):
+    def task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [r for batch in batches for r in batch.to_pylist()]
         if together:
             groups = [sorted(ranges, key=lambda r: (r["partition"], r["start"]))]
@@ -339,7 +355,7 @@ def range_task(reader: RangeReader, plans: Mapping[str, TopicPlan], together: bo
     return task
 
 
-def _folding(reader: RangeReader, r: dict, fold: RangeFold) -> Iterator[pa.RecordBatch]:
+def _folding(reader: RangeReader, r: dict[str, Any], fold: RangeFold) -> Iterator[pa.RecordBatch]:
     """Read the range into `fold`, returning what it has to return as it reads
     (`drain`); the reader is closed either way."""
     records = reader(r)

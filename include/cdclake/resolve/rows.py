@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import (
@@ -52,7 +52,7 @@ def result_columns(schema: TopicSchema, keyed: bool, toast: bool) -> list[tuple[
     return cols
 
 
-def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
+def typed_table(data: Mapping[str, Any], columns: Sequence[tuple[str, str]]) -> pa.Table:
     """Arrow arrays by name (a missing one `absent`) as a table of (name, Spark type)
     columns, each cast to its type."""
     import pyarrow as pa
@@ -67,7 +67,7 @@ def typed_table(data: Mapping, columns: Sequence[tuple[str, str]]) -> pa.Table:
     )
 
 
-def absent(name: str, type_, n: int):
+def absent(name: str, type_: pa.DataType, n: int) -> pa.Array:
     """`n` values of a column resolved rows lack (of Arrow type `type_`): False for a TOAST
     flag (no placeholder left to the table), else NULL."""
     import pyarrow as pa

@@ -25,7 +25,7 @@ from cdclake.debezium.schema import Column, TopicSchema
 from cdclake.resolved import HAS_VALUES as HAS_VALUES
 from cdclake.resolved import STALE_CHECK_LSN as STALE_CHECK_LSN
 from cdclake.resolved import TOAST_PREFIX as TOAST_PREFIX
-from cdclake.resolved import Truncate
+from cdclake.resolved import Truncate as Truncate
 
 TRUNCATE = "t"
 TOAST_PLACEHOLDER = "__debezium_unavailable_value"
