@@ -72,7 +72,6 @@ FILE_SECONDS = {
     "integration/test_faults.py": 127,
     "e2e/test_watch.py": 112,
     "e2e/test_airflow_ui.py": 102,
-    "integration/test_litter.py": 94,
     "integration/test_connector_restarts.py": 91,
     "e2e/test_manual_dags.py": 90,
     "integration/test_bounded_waits.py": 90,
@@ -81,6 +80,8 @@ FILE_SECONDS = {
     # (about a minute) and the registry's (about 90 s)
     "integration/test_rest_catalog.py": 80,
     "integration/test_stack.py": 70,
+    # 186 s measured on a loaded machine where the version it replaced took 275 (94 here)
+    "integration/test_litter.py": 64,
     "unit/test_range_resolve.py": 62,
     "integration/test_spark_cluster.py": 61,
     "integration/test_handling_modes.py": 59,

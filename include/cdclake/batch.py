@@ -10,7 +10,6 @@ from enum import StrEnum
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.deadletters import set_aside
-from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.write import WrittenBy
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
@@ -71,13 +70,11 @@ class Batch:
         rows,
         ranged: dict[str, object],
         before: Mapping[str, str | None],
-        leases: Leases,
         tuning: Tuning,
         set_aside: Mapping[str, int] | None = None,
     ) -> None:
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.tuning = tuning
-        self.leases = leases  # write leases of the batch's tables
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan
@@ -114,4 +111,4 @@ class Batch:
 
     def dead_letters(self, rows, count: int) -> int:
         with self.dead_letter_lock:  # concurrent commits to the one table would conflict
-            return set_aside(self.spark, self.pipeline, self.plan, rows, count, self.leases)
+            return set_aside(self.spark, self.pipeline, self.plan, rows, count)

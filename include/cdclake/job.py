@@ -16,7 +16,6 @@ from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
 from cdclake.iceberg.key_changes import key_changes_table, read_key_changes
-from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.tables import (
     current_snapshot,
     deleted_keys_table,
@@ -82,7 +81,6 @@ def _run_batch(
     tuning: Tuning,
 ):
     started = time.perf_counter()
-    leases = Leases(spark)  # taken on each table before its data files are written
     raw, ranged, rows = None, {}, None
     try:
         if placement.step(plan.total, tuning.driver_read_records) is Placement.DRIVER:
@@ -99,7 +97,7 @@ def _run_batch(
         else:  # the records as a local relation (no Spark job, no Python worker to start)
             raw = arrow_frame(spark, rows).coalesce(SMALL_BATCH_PARTITIONS)
             raw, scan, set_aside = handle_broken_envelopes(
-                spark, pipeline, plan, raw, scan_rows(rows), leases
+                spark, pipeline, plan, raw, scan_rows(rows)
             )
         ensure_namespace(spark, f"{pipeline.catalog.name}.{pipeline.namespace}")
         batch = Batch(
@@ -112,7 +110,6 @@ def _run_batch(
             rows,
             ranged,
             before,
-            leases,
             tuning,
             set_aside,
         )
@@ -121,7 +118,6 @@ def _run_batch(
     finally:
         for topic in ranged.values():
             topic.release()
-        leases.close()
 
 
 def _run_tables(

@@ -13,7 +13,6 @@ from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import column_types, misfit
 from cdclake.exceptions import DecodeError
 from cdclake.iceberg.deadletters import set_aside
-from cdclake.iceberg.leases import Leases
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan
 
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def handle_broken_envelopes(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan, leases: Leases
+    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan
 ) -> tuple[object, RawScan, dict[str, int]]:
     """Records that are not JSON-with-schema envelopes: dead-letter them (and take them
     out of the batch; their count per topic is returned), or leave them in `scan.broken`
@@ -31,7 +30,7 @@ def handle_broken_envelopes(
     if pipeline.on_error is not OnError.DEAD_LETTER or not scan.broken_count:
         return raw, scan, {}
     dead = _dead_letter_rows(raw.where(F.col("error").isNotNull()), F.col("error"))
-    set_aside(spark, pipeline, plan, dead, scan.broken_count, leases)
+    set_aside(spark, pipeline, plan, dead, scan.broken_count)
     kept = dataclasses.replace(scan, broken={}, broken_counts={})
     return raw.where(F.col("error").isNull()), kept, dict(scan.broken_counts)
 

@@ -22,7 +22,7 @@ from airflow.sdk import (
     TriggerRule,
     task,
 )
-from cdclake.config import PipelineConfig
+from cdclake.config import ORPHAN_MIN_HOURS, PipelineConfig
 from cdclake.jvm import DRIVER_OPTIONS
 from cdclake.spark import launch_conf
 
@@ -30,6 +30,10 @@ from cdclake_airflow.isolation import build_isolated
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOAD_APPLICATION = PROJECT_ROOT / "jobs" / "load.py"
+# Every cdclake Spark task writes data files, which maintenance's orphan removal deletes
+# once unreferenced and older than `orphan_older_than_hours` (at least ORPHAN_MIN_HOURS):
+# a task ends before that, so no file it may still commit is ever that old.
+WRITER_TIMEOUT_LIMIT = dt.timedelta(hours=ORPHAN_MIN_HOURS)
 # the runs a scheduled DAG of a pipeline takes: not Airflow's date-range backfill, which
 # means nothing to a run that loads offsets (the cdclake_backfill form replays those)
 NO_DATE_BACKFILL = (
@@ -75,7 +79,14 @@ def spark_submit(
     connection and launch settings (`launch_conf`; the driver sets the others), this
     environment's Python on the driver and the executors. `driver_options` (a template)
     sets the driver's Java options at run time, unless the pipeline sets them itself;
-    else they are chosen when the DAG file is parsed."""
+    else they are chosen when the DAG file is parsed. `timeout` (the task's execution
+    timeout) must stay below `WRITER_TIMEOUT_LIMIT`."""
+    if not dt.timedelta(0) < timeout < WRITER_TIMEOUT_LIMIT:
+        raise ValueError(
+            f"{task_id}: execution timeout {timeout} is not below {WRITER_TIMEOUT_LIMIT}: "
+            "maintenance removes unreferenced files older than orphan_older_than_hours "
+            f"(at least {ORPHAN_MIN_HOURS} h), which a task still at work may commit"
+        )
     conf = launch_conf(pipeline)
     if driver_options is not None and DRIVER_OPTIONS not in pipeline.spark.conf:
         conf[DRIVER_OPTIONS] = driver_options

@@ -1,5 +1,6 @@
-"""No litter: the data files of a load killed before its commit are removed by the next
-load (`cdclake.iceberg.leases`), never those of a load still at work."""
+"""What loads killed mid-write leave: the next loads still load exactly once, and the
+maintenance run removes the killed loads' files and branches once they are older than
+`orphan_older_than_hours`, never sooner."""
 
 from __future__ import annotations
 
@@ -15,8 +16,18 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.exceptions import CommitConflictError
-from cdclake.iceberg.leases import LEASE_DIR, Leases, lease_name, process_space
-from cdclake.iceberg.tables import STAGE_PREFIX, deleted_keys_table, load_iceberg_table
+from cdclake.iceberg.key_changes import key_changes_table
+from cdclake.iceberg.maintenance import HOUR_MS, run_maintenance
+from cdclake.iceberg.tables import (
+    DEAD_LETTERS,
+    STAGE_PREFIX,
+    commit_empty,
+    current_snapshot,
+    deleted_keys_table,
+    load_iceberg_table,
+)
+from cdclake.iceberg.write import _staged
+from cdclake.offsets import SUMMARY_BATCH
 from cdclake.placement import MEASURED
 
 from tests.conftest import ROOT
@@ -25,24 +36,48 @@ from tests.integration.helpers import (
     load_all,
     local_path,
     make_pipeline,
-    stray_files,
 )
-from tests.integration.test_faults import start_run, workload
+from tests.integration.test_faults import assert_exactly_once, start_run, workload
 
 pytestmark = pytest.mark.integration
 
 
-def table_dir(spark, target: str) -> Path:
-    return Path(local_path(str(load_iceberg_table(spark, target).location())))
+def side_tables(spark, pipeline) -> list[str]:
+    """The tables of the pipeline's one table and those cdclake keeps beside it."""
+    target = pipeline.qualified_target(pipeline.tables[0])
+    dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
+    names = (target, deleted_keys_table(target), key_changes_table(target), dead)
+    return [t for t in names if spark.catalog.tableExists(t)]
 
 
-def lease_files(spark, target: str) -> list[str]:
-    root = table_dir(spark, target) / LEASE_DIR
-    return sorted(p.name for p in root.glob("*") if not p.name.startswith("."))
+def unreferenced(spark, table: str) -> set[str]:
+    """The files under the table's location that its metadata names nowhere: data and
+    delete files of no snapshot, manifests and manifest lists of none, metadata files
+    out of its log (what a killed writer leaves)."""
+    spark.sql(f"REFRESH TABLE {table}")  # another process may have committed since
+    named = {
+        r[0]
+        for query in (
+            f"SELECT file_path FROM {table}.all_files",
+            f"SELECT path FROM {table}.all_manifests",
+            f"SELECT manifest_list FROM {table}.snapshots",
+            f"SELECT file FROM {table}.metadata_log_entries",
+        )
+        for r in spark.sql(query).collect()
+    }
+    named = {local_path(p) for p in named}
+    root = Path(local_path(str(load_iceberg_table(spark, table).location())))
+    found = set()
+    for p in root.rglob("*"):
+        # Hadoop's checksum `.<name>.crc` goes with its file: litter once that is gone
+        of = p.with_name(p.name[1:].removesuffix(".crc")) if p.name.startswith(".") else p
+        if p.is_file() and (str(of) not in named if of == p else not of.exists()):
+            found.add(str(p))
+    return found
 
 
-def data_files(under: Path) -> set[str]:
-    return {str(p) for p in under.rglob("*.parquet") if p.parent.name == "data"}
+def litter(spark, pipeline) -> set[str]:
+    return {f for t in side_tables(spark, pipeline) for f in unreferenced(spark, t)}
 
 
 def start_submit(pipeline, batch: str) -> subprocess.Popen:
@@ -52,31 +87,37 @@ def start_submit(pipeline, batch: str) -> subprocess.Popen:
 
     conf = [x for k, v in launch_conf(pipeline).items() for x in ("--conf", f"{k}={v}")]
     plan = plan_pipeline(pipeline, batch).to_json()
+    job = ["--pipeline", str(pipeline.path), "--plan", plan]
+    python = sys.executable
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", *conf,
-         str(ROOT / "jobs" / "load.py"), "--pipeline", str(pipeline.path), "--plan", plan],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable,
-             "PYSPARK_DRIVER_PYTHON": sys.executable},
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", *conf]
+        + [str(ROOT / "jobs" / "load.py"), *job],
+        env={**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
         # spark-submit's log would fill a pipe nobody reads while the test watches
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
-def kill_at_first_write(pipeline, watched: Path, submit: str | None = None) -> bool:
-    """Start `cdclake run` (or, with a batch id, spark-submit of the load job), SIGKILL
-    it the moment a new data file appears under `watched` (the run wrote, and has most
-    likely not committed yet); False when the run finished first. spark-submit alone is
-    killed, as SparkSubmitHook.on_kill does: its driver dies with it."""
+def data_files(under: Path) -> set[str]:
+    return {str(p) for p in under.rglob("*.parquet") if p.parent.name == "data"}
+
+
+def kill_mid_write(pipeline, watched: Path, delay_s: float, submit: str | None = None) -> bool:
+    """Start `cdclake run` (or, with a batch id, spark-submit of the load job) and SIGKILL
+    it `delay_s` after a new data file appears under `watched` (the run is writing, and
+    has most likely not committed yet); False when the run finished first. spark-submit
+    alone is killed, as SparkSubmitHook.on_kill does: its driver dies with it."""
     before = data_files(watched) if watched.exists() else set()
     proc = start_run(pipeline.path) if submit is None else start_submit(pipeline, submit)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
             if watched.exists() and data_files(watched) - before:
-                if submit is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                else:
-                    os.kill(proc.pid, signal.SIGKILL)
+                time.sleep(delay_s)
+                os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return True
             time.sleep(0.005)
@@ -89,7 +130,7 @@ def kill_at_first_write(pipeline, watched: Path, submit: str | None = None) -> b
             proc.wait()
 
 
-def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_path):
+def test_killed_loads_files_are_removed_by_maintenance_past_the_bound(stack, spark, tmp_path):
     rng = random.Random(5)
     n = uuid.uuid4().hex[:6]
     table = f"inventory.litter_{n}"
@@ -97,156 +138,92 @@ def test_killed_loads_leave_no_files_once_the_next_load_ran(stack, spark, tmp_pa
         conn.execute(f"create table {table} (id int primary key, v text)")
         # a first load above what the driver reads: resolved range by range
         rows = MEASURED.driver_read_records + 2_000
-        conn.execute(f"insert into {table} select i, md5(i::text) "
-                     f"from generate_series(1, {rows}) i")  # fmt: skip
+        conn.execute(
+            f"insert into {table} select i, md5(i::text) from generate_series(1, %s) i", (rows,)
+        )
     stack.wait_for_capture()
     pipeline = make_pipeline(tmp_path, f"it_litter_{n}", [table])
-    target = pipeline.qualified_target(pipeline.tables[0])
     namespace_dir = Path(local_path(os.environ["CDCLAKE_WAREHOUSE"])) / pipeline.namespace
-    left: list[list[str]] = []  # what each killed run left behind (table and ledger)
 
-    def stray() -> list[str]:
-        names = (target, deleted_keys_table(target))
-        return [f for t in names if spark.catalog.tableExists(t) for f in stray_files(spark, t)]
-
-    def killed_run(watched: Path, submit: str | None = None) -> None:
-        if kill_at_first_write(pipeline, watched, submit):
-            found = stray()
-            # the killed run found the one before it dead and removed its files first
-            assert not left or not set(left[-1]) & set(found), (left[-1], found)
-            left.append(found)
-
-    for _ in range(3):  # first loads: Spark's append
-        killed_run(namespace_dir)
-    load_all(stack, spark, pipeline, f"{n}-a")  # the lake now holds rows to MERGE into
-    assert stray() == []
-    for r in range(4):  # MERGEs: the ledger's files, Spark's data and delete files
+    # killed while they write: the first load (Spark's append), then two MERGEs, at the
+    # deleted-keys ledger's files (`cdclake run`) and at the MERGE's data files and
+    # deletion vectors (spark-submit of the load job, as the load task runs it)
+    assert kill_mid_write(pipeline, namespace_dir, rng.uniform(0, 0.3))
+    load_all(stack, spark, pipeline, f"{n}-a")  # the next load
+    killed = litter(spark, pipeline)
+    ice = load_iceberg_table(spark, pipeline.qualified_target(pipeline.tables[0]))
+    data_dir = Path(local_path(str(ice.location()))) / "data"
+    for watched, submit in ((namespace_dir, None), (data_dir, f"{n}-submit")):
         workload(stack.source_dsn, table, 3, rng)
         stack.wait_for_capture()
-        watched = namespace_dir if r == 0 else table_dir(spark, target) / "data"
-        killed_run(watched, submit=f"{n}-submit-{r}" if r == 3 else None)
-    # kills that did leave files behind (all 7 did when this was written)
-    assert sum(1 for s in left if s) >= 5, left
-
+        assert kill_mid_write(pipeline, watched, rng.uniform(0, 0.3), submit)
+        killed |= litter(spark, pipeline)
     workload(stack.source_dsn, table, 2, rng)
-    stack.wait_for_capture()
-    last = start_run(pipeline.path)  # the next load, as a scheduled run starts it
-    assert last.wait(timeout=600) == 0, last.stderr.read()[-3000:]
-    assert stray() == []  # of the table and of its deleted-keys ledger
-    assert lease_files(spark, target) == []  # every dead lease swept, its own released
+    load_all(stack, spark, pipeline, f"{n}-b")  # the next loads: exactly once
+    assert_exactly_once(stack, spark, pipeline)
+    left = litter(spark, pipeline)
+    assert left == killed  # nothing but maintenance removes them
+    # the kills left data files (each of the three did when this was written: the
+    # append's, the ledger's, the MERGE's with a deletion vector)
+    assert any(f.endswith(".parquet") for f in left), left
+
+    # younger than the bound: kept
+    figures = run_maintenance(pipeline, spark, run_id=f"{n}-now")["tables"][0]
+    assert figures["orphan_files_removed"] == 0
+    assert all(os.path.exists(f) for f in left)
+
+    # the clock past the bound: every file no snapshot names is gone, the lake intact
+    later = int(time.time() * 1000) + (pipeline.maintenance.orphan_older_than_hours + 1) * HOUR_MS
+    figures = run_maintenance(pipeline, spark, run_id=f"{n}-later", now_ms=later)["tables"][0]
+    assert figures["orphan_files_removed"] >= len(left)
+    assert litter(spark, pipeline) == set()
+    assert not any(os.path.exists(f) for f in left)
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    workload(stack.source_dsn, table, 1, rng)
+    load_all(stack, spark, pipeline, f"{n}-c")
+    assert_exactly_once(stack, spark, pipeline)
 
 
-def test_a_sweep_keeps_the_files_of_a_live_writer(stack, spark, tmp_path):
-    """A dead lease makes the next taker delete unreferenced data files older than the
-    oldest live writer's start, and no younger one; a writer whose lease is gone may not
-    commit."""
+def test_old_branches_of_loads_are_removed_and_a_load_whose_branch_went_commits_nothing(
+    stack, spark, tmp_path
+):
+    """A load's branch (`cdclake_load_<batch>`) with a commit that main never took goes
+    with the maintenance run once older than the bound (its snapshot at once, as no
+    branch reaches it), not sooner. A load whose branch was removed while it wrote, and
+    made again by its commit on a main that moved meanwhile, commits nothing."""
     n = uuid.uuid4().hex[:6]
-    table = f"inventory.swept_{n}"
-    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
-        conn.execute(f"create table {table} (id int primary key, v text)")
-        conn.execute(f"insert into {table} values (1, 'a'), (2, 'b')")
-    pipeline = make_pipeline(tmp_path, f"it_swept_{n}", [table])
-    load_all(stack, spark, pipeline, n)
-    target = pipeline.qualified_target(pipeline.tables[0])
-    data = table_dir(spark, target) / "data"
-    leases = table_dir(spark, target) / LEASE_DIR
-
-    # a load killed on this host: its lease names a process that exited
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    leases.mkdir(exist_ok=True)
-    dead = f"{uuid.uuid4().hex}_{process_space()}_{gone.pid}-1"
-    (leases / f"{dead}.start").touch()
-    (leases / f"{dead}.live").touch()
-    dead_file = data / f"dead-{n}.parquet"
-    dead_file.write_bytes(b"PAR1 not committed")
-    time.sleep(0.05)
-
-    live = Leases(spark)
-    try:
-        assert live.take(target) == 1  # the dead load's file: no live writer is older
-        assert not dead_file.exists() and not (leases / f"{dead}.start").exists()
-        in_flight = data / f"in-flight-{n}.parquet"  # written by the live writer
-        in_flight.write_bytes(b"PAR1 not committed yet")
-        (leases / f"{dead}.start").touch()  # another dead load
-        later = Leases(spark)
-        try:
-            assert later.take(target) == 0  # younger than the live writer's start: kept
-        finally:
-            later.close()
-        assert in_flight.exists()
-        assert stray_files(spark, target) == [str(in_flight)]
-
-        live.check(target)  # its lease stands: it may commit
-        started = [p for p in leases.glob("*.start") if live.held[target].name in p.name]
-        started[0].unlink()  # a sweep took it for dead
-        with pytest.raises(CommitConflictError, match="write lease"):
-            live.check(target)
-        started[0].touch()
-    finally:
-        live.close()  # not done: its lease ends dead (.live removed)
-    last = Leases(spark)
-    last.take(target)  # now nobody is live: the file is a dead writer's
-    last.done(target)
-    last.close()
-    assert stray_files(spark, target) == []
-    assert lease_files(spark, target) == []
-
-
-def branch_with_a_commit(spark, target: str, name: str) -> None:
-    """A branch as a load leaves it when killed before main took it: one commit on it."""
-    from cdclake.iceberg.tables import commit_empty
-
-    spark.sql(f"ALTER TABLE {target} CREATE BRANCH {name}")
-    commit_empty(spark, target, {}, branch=name)
-
-
-def test_maintenance_removes_what_dead_loads_left(stack, spark, tmp_path):
-    """Maintenance takes a lease too: a killed load's files go with its run, counted; its
-    branch goes once no other writer is at work; a snapshot on no branch (a run's that
-    lost a race) is expired at once, not after the retention."""
-    from cdclake.iceberg.maintenance import run_maintenance
-
-    n = uuid.uuid4().hex[:6]
-    table = f"inventory.maintained_{n}"
+    table = f"inventory.branches_{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute(f"create table {table} (id int primary key, v text)")
         conn.execute(f"insert into {table} values (1, 'a')")
-    pipeline = make_pipeline(tmp_path, f"it_maintained_{n}", [table])
+    pipeline = make_pipeline(tmp_path, f"it_branches_{n}", [table])
     load_all(stack, spark, pipeline, n)
     target = pipeline.qualified_target(pipeline.tables[0])
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    leases = table_dir(spark, target) / LEASE_DIR
-    leases.mkdir(exist_ok=True)
-    dead = f"{uuid.uuid4().hex}_{process_space()}_{gone.pid}-1"
-    (leases / f"{dead}.start").touch()
-    (leases / f"{dead}.live").touch()
-    left = table_dir(spark, target) / "data" / f"killed-{n}.parquet"
-    left.write_bytes(b"PAR1 not committed")
-    os.utime(left, (time.time() - 60, time.time() - 60))
-    killed, lost = f"{STAGE_PREFIX}killed_{n}", f"{STAGE_PREFIX}lost_{n}"
-    branch_with_a_commit(spark, target, killed)
-    branch_with_a_commit(spark, target, lost)
-    spark.sql(f"ALTER TABLE {target} DROP BRANCH {lost}")  # the race's loser removes it
-    other = lease_name(process_space(), [os.getpid()])  # another writer, at work
-    (leases / f"{other}.live").touch()
-    (leases / f"{other}.start").touch()
+    killed = f"{STAGE_PREFIX}killed_{n}"
+    spark.sql(f"ALTER TABLE {target} CREATE BRANCH {killed}")
+    commit_empty(spark, target, {SUMMARY_BATCH: "killed"}, branch=killed)
 
     def branches() -> set[str]:
         refs = spark.sql(f"SELECT name FROM {target}.refs").collect()
         return {r["name"] for r in refs} - {"main"}
 
     figures = run_maintenance(pipeline, spark)["tables"][0]
-    assert figures["dead_load_files_removed"] == 1 and not left.exists()
-    assert figures["off_main_snapshots_expired"] == 1
-    assert figures["dead_load_branches_removed"] == 0 and branches() == {killed}  # may be its
-    (leases / f"{other}.live").unlink()
-    (leases / f"{other}.start").unlink()
-
-    figures = run_maintenance(pipeline, spark)["tables"][0]
+    assert figures["dead_load_branches_removed"] == 0 and branches() == {killed}
+    assert figures["off_main_snapshots_expired"] == 0
+    later = int(time.time() * 1000) + (pipeline.maintenance.orphan_older_than_hours + 1) * HOUR_MS
+    figures = run_maintenance(pipeline, spark, now_ms=later)["tables"][0]
     assert figures["dead_load_branches_removed"] == 1 and branches() == set()
     assert figures["off_main_snapshots_expired"] == 1  # the killed load's commit
-    assert stray_files(spark, target) == [] and lease_files(spark, target) == []
     assert_lake_equals_source(pipeline, stack.source_dsn)
+
+    before_id, _ = current_snapshot(spark, target)
+    props = {SUMMARY_BATCH: f"{n}-late"}
+    stage = f"{STAGE_PREFIX}late_{n}"
+    with pytest.raises(CommitConflictError, match="was removed while it loaded"):
+        with _staged(spark, target, before_id, stage, props):
+            spark.sql(f"ALTER TABLE {target} DROP BRANCH {stage}")  # taken for a dead load's
+            commit_empty(spark, target, {SUMMARY_BATCH: "other"})  # another run's commit
+            commit_empty(spark, target, props, branch=stage)  # the load's, on a new branch
+    after_id, summary = current_snapshot(spark, target)
+    assert after_id != before_id and summary[SUMMARY_BATCH] == "other"
+    assert branches() == set()

@@ -124,3 +124,51 @@ def test_the_schema_registry_waits_the_request_timeout(tmp_path):
         write(tmp_path, text + "timeouts: {request_s: 7}\n")
     ).kafka.schema_registry
     assert (registry.url, registry.timeout_s) == ("http://registry:8080", 7.0)
+
+
+def test_every_spark_task_ends_before_maintenance_may_take_its_files():
+    """Every Spark task of the DAGs writes data files, and maintenance removes unreferenced
+    ones older than `orphan_older_than_hours` (at least ORPHAN_MIN_HOURS): each task's
+    execution timeout ends it before any file it may still commit is that old."""
+    import datetime as dt
+
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from cdclake.config import ORPHAN_MIN_HOURS
+    from cdclake_airflow.factory import build_pipeline_dag, spark_submit
+    from cdclake_airflow.maintenance import MAINTAIN_APPLICATION, build_maintenance_dag
+    from cdclake_airflow.manual import (
+        build_backfill_dag,
+        build_dead_letters_dag,
+        build_snapshot_dag,
+    )
+
+    from tests.conftest import DEMO_PIPELINE
+
+    demo = load_pipeline(DEMO_PIPELINE)
+    pipelines, choices = {"demo": demo}, {"demo": [t.source for t in demo.tables]}
+    dags = [
+        build_pipeline_dag(demo),
+        build_maintenance_dag(demo),
+        build_backfill_dag(pipelines, choices),
+        build_snapshot_dag(pipelines, choices),
+        build_dead_letters_dag(pipelines),
+    ]
+    spark_tasks = [t for d in dags for t in d.tasks if isinstance(t, SparkSubmitOperator)]
+    assert {t.task_id for t in spark_tasks} == {
+        "load",
+        "maintain",
+        "load__demo",
+        "dead_letters__demo",
+    }
+    limit = dt.timedelta(hours=ORPHAN_MIN_HOURS)
+    assert all(dt.timedelta(0) < t.execution_timeout < limit for t in spark_tasks)
+    for timeout in (limit, dt.timedelta(0)):  # a day, or none: refused when the DAG is built
+        with pytest.raises(ValueError, match="orphan_older_than_hours"):
+            spark_submit(
+                demo,
+                task_id="t",
+                application=MAINTAIN_APPLICATION,
+                application_args=[],
+                name="t",
+                timeout=timeout,
+            )

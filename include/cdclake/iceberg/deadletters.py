@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 
 from cdclake.config import PipelineConfig
-from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.tables import DEAD_LETTERS, ensure_namespace, table_columns
 from cdclake.kafka.topics import raw_records
 from cdclake.offsets import BatchPlan
@@ -14,9 +13,7 @@ from cdclake.offsets import BatchPlan
 log = logging.getLogger(__name__)
 
 
-def set_aside(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int, leases: Leases
-) -> int:
+def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int) -> int:
     """Write `count` records set aside (`rows`: topic, partition, offset, key and value
     payload text, error) to the pipeline's dead-letter table, once each."""
     from pyspark.sql import functions as F
@@ -39,15 +36,7 @@ def set_aside(
     )
     namespace = f"{pipeline.catalog.name}.{pipeline.namespace}"
     ensure_namespace(spark, namespace)
-    dead = f"{namespace}.{DEAD_LETTERS}"
-    # leased once it exists (its first write creates it: a kill then leaves files to
-    # maintenance's orphan removal)
-    leased = spark.catalog.tableExists(dead)
-    if leased:
-        leases.take(dead)
     write_dead_letters(spark, namespace, stamped)
-    if leased:
-        leases.done(dead)
     log.warning("%d record(s) went to %s.%s", count, pipeline.namespace, DEAD_LETTERS)
     return count
 

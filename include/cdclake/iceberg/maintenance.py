@@ -14,6 +14,12 @@ snapshot. Maintenance keeps that walk working:
 - after every step the offsets are read again the way the planner reads them; if any
   partition went missing or back, the run stops with a MaintenanceError.
 
+What loads killed before their commit leave goes the same way, once it is older than
+`orphan_older_than_hours`: their files (of the table and of the tables kept beside it)
+through the orphan removal, their `STAGE_PREFIX` branches by `_drop_dead_branches`. No
+writer runs that long (every Airflow task that writes has an execution timeout below
+`ORPHAN_MIN_HOURS`), so nothing a running writer may still commit is that old.
+
 The Iceberg Spark actions are called through the JVM (`SparkActions`): unlike the SQL
 procedures they take snapshot properties, and they have no 24-hour floor for orphan files
 (the config enforces one instead, see `ORPHAN_MIN_HOURS`).
@@ -24,13 +30,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
-from cdclake.iceberg.leases import Leases, java_items, remove_orphans
+from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
     committed_offsets,
@@ -82,17 +88,18 @@ class TableMaintenance:
     delete_files_rewritten: int = 0
     delete_files_added: int = 0
     files_deleted_by_expiry: int = 0
+    # files no snapshot references, older than `orphan_older_than_hours`, removed from the
+    # table's location and its side tables' (what killed loads and rewrites left)
     orphan_files_removed: int = 0
     offsets_snapshot_id: int | None = None
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
-    # side tables kept for this table (the deleted-keys ledger): snapshots expired in each
+    # side tables kept for this table (the deleted-keys ledger, the key-changes ledger):
+    # snapshots expired in each
     side_tables: dict[str, int] = field(default_factory=dict)
     # rows of the deleted-keys ledger no load needs any more (`prune_deleted_keys`)
     ledger_rows_pruned: int = 0
-    # data files of loads that died before their commit, removed (`leases`)
-    dead_load_files_removed: int = 0
-    # branches of loads that died before main took them, removed when no other writer
-    # was at work; snapshots on no branch or tag (theirs, or a run's that lost a race)
+    # branches of loads killed before main took them (older than the orphan bound);
+    # snapshots on no branch or tag (theirs, or a run's that lost a race), expired at once
     dead_load_branches_removed: int = 0
     off_main_snapshots_expired: int = 0
     seconds: float = 0.0
@@ -130,34 +137,36 @@ def check_offsets_kept(
         )
 
 
-def run_maintenance(pipeline: PipelineConfig, spark=None, run_id: str | None = None) -> dict:
+def run_maintenance(
+    pipeline: PipelineConfig,
+    spark=None,
+    run_id: str | None = None,
+    now_ms: int | None = None,
+) -> dict:
     """`cdclake maintain` and jobs/maintain.py: maintain every table of the pipeline and the
-    namespace's dead letters, figures as a dict; the retention windows end now."""
+    namespace's dead letters, figures as a dict; the retention windows and the orphan
+    bound end at `now_ms` (default: now)."""
     import uuid
 
     if spark is None:
         from cdclake.spark import build_session
 
         spark = build_session(pipeline, pipeline.spark.master)
-    now_ms = int(time.time() * 1000)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     run_id = run_id or uuid.uuid4().hex
     pipeline = discover(pipeline)
-    with Leases(spark) as leases:  # its rewrites write data files, as loads do
-        results = [
-            maintain_table(spark, pipeline, t, now_ms, run_id, leases) for t in pipeline.tables
-        ]
-        dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
-        if spark.catalog.tableExists(dead):
-            leases.take(dead)
-            expired = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
-            leases.done(dead)
-            log.info("%s: %d snapshot(s) expired", dead, expired)
+    results = [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
+    dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
+    if spark.catalog.tableExists(dead):
+        expired, orphans = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
+        log.info("%s: %d snapshot(s) expired, %d orphan file(s) removed", dead, expired, orphans)
     return {"pipeline": pipeline.name, "run_id": run_id, "tables": [asdict(r) for r in results]}
 
 
-def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
+def maintain_side_table(spark, name: str, settings, now_ms: int) -> tuple[int, int]:
     """Compact and expire a table cdclake keeps beside the loaded ones (no offsets in it):
-    dead letters, deleted-keys ledgers. Returns the snapshots expired."""
+    dead letters, deleted-keys and key-changes ledgers, and remove its orphan files.
+    Returns the snapshots expired and the orphan files removed."""
     actions = spark_actions(spark)
     with _conflicts_reported(name, "rewrite_data_files"):
         actions.rewriteDataFiles(fresh_table(spark, name)).option(
@@ -168,14 +177,18 @@ def maintain_side_table(spark, name: str, settings, now_ms: int) -> int:
         actions.expireSnapshots(fresh_table(spark, name)).expireOlderThan(
             now_ms - settings.expire_older_than_hours * HOUR_MS
         ).retainLast(max(1, settings.retain_last)).execute()
-    remove_orphans(
-        spark, fresh_table(spark, name), now_ms - settings.orphan_older_than_hours * HOUR_MS
-    )
-    return max(0, before - _count_snapshots(spark, name))
+    orphans = remove_orphans(spark, fresh_table(spark, name), orphan_bound(settings, now_ms))
+    return max(0, before - _count_snapshots(spark, name)), orphans
+
+
+def orphan_bound(settings, now_ms: int) -> int:
+    """The time (ms) before which an unreferenced file, or a load's branch, is a dead
+    writer's: `orphan_older_than_hours` before `now_ms`."""
+    return now_ms - settings.orphan_older_than_hours * HOUR_MS
 
 
 def maintain_table(
-    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str, leases: Leases
+    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str
 ) -> TableMaintenance:
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
@@ -183,9 +196,11 @@ def maintain_table(
         return TableMaintenance(table=qualified, status=MaintenanceStatus.MISSING, run_id=run_id)
     settings = pipeline.maintenance
     started = time.monotonic()
-    # sweeps the files of loads that died before their commit
-    figures: dict = {"dead_load_files_removed": leases.take(qualified)}
-    figures["dead_load_branches_removed"] = _drop_dead_branches(spark, qualified, leases)
+    figures: dict = {
+        "dead_load_branches_removed": _drop_dead_branches(
+            spark, qualified, orphan_bound(settings, now_ms)
+        )
+    }
     offsets = committed_offsets(spark, qualified)  # first: a cut history stops here
     figures["snapshots_before"] = _count_snapshots(spark, qualified)
     figures["data_files_before"], figures["delete_files_before"] = _count_files(spark, qualified)
@@ -194,7 +209,7 @@ def maintain_table(
     offsets = _expire(spark, qualified, settings, now_ms, figures, offsets)
 
     figures["orphan_files_removed"] = remove_orphans(
-        spark, fresh_table(spark, qualified), now_ms - settings.orphan_older_than_hours * HOUR_MS
+        spark, fresh_table(spark, qualified), orphan_bound(settings, now_ms)
     )
     offsets = _checked(spark, qualified, "remove_orphan_files", offsets)
 
@@ -207,11 +222,7 @@ def maintain_table(
     figures["offsets"] = {}
     for (topic, partition), offset in sorted(offsets.items()):
         figures["offsets"].setdefault(topic, {})[str(partition)] = offset
-    ledger = deleted_keys_table(qualified)
-    if spark.catalog.tableExists(ledger):
-        with _conflicts_reported(ledger, "prune_deleted_keys"):
-            figures["ledger_rows_pruned"] = prune_deleted_keys(spark, qualified)
-        figures["side_tables"] = {ledger: maintain_side_table(spark, ledger, settings, now_ms)}
+    _maintain_side_tables(spark, qualified, settings, now_ms, figures)
     result = TableMaintenance(
         table=qualified,
         status=MaintenanceStatus.MAINTAINED,
@@ -223,7 +234,6 @@ def maintain_table(
     fresh_table(spark, qualified).updateProperties().set(
         PROPERTY_LAST_RUN, json.dumps(asdict(result), sort_keys=True)
     ).commit()
-    leases.done(qualified)
     log.info(
         "%s: data files %d -> %d, delete files %d -> %d, snapshots %d -> %d, "
         "%d orphan file(s) removed, %d deleted-keys ledger row(s) pruned",
@@ -238,6 +248,21 @@ def maintain_table(
         result.ledger_rows_pruned,
     )
     return result
+
+
+def _maintain_side_tables(spark, qualified: str, settings, now_ms: int, figures: dict) -> None:
+    """Prune the table's deleted-keys ledger, then maintain it and the key-changes ledger
+    (those that exist), their figures into `figures`."""
+    ledger = deleted_keys_table(qualified)
+    if spark.catalog.tableExists(ledger):
+        with _conflicts_reported(ledger, "prune_deleted_keys"):
+            figures["ledger_rows_pruned"] = prune_deleted_keys(spark, qualified)
+    figures["side_tables"] = {}
+    for side in (ledger, key_changes_table(qualified)):
+        if spark.catalog.tableExists(side):
+            expired, orphans = maintain_side_table(spark, side, settings, now_ms)
+            figures["side_tables"][side] = expired
+            figures["orphan_files_removed"] += orphans
 
 
 def _rewrite_files(spark, qualified: str, settings, figures: dict, offsets: dict) -> dict:
@@ -305,13 +330,19 @@ def _expire(spark, qualified: str, settings, now_ms: int, figures: dict, offsets
     return offsets
 
 
-def _drop_dead_branches(spark, qualified: str, leases: Leases) -> int:
-    """Remove the branches loads make (`STAGE_PREFIX`) when this run is the table's only
-    live writer: they are then those of loads that died before main took them."""
-    if not leases.alone(qualified):
-        return 0
+def _drop_dead_branches(spark, qualified: str, older_than_ms: int) -> int:
+    """Remove the branches loads make (`STAGE_PREFIX`) whose snapshot is older than
+    `older_than_ms`: a load commits to its branch and main takes it within its task, so
+    such a branch is a killed load's. (A load still at work whose branch stands at an old
+    snapshot of main, which it has not committed to yet, loses it too: its commit is then
+    refused and its retry plans again, see `_staged` in iceberg/write.py.)"""
     ice = fresh_table(spark, qualified)
-    names = stage_branches(ice)
+    refs = ice.refs()  # a py4j map
+    names = [
+        name
+        for name in stage_branches(ice)
+        if int(ice.snapshot(refs.get(name).snapshotId()).timestampMillis()) < older_than_ms
+    ]
     if names:
         manage = ice.manageSnapshots()
         for name in names:
@@ -360,3 +391,25 @@ def _conflicts_reported(qualified: str, step: str):
         "the same time; nothing of this step was committed. Run maintenance again.",
         _CONFLICTS,
     )
+
+
+def remove_orphans(spark, ice, older_than_ms: int) -> int:
+    """Iceberg's DeleteOrphanFiles on all of `ice`'s location (data and metadata), for files
+    older than `older_than_ms`; listed through the table's own FileIO when it is an object
+    store's (Spark's Hadoop has no FileSystem for s3://). How many files it deleted."""
+    action = spark_actions(spark).deleteOrphanFiles(ice).olderThan(older_than_ms)
+    if not str(ice.io().getClass().getName()).endswith(".HadoopFileIO"):
+        action = action.usePrefixListing(True)
+    count = 0
+    for path in java_items(action.execute().orphanFileLocations()):
+        log.debug("%s: removed %s", ice.name(), path)
+        count += 1
+    return count
+
+
+def java_items(iterable) -> Iterator:
+    """The items of a Java Iterable, by hasNext/next (py4j's own iteration takes any
+    error for the end)."""
+    it = iterable.iterator()
+    while it.hasNext():
+        yield it.next()

@@ -17,7 +17,6 @@ from cdclake.iceberg.key_changes import (
     forget_key_changes,
     record_key_changes,
 )
-from cdclake.iceberg.leases import Leases
 from cdclake.iceberg.merge_sql import (
     INTEGER_TYPES,
     KEY_FILTER_TYPES,
@@ -70,12 +69,11 @@ class WrittenBy(StrEnum):
 
 class Writing(Protocol):
     """What a table's write needs of its batch (`cdclake.batch.Batch` holds it): the
-    session, the pipeline, the plan, the write leases and the tuning."""
+    session, the pipeline, the plan and the tuning."""
 
     spark: Any
     pipeline: PipelineConfig
     plan: BatchPlan
-    leases: Leases
     tuning: Tuning
 
 
@@ -106,7 +104,6 @@ def write_table(
         )
         if state.exists:
             apply_table_settings(spark, qualified, state, table.properties, table.partition_by)
-        batch.leases.take(qualified)  # before any data file of it or its ledger
         present = {c.name for c in schema.columns}
         dropped = [n for n in lake_columns if n not in present]
         props = _summary_properties(
@@ -132,7 +129,6 @@ def write_table(
         mode = (soft, hard, first_load)
         sql = _write_sql(batch.tuning, state, schema, resolved, view, target, dropped, mode)
         try:
-            batch.leases.check(qualified)
             with (
                 commit_properties(spark, props),
                 _staged(spark, qualified, before_id, stage, props),
@@ -146,7 +142,6 @@ def write_table(
         after_id = _check_commit(spark, qualified, before_id, props)
         if moved is not None:
             forget_key_changes(spark, qualified, moved.taken, schema)
-        batch.leases.done(qualified)
     return after_id, WrittenBy.MERGE if keyed and not first_load else WrittenBy.APPEND
 
 
@@ -195,9 +190,15 @@ def _staged(
     try:
         yield
         ice = load_iceberg_table(spark, qualified)
-        if ice.refs().get(name).snapshotId() == before_id:  # the offsets move alone
+        branch = ice.refs().get(name)  # None: removed meanwhile (a dead load's, it seemed)
+        if branch is not None and branch.snapshotId() == before_id:  # the offsets move alone
             commit_empty(spark, qualified, props, branch=name)
             ice = load_iceberg_table(spark, qualified)
+        if not _made_by_batch(ice, name, before_id, props[SUMMARY_BATCH]):
+            raise CommitConflictError(
+                f"{qualified}: this batch's branch {name} was removed while it loaded "
+                "(taken for a killed load's); nothing of the batch was committed. Plan again."
+            )
         # main takes the branch and the branch goes, in one metadata commit; refused
         # when main is no longer at `before_id`'s line (another commit reached it)
         try:
@@ -216,6 +217,21 @@ def _staged(
         except Exception as exc:  # the next load removes it
             log.warning("%s: branch %s not removed: %s", qualified, name, exc)
         raise
+
+
+def _made_by_batch(ice, name: str, before_id: int, batch_id: str) -> bool:
+    """Whether branch `name` holds, above snapshot `before_id`, only commits of batch
+    `batch_id`. A branch removed while its load wrote (by maintenance or another load)
+    and made again by the load's commit stands on main's snapshot of then, which may
+    hold another run's commit: main must not take it."""
+    ref = ice.refs().get(name)
+    snapshot = None if ref is None else ice.snapshot(ref.snapshotId())
+    while snapshot is not None and int(snapshot.snapshotId()) != before_id:
+        if dict(snapshot.summary()).get(SUMMARY_BATCH) != batch_id:
+            return False
+        parent = snapshot.parentId()
+        snapshot = None if parent is None else ice.snapshot(parent)
+    return snapshot is not None
 
 
 def _check_commit(
