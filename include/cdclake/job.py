@@ -15,14 +15,9 @@ from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
+from cdclake.iceberg.deleted_keys import deleted_keys_table
 from cdclake.iceberg.key_changes import key_changes_table, read_key_changes
-from cdclake.iceberg.tables import (
-    current_snapshot,
-    deleted_keys_table,
-    ensure_namespace,
-    table_columns,
-    table_state,
-)
+from cdclake.iceberg.tables import current_snapshot, ensure_namespace, table_columns, table_state
 from cdclake.iceberg.write import write_table
 from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_rows

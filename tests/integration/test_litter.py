@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.exceptions import CommitConflictError
+from cdclake.iceberg.deleted_keys import deleted_keys_table
 from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.maintenance import HOUR_MS, run_maintenance
 from cdclake.iceberg.tables import (
@@ -23,7 +24,6 @@ from cdclake.iceberg.tables import (
     STAGE_PREFIX,
     commit_empty,
     current_snapshot,
-    deleted_keys_table,
     load_iceberg_table,
 )
 from cdclake.iceberg.write import _staged

@@ -337,7 +337,7 @@ def test_a_first_load_appends_what_a_merge_would_write(stack, spark, tmp_path, m
     """The same first batch into a new table: resolved range by range and appended,
     resolved in the driver and appended, and MERGEd. The same rows, every column (deleted
     keys kept with their flag in soft mode), and the same ledger."""
-    from cdclake.iceberg.tables import deleted_keys_table
+    from cdclake.iceberg.deleted_keys import deleted_keys_table
 
     from tests.integration.helpers import make_pipeline, stray_files
 
@@ -427,7 +427,8 @@ def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):
     batch's took 0.7-1.0 s instead of 6.7-9.6 s, docs/performance.md)."""
     import uuid
 
-    from cdclake.iceberg.tables import DELETED_AT, deleted_keys_table, with_deleted_lsn
+    from cdclake.iceberg.deleted_keys import deleted_keys_table, with_deleted_lsn
+    from cdclake.iceberg.tables import DELETED_AT
     from pyspark.sql.types import LongType, StructField, StructType
 
     n = uuid.uuid4().hex[:6]
@@ -453,7 +454,7 @@ def test_a_batch_appends_its_deleted_keys_to_the_ledger_from_its_resolved_rows(s
     import uuid
     from types import SimpleNamespace
 
-    from cdclake.iceberg.tables import deleted_keys_table, record_deleted_keys
+    from cdclake.iceberg.deleted_keys import deleted_keys_table, record_deleted_keys
     from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
     n = uuid.uuid4().hex[:6]

@@ -84,7 +84,7 @@ def test_maintenance_prunes_the_ledger_rows_no_load_needs(stack, spark, tmp_path
     """A hard-delete table's deleted-keys ledger loses the rows of keys the table holds
     again with a newer LSN and the older rows of keys deleted twice; the row of a key that
     stays deleted stays, and still keeps a re-sent older insert out."""
-    from cdclake.iceberg.tables import deleted_keys_table
+    from cdclake.iceberg.deleted_keys import deleted_keys_table
 
     n = uuid.uuid4().hex[:6]
     source = f"inventory.ledger_{n}"

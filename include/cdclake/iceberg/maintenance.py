@@ -36,15 +36,14 @@ from enum import StrEnum
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
+from cdclake.iceberg.deleted_keys import deleted_keys_table, prune_deleted_keys
 from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
     committed_offsets,
     conflicts_reported,
-    deleted_keys_table,
     fresh_table,
     jvm_ancestors,
-    prune_deleted_keys,
     spark_actions,
     stage_branches,
 )

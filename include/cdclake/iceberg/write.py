@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import CommitConflictError
+from cdclake.iceberg.deleted_keys import record_deleted_keys, with_deleted_lsn
 from cdclake.iceberg.key_changes import (
     forget_key_changes,
     record_key_changes,
@@ -37,9 +38,7 @@ from cdclake.iceberg.tables import (
     current_snapshot,
     ensure_table,
     load_iceberg_table,
-    record_deleted_keys,
     stage_branches,
-    with_deleted_lsn,
 )
 from cdclake.offsets import (
     SUMMARY_BATCH,
