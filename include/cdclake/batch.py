@@ -7,6 +7,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.deadletters import set_aside
@@ -15,6 +16,12 @@ from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement, Tuning
 from cdclake.spark import COMPILE_TARGET_ROWS, restore_settings
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdclake.ranged import FailedTopic, RangedTopic
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +58,7 @@ class TableResult:
     # commit)
     seconds: Mapping[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -61,14 +68,14 @@ class Batch:
 
     def __init__(
         self,
-        spark,
+        spark: SparkSession,
         pipeline: PipelineConfig,
         plan: BatchPlan,
-        raw,
+        raw: DataFrame | None,
         scan: RawScan,
         read_seconds: float,
-        rows,
-        ranged: dict[str, object],
+        rows: pa.Table | None,
+        ranged: dict[str, RangedTopic | FailedTopic],
         before: Mapping[str, str | None],
         tuning: Tuning,
         set_aside: Mapping[str, int] | None = None,
@@ -109,6 +116,6 @@ class Batch:
         topic = self.pipeline.topic_for(table)
         return [r for r in self.plan.ranges if r.topic == topic]
 
-    def dead_letters(self, rows, count: int) -> int:
+    def dead_letters(self, rows: DataFrame, count: int) -> int:
         with self.dead_letter_lock:  # concurrent commits to the one table would conflict
             return set_aside(self.spark, self.pipeline, self.plan, rows, count)

@@ -10,22 +10,29 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
-from cdclake.debezium.schema import topic_schema
+from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
 from cdclake.iceberg.deleted_keys import deleted_keys_table
 from cdclake.iceberg.key_changes import key_changes_table, read_key_changes
-from cdclake.iceberg.tables import current_snapshot, ensure_namespace, table_columns, table_state
+from cdclake.iceberg.tables import (
+    TableState,
+    current_snapshot,
+    ensure_namespace,
+    table_columns,
+    table_state,
+)
 from cdclake.iceberg.write import write_table
 from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
 from cdclake.placement import MEASURED, Placement, Tuning
-from cdclake.ranged import FailedTopic, read_by_range
-from cdclake.resolve.lineage import linked
+from cdclake.ranged import FailedTopic, RangedTopic, read_by_range
+from cdclake.resolve.lineage import Linked, linked
 from cdclake.resolved import Resolved
 from cdclake.resolving import resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
@@ -35,11 +42,15 @@ from cdclake.spark import (
     batch_settings,
 )
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
 log = logging.getLogger(__name__)
 
 
 def run_batch(
-    spark,
+    spark: SparkSession,
     pipeline: PipelineConfig,
     plan: BatchPlan,
     *,
@@ -67,16 +78,18 @@ def run_batch(
 
 
 def _run_batch(
-    spark,
+    spark: SparkSession,
     pipeline: PipelineConfig,
     plan: BatchPlan,
     read: RawSource,
     before: Mapping[str, str | None],
     placement: Placement,
     tuning: Tuning,
-):
+) -> list[TableResult]:
     started = time.perf_counter()
-    raw, ranged, rows = None, {}, None
+    raw: DataFrame | None = None
+    ranged: dict[str, RangedTopic | FailedTopic] = {}
+    rows: pa.Table | None = None
     try:
         if placement.step(plan.total, tuning.driver_read_records) is Placement.DRIVER:
             rows = read_local(pipeline.kafka, plan.ranges, source=read)
@@ -86,6 +99,7 @@ def _run_batch(
                     plan.batch_id,
                     DRIVER_READ_BYTES >> 20,
                 )
+        set_aside: dict[str, int]  # per topic, its records that were not envelopes
         if rows is None:
             ranged = read_by_range(spark, pipeline, plan, read, tuning)
             scan, set_aside = RawScan({}, {}, {}), {}
@@ -133,10 +147,11 @@ def _run_tables(
         with ThreadPoolExecutor(workers, thread_name_prefix="cdclake-load") as pool:
             futures = [pool.submit(_outcome, load, t) for t in tables]
         outcomes = [f.result() for f in futures]
-    results, failed = [], []
+    results: list[TableResult] = []
+    failed: list[tuple[TableConfig, Exception]] = []
     for table, (result, exc) in zip(tables, outcomes, strict=True):
         if exc is None:
-            results.append(result)
+            results.append(cast(TableResult, result))  # not None: the load returned it
             continue
         log.error("%s: load failed: %s", pipeline.qualified_target(table), exc)
         failed.append((table, exc))
@@ -148,7 +163,9 @@ def _run_tables(
     return results
 
 
-def _outcome(load: Callable[[TableConfig], TableResult], table: TableConfig):
+def _outcome(
+    load: Callable[[TableConfig], TableResult], table: TableConfig
+) -> tuple[TableResult | None, Exception | None]:
     """(result, None) or (None, the exception): a failed table does not stop the others."""
     try:
         return load(table), None
@@ -156,7 +173,7 @@ def _outcome(load: Callable[[TableConfig], TableResult], table: TableConfig):
         return None, exc
 
 
-def _naming(exc: BaseException, qualified: str, topic: str, others: list[str]):
+def _naming(exc: BaseException, qualified: str, topic: str, others: list[str]) -> BaseException:
     """The error of a failed table, saying which table (and which others failed too).
     cdclake's own errors keep their type; others get a note."""
     also = f" (also failed: {', '.join(others)})" if others else ""
@@ -178,18 +195,20 @@ def _load(batch: Batch, table: TableConfig) -> TableResult:
     from pyspark.sql import functions as F
 
     topic = batch.pipeline.topic_for(table)
-    if isinstance(batch.ranged.get(topic), FailedTopic):
-        raise batch.ranged[topic].error
-    if topic in batch.ranged:
-        return _load_table(batch, table, None, batch.ranged[topic].accepted.schemas)
+    ranged = batch.ranged.get(topic)
+    if isinstance(ranged, FailedTopic):
+        raise ranged.error
+    if ranged is not None:
+        return _load_table(batch, table, None, ranged.accepted.schemas)
     if topic in batch.scan.broken:  # on_error: fail (dead letters were taken out)
         partition, offset, error = batch.scan.broken[topic]
         raise DecodeError(f"{topic} partition {partition} offset {offset}: {error}")
-    table_raw = batch.raw.where(F.col("topic") == topic)
+    # read by the driver: a topic not ranged is in it
+    table_raw = cast("DataFrame", batch.raw).where(F.col("topic") == topic)
     return _load_table(batch, table, table_raw, batch.scan.schemas.get(topic, {}))
 
 
-def _drop_for_rebuild(spark, pipeline: PipelineConfig, plan: BatchPlan) -> None:
+def _drop_for_rebuild(spark: SparkSession, pipeline: PipelineConfig, plan: BatchPlan) -> None:
     """Drop each table of a rebuild once: not when this backfill already committed to it
     (a retried or later batch of the same rebuild)."""
     topics = {r.topic for r in plan.ranges}
@@ -226,7 +245,9 @@ def _check_plan_start(
     return False
 
 
-def _linked(spark, qualified: str, schema, state, resolved: Resolved):
+def _linked(
+    spark: SparkSession, qualified: str, schema: TopicSchema, state: TableState, resolved: Resolved
+) -> tuple[Resolved, Linked | None]:
     """The resolved rows with their key lineage followed (`cdclake.resolve.lineage`), and
     what it leaves to the write (the key changes to keep and those taken; None: no key
     lineage to follow)."""
@@ -240,7 +261,10 @@ def _linked(spark, qualified: str, schema, state, resolved: Resolved):
 
 
 def _load_table(
-    batch: Batch, table: TableConfig, raw, schemas: dict[str, list[tuple[int, str]]]
+    batch: Batch,
+    table: TableConfig,
+    raw: DataFrame | None,
+    schemas: dict[str, list[tuple[int, str]]],
 ) -> TableResult:
     spark, pipeline, plan = batch.spark, batch.pipeline, batch.plan
     ranges = batch.ranges_of(table)
@@ -262,7 +286,8 @@ def _load_table(
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         return done(status=LoadStatus.ALREADY_COMMITTED)
     known = table_columns(spark, qualified) if state.exists else {}
-    ranged = batch.ranged.get(topic)
+    # not a failed topic: `_load` raised its error
+    ranged = cast("RangedTopic | None", batch.ranged.get(topic))
     if ranged is not None and known != ranged.known:
         raise CommitConflictError(
             f"{qualified}: another run changed the table's columns while this batch was "

@@ -5,7 +5,7 @@ fail the table or go to the dead letters."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from cdclake.batch import Batch
 from cdclake.config import OnError, TableConfig
@@ -17,7 +17,10 @@ from cdclake.resolve.fold import resolve_rows
 from cdclake.resolved import Resolved
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    from cdclake.ranged import RangedTopic
 
 
 def resolve_table(
@@ -31,7 +34,8 @@ def resolve_table(
     """The topic's changes resolved where they were read: range by range, or in the
     driver (`schemas`: the schema versions of its records not set aside). `cut`: the LSN
     of the last truncate the table applied (a truncate not above it is re-sent)."""
-    ranged = batch.ranged.get(topic)
+    # not a failed topic: its table's load raised its error before (`job._load`)
+    ranged = cast("RangedTopic | None", batch.ranged.get(topic))
     if ranged is not None:
         got = ranged.accepted
         dead = _bad_records(batch, topic, table, list(got.bad), ranged.set_aside)
@@ -47,7 +51,8 @@ def resolve_table(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    rows = batch.rows  # read by the driver: the topic's envelopes of the schemas kept
+    # read by the driver: the topic's envelopes of the schemas kept
+    rows = cast("pa.Table", batch.rows)
     keep = pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"]))
     for side in ("key", "value"):
         ids = rows[f"{side}_schema_id"]

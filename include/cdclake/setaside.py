@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING, Protocol, cast
 
-from cdclake.batch import Batch
 from cdclake.config import OnError, PipelineConfig, TableConfig
 from cdclake.debezium.formats import WireFormat
 from cdclake.debezium.schema import column_types, misfit
@@ -16,12 +16,24 @@ from cdclake.iceberg.deadletters import set_aside
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
 log = logging.getLogger(__name__)
 
 
+class Misfitting(Protocol):
+    """What setting a table's misfits aside needs of its batch (`cdclake.batch.Batch` holds
+    it): the pipeline, and the dead letters' writer."""
+
+    pipeline: PipelineConfig
+
+    def dead_letters(self, rows: DataFrame, count: int) -> int: ...
+
+
 def handle_broken_envelopes(
-    spark, pipeline: PipelineConfig, plan: BatchPlan, raw, scan: RawScan
-) -> tuple[object, RawScan, dict[str, int]]:
+    spark: SparkSession, pipeline: PipelineConfig, plan: BatchPlan, raw: DataFrame, scan: RawScan
+) -> tuple[DataFrame, RawScan, dict[str, int]]:
     """Records that are not JSON-with-schema envelopes: dead-letter them (and take them
     out of the batch; their count per topic is returned), or leave them in `scan.broken`
     to fail their tables."""
@@ -36,13 +48,13 @@ def handle_broken_envelopes(
 
 
 def set_aside_misfits(
-    batch: Batch,
+    batch: Misfitting,
     table: TableConfig,
     topic: str,
     schemas: dict[str, list[tuple[int, str]]],
     known: dict[str, str],
-    raw,
-):
+    raw: DataFrame | None,
+) -> tuple[dict[str, list[tuple[int, str]]], DataFrame | None, int]:
     """Records whose schema version does not fit the table's columns (an incompatible
     type change in the source, e.g. text -> integer): fail naming the first of them, or
     dead-letter them all and go on with the rest. Returns the schemas and records left,
@@ -52,11 +64,13 @@ def set_aside_misfits(
     rejected = misfits(table, topic, schemas, known, batch.pipeline.kafka.format)
     if not rejected:
         return schemas, raw, 0
-    reason = None
+    reason: Column | None = None
     for (side, sid), text in rejected.items():
         cond = F.col(f"{side}_schema_id") == F.lit(sid)
         reason = F.when(cond, F.lit(text)) if reason is None else reason.when(cond, F.lit(text))
-    marked = raw.withColumn("_misfit", reason)
+    # `raw` is None only for a ranged topic, whose ranges set its misfits aside already;
+    # `reason` is not None: `rejected` is not empty
+    marked = cast("DataFrame", raw).withColumn("_misfit", cast("Column", reason))
     unfit = marked.where(F.col("_misfit").isNotNull())
     if batch.pipeline.on_error is OnError.DEAD_LETTER:
         dead = _dead_letter_rows(unfit, F.col("_misfit"))
@@ -86,7 +100,7 @@ def set_aside_misfits(
     )
 
 
-def _dead_letter_rows(raw, error):
+def _dead_letter_rows(raw: DataFrame, error: Column) -> DataFrame:
     """Raw rows as `set_aside` takes them: the record's place, its payloads and `error`."""
     from pyspark.sql import functions as F
 

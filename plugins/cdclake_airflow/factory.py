@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from pathlib import Path
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import (
@@ -22,7 +23,9 @@ from airflow.sdk import (
     TriggerRule,
     task,
 )
-from cdclake.config import ORPHAN_MIN_HOURS, PipelineConfig
+from airflow.utils.types import DagRunType
+from cdclake.config import PipelineConfig
+from cdclake.config_fields import ORPHAN_MIN_HOURS
 from cdclake.jvm import DRIVER_OPTIONS
 from cdclake.spark import launch_conf
 
@@ -37,11 +40,11 @@ WRITER_TIMEOUT_LIMIT = dt.timedelta(hours=ORPHAN_MIN_HOURS)
 # the runs a scheduled DAG of a pipeline takes: not Airflow's date-range backfill, which
 # means nothing to a run that loads offsets (the cdclake_backfill form replays those)
 NO_DATE_BACKFILL = (
-    "scheduled",
-    "manual",
-    "operator_triggered",
-    "asset_triggered",
-    "asset_materialization",
+    DagRunType.SCHEDULED,
+    DagRunType.MANUAL,
+    DagRunType.OPERATOR_TRIGGERED,
+    DagRunType.ASSET_TRIGGERED,
+    DagRunType.ASSET_MATERIALIZATION,
 )
 
 
@@ -73,7 +76,7 @@ def spark_submit(
     name: str,
     timeout: dt.timedelta,
     driver_options: str | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> SparkSubmitOperator:
     """The stock SparkSubmitOperator running a cdclake job for `pipeline`: its Spark
     connection and launch settings (`launch_conf`; the driver sets the others), this
@@ -112,7 +115,7 @@ def load_task(
     name: str,
     timeout: dt.timedelta,
     driver_options: str | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> SparkSubmitOperator:
     """The task that loads `plans` (a template of a plan's JSON, or of a list of them):
     spark-submit of jobs/load.py."""
@@ -128,7 +131,7 @@ def load_task(
     )
 
 
-def load_schedule(pipeline: PipelineConfig):
+def load_schedule(pipeline: PipelineConfig) -> str | None | list[Asset] | AssetOrTimeSchedule:
     """The load DAG's schedule: `schedule` (cron, a preset or None), or with `watch:` the
     pipeline's records asset, or both (runs on either)."""
     if pipeline.watch is None:
@@ -153,7 +156,8 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
-        allowed_run_types=NO_DATE_BACKFILL,
+        # Airflow annotates its SDK's copy of the enum; its converter takes any run type's value
+        allowed_run_types=NO_DATE_BACKFILL,  # type: ignore[arg-type]
         auto_register=False,  # collected from the DAG file's globals if it validates
         tags=["cdclake", pipeline.name],
         default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
@@ -170,7 +174,9 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         plan = task(task_id="plan")(tasks.plan)(path)
         has_work = task.short_circuit(task_id="has_work", ignore_downstream_trigger_rules=False)(
             tasks.has_work
-        )(plan)
+        )(
+            plan  # type: ignore[arg-type]  # an XComArg: its value at run time
+        )
         load = load_task(
             pipeline,
             driver_options=(
@@ -185,7 +191,10 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             task_id="report",
             outlets=[tables_alias(pipeline.name)],
             trigger_rule=TriggerRule.NONE_FAILED,
-        )(tasks.report)(path, plan)
+        )(tasks.report)(
+            path,
+            plan,  # type: ignore[arg-type]  # an XComArg: its value at run time
+        )
         has_work >> load >> report
     return dag
 

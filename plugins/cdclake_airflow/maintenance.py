@@ -60,7 +60,8 @@ def build_maintenance_dag(pipeline: PipelineConfig) -> DAG:
         start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,
-        allowed_run_types=NO_DATE_BACKFILL,
+        # Airflow annotates its SDK's copy of the enum; its converter takes any run type's value
+        allowed_run_types=NO_DATE_BACKFILL,  # type: ignore[arg-type]
         auto_register=False,  # collected from the DAG file's globals if it validates
         tags=["cdclake", "maintenance", pipeline.name],
         default_args={"retries": 2, "retry_delay": dt.timedelta(minutes=2)},

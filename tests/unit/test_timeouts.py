@@ -133,7 +133,7 @@ def test_every_spark_task_ends_before_maintenance_may_take_its_files():
     import datetime as dt
 
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from cdclake.config import ORPHAN_MIN_HOURS
+    from cdclake.config_fields import ORPHAN_MIN_HOURS
     from cdclake_airflow.factory import build_pipeline_dag, spark_submit
     from cdclake_airflow.maintenance import MAINTAIN_APPLICATION, build_maintenance_dag
     from cdclake_airflow.manual import (

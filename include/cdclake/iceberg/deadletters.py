@@ -4,16 +4,22 @@ it (read again from Kafka when it is set aside)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, cast
 
 from cdclake.config import PipelineConfig
 from cdclake.iceberg.tables import DEAD_LETTERS, ensure_namespace, table_columns
 from cdclake.kafka.topics import raw_records
 from cdclake.offsets import BatchPlan
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row, SparkSession
+
 log = logging.getLogger(__name__)
 
 
-def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int) -> int:
+def set_aside(
+    spark: SparkSession, pipeline: PipelineConfig, plan: BatchPlan, rows: DataFrame, count: int
+) -> int:
     """Write `count` records set aside (`rows`: topic, partition, offset, key and value
     payload text, error) to the pipeline's dead-letter table, once each."""
     from pyspark.sql import functions as F
@@ -41,7 +47,7 @@ def set_aside(spark, pipeline: PipelineConfig, plan: BatchPlan, rows, count: int
     return count
 
 
-def _with_raw(spark, pipeline: PipelineConfig, rows):
+def _with_raw(spark: SparkSession, pipeline: PipelineConfig, rows: DataFrame) -> DataFrame:
     """Dead-letter rows with their records' key, value and headers as Kafka holds them
     (read again: the rows kept only what could be parsed of them)."""
     coordinates = [tuple(r) for r in rows.select("topic", "partition", "offset").collect()]
@@ -58,7 +64,7 @@ DEAD_LETTER_RAW = "raw_key binary, raw_value binary, headers array<struct<key:st
 DEAD_LETTER_REPLAY = "replayed_at timestamp, replayed_in string"
 
 
-def write_dead_letters(spark, namespace: str, rows) -> None:
+def write_dead_letters(spark: SparkSession, namespace: str, rows: DataFrame) -> None:
     """Idempotently record undecodable records (one row per topic, partition, offset).
 
     Not safe to call from two threads at once (one temp view name, and two commits to
@@ -87,7 +93,11 @@ def write_dead_letters(spark, namespace: str, rows) -> None:
 
 
 def mark_replayed(
-    spark, namespace: str, pipeline: str, batch_id: str, records: list[tuple[str, int, int]]
+    spark: SparkSession,
+    namespace: str,
+    pipeline: str,
+    batch_id: str,
+    records: list[tuple[str, int, int]],
 ) -> int:
     """Mark the pipeline's pending dead letters at `records` (topic, partition, offset)
     replayed by `batch_id`, but those it set aside again; returns how many were."""
@@ -103,10 +113,13 @@ def mark_replayed(
         f"<> '{batch_id}' THEN UPDATE SET replayed_at = current_timestamp(), "
         f"replayed_in = '{batch_id}'",
     )
-    return spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_in = '{batch_id}'").first()[0]
+    counted = spark.sql(f"SELECT count(*) FROM {table} WHERE replayed_in = '{batch_id}'")
+    return cast(int, cast("Row", counted.first())[0])  # an aggregate's one row: a count
 
 
-def _merge_by_record(spark, table: str, rows, view: str, clauses: str) -> None:
+def _merge_by_record(
+    spark: SparkSession, table: str, rows: DataFrame, view: str, clauses: str
+) -> None:
     """MERGE `rows` into the dead-letter table by record (topic, partition, offset)."""
     rows.createOrReplaceTempView(view)
     try:

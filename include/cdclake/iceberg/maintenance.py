@@ -31,15 +31,18 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-from cdclake.config import PipelineConfig, TableConfig
+from cdclake.config import MaintenanceConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
 from cdclake.iceberg.deleted_keys import deleted_keys_table, prune_deleted_keys
 from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
+    JvmObject,
     committed_offsets,
     conflicts_reported,
     fresh_table,
@@ -49,6 +52,9 @@ from cdclake.iceberg.tables import (
 )
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +144,10 @@ def check_offsets_kept(
 
 def run_maintenance(
     pipeline: PipelineConfig,
-    spark=None,
+    spark: SparkSession | None = None,
     run_id: str | None = None,
     now_ms: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """`cdclake maintain` and jobs/maintain.py: maintain every table of the pipeline and the
     namespace's dead letters, figures as a dict; the retention windows and the orphan
     bound end at `now_ms` (default: now)."""
@@ -162,7 +168,9 @@ def run_maintenance(
     return {"pipeline": pipeline.name, "run_id": run_id, "tables": [asdict(r) for r in results]}
 
 
-def maintain_side_table(spark, name: str, settings, now_ms: int) -> tuple[int, int]:
+def maintain_side_table(
+    spark: SparkSession, name: str, settings: MaintenanceConfig, now_ms: int
+) -> tuple[int, int]:
     """Compact and expire a table cdclake keeps beside the loaded ones (no offsets in it):
     dead letters, deleted-keys and key-changes ledgers, and remove its orphan files.
     Returns the snapshots expired and the orphan files removed."""
@@ -180,14 +188,14 @@ def maintain_side_table(spark, name: str, settings, now_ms: int) -> tuple[int, i
     return max(0, before - _count_snapshots(spark, name)), orphans
 
 
-def orphan_bound(settings, now_ms: int) -> int:
+def orphan_bound(settings: MaintenanceConfig, now_ms: int) -> int:
     """The time (ms) before which an unreferenced file, or a load's branch, is a dead
     writer's: `orphan_older_than_hours` before `now_ms`."""
     return now_ms - settings.orphan_older_than_hours * HOUR_MS
 
 
 def maintain_table(
-    spark, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str
+    spark: SparkSession, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str
 ) -> TableMaintenance:
     qualified = pipeline.qualified_target(table)
     if not spark.catalog.tableExists(qualified):
@@ -195,7 +203,7 @@ def maintain_table(
         return TableMaintenance(table=qualified, status=MaintenanceStatus.MISSING, run_id=run_id)
     settings = pipeline.maintenance
     started = time.monotonic()
-    figures: dict = {
+    figures: dict[str, Any] = {
         "dead_load_branches_removed": _drop_dead_branches(
             spark, qualified, orphan_bound(settings, now_ms)
         )
@@ -249,7 +257,13 @@ def maintain_table(
     return result
 
 
-def _maintain_side_tables(spark, qualified: str, settings, now_ms: int, figures: dict) -> None:
+def _maintain_side_tables(
+    spark: SparkSession,
+    qualified: str,
+    settings: MaintenanceConfig,
+    now_ms: int,
+    figures: dict[str, Any],
+) -> None:
     """Prune the table's deleted-keys ledger, then maintain it and the key-changes ledger
     (those that exist), their figures into `figures`."""
     ledger = deleted_keys_table(qualified)
@@ -264,7 +278,13 @@ def _maintain_side_tables(spark, qualified: str, settings, now_ms: int, figures:
             figures["orphan_files_removed"] += orphans
 
 
-def _rewrite_files(spark, qualified: str, settings, figures: dict, offsets: dict) -> dict:
+def _rewrite_files(
+    spark: SparkSession,
+    qualified: str,
+    settings: MaintenanceConfig,
+    figures: dict[str, Any],
+    offsets: dict[TopicPartition, int],
+) -> dict[TopicPartition, int]:
     """Compact data files, then rewrite position deletes, their counts into `figures`;
     the offsets, checked after each."""
     actions = spark_actions(spark)
@@ -299,7 +319,14 @@ def _rewrite_files(spark, qualified: str, settings, figures: dict, offsets: dict
     return offsets
 
 
-def _expire(spark, qualified: str, settings, now_ms: int, figures: dict, offsets: dict) -> dict:
+def _expire(
+    spark: SparkSession,
+    qualified: str,
+    settings: MaintenanceConfig,
+    now_ms: int,
+    figures: dict[str, Any],
+    offsets: dict[TopicPartition, int],
+) -> dict[TopicPartition, int]:
     """Expire old snapshots, keeping the newest with offsets, the counts into `figures`;
     the offsets, checked."""
     ice = fresh_table(spark, qualified)
@@ -329,7 +356,7 @@ def _expire(spark, qualified: str, settings, now_ms: int, figures: dict, offsets
     return offsets
 
 
-def _drop_dead_branches(spark, qualified: str, older_than_ms: int) -> int:
+def _drop_dead_branches(spark: SparkSession, qualified: str, older_than_ms: int) -> int:
     """Remove the branches loads make (`STAGE_PREFIX`) whose snapshot is older than
     `older_than_ms`: a load commits to its branch and main takes it within its task, so
     such a branch is a killed load's. (A load still at work whose branch stands at an old
@@ -352,7 +379,7 @@ def _drop_dead_branches(spark, qualified: str, older_than_ms: int) -> int:
     return len(names)
 
 
-def _off_main(ice) -> list[int]:
+def _off_main(ice: JvmObject) -> list[int]:
     """The snapshots no branch or tag reaches: no reader or writer can need them."""
     parents = {int(s.snapshotId()): s.parentId() for s in java_items(ice.snapshots())}
     reached: set[int] = set()
@@ -365,24 +392,26 @@ def _off_main(ice) -> list[int]:
     return sorted(set(parents) - reached)
 
 
-def _checked(spark, qualified: str, step: str, before: dict[TopicPartition, int]):
+def _checked(
+    spark: SparkSession, qualified: str, step: str, before: dict[TopicPartition, int]
+) -> dict[TopicPartition, int]:
     after = committed_offsets(spark, qualified)
     check_offsets_kept(qualified, step, before, after)
     return after
 
 
-def _count_snapshots(spark, qualified: str) -> int:
+def _count_snapshots(spark: SparkSession, qualified: str) -> int:
     return int(spark.sql(f"SELECT count(*) FROM {qualified}.snapshots").collect()[0][0])
 
 
-def _count_files(spark, qualified: str) -> tuple[int, int]:
+def _count_files(spark: SparkSession, qualified: str) -> tuple[int, int]:
     """(data files, delete files) of the current snapshot."""
     rows = spark.sql(f"SELECT content, count(*) AS n FROM {qualified}.files GROUP BY content")
     counts = {r["content"]: r["n"] for r in rows.collect()}
     return int(counts.get(0, 0)), int(counts.get(1, 0) + counts.get(2, 0))
 
 
-def _conflicts_reported(qualified: str, step: str):
+def _conflicts_reported(qualified: str, step: str) -> AbstractContextManager[None]:
     """A load committing while a rewrite runs makes Iceberg refuse one of the two commits;
     for maintenance that is a retry later, never damage."""
     return conflicts_reported(
@@ -392,7 +421,7 @@ def _conflicts_reported(qualified: str, step: str):
     )
 
 
-def remove_orphans(spark, ice, older_than_ms: int) -> int:
+def remove_orphans(spark: SparkSession, ice: JvmObject, older_than_ms: int) -> int:
     """Iceberg's DeleteOrphanFiles on all of `ice`'s location (data and metadata), for files
     older than `older_than_ms`; listed through the table's own FileIO when it is an object
     store's (Spark's Hadoop has no FileSystem for s3://). How many files it deleted."""
@@ -406,7 +435,7 @@ def remove_orphans(spark, ice, older_than_ms: int) -> int:
     return count
 
 
-def java_items(iterable) -> Iterator:
+def java_items(iterable: JvmObject) -> Iterator[Any]:
     """The items of a Java Iterable, by hasNext/next (py4j's own iteration takes any
     error for the end)."""
     it = iterable.iterator()

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
 from cdclake.debezium.schema import TopicSchema
@@ -29,6 +29,7 @@ from cdclake.iceberg.merge_sql import (
 )
 from cdclake.iceberg.tables import (
     STAGE_PREFIX,
+    JvmObject,
     TableState,
     append_to_empty,
     apply_table_settings,
@@ -49,10 +50,14 @@ from cdclake.offsets import (
     SUMMARY_TRUNCATE,
     SUMMARY_UPSERTS,
     BatchPlan,
+    TopicPartition,
     encode_offsets,
 )
 from cdclake.placement import Tuning
-from cdclake.resolved import TOAST_PREFIX, Resolved
+from cdclake.resolved import TOAST_PREFIX, Resolved, Truncate
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +81,28 @@ class Writing(Protocol):
     tuning: Tuning
 
 
+class KeyMoves(Protocol):
+    """The key changes of a batch a write keeps and forgets (`cdclake.resolve.lineage.Linked`
+    holds them): those a later batch may need, those the batch's creates took (None: none)."""
+
+    @property
+    def kept(self) -> DataFrame | None: ...
+
+    @property
+    def taken(self) -> DataFrame | None: ...
+
+
 def write_table(
     batch: Writing,
     table: TableConfig,
     schema: TopicSchema,
     state: TableState,
     known: dict[str, str],
-    new_offsets: dict,
+    new_offsets: dict[TopicPartition, int],
     resolved: Resolved,
     records: int,
-    moved=None,
-) -> tuple[int | None, str]:
+    moved: KeyMoves | None = None,
+) -> tuple[int | None, WrittenBy]:
     """MERGE (or append) the resolved rows of the batch's `records` records into the
     table, its new offsets in the same commit: the id of the snapshot that carries them,
     and how the rows were written (`TableResult.written_by`). `moved`: the key changes
@@ -145,7 +161,11 @@ def write_table(
 
 
 def _summary_properties(
-    batch_id: str, offsets: dict, records: int, resolved: Resolved, truncate_applied: int | None
+    batch_id: str,
+    offsets: dict[TopicPartition, int],
+    records: int,
+    resolved: Resolved,
+    truncate_applied: int | None,
 ) -> dict[str, str]:
     """The snapshot summary a load's commit carries: its offsets, batch and figures, and
     the last truncate applied (`truncate_applied`, or the batch's own)."""
@@ -158,8 +178,11 @@ def _summary_properties(
     }
     if resolved.max_ms is not None:
         props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
+    truncate = resolved.truncate
     lsns = [
-        x for x in (truncate_applied, resolved.truncate and resolved.truncate.lsn) if x is not None
+        x
+        for x in (truncate_applied, truncate.lsn if truncate is not None else None)
+        if x is not None
     ]
     if lsns:
         props[SUMMARY_TRUNCATE] = str(max(lsns))
@@ -172,7 +195,11 @@ def _stage_name(batch_id: str) -> str:
 
 @contextmanager
 def _staged(
-    spark, qualified: str, before_id: int | None, name: str | None, props: Mapping[str, str]
+    spark: SparkSession,
+    qualified: str,
+    before_id: int | None,
+    name: str | None,
+    props: Mapping[str, str],
 ) -> Iterator[None]:
     """The load's commits inside go to the branch `name` (`qualified.branch_<name>`), made
     at `before_id`, that main takes at the end (after an empty commit carrying `props`
@@ -218,7 +245,7 @@ def _staged(
         raise
 
 
-def _made_by_batch(ice, name: str, before_id: int, batch_id: str) -> bool:
+def _made_by_batch(ice: JvmObject, name: str, before_id: int | None, batch_id: str) -> bool:
     """Whether branch `name` holds, above snapshot `before_id`, only commits of batch
     `batch_id`. A branch removed while its load wrote (by maintenance or another load)
     and made again by the load's commit stands on main's snapshot of then, which may
@@ -234,7 +261,7 @@ def _made_by_batch(ice, name: str, before_id: int, batch_id: str) -> bool:
 
 
 def _check_commit(
-    spark, qualified: str, before_id: int | None, props: Mapping[str, str]
+    spark: SparkSession, qualified: str, before_id: int | None, props: Mapping[str, str]
 ) -> int | None:
     """The snapshot that carries the batch's offsets: an empty commit carries them when
     nothing changed; another run's commit in between fails the check."""
@@ -249,7 +276,14 @@ def _check_commit(
     return after_id
 
 
-def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, counts, tuning: Tuning):
+def _key_filter(
+    state: TableState,
+    schema: TopicSchema,
+    resolved: DataFrame,
+    truncate: Truncate | None,
+    counts: Mapping[bool, int],
+    tuning: Tuning,
+) -> dict[str, Any] | None:
     """The values of each key column among the resolved rows, sorted, or the range of
     each integer key column's, when the MERGE is worth filtering by them (None: not)."""
     keys = schema.key
@@ -263,7 +297,7 @@ def _key_filter(state: TableState, schema: TopicSchema, resolved, truncate, coun
         if not integers:
             return None
         aggs = [f(F.col(f"`{n}`")) for n in integers for f in (F.min, F.max)]
-        found = resolved.agg(*aggs).first()
+        found = cast("Row", resolved.agg(*aggs).first())  # not None: an aggregate's one row
         if any(v is None for v in found):  # no key value at all
             return None
         return {n: KeyRange(found[2 * i], found[2 * i + 1]) for i, n in enumerate(integers)}
@@ -300,7 +334,7 @@ def _write_sql(
     ledger (hard deletes), the first load."""
     soft, hard, first_load = mode
     truncate = resolved.truncate
-    lsns = (state.truncated_below, truncate and truncate.lsn)
+    lsns = (state.truncated_below, truncate.lsn if truncate is not None else None)
     below = max((x for x in lsns if x is not None), default=None)
     if first_load:
         return build_first_load_sql(view, schema, soft, deleted_lsn=hard, truncated_below=below)
