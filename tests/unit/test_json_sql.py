@@ -1,9 +1,17 @@
-"""DuckDB's SQL of each plainly typed Connect field (`json_sql.leaf`) gives the lake value
-and the verdict its Python decoder (`json_values.decoder`) gives, on values of every JSON
-type, at and past each range's ends and ±infinity."""
+"""DuckDB's SQL of each plainly typed Connect field (`json_sql.leaf`, the one decoder of
+these types) gives the lake value and the verdict of a reference written from the JSON
+converter's documented encodings (below), on values of every JSON type, at and past each
+range's ends and ±infinity."""
 
+import base64
+import binascii
+import datetime as dt
 import json
 import math
+import struct
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -19,11 +27,11 @@ from cdclake.debezium.connect import (
     TIMESTAMP,
     ZONED_TIMESTAMP,
     ConnectField,
+    decimal_params,
 )
 from cdclake.debezium.formats import BadRecord
 from cdclake.debezium.json_decode import lake_values
 from cdclake.debezium.json_sql import _TYPED, changes_sql, leaf
-from cdclake.debezium.json_values import decoder
 
 duckdb = pytest.importorskip("duckdb")
 
@@ -55,11 +63,11 @@ FIELDS = [field(k) for k in ("int8", "int16", "int32", "int64", "float32", "floa
 
 
 def python(f: ConnectField, value):
-    """The Python decoder's lake value as SQL gives it, and whether it refused it."""
+    """The reference's lake value as SQL gives it, and whether it refused it."""
     if value is None:
         return None, False
     try:
-        return as_sql(f, decoder(f)(value)), False
+        return as_sql(f, reference(f)(value)), False
     except BadRecord:
         return None, True
 
@@ -164,3 +172,145 @@ def test_a_typed_read_gives_the_checked_values_or_refuses_the_record(kind):
             assert math.isnan(row["x"]), value
         else:
             assert row == {"x": lake}, (value, row, lake)
+
+
+# ---- the oracle: each JSON converter encoding decoded by its documented rule, in Python ----
+_EPOCH_DAY = dt.date(1970, 1, 1).toordinal()
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICRO = dt.timedelta(microseconds=1)
+# the ends of the range Spark and Iceberg share, which ±infinity loads as (debezium.py)
+_MAX_DAY = dt.date(9999, 12, 31).toordinal() - _EPOCH_DAY
+_MIN_DAY = dt.date(1, 1, 1).toordinal() - _EPOCH_DAY
+_MAX_MICROS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC) - _EPOCH) // _MICRO
+_MIN_MICROS = (dt.datetime(1, 1, 1, tzinfo=dt.UTC) - _EPOCH) // _MICRO
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_FLOAT_TEXTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _integer(value: Any, field: ConnectField, bounds: tuple[int, int]) -> int:
+    if type(value) is not int or not bounds[0] <= value <= bounds[1]:
+        raise BadRecord(f"field {field.name!r}: {value!r} is not a {field.type}")
+    return value
+
+
+def _number(value: Any, field: ConnectField) -> float:
+    if isinstance(value, str) and value in _FLOAT_TEXTS:
+        return _FLOAT_TEXTS[value]
+    if type(value) not in (int, float):
+        raise BadRecord(f"field {field.name!r}: {value!r} is not a number")
+    return float(value)
+
+
+def _float32(value: float) -> float:
+    """The value a float column holds (Spark parses JSON into a 32-bit float)."""
+    try:
+        out: float = struct.unpack("f", struct.pack("f", value))[0]
+        return out
+    except (OverflowError, struct.error):
+        raise BadRecord(f"{value!r} is out of a 32-bit float's range") from None
+
+
+def _unbase64(value: Any, field: ConnectField) -> bytes:
+    if not isinstance(value, str):
+        raise BadRecord(f"field {field.name!r}: {value!r} is not base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRecord(f"field {field.name!r}: {value[:40]!r} is not base64") from None
+
+
+def _ranged(value: int, low: int, high: int, what: str) -> int:
+    if not low <= value <= high:
+        raise BadRecord(f"{what} {value} is out of the lake's range")
+    return value
+
+
+def _decimal(field: ConnectField) -> Callable[[Any], Any]:
+    precision, _ = decimal_params(field)
+    raw_scale = int(field.param("scale", "0") or 0)
+    limit = 10**precision  # on the digits of the lake's unscaled value
+
+    def decode(value: Any) -> Any:
+        # integers only: Decimal arithmetic rounds to 28 digits
+        unscaled = int.from_bytes(_unbase64(value, field), "big", signed=True)
+        if raw_scale < 0:
+            unscaled *= 10**-raw_scale
+        if abs(unscaled) >= limit:  # Spark makes it NULL: a value that does not fit
+            raise BadRecord(
+                f"field {field.name!r}: {unscaled}E{-max(raw_scale, 0)} does not "
+                "fit its decimal type"
+            )
+        return Decimal(f"{unscaled}E{-max(raw_scale, 0)}")
+
+    return decode
+
+
+def _zoned(field: ConnectField) -> Callable[[Any], Any]:
+    def decode(value: Any) -> Any:
+        if value == "infinity":
+            return _MAX_MICROS
+        if value == "-infinity":
+            return _MIN_MICROS
+        if not isinstance(value, str):
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a zoned timestamp")
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise BadRecord(f"field {field.name!r}: {value!r} is not a timestamp") from None
+        if parsed.tzinfo is None:
+            raise BadRecord(f"field {field.name!r}: {value!r} has no time zone")
+        return (parsed - _EPOCH) // _MICRO
+
+    return decode
+
+
+def _infinity(
+    values: tuple[int, int], top: int, bottom: int, scale: int, field: ConnectField
+) -> Callable[[Any], Any]:
+    def decode(value: Any) -> Any:
+        value = _integer(value, field, _INT64)
+        if value == values[0]:
+            return top
+        if value == values[1]:
+            return bottom
+        return _ranged(value * scale, bottom, top, f"field {field.name!r}:")
+
+    return decode
+
+
+def reference(field: ConnectField) -> Callable[[Any], Any]:
+    """The lake value of a JSON value of a plainly typed `field` (BadRecord: it does not
+    fit), by the JSON converter's documented encodings: what `leaf`'s SQL must give."""
+    lg = field.logical
+    if lg == DECIMAL:
+        return _decimal(field)
+    if lg in (DATE, CONNECT_DATE):
+        return _infinity(INFINITY_DAYS, _MAX_DAY, _MIN_DAY, 1, field)
+    if lg == TIMESTAMP:
+        return _infinity(INFINITY_MILLIS, _MAX_MICROS, _MIN_MICROS, 1000, field)
+    if lg == MICRO_TIMESTAMP:
+        return _infinity(INFINITY_MICROS, _MAX_MICROS, _MIN_MICROS, 1, field)
+    if lg == NANO_TIMESTAMP:
+        return lambda v: _ranged(
+            _integer(v, field, _INT64) // 1000, _MIN_MICROS, _MAX_MICROS, f"field {field.name!r}:"
+        )
+    if lg == ZONED_TIMESTAMP:
+        return _zoned(field)
+    kind = field.type
+    if kind == "bytes":
+        return lambda v: _unbase64(v, field)
+    if kind in ("int8", "int16", "int32", "int64"):
+        return lambda v: _integer(v, field, _INT64 if kind == "int64" else _INT32)
+    if kind in ("float32", "float"):
+        return lambda v: _float32(_number(v, field))
+    if kind in ("float64", "double"):
+        return lambda v: _number(v, field)
+    want = {"boolean": bool, "string": str}[kind]
+
+    def checked(value: Any) -> Any:
+        if not isinstance(value, want):
+            raise BadRecord(f"field {field.name!r}: {value!r:.60} is not {kind}")
+        return value
+
+    return checked

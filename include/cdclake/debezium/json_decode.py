@@ -1,6 +1,7 @@
 """Raw rows of one topic as a table of changes: `json_sql`'s queries run by DuckDB over
-the payload texts, each run of one (key, value) schema pair by its own query, and the
-values DuckDB leaves as JSON text decoded by `json_values.decoder` (`lake_values`)."""
+the payload texts, each run of one (key, value) schema pair by its own query; the values
+it leaves as JSON text (arrays, maps and the types `json_sql.leaf` has no SQL for) decoded
+in `lake_values`, each type by one piece of code: its SQL, or `json_values.decoder`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cdclake.debezium.connect import arrow_type, parse_connect_schema
+from cdclake.debezium.connect import DECIMAL, arrow_type, parse_connect_schema
 from cdclake.debezium.formats import BadRecord
 from cdclake.debezium.json_flat import tombstone_deletes
 from cdclake.debezium.json_sql import ROW_SIDES, changes_sql, leaf
@@ -106,7 +107,7 @@ def lake_values(
             column = found[name].combine_chunks()
             if texts and f is not None:  # `texts` holds only with a field
                 reasons = found["reason"].to_pylist() if reasons is None else reasons
-                column = pa.array(_decode(column.to_pylist(), f, reasons), arrow_type(c.type))
+                column = _decode(column.to_pylist(), f, reasons, arrow_type(c.type))
             else:  # the unscaled value
                 column = column.cast(pa.decimal128(38, 0)).view(arrow_type(c.type))
             found = found.set_column(found.schema.get_field_index(name), name, column)
@@ -117,9 +118,19 @@ def lake_values(
     )
 
 
-def _decode(texts: list[Any], f: ConnectField, reasons: list[str | None]) -> list[Any]:
-    """JSON texts decoded by field `f`'s `decoder`; one that does not fit is None, and
-    the first reason of its record (`reasons`, set in place) unless it has one."""
+def _decode(
+    texts: list[Any], f: ConnectField, reasons: list[str | None], arrow: pa.DataType
+) -> pa.Array:
+    """JSON texts of field `f` as lake values of type `arrow`: by the field's SQL (`leaf`)
+    when it has one, an array's items or a map's values each by their own field's, the
+    others by `decoder`. A value that does not fit is None, and the first reason of its
+    record (`reasons`, set in place) unless it has one."""
+    import pyarrow as pa
+
+    if leaf(f, "x").value is not None:
+        return _by_sql(texts, f, reasons, arrow)
+    if (f.type == "array" and f.items is not None) or (f.type == "map" and f.values):
+        return _members(texts, f, reasons, arrow)
     fn = decoder(f)
     out: list[Any] = []
     for i, text in enumerate(texts):
@@ -129,7 +140,73 @@ def _decode(texts: list[Any], f: ConnectField, reasons: list[str | None]) -> lis
             out.append(None)
             why = str(exc) if str(exc).startswith("field ") else f"field {f.name!r}: {exc}"
             reasons[i] = reasons[i] or why
-    return out
+    return pa.array(out, arrow)
+
+
+def _by_sql(
+    texts: list[Any], f: ConnectField, reasons: list[str | None], arrow: pa.DataType
+) -> pa.Array:
+    """JSON texts of a field DuckDB's SQL decodes (`leaf`), decoded by it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    got = leaf(f, "x")
+    members = pa.table(
+        {"i": pa.array(range(len(texts)), pa.int64()), "t": pa.array(texts, pa.string())}
+    )
+    with _database().cursor() as con:
+        con.register("members", members)
+        found = con.sql(
+            f"SELECT {got.value} AS v, {got.error} AS e FROM (SELECT i, CAST(t AS JSON) AS x "
+            "FROM members) ORDER BY i"
+        ).to_arrow_table()
+    errors = found["e"].to_pylist()
+    for i, why in enumerate(errors):
+        reasons[i] = reasons[i] or why
+    values = found["v"].combine_chunks()
+    if f.logical == DECIMAL:  # the unscaled value
+        values = values.cast(pa.decimal128(38, 0)).view(arrow)
+    else:
+        values = values.cast(arrow)
+    refused = pa.array([why is not None for why in errors], pa.bool_())
+    return pc.if_else(refused, pa.nulls(len(values), arrow), values)
+
+
+def _members(
+    texts: list[Any], f: ConnectField, reasons: list[str | None], arrow: pa.DataType
+) -> pa.Array:
+    """JSON texts of an array or a map field, each item (map value) decoded by its own
+    field (`_decode`); a value with an item that does not fit is None."""
+    import pyarrow as pa
+
+    is_map = f.type == "map"
+    kind, what = (dict, "a map") if is_map else (list, "an array")
+    member = f.values if is_map else f.items
+    assert member is not None
+    offsets, valid, keys, items, owner = [0], [], [], [], []
+    for i, text in enumerate(texts):
+        value = None if text is None else json.loads(text)
+        if value is not None and not isinstance(value, kind):
+            reasons[i] = reasons[i] or f"field {f.name!r}: {value!r:.60} is not {what}"
+            value = None
+        pairs = value.items() if isinstance(value, dict) else enumerate(value or ())
+        for k, item in pairs:
+            keys.append(k)
+            items.append(None if item is None else json.dumps(item))
+            owner.append(i)
+        offsets.append(len(items))
+        valid.append(value is not None)
+    member_type = arrow.item_type if is_map else arrow.value_type
+    why: list[str | None] = [None] * len(items)
+    values = _decode(items, member, why, member_type)
+    for j, problem in enumerate(why):
+        if problem is not None:
+            reasons[owner[j]] = reasons[owner[j]] or problem
+            valid[owner[j]] = False
+    at, mask = pa.array(offsets, pa.int32()), pa.array([not v for v in valid], pa.bool_())
+    if is_map:
+        return pa.MapArray.from_arrays(at, pa.array(keys, arrow.key_type), values, arrow, mask=mask)
+    return pa.ListArray.from_arrays(at, values, arrow, mask=mask)
 
 
 def _same(column: pa.Array | pa.ChunkedArray, value: int | None) -> pa.Array:

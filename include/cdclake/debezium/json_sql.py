@@ -9,10 +9,11 @@ SQL types with `from_json_strict`, which refuses a whole record when any value d
 convert (or a field is missing): such a record has a reason, and the caller reads its
 batch again `checked`, each leaf as JSON text, for the reasons. Both give the same values.
 
-The types here are those with a plain SQL form; the others (times, variable-scale
-decimals, geometries, arrays, maps, structs) keep their JSON text, decoded value by value
-by `json_values.decoder` in `json_decode.lake_values`, each by the fields of its own value
-schema."""
+Each type is decoded by one piece of code, here or in `json_values.decoder`. The types here
+are those with a plain SQL form; arrays and maps keep their JSON text, and their items are
+decoded by this same SQL in `json_decode.lake_values`; the others (times of day,
+variable-scale decimals, geometries, structs) keep their JSON text too, decoded value by
+value by `json_values.decoder`, each by the fields of its own value schema."""
 
 from __future__ import annotations
 
@@ -141,7 +142,8 @@ def leaf(f: ConnectField, x: str) -> Leaf:
     return Leaf(None, "NULL")
 
 
-# the logical types `json_values.decoder` decodes as such (others: as their Connect type)
+# the logical types decoded as such, here or by `json_values.decoder` (others: as their
+# Connect type)
 _DECODED = frozenset(
     (
         DECIMAL,
