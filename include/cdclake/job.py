@@ -321,28 +321,27 @@ def _load_table(
     finally:
         resolved.release()
     clock.lap("write")
-    offsets: dict[str, dict[str, int]] = {}
-    for (t, p), o in sorted(new_offsets.items()):
-        offsets.setdefault(t, {})[str(p)] = o
-    log.info(
-        "%s: committed %d records (%d upserts, %d deletes) in snapshot %s",
-        qualified,
-        records,
-        resolved.upserts,
-        resolved.deletes,
-        after_id,
-    )
+    counts = (records, resolved.upserts, resolved.deletes, after_id)
+    log.info("%s: committed %d records (%d upserts, %d deletes) in snapshot %s", qualified, *counts)
     return done(
         status=LoadStatus.COMMITTED,
         upserts=resolved.upserts,
         deletes=resolved.deletes,
         dead_letters=misfits + resolved.dead_letters,
-        offsets=offsets,
+        offsets=_by_topic(new_offsets),
         truncated=resolved.truncate is not None,
         resolved_by=resolved.by,
         written_by=written_by,
         snapshot_id=after_id,
     )
+
+
+def _by_topic(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    """Offsets by topic, then partition (as text), as the run report shows them."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
 
 
 class _Clock:
