@@ -160,7 +160,7 @@ def backfill_report(plan: dict[str, Any], **context: Any) -> list[dict[str, Any]
     plans = plans_from_json(plan["plans_json"]) if plan["batches"] else []
     reports = report_pipeline(pipeline, plans, int(time.time() * 1000))
     # the plan's tables were found in the pipeline when it was made (`backfill_plan`)
-    asked = {cast(TableConfig, pipeline.table_named(t)).target for t in plan["tables"]}
+    asked = {cast("TableConfig", pipeline.table_named(t)).target for t in plan["tables"]}
     emit_changed(context["outlet_events"], pipeline, reports)
     return [r.to_dict() for t, r in zip(pipeline.tables, reports, strict=True) if t.target in asked]
 
