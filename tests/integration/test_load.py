@@ -428,7 +428,7 @@ def test_a_batch_reads_the_ledger_of_its_own_keys_only(spark):
     import uuid
 
     from cdclake.iceberg.deleted_keys import deleted_keys_table, with_deleted_lsn
-    from cdclake.iceberg.tables import DELETED_AT
+    from cdclake.iceberg.merge_sql import DELETED_AT
     from pyspark.sql.types import LongType, StructField, StructType
 
     n = uuid.uuid4().hex[:6]
