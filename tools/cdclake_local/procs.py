@@ -1,5 +1,6 @@
-"""Background processes started by the local stack, tracked by pid files (a pid and the
-process's start time, so that a pid taken by another process since is never signalled)."""
+"""Background processes started by the local stack, tracked by pid files (and each
+process's start time beside, so that a pid taken by another process since is never
+signalled)."""
 
 from __future__ import annotations
 
@@ -47,16 +48,21 @@ def secret(path: Path) -> str:
 
 def read_pid(pidfile: Path) -> int | None:
     """The pid `pidfile` records, if that process is still the one started (`start_daemon`
-    records its start time beside its pid): None when the file is missing or the pid now
-    belongs to another process."""
+    records its start time in `<pidfile>.started`): None when the file is missing or the
+    pid now belongs to another process."""
     try:
-        pid, _, started = pidfile.read_text().strip().partition(" ")
-        pid_number = int(pid)
+        pid = int(pidfile.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    if started and _start_time(pid_number) != started:
-        return None
-    return pid_number
+    try:
+        started = _started_file(pidfile).read_text().strip()
+    except FileNotFoundError:  # a pid file of an older cdclake
+        return pid
+    return pid if _start_time(pid) == started else None
+
+
+def _started_file(pidfile: Path) -> Path:
+    return pidfile.with_name(pidfile.name + ".started")
 
 
 def _start_time(pid: int) -> str | None:
@@ -103,7 +109,8 @@ def start_daemon(
             env=dict(env) if env is not None else None,
             start_new_session=True,
         )
-    pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}")
+    pidfile.write_text(str(proc.pid))
+    _started_file(pidfile).write_text(str(_start_time(proc.pid)))
     log.info("started %s (pid %d), log %s", Path(cmd[0]).name, proc.pid, logfile)
     return proc.pid
 
@@ -113,6 +120,7 @@ def stop_daemon(pidfile: Path, timeout: float = 20.0) -> bool:
     pid = running(pidfile)
     if pid is None:
         pidfile.unlink(missing_ok=True)
+        _started_file(pidfile).unlink(missing_ok=True)
         return False
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
@@ -126,6 +134,7 @@ def stop_daemon(pidfile: Path, timeout: float = 20.0) -> bool:
         if not _group_alive(pid):
             break
     pidfile.unlink(missing_ok=True)
+    _started_file(pidfile).unlink(missing_ok=True)
     return True
 
 
