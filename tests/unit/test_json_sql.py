@@ -3,8 +3,6 @@ these types) gives the lake value and the verdict of a reference written from th
 converter's documented encodings (below), on values of every JSON type, at and past each
 range's ends and ±infinity."""
 
-import base64
-import binascii
 import datetime as dt
 import json
 import math
@@ -32,6 +30,7 @@ from cdclake.debezium.connect import (
 from cdclake.debezium.formats import BadRecord
 from cdclake.debezium.json_decode import lake_values
 from cdclake.debezium.json_sql import _TYPED, changes_sql, leaf
+from cdclake.debezium.json_values import _INT32, _INT64, _integer, _unbase64
 
 duckdb = pytest.importorskip("duckdb")
 
@@ -183,15 +182,7 @@ _MAX_DAY = dt.date(9999, 12, 31).toordinal() - _EPOCH_DAY
 _MIN_DAY = dt.date(1, 1, 1).toordinal() - _EPOCH_DAY
 _MAX_MICROS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC) - _EPOCH) // _MICRO
 _MIN_MICROS = (dt.datetime(1, 1, 1, tzinfo=dt.UTC) - _EPOCH) // _MICRO
-_INT32 = (-(2**31), 2**31 - 1)
-_INT64 = (-(2**63), 2**63 - 1)
 _FLOAT_TEXTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _integer(value: Any, field: ConnectField, bounds: tuple[int, int]) -> int:
-    if type(value) is not int or not bounds[0] <= value <= bounds[1]:
-        raise BadRecord(f"field {field.name!r}: {value!r} is not a {field.type}")
-    return value
 
 
 def _number(value: Any, field: ConnectField) -> float:
@@ -209,15 +200,6 @@ def _float32(value: float) -> float:
         return out
     except (OverflowError, struct.error):
         raise BadRecord(f"{value!r} is out of a 32-bit float's range") from None
-
-
-def _unbase64(value: Any, field: ConnectField) -> bytes:
-    if not isinstance(value, str):
-        raise BadRecord(f"field {field.name!r}: {value!r} is not base64 text")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise BadRecord(f"field {field.name!r}: {value[:40]!r} is not base64") from None
 
 
 def _ranged(value: int, low: int, high: int, what: str) -> int:
