@@ -92,8 +92,8 @@ def lake_values(
     found: pa.Table, value_fields: Sequence[ConnectField], schema: TopicSchema
 ) -> pa.Table:
     """`changes_sql`'s rows `found` of one value schema with each side's values as the
-    lake holds them: a decimal from its unscaled value, JSON text decoded by its field's
-    `decoder` (a value that does not fit: NULL, and its record's reason says why)."""
+    lake holds them: a decimal from its unscaled value, JSON text decoded by `_decode` (a
+    value that does not fit: NULL, and its record's reason says why)."""
     import pyarrow as pa
 
     by_name = {f.name: f for f in value_fields}
