@@ -219,6 +219,7 @@ def build_backfill_dag(
                 name=f"cdclake-backfill-{name}",
                 timeout=dt.timedelta(hours=12),
                 retries=1,
+                retry_delay=dt.timedelta(seconds=30),  # a scheduled load took the table first
             )
             choose >> load >> report
     return dag

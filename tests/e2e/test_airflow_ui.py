@@ -311,6 +311,20 @@ def choose(param: str, value: str) -> Callable[[object], None]:
 
 
 # ---- what the scheduler did ----------------------------------------------------------------
+def task_failure(path: Path, keep: int = 30) -> str:
+    """The last `keep` lines of a task's log that are not frames of a JVM stack trace, each
+    line's event alone: the error a long Java trace would push out of a log's tail."""
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            line = json.loads(line).get("event", line)
+        except (ValueError, AttributeError):
+            pass
+        if not re.match(r"\s*(at |\.\.\. \d+ more)", str(line)):
+            events.append(str(line)[:500])
+    return f"--- {path} (last {keep} lines, JVM frames left out)\n" + "\n".join(events[-keep:])
+
+
 def run_report(airflow: Airflow, dag_id: str, run_id: str) -> str:
     """Task states of a run and the end of the log of each task that did not succeed."""
     try:
@@ -322,7 +336,7 @@ def run_report(airflow: Airflow, dag_id: str, run_id: str) -> str:
         lines.append(f"{ti['task_id']}: {ti['state']} (try {ti['try_number']})")
         if ti["state"] not in ("success", "skipped"):
             folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
-            logs += [log_tail(p, 40) for p in sorted(folder.glob(f"task_id={ti['task_id']}/*"))]
+            logs += [task_failure(p) for p in sorted(folder.glob(f"task_id={ti['task_id']}/*"))]
     head = f"{dag_id} {run_id}: {tis.get('error', '')}"
     return "\n".join([head, *lines, *logs, log_tail(airflow.log, 30)])
 

@@ -187,10 +187,12 @@ def test_killed_loads_files_are_removed_by_maintenance_past_the_bound(stack, spa
 def test_old_branches_of_loads_are_removed_and_a_load_whose_branch_went_commits_nothing(
     stack, spark, tmp_path
 ):
-    """A load's branch (`cdclake_load_<batch>`) with a commit that main never took goes
-    with the maintenance run once older than the bound (its snapshot at once, as no
-    branch reaches it), not sooner. A load whose branch was removed while it wrote, and
-    made again by its commit on a main that moved meanwhile, commits nothing."""
+    """A load's branch (`cdclake_load_<made ms>_<batch>`) with a commit that main never
+    took goes with the maintenance run once made longer ago than the bound (its snapshot
+    at once, as no branch reaches it), not sooner, however old the snapshot it stands at;
+    a branch named as older versions did is aged by its snapshot. A load whose branch was
+    removed while it wrote, and made again by its commit on a main that moved meanwhile,
+    commits nothing."""
     n = uuid.uuid4().hex[:6]
     table = f"inventory.branches_{n}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -199,8 +201,12 @@ def test_old_branches_of_loads_are_removed_and_a_load_whose_branch_went_commits_
     pipeline = make_pipeline(tmp_path, f"it_branches_{n}", [table])
     load_all(stack, spark, pipeline, n)
     target = pipeline.qualified_target(pipeline.tables[0])
-    killed = f"{STAGE_PREFIX}killed_{n}"
-    spark.sql(f"ALTER TABLE {target} CREATE BRANCH {killed}")
+    now = int(time.time() * 1000)
+    later = now + (pipeline.maintenance.orphan_older_than_hours + 1) * HOUR_MS
+    killed, old_style = f"{STAGE_PREFIX}{now}_killed_{n}", f"{STAGE_PREFIX}killed_{n}"
+    working = f"{STAGE_PREFIX}{later - HOUR_MS}_working_{n}"  # made an hour before `later`
+    for name in (killed, old_style, working):
+        spark.sql(f"ALTER TABLE {target} CREATE BRANCH {name}")
     commit_empty(spark, target, {SUMMARY_BATCH: "killed"}, branch=killed)
 
     def branches() -> set[str]:
@@ -208,17 +214,18 @@ def test_old_branches_of_loads_are_removed_and_a_load_whose_branch_went_commits_
         return {r["name"] for r in refs} - {"main"}
 
     figures = run_maintenance(pipeline, spark)["tables"][0]
-    assert figures["dead_load_branches_removed"] == 0 and branches() == {killed}
+    assert figures["dead_load_branches_removed"] == 0
+    assert branches() == {killed, old_style, working}
     assert figures["off_main_snapshots_expired"] == 0
-    later = int(time.time() * 1000) + (pipeline.maintenance.orphan_older_than_hours + 1) * HOUR_MS
     figures = run_maintenance(pipeline, spark, now_ms=later)["tables"][0]
-    assert figures["dead_load_branches_removed"] == 1 and branches() == set()
+    assert figures["dead_load_branches_removed"] == 2 and branches() == {working}
     assert figures["off_main_snapshots_expired"] == 1  # the killed load's commit
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    spark.sql(f"ALTER TABLE {target} DROP BRANCH {working}")
 
     before_id, _ = current_snapshot(spark, target)
     props = {SUMMARY_BATCH: f"{n}-late"}
-    stage = f"{STAGE_PREFIX}late_{n}"
+    stage = f"{STAGE_PREFIX}{now}_late_{n}"
     with pytest.raises(CommitConflictError, match="was removed while it loaded"):
         with _staged(spark, target, before_id, stage, props):
             spark.sql(f"ALTER TABLE {target} DROP BRANCH {stage}")  # taken for a dead load's

@@ -266,7 +266,7 @@ def test_a_commit_between_the_read_and_a_merge_fails_the_batch(stack, spark, tmp
     """Another commit reached the table after this batch read its offsets (rows of other
     keys, or only offsets, as a run with nothing to write commits): the batch's MERGE is
     committed to a branch that main does not take, so nothing of the batch lands and the
-    table's offsets stay the other commit's. No branch is left, not even a killed load's."""
+    table's offsets stay the other commit's. Its branch goes; another load's stays."""
     import cdclake.iceberg.write
     import psycopg
     from cdclake.iceberg.tables import commit_empty, current_snapshot, load_iceberg_table
@@ -295,15 +295,16 @@ def test_a_commit_between_the_read_and_a_merge_fails_the_batch(stack, spark, tmp
         return columns
 
     monkeypatch.setattr(cdclake.iceberg.write, "ensure_table", and_another_writer)
-    # a branch a killed load left behind: the next load of the table removes it
-    killed = load_iceberg_table(spark, target)
-    killed.manageSnapshots().createBranch("cdclake_load_killed", current_snapshot(
+    # another load's branch (at work, or a killed load's): this load leaves it alone
+    other = load_iceberg_table(spark, target)
+    other.manageSnapshots().createBranch("cdclake_load_1_other", current_snapshot(
         spark, target)[0]).commit()  # fmt: skip
     with pytest.raises(CommitConflictError, match="another commit reached the table after"):
         run_batch(spark, pipeline, plan_pipeline(pipeline, f"it-merged-{other}-2"))
     assert current_snapshot(spark, target)[1] == theirs
     assert spark.sql(f"SELECT v FROM {target} WHERE id = 1").collect()[0].v == "v1"
-    assert [r.name for r in spark.sql(f"SELECT name FROM {target}.refs").collect()] == ["main"]
+    refs = spark.sql(f"SELECT name FROM {target}.refs").collect()
+    assert sorted(r.name for r in refs) == ["cdclake_load_1_other", "main"]
 
 
 def test_an_append_to_an_empty_table_checks_every_commit_after_its_snapshot(stack, spark):

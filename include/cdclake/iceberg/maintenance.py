@@ -357,18 +357,11 @@ def _expire(
 
 
 def _drop_dead_branches(spark: SparkSession, qualified: str, older_than_ms: int) -> int:
-    """Remove the branches loads make (`STAGE_PREFIX`) whose snapshot is older than
-    `older_than_ms`: a load commits to its branch and main takes it within its task, so
-    such a branch is a killed load's. (A load still at work whose branch stands at an old
-    snapshot of main, which it has not committed to yet, loses it too: its commit is then
-    refused and its retry plans again, see `_staged` in iceberg/write.py.)"""
+    """Remove the branches loads make (`STAGE_PREFIX`) made before `older_than_ms`: a load
+    commits to its branch and main takes it within its task, which runs less than a day
+    (`spark_submit`), so such a branch is a killed load's."""
     ice = fresh_table(spark, qualified)
-    refs = ice.refs()  # a py4j map
-    names = [
-        name
-        for name in stage_branches(ice)
-        if int(ice.snapshot(refs.get(name).snapshotId()).timestampMillis()) < older_than_ms
-    ]
+    names = [name for name, made in stage_branches(ice).items() if made < older_than_ms]
     if names:
         manage = ice.manageSnapshots()
         for name in names:

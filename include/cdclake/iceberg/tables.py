@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -56,9 +57,19 @@ DEAD_LETTERS = "_cdclake_dead_letters"  # the namespace's dead-letter table
 STAGE_PREFIX = "cdclake_load_"
 
 
-def stage_branches(ice: JvmObject) -> list[str]:
-    """The branches loads made on the JVM Iceberg table `ice` (`STAGE_PREFIX`)."""
-    return [str(r) for r in ice.refs().keySet() if str(r).startswith(STAGE_PREFIX)]
+def stage_branches(ice: JvmObject) -> dict[str, int]:
+    """The branches loads made on the JVM Iceberg table `ice` (`STAGE_PREFIX`), each with
+    the time (ms) it was made: the one in its name, else (older versions' names) the time
+    of the snapshot it stands at."""
+    refs = ice.refs()  # a py4j map
+    made = {}
+    for name in (str(r) for r in refs.keySet() if str(r).startswith(STAGE_PREFIX)):
+        stamp = re.match(r"(\d{13})_", name[len(STAGE_PREFIX) :])
+        if stamp:
+            made[name] = int(stamp.group(1))
+        else:
+            made[name] = int(ice.snapshot(refs.get(name).snapshotId()).timestampMillis())
+    return made
 
 
 # table property: the LSN of the last truncate loaded, set by older versions (loads now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from enum import StrEnum
@@ -39,7 +40,6 @@ from cdclake.iceberg.tables import (
     current_snapshot,
     ensure_table,
     load_iceberg_table,
-    stage_branches,
 )
 from cdclake.offsets import (
     SUMMARY_BATCH,
@@ -190,7 +190,11 @@ def _summary_properties(
 
 
 def _stage_name(batch_id: str) -> str:
-    return STAGE_PREFIX + re.sub(r"[^a-z0-9_]", "_", batch_id.lower())
+    """`STAGE_PREFIX`, the time it is made (ms: maintenance removes it once older than the
+    orphan bound, `stage_branch_made_ms`), the batch."""
+    return f"{STAGE_PREFIX}{time.time_ns() // 1_000_000}_" + re.sub(
+        r"[^a-z0-9_]", "_", batch_id.lower()
+    )
 
 
 @contextmanager
@@ -208,11 +212,9 @@ def _staged(
     if name is None:
         yield
         return
-    ice = load_iceberg_table(spark, qualified)
-    manage = ice.manageSnapshots()
-    for ref in stage_branches(ice):  # a branch a killed load left behind
-        manage = manage.removeBranch(ref)
-    manage.createBranch(name, before_id).commit()
+    # another load's branch stays: it may be at work (a backfill beside a scheduled run);
+    # a killed load's goes with maintenance (`_drop_dead_branches`)
+    load_iceberg_table(spark, qualified).manageSnapshots().createBranch(name, before_id).commit()
     try:
         yield
         ice = load_iceberg_table(spark, qualified)
@@ -240,7 +242,7 @@ def _staged(
     except BaseException:
         try:
             load_iceberg_table(spark, qualified).manageSnapshots().removeBranch(name).commit()
-        except Exception as exc:  # the next load removes it
+        except Exception as exc:  # maintenance removes it
             log.warning("%s: branch %s not removed: %s", qualified, name, exc)
         raise
 
