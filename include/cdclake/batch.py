@@ -57,6 +57,8 @@ class TableResult:
     # (decode, check, resolve) and `write` (table DDL, deleted-keys ledger, MERGE or append,
     # commit)
     seconds: Mapping[str, float] = field(default_factory=dict)
+    # a retention gap being healed, or healed by this batch (`cdclake_control.gaps`)
+    heal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

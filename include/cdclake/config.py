@@ -63,6 +63,15 @@ class OnError(StrEnum):
     DEAD_LETTER = "dead_letter"
 
 
+class OnGap(StrEnum):
+    """What the plan does when retention deleted records a table never loaded."""
+
+    FAIL = "fail"
+    # re-read the table by an incremental snapshot and remove the rows it does not read
+    # (`cdclake_control.gaps`)
+    RESNAPSHOT = "resnapshot"
+
+
 class CatalogType(StrEnum):
     """The Iceberg catalogs a pipeline can load into (Spark's `type` of the catalog)."""
 
@@ -322,6 +331,7 @@ class PipelineConfig:
     schedule: Schedule = None
     watch: WatchConfig | None = None  # also run when records arrive
     on_error: OnError = OnError.FAIL
+    on_gap: OnGap = OnGap.FAIL
     spark: SparkConfig = field(default_factory=SparkConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     connector: ConnectorModes = field(default_factory=ConnectorModes)

@@ -25,7 +25,7 @@ from cdclake.iceberg.tables import (
     table_columns,
     table_state,
 )
-from cdclake.iceberg.write import write_table
+from cdclake.iceberg.write import commit_heal, write_table
 from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_rows
 from cdclake.kafka.topics import discover
@@ -195,6 +195,8 @@ def _load(batch: Batch, table: TableConfig) -> TableResult:
     from pyspark.sql import functions as F
 
     topic = batch.pipeline.topic_for(table)
+    if not any(r.size for r in batch.ranges_of(table)):  # only a heal's sweep
+        return _sweep_only(batch, table)
     ranged = batch.ranged.get(topic)
     if isinstance(ranged, FailedTopic):
         raise ranged.error
@@ -226,15 +228,40 @@ def _drop_for_rebuild(spark: SparkSession, pipeline: PipelineConfig, plan: Batch
             spark.sql(f"DROP TABLE IF EXISTS {ledger} PURGE")
 
 
+def _healed_gaps(
+    plan: BatchPlan, table: TableConfig, committed: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """The committed offsets, those of a gap the plan heals (`cdclake_control.gaps`) at
+    the log start the plan goes on from."""
+    out = dict(committed)
+    heal = plan.heal.get(table.source)
+    for p, first, low in heal.lost if heal is not None else ():
+        for tp in [tp for tp in committed if tp[1] == p and committed[tp] == first]:
+            out[tp] = low
+    return out
+
+
 def _check_plan_start(
-    qualified: str, committed: dict[TopicPartition, int], ranges: list[OffsetRange]
+    qualified: str,
+    committed: dict[TopicPartition, int],
+    ranges: list[OffsetRange],
+    plan: BatchPlan,
+    table: TableConfig,
 ) -> bool:
     """True when an earlier attempt of this batch already committed it; raise when another
     run moved the table's offsets since the plan was made."""
     ends = {(r.topic, r.partition): r.end for r in ranges}
-    starts = {(r.topic, r.partition): r.start for r in ranges}
     if all(committed.get(tp) == end for tp, end in ends.items()):
         return True
+    _check_not_moved(qualified, _healed_gaps(plan, table, committed), ranges)
+    return False
+
+
+def _check_not_moved(
+    qualified: str, committed: dict[TopicPartition, int], ranges: list[OffsetRange]
+) -> None:
+    """Raise when another run moved the table's offsets since the plan was made."""
+    starts = {(r.topic, r.partition): r.start for r in ranges}
     moved = {tp: c for tp in starts if (c := committed.get(tp)) is not None and c != starts[tp]}
     if moved:
         expected = {tp: starts[tp] for tp in moved}
@@ -242,7 +269,6 @@ def _check_plan_start(
             f"{qualified}: committed offsets {moved} differ from the plan's start {expected}; "
             "another run loaded this table meanwhile. Nothing was written; plan again."
         )
-    return False
 
 
 def _linked(
@@ -282,7 +308,7 @@ def _load_table(
         # re-applied records never regress newer rows (LSN check in the MERGE), and the
         # committed offsets never move backwards
         ends = {tp: max(end, committed.get(tp, 0)) for tp, end in ends.items()}
-    elif _check_plan_start(qualified, committed, ranges):
+    elif _check_plan_start(qualified, committed, ranges, plan, table):
         log.info("%s: batch %s was already committed", qualified, plan.batch_id)
         return done(status=LoadStatus.ALREADY_COMMITTED)
     known = table_columns(spark, qualified) if state.exists else {}
@@ -315,7 +341,7 @@ def _load_table(
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
-        after_id, written_by = write_table(
+        after_id, written_by, swept = write_table(
             batch, table, schema, state, known, new_offsets, resolved, records, moved
         )
     finally:
@@ -333,6 +359,41 @@ def _load_table(
         resolved_by=resolved.by,
         written_by=written_by,
         snapshot_id=after_id,
+        heal=_healing(plan, table, swept),
+    )
+
+
+def _healing(plan: BatchPlan, table: TableConfig, swept: int) -> str | None:
+    """What the run report says of the table's retention gap (`cdclake_control.gaps`)."""
+    heal = plan.heal.get(table.source)
+    if heal is None:
+        return None
+    if heal.sweep:
+        return f"healed: snapshot {heal.signal_id} done, {swept} rows deleted in the gap removed"
+    lost = ", ".join(f"partition {p} offsets {a}..{b - 1}" for p, a, b in heal.lost)
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(heal.since_ms / 1000))
+    return f"healing since {since}: snapshot {heal.signal_id} re-reads it ({lost} lost)"
+
+
+def _sweep_only(batch: Batch, table: TableConfig) -> TableResult:
+    """A table without records in the batch whose heal starts or sweeps
+    (`cdclake_control.gaps`): its offsets and heal committed, the sweep done."""
+    qualified = batch.pipeline.qualified_target(table)
+    state = table_state(batch.spark, qualified)
+    ranges = batch.ranges_of(table)
+    topic = batch.pipeline.topic_for(table)
+    # no "already committed" check: empty ranges end where they start (a retry sweeps and
+    # commits again, which changes nothing)
+    _check_not_moved(qualified, _healed_gaps(batch.plan, table, state.committed), ranges)
+    offsets = {**state.committed, **{(r.topic, r.partition): r.end for r in ranges}}
+    after_id, swept = commit_heal(batch, table, state, offsets)
+    return TableResult(
+        table=qualified,
+        topic=topic,
+        status=LoadStatus.COMMITTED,
+        offsets=_by_topic(offsets),
+        snapshot_id=after_id,
+        heal=_healing(batch.plan, table, swept),
     )
 
 

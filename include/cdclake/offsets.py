@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -19,6 +19,11 @@ SUMMARY_DELETES = "cdclake.deletes"
 SUMMARY_SOURCE_TS = "cdclake.max-source-ts-ms"
 # the LSN of the last truncate a load applied, carried by every load's commit
 SUMMARY_TRUNCATE = "cdclake.truncate-lsn"
+
+# a table healing a retention gap (`Heal`), carried by its commits until healed; then
+# what the heal did
+SUMMARY_HEAL = "cdclake.heal"
+SUMMARY_HEALED = "cdclake.healed"
 
 TopicPartition = tuple[str, int]
 
@@ -43,6 +48,36 @@ class Watermarks:
     high: int  # next offset Kafka will assign
 
 
+@dataclass(frozen=True)
+class Heal:
+    """A table healing a retention gap (`on_gap: resnapshot`, `cdclake_control.gaps`): the
+    incremental snapshot `signal_id` was sent at `since_ms`, its notifications follow
+    `notes_from`; `marks` were its topic's end offsets then. Once the snapshot completed
+    and a batch read past its records, the rows last written by a record below `marks`
+    are rows the source no longer holds: that batch removes them (`sweep`)."""
+
+    signal_id: str
+    since_ms: int
+    lost: tuple[tuple[int, int, int], ...]  # (partition, first lost offset, log start)
+    marks: Mapping[int, int]  # partition -> end offset when the snapshot was sent
+    notes_from: Mapping[int, int]  # partition of the notification topic -> offset
+    sweep: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "lost": [list(x) for x in self.lost]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Heal:
+        return cls(
+            signal_id=str(data["signal_id"]),
+            since_ms=int(data["since_ms"]),
+            lost=tuple((int(p), int(a), int(b)) for p, a, b in data["lost"]),
+            marks={int(p): int(o) for p, o in data["marks"].items()},
+            notes_from={int(p): int(o) for p, o in data["notes_from"].items()},
+            sweep=bool(data.get("sweep", False)),
+        )
+
+
 class PlanMode(StrEnum):
     """How the load job treats a plan's ranges."""
 
@@ -57,6 +92,7 @@ class BatchPlan:
     batch_id: str
     ranges: tuple[OffsetRange, ...]
     mode: PlanMode = PlanMode.LOAD
+    heal: Mapping[str, Heal] = field(default_factory=dict)  # per table's source name
 
     @property
     def run_prefix(self) -> str:
@@ -68,7 +104,11 @@ class BatchPlan:
         return sum(r.size for r in self.ranges)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ranges": [asdict(r) for r in self.ranges]}
+        return {
+            **asdict(self),
+            "ranges": [asdict(r) for r in self.ranges],
+            "heal": {name: h.to_dict() for name, h in self.heal.items()},
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
@@ -97,6 +137,7 @@ class BatchPlan:
             batch_id=data["batch_id"],
             ranges=tuple(OffsetRange(**r) for r in listed),
             mode=PlanMode(mode),
+            heal={name: Heal.from_dict(h) for name, h in data.get("heal", {}).items()},
         )
 
 

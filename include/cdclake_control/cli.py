@@ -232,7 +232,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         from cdclake_control.planner import plan_pipeline
 
-        plan = plan_pipeline(load_pipeline(args.pipeline), args.batch_id)
+        pipeline = load_pipeline(args.pipeline)
+        plan = plan_pipeline(pipeline, args.batch_id, pipeline.source.dsn)
         print(plan.to_json())
         return 0
     if args.command == "run":

@@ -20,6 +20,7 @@ from cdclake.offsets import SUMMARY_BATCH
 from cdclake.pipeline_file import load_pipeline
 
 from cdclake_control.catalog import TableState, load_catalog, table_state
+from cdclake_control.gaps import heal_status
 from cdclake_control.lag import offsets_behind, source_lag
 from cdclake_control.pipelines import read_pipelines
 from cdclake_control.watermarks import fetch_watermarks
@@ -38,6 +39,7 @@ class TableFreshness:
     seconds_behind_source: float | None
     rows: int | None  # live rows of the current snapshot; None when it cannot be told exactly
     batch_id: str | None  # the batch (DAG run) that committed the offsets
+    gap: str | None = None  # a retention gap being healed, or just healed (`gaps.heal_status`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +63,7 @@ def table_freshness(
         seconds_behind_source=seconds_behind,
         rows=live_rows(state.summary) if state.exists else None,
         batch_id=committed.get(SUMMARY_BATCH),
+        gap=heal_status(committed, state.offsets_committed_at_ms),
     )
 
 
@@ -100,7 +103,15 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
-COLUMNS = ("table", "last commit", "offsets behind", "behind source", "rows", "batch")
+COLUMNS = (
+    "table",
+    "last commit",
+    "offsets behind",
+    "behind source",
+    "rows",
+    "batch",
+    "retention gap",
+)
 _RIGHT = {"offsets behind", "behind source", "rows"}
 
 
@@ -114,6 +125,7 @@ def freshness_cells(row: TableFreshness) -> tuple[str, ...]:
             format_seconds(row.seconds_behind_source),
             "-",
             "-",
+            "-",
         )
     return (
         row.table,
@@ -122,6 +134,7 @@ def freshness_cells(row: TableFreshness) -> tuple[str, ...]:
         format_seconds(row.seconds_behind_source),
         "-" if row.rows is None else f"{row.rows:,}",
         row.batch_id or "-",
+        row.gap or "-",
     )
 
 

@@ -16,20 +16,25 @@ from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, TopicPartition, Watermarks
 
 from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.gaps import heal_gaps, pending_heals, with_heals
 from cdclake_control.watermarks import fetch_watermarks
 
 log = logging.getLogger(__name__)
 PEEK_RECORDS = 20  # the latest records of a flattened topic read to see what they carry
 
 
-def plan_pipeline(pipeline: PipelineConfig, batch_id: str | None = None) -> BatchPlan:
+def plan_pipeline(
+    pipeline: PipelineConfig, batch_id: str | None = None, dsn: str | None = None
+) -> BatchPlan:
+    """The next batch. `dsn`: the source database, which healing a retention gap signals
+    (`on_gap: resnapshot`, `cdclake_control.gaps`)."""
     pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
-    committed: dict[tuple[str, int], int | None] = {}
-    for table in pipeline.tables:
-        committed.update(table_state(cat, pipeline, table).offsets)
+    states = {t.source: table_state(cat, pipeline, t) for t in pipeline.tables}
+    pending = pending_heals(pipeline, states)  # before the end offsets: see there
     topics = [pipeline.topic_for(t) for t in pipeline.tables]
     marks = fetch_watermarks(pipeline.kafka, topics)
+    committed, heals = heal_gaps(pipeline, states, marks, pending, dsn)
     missing = sorted({t for t in topics} - {tp[0] for tp in marks})
     if missing:
         log.info("topics not in Kafka yet (nothing captured): %s", ", ".join(missing))
@@ -38,7 +43,8 @@ def plan_pipeline(pipeline: PipelineConfig, batch_id: str | None = None) -> Batc
             for why in lacks:
                 log.warning("topic %s: %s", topic, why)
     ranges = plan_batch(committed, marks, pipeline.max_records_per_batch)
-    plan = BatchPlan(pipeline.name, batch_id or uuid.uuid4().hex, ranges)
+    heals, ranges = with_heals(pipeline, heals, pending, ranges, marks, committed)
+    plan = BatchPlan(pipeline.name, batch_id or uuid.uuid4().hex, ranges, heal=heals)
     log.info("planned %d records over %d partitions", plan.total, len(plan.ranges))
     return plan
 
@@ -91,7 +97,8 @@ def plan_batch(
             raise DataLossError(
                 f"{tp[0]} partition {tp[1]}: the last committed offset is {start} but the "
                 f"earliest offset still in Kafka is {marks.low}; records {start}..{marks.low - 1} "
-                "were deleted by retention before they were loaded. Recover by running an "
+                "were deleted by retention before they were loaded. Set `on_gap: resnapshot` "
+                "to heal it by an incremental snapshot of the table, or recover by hand: an "
                 "incremental snapshot of that table (cdclake_snapshot DAG or `cdclake snapshot`) "
                 "and then a rebuild backfill."
             )

@@ -14,7 +14,7 @@ from cdclake_control.planner import plan_pipeline
 
 def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict[str, Any]:
     """Plan the next batch and load it in this process."""
-    plan = plan_pipeline(pipeline, batch_id)
+    plan = plan_pipeline(pipeline, batch_id, pipeline.source.dsn)
     if not plan.ranges:
         return {"pipeline": pipeline.name, "batch_id": plan.batch_id, "tables": []}
     ranged = resolves_by_range(pipeline, plan.ranges)

@@ -434,7 +434,7 @@ def poll_notification(consumer: Consumer, timeout: float = 1.0) -> dict[str, Any
     if msg is None or msg.error() or msg.value() is None:
         return None
     try:
-        return _payload(cast(bytes, msg.value()))  # not None: checked above
+        return notification_payload(cast(bytes, msg.value()))  # not None: checked above
     except ValueError:
         log.warning("notification at offset %s is not JSON; ignored", msg.offset())
         return None
@@ -470,7 +470,7 @@ def _scan_status(result: Mapping[str, str]) -> str:
     return result.get("scan_status") or result.get("status") or "SUCCEEDED"
 
 
-def _payload(value: bytes) -> dict[str, Any]:
+def notification_payload(value: bytes) -> dict[str, Any]:
     doc = json.loads(value)
     return doc.get("payload", doc) if isinstance(doc, dict) else {}
 

@@ -20,13 +20,16 @@ DRIVER_OPTIONS_XCOM = "driver_java_options"
 
 def plan(pipeline_path: str, **context: Any) -> str:
     """Next batch plan as JSON; the batch id names the DAG run so commits can be traced."""
+    from cdclake.config import OnGap
     from cdclake.jvm import driver_java_options, resolves_by_range
     from cdclake.pipeline_file import load_pipeline
     from cdclake_control.planner import plan_pipeline
 
     pipeline = load_pipeline(pipeline_path)
     run_id = context["run_id"]
-    batch = plan_pipeline(pipeline, batch_id=f"{context['dag'].dag_id}/{run_id}")
+    heals = pipeline.on_gap is OnGap.RESNAPSHOT  # the source is signalled to heal a gap
+    dsn = source_dsn(pipeline) if heals else None
+    batch = plan_pipeline(pipeline, f"{context['dag'].dag_id}/{run_id}", dsn)
     for r in batch.ranges:
         log.info(
             "plan %s[%d]: offsets %d..%d (%d records)",

@@ -30,7 +30,7 @@ from cdclake.iceberg.snapshots import (
     offsets_in,
     offsets_summary,
 )
-from cdclake.offsets import SUMMARY_TRUNCATE, TopicPartition
+from cdclake.offsets import SUMMARY_HEAL, SUMMARY_TRUNCATE, TopicPartition
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -323,6 +323,7 @@ class TableState:
     # the LSN of the last truncate a committed load applied (its commit's summary)
     truncate_applied: int | None = None
     key_names: tuple[str, ...] = ()  # its identifier fields: the key its loads gave it
+    heal: str | None = None  # the retention gap it heals (`SUMMARY_HEAL`'s JSON), if any
 
 
 def table_state(spark: SparkSession, table: str) -> TableState:
@@ -354,6 +355,7 @@ def table_state(spark: SparkSession, table: str) -> TableState:
         empty=snap is None or rows == "0",
         properties=properties,
         partition_fields=fields,
+        heal=last.get(SUMMARY_HEAL),
     )
 
 

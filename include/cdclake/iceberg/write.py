@@ -3,6 +3,7 @@ offsets in the same commit, and the check that the commit carries them."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -12,7 +13,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
-from cdclake.debezium.schema import TopicSchema
+from cdclake.debezium.schema import DELETED, OFFSET, PARTITION, TopicSchema
 from cdclake.exceptions import CommitConflictError
 from cdclake.iceberg.deleted_keys import record_deleted_keys, with_deleted_lsn
 from cdclake.iceberg.key_changes import (
@@ -44,12 +45,15 @@ from cdclake.iceberg.tables import (
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_DELETES,
+    SUMMARY_HEAL,
+    SUMMARY_HEALED,
     SUMMARY_OFFSETS,
     SUMMARY_RECORDS,
     SUMMARY_SOURCE_TS,
     SUMMARY_TRUNCATE,
     SUMMARY_UPSERTS,
     BatchPlan,
+    Heal,
     TopicPartition,
     encode_offsets,
 )
@@ -102,10 +106,11 @@ def write_table(
     resolved: Resolved,
     records: int,
     moved: KeyMoves | None = None,
-) -> tuple[int | None, WrittenBy]:
+) -> tuple[int | None, WrittenBy, int]:
     """MERGE (or append) the resolved rows of the batch's `records` records into the
     table, its new offsets in the same commit: the id of the snapshot that carries them,
-    and how the rows were written (`TableResult.written_by`). `moved`: the key changes
+    how the rows were written (`TableResult.written_by`) and the rows a heal's sweep
+    removed (`_sweep`). `moved`: the key changes
     of the batch (`cdclake.resolve.lineage.Linked`), kept for later batches before the
     commit, those the batch's creates took forgotten after it."""
     spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
@@ -121,8 +126,9 @@ def write_table(
             apply_table_settings(spark, qualified, state, table.properties, table.partition_by)
         present = {c.name for c in schema.columns}
         dropped = [n for n in lake_columns if n not in present]
+        heal = _heal_of(batch.plan, table, state)
         props = _summary_properties(
-            batch.plan.batch_id, new_offsets, records, resolved, state.truncate_applied
+            batch.plan.batch_id, new_offsets, records, resolved, state.truncate_applied, heal
         )
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
@@ -148,6 +154,7 @@ def write_table(
                 commit_properties(spark, props),
                 _staged(spark, qualified, before_id, stage, props),
             ):
+                swept = _sweep(spark, target, heal, soft)
                 if first_load:
                     append_to_empty(spark, target, sql, before_id)
                 else:
@@ -157,28 +164,81 @@ def write_table(
         after_id = _check_commit(spark, qualified, before_id, props)
         if moved is not None:
             forget_key_changes(spark, qualified, moved.taken, schema)
-    return after_id, WrittenBy.MERGE if keyed and not first_load else WrittenBy.APPEND
+    return after_id, WrittenBy.MERGE if keyed and not first_load else WrittenBy.APPEND, swept
+
+
+def commit_heal(
+    batch: Writing, table: TableConfig, state: TableState, offsets: dict[TopicPartition, int]
+) -> tuple[int | None, int]:
+    """A batch without records of `table` whose heal starts or sweeps
+    (`cdclake_control.gaps`): the offsets and the heal committed, the sweep done. The
+    snapshot id and the rows the sweep removed."""
+    spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
+    heal = _heal_of(batch.plan, table, state)
+    props = _summary_properties(batch.plan.batch_id, offsets, 0, None, state.truncate_applied, heal)
+    before_id = state.snapshot_id
+    stage = None if before_id is None else _stage_name(batch.plan.batch_id)
+    target = qualified if stage is None else f"{qualified}.branch_{stage}"
+    soft = table.delete_mode is DeleteMode.SOFT
+    with commit_properties(spark, props), _staged(spark, qualified, before_id, stage, props):
+        swept = _sweep(spark, target, heal, soft)
+    return _check_commit(spark, qualified, before_id, props), swept
+
+
+def _heal_of(plan: BatchPlan, table: TableConfig, state: TableState) -> Heal | None:
+    """The table's heal: the plan's, else the one its last commit carries (a backfill's
+    plan has none), carried on."""
+    heal = plan.heal.get(table.source)
+    if heal is None and state.heal:
+        heal = Heal.from_dict(json.loads(state.heal))
+    return heal
+
+
+def _sweep(spark: SparkSession, target: str, heal: Heal | None, soft: bool) -> int:
+    """When `heal` sweeps: remove the rows last written by a record below its marks, rows
+    the source deleted during a retention gap (soft deletes mark them); how many."""
+    if heal is None or not heal.sweep:
+        return 0
+    below = " OR ".join(
+        f"({PARTITION} = {int(p)} AND {OFFSET} < {int(o)})" for p, o in sorted(heal.marks.items())
+    )
+    gone = f"({below or 'false'})" + (f" AND NOT coalesce({DELETED}, false)" if soft else "")
+    count = int(spark.sql(f"SELECT count(*) AS n FROM {target} WHERE {gone}").collect()[0].n)
+    if count:
+        change = f"UPDATE {target} SET {DELETED} = true" if soft else f"DELETE FROM {target}"
+        spark.sql(f"{change} WHERE {gone}")
+    log.warning(
+        "%s: healed (snapshot %s): %d rows the source deleted during the gap removed",
+        target,
+        heal.signal_id,
+        count,
+    )
+    return count
 
 
 def _summary_properties(
     batch_id: str,
     offsets: dict[TopicPartition, int],
     records: int,
-    resolved: Resolved,
+    resolved: Resolved | None,
     truncate_applied: int | None,
+    heal: Heal | None,
 ) -> dict[str, str]:
-    """The snapshot summary a load's commit carries: its offsets, batch and figures, and
-    the last truncate applied (`truncate_applied`, or the batch's own)."""
+    """The snapshot summary a load's commit carries: its offsets, batch and figures, the
+    last truncate applied (`truncate_applied`, or the batch's own) and the table's heal
+    (`cdclake_control.gaps`). `resolved`: None when the batch had no record of the table."""
     props = {
         SUMMARY_OFFSETS: encode_offsets(offsets),
         SUMMARY_BATCH: batch_id,
         SUMMARY_RECORDS: str(records),
-        SUMMARY_UPSERTS: str(resolved.upserts),
-        SUMMARY_DELETES: str(resolved.deletes),
+        SUMMARY_UPSERTS: str(resolved.upserts if resolved else 0),
+        SUMMARY_DELETES: str(resolved.deletes if resolved else 0),
     }
-    if resolved.max_ms is not None:
+    if resolved is not None and resolved.max_ms is not None:
         props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
-    truncate = resolved.truncate
+    if heal is not None:
+        props[SUMMARY_HEALED if heal.sweep else SUMMARY_HEAL] = json.dumps(heal.to_dict())
+    truncate = resolved.truncate if resolved else None
     lsns = [
         x
         for x in (truncate_applied, truncate.lsn if truncate is not None else None)
@@ -191,7 +251,7 @@ def _summary_properties(
 
 def _stage_name(batch_id: str) -> str:
     """`STAGE_PREFIX`, the time it is made (ms: maintenance removes it once older than the
-    orphan bound, `stage_branch_made_ms`), the batch."""
+    orphan bound, `stage_branches`), the batch."""
     return f"{STAGE_PREFIX}{time.time_ns() // 1_000_000}_" + re.sub(
         r"[^a-z0-9_]", "_", batch_id.lower()
     )
