@@ -154,7 +154,7 @@ def write_table(
                 commit_properties(spark, props),
                 _staged(spark, qualified, before_id, stage, props),
             ):
-                swept = _sweep(spark, target, heal, soft)
+                swept = _sweep(spark, target, heal, soft, keyed)
                 if first_load:
                     append_to_empty(spark, target, sql, before_id)
                 else:
@@ -181,7 +181,7 @@ def commit_heal(
     target = qualified if stage is None else f"{qualified}.branch_{stage}"
     soft = table.delete_mode is DeleteMode.SOFT
     with commit_properties(spark, props), _staged(spark, qualified, before_id, stage, props):
-        swept = _sweep(spark, target, heal, soft)
+        swept = _sweep(spark, target, heal, soft, bool(state.key_names))
     return _check_commit(spark, qualified, before_id, props), swept
 
 
@@ -194,10 +194,11 @@ def _heal_of(plan: BatchPlan, table: TableConfig, state: TableState) -> Heal | N
     return heal
 
 
-def _sweep(spark: SparkSession, target: str, heal: Heal | None, soft: bool) -> int:
+def _sweep(spark: SparkSession, target: str, heal: Heal | None, soft: bool, keyed: bool) -> int:
     """When `heal` sweeps: remove the rows last written by a record below its marks, rows
-    the source deleted during a retention gap (soft deletes mark them); how many."""
-    if heal is None or not heal.sweep:
+    the source deleted during a retention gap (soft deletes mark them); how many. A table
+    without a key is a changelog: its rows are changes, which stay."""
+    if heal is None or not heal.sweep or not keyed:
         return 0
     below = " OR ".join(
         f"({PARTITION} = {int(p)} AND {OFFSET} < {int(o)})" for p, o in sorted(heal.marks.items())
