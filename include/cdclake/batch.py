@@ -59,6 +59,8 @@ class TableResult:
     seconds: Mapping[str, float] = field(default_factory=dict)
     # a retention gap being healed, or healed by this batch (`cdclake_control.gaps`)
     heal: str | None = None
+    # the source transaction every table of the batch ends at (`consistency: transaction`)
+    consistent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -72,6 +72,14 @@ class OnGap(StrEnum):
     RESNAPSHOT = "resnapshot"
 
 
+class Consistency(StrEnum):
+    """Where a batch's tables end."""
+
+    NONE = "none"  # each table at its own offsets
+    # every table at the same source transaction, tagged (`cdclake_control.consistency`)
+    TRANSACTION = "transaction"
+
+
 class CatalogType(StrEnum):
     """The Iceberg catalogs a pipeline can load into (Spark's `type` of the catalog)."""
 
@@ -288,6 +296,7 @@ class SourceConfig:
     signal_table: SchemaTable = "public.debezium_signal"
     signal_topic: OptionalText = None  # Kafka signal channel, when the connector enables it
     notification_topic: OptionalText = None  # default: <topic_prefix>.debezium_notifications
+    transaction_topic: OptionalText = None  # default: <topic_prefix>.transaction
     # what a snapshot filter may cost the source database, estimated before it is sent
     # (`cdclake_control.snapshot_filter.check_in_source`)
     filter_max_seconds: Seconds = 600.0
@@ -332,6 +341,9 @@ class PipelineConfig:
     watch: WatchConfig | None = None  # also run when records arrive
     on_error: OnError = OnError.FAIL
     on_gap: OnGap = OnGap.FAIL
+    consistency: Consistency = Consistency.NONE
+    # how long the tag of each consistent batch is kept (the moving one stays)
+    consistent_tags_hours: Annotated[Whole, Field(ge=1)] = 24
     spark: SparkConfig = field(default_factory=SparkConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     connector: ConnectorModes = field(default_factory=ConnectorModes)
@@ -351,6 +363,12 @@ class PipelineConfig:
                 f"cannot be combined with schedule {self.schedule!r}: give a cron expression, "
                 "a periodic preset or no schedule",
             )
+        if self.consistency is Consistency.TRANSACTION and self.kafka.format.flat:
+            raise FieldProblem(
+                "consistency",
+                "transaction needs each change's transaction, which flattened records "
+                f"({self.kafka.format.value}) do not carry: use the whole envelope",
+            )
         tables = tuple(t for t in self.tables if not is_glob(t.source))
         seen: dict[str, str] = {}
         for t in tables:
@@ -368,6 +386,10 @@ class PipelineConfig:
             kafka=replace(self.kafka, timeouts=self.timeouts, schema_registry=registry),
             catalog=replace(self.catalog, timeouts=self.timeouts),
         )
+
+    @property
+    def transaction_topic(self) -> str:
+        return self.source.transaction_topic or f"{self.topic_prefix}.transaction"
 
     @property
     def notification_topic(self) -> str:

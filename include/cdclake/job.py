@@ -25,6 +25,7 @@ from cdclake.iceberg.tables import (
     table_columns,
     table_state,
 )
+from cdclake.iceberg.tags import tag_consistent
 from cdclake.iceberg.write import commit_heal, write_table
 from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_rows
@@ -123,7 +124,12 @@ def _run_batch(
             set_aside,
         )
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
-        return _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
+        results = _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
+        if plan.cut is None:
+            return results
+        # every table committed: all of them at the one transaction (`iceberg.tags`)
+        tag_consistent(spark, pipeline, plan.cut, {r.table: r.snapshot_id for r in results})
+        return [dataclasses.replace(r, consistent=plan.cut.describe()) for r in results]
     finally:
         for topic in ranged.values():
             topic.release()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -24,6 +25,8 @@ SUMMARY_TRUNCATE = "cdclake.truncate-lsn"
 # what the heal did
 SUMMARY_HEAL = "cdclake.heal"
 SUMMARY_HEALED = "cdclake.healed"
+# the source transaction a batch cut every table at (`consistency: transaction`, `Cut`)
+SUMMARY_CUT = "cdclake.consistent-cut"
 
 TopicPartition = tuple[str, int]
 
@@ -78,6 +81,33 @@ class Heal:
         )
 
 
+@dataclass(frozen=True)
+class Cut:
+    """The source transaction every table of a batch ends at (`consistency: transaction`,
+    `cdclake_control.consistency`): its id, commit LSN and commit time, and the offset of
+    the transaction topic after its END record (where the next plan reads on)."""
+
+    txid: int
+    lsn: int | None
+    ts_ms: int
+    after: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Cut:
+        data = json.loads(text)
+        lsn = data.get("lsn")
+        txid, ts_ms, after = int(data["txid"]), int(data["ts_ms"]), int(data["after"])
+        return cls(txid, None if lsn is None else int(lsn), ts_ms, after)
+
+    def describe(self) -> str:
+        """ "consistent as of <commit time>, LSN <lsn>", as status and reports say it."""
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.ts_ms / 1000))
+        return f"consistent as of {at}, LSN {self.lsn if self.lsn is not None else '?'}"
+
+
 class PlanMode(StrEnum):
     """How the load job treats a plan's ranges."""
 
@@ -93,6 +123,7 @@ class BatchPlan:
     ranges: tuple[OffsetRange, ...]
     mode: PlanMode = PlanMode.LOAD
     heal: Mapping[str, Heal] = field(default_factory=dict)  # per table's source name
+    cut: Cut | None = None  # with `consistency: transaction`
 
     @property
     def run_prefix(self) -> str:
@@ -108,6 +139,7 @@ class BatchPlan:
             **asdict(self),
             "ranges": [asdict(r) for r in self.ranges],
             "heal": {name: h.to_dict() for name, h in self.heal.items()},
+            "cut": None if self.cut is None else json.loads(self.cut.to_json()),
         }
 
     def to_json(self) -> str:
@@ -138,6 +170,7 @@ class BatchPlan:
             ranges=tuple(OffsetRange(**r) for r in listed),
             mode=PlanMode(mode),
             heal={name: Heal.from_dict(h) for name, h in data.get("heal", {}).items()},
+            cut=Cut.from_json(json.dumps(data["cut"])) if data.get("cut") else None,
         )
 
 

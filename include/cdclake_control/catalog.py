@@ -14,8 +14,9 @@ from cdclake.config import CatalogConfig, CatalogType, PipelineConfig, TableConf
 from cdclake.exceptions import ConfigError, EndpointError
 from cdclake.iceberg.maintenance import PROPERTY_LAST_RUN
 from cdclake.iceberg.snapshots import committed_from_snapshots, expired_ancestor_error
+from cdclake.iceberg.tags import CONSISTENT_TAG, cut_of
 from cdclake.kafka.topics import discover
-from cdclake.offsets import SUMMARY_OFFSETS, TopicPartition
+from cdclake.offsets import SUMMARY_OFFSETS, Cut, TopicPartition
 
 from cdclake_control.source import libpq_settings
 
@@ -154,6 +155,8 @@ class TableState:
     # The snapshot that committed `offsets` (the current one unless maintenance came after)
     offsets_summary: dict[str, str] = field(default_factory=dict)
     offsets_committed_at_ms: int | None = None
+    # the source transaction its `CONSISTENT_TAG` stands at (`consistency: transaction`)
+    consistent: Cut | None = None
 
 
 def table_state(cat: Catalog, pipeline: PipelineConfig, table: TableConfig) -> TableState:
@@ -178,7 +181,19 @@ def table_state(cat: Catalog, pipeline: PipelineConfig, table: TableConfig) -> T
         snap.timestamp_ms if snap else None,
         _summary(committed),
         committed.timestamp_ms if committed else None,
+        _consistent_cut(ice),
     )
+
+
+def _consistent_cut(table: Table) -> Cut | None:
+    """The cut whose tag stands where the table's `CONSISTENT_TAG` does."""
+    refs = table.metadata.refs
+    moving = refs.get(CONSISTENT_TAG)
+    if moving is None:
+        return None
+    cuts = [cut_of(name) for name, ref in refs.items() if ref.snapshot_id == moving.snapshot_id]
+    found = [c for c in cuts if c is not None]
+    return max(found, key=lambda c: (c.ts_ms, c.lsn or 0)) if found else None
 
 
 def last_runs(pipeline: PipelineConfig) -> list[dict[str, Any] | None]:

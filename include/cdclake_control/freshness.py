@@ -40,6 +40,7 @@ class TableFreshness:
     rows: int | None  # live rows of the current snapshot; None when it cannot be told exactly
     batch_id: str | None  # the batch (DAG run) that committed the offsets
     gap: str | None = None  # a retention gap being healed, or just healed (`gaps.heal_status`)
+    consistent: str | None = None  # the source transaction its consistent tag stands at
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +65,7 @@ def table_freshness(
         rows=live_rows(state.summary) if state.exists else None,
         batch_id=committed.get(SUMMARY_BATCH),
         gap=heal_status(committed, state.offsets_committed_at_ms),
+        consistent=state.consistent.describe() if state.consistent else None,
     )
 
 
@@ -110,7 +112,7 @@ COLUMNS = (
     "behind source",
     "rows",
     "batch",
-    "retention gap",
+    "notes",  # a retention gap healed (`gaps`), the consistent tag (`consistency`)
 )
 _RIGHT = {"offsets behind", "behind source", "rows"}
 
@@ -134,7 +136,7 @@ def freshness_cells(row: TableFreshness) -> tuple[str, ...]:
         format_seconds(row.seconds_behind_source),
         "-" if row.rows is None else f"{row.rows:,}",
         row.batch_id or "-",
-        row.gap or "-",
+        "; ".join(x for x in (row.consistent, row.gap) if x) or "-",
     )
 
 

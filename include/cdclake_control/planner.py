@@ -10,12 +10,13 @@ import logging
 import uuid
 from collections.abc import Mapping
 
-from cdclake.config import PipelineConfig
+from cdclake.config import Consistency, PipelineConfig
 from cdclake.exceptions import DataLossError
 from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, TopicPartition, Watermarks
 
 from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.consistency import consistent_ranges
 from cdclake_control.gaps import heal_gaps, pending_heals, with_heals
 from cdclake_control.watermarks import fetch_watermarks
 
@@ -43,8 +44,11 @@ def plan_pipeline(
             for why in lacks:
                 log.warning("topic %s: %s", topic, why)
     ranges = plan_batch(committed, marks, pipeline.max_records_per_batch)
+    cut = None
+    if pipeline.consistency is Consistency.TRANSACTION:
+        ranges, cut = consistent_ranges(pipeline, states, committed, ranges, marks)
     heals, ranges = with_heals(pipeline, heals, pending, ranges, marks, committed)
-    plan = BatchPlan(pipeline.name, batch_id or uuid.uuid4().hex, ranges, heal=heals)
+    plan = BatchPlan(pipeline.name, batch_id or uuid.uuid4().hex, ranges, heal=heals, cut=cut)
     log.info("planned %d records over %d partitions", plan.total, len(plan.ranges))
     return plan
 

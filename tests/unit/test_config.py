@@ -591,7 +591,7 @@ def test_every_problem_of_a_file_is_reported_one_line_each(tmp_path):
         pytest.param(
             "namespace: shop",
             "namespace: shop\npath: /elsewhere.yaml",
-            "path: unknown key (known: catalog, connector, kafka,",
+            "path: unknown key (known: catalog, connector, consistency, consistent_tags_hours,",
             id="the file's own path",
         ),
         pytest.param(

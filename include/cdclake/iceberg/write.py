@@ -44,6 +44,7 @@ from cdclake.iceberg.tables import (
 )
 from cdclake.offsets import (
     SUMMARY_BATCH,
+    SUMMARY_CUT,
     SUMMARY_DELETES,
     SUMMARY_HEAL,
     SUMMARY_HEALED,
@@ -53,6 +54,7 @@ from cdclake.offsets import (
     SUMMARY_TRUNCATE,
     SUMMARY_UPSERTS,
     BatchPlan,
+    Cut,
     Heal,
     TopicPartition,
     encode_offsets,
@@ -128,7 +130,13 @@ def write_table(
         dropped = [n for n in lake_columns if n not in present]
         heal = _heal_of(batch.plan, table, state)
         props = _summary_properties(
-            batch.plan.batch_id, new_offsets, records, resolved, state.truncate_applied, heal
+            batch.plan.batch_id,
+            new_offsets,
+            records,
+            resolved,
+            state.truncate_applied,
+            heal,
+            batch.plan.cut,
         )
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
@@ -175,7 +183,9 @@ def commit_heal(
     snapshot id and the rows the sweep removed."""
     spark, qualified = batch.spark, batch.pipeline.qualified_target(table)
     heal = _heal_of(batch.plan, table, state)
-    props = _summary_properties(batch.plan.batch_id, offsets, 0, None, state.truncate_applied, heal)
+    props = _summary_properties(
+        batch.plan.batch_id, offsets, 0, None, state.truncate_applied, heal, batch.plan.cut
+    )
     before_id = state.snapshot_id
     stage = None if before_id is None else _stage_name(batch.plan.batch_id)
     target = qualified if stage is None else f"{qualified}.branch_{stage}"
@@ -224,6 +234,7 @@ def _summary_properties(
     resolved: Resolved | None,
     truncate_applied: int | None,
     heal: Heal | None,
+    cut: Cut | None = None,
 ) -> dict[str, str]:
     """The snapshot summary a load's commit carries: its offsets, batch and figures, the
     last truncate applied (`truncate_applied`, or the batch's own) and the table's heal
@@ -239,6 +250,8 @@ def _summary_properties(
         props[SUMMARY_SOURCE_TS] = str(resolved.max_ms)
     if heal is not None:
         props[SUMMARY_HEALED if heal.sweep else SUMMARY_HEAL] = json.dumps(heal.to_dict())
+    if cut is not None:  # where the next consistent plan reads the transactions from
+        props[SUMMARY_CUT] = cut.to_json()
     truncate = resolved.truncate if resolved else None
     lsns = [
         x
