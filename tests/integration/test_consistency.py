@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from cdclake.iceberg.tags import CONSISTENT_TAG, cut_tag
 from cdclake.job import run_batch
+from cdclake_control.freshness import pipeline_freshness
 from cdclake_control.planner import plan_pipeline
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
@@ -144,6 +145,9 @@ def test_every_table_is_tagged_at_one_transaction_and_the_invariants_hold_at_eac
     assert [t.after for t in tags] == sorted(t.after for t in tags)  # never backwards
     assert invariants(spark, lake, None) == (2 * ACCOUNTS * BALANCE, 0)
     assert_lake_equals_source(pipeline, stack.source_dsn)
+    # `cdclake status` and the freshness page say as of when
+    rows = pipeline_freshness(pipeline, int(time.time() * 1000))
+    assert {r.consistent for r in rows} == {tags[-1].describe()}, rows
 
 
 def test_without_the_setting_small_batches_can_break_the_invariants(stack, spark, tmp_path):
