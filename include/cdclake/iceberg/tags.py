@@ -41,8 +41,12 @@ def tag_consistent(
     spark: SparkSession, pipeline: PipelineConfig, cut: Cut, snapshots: Mapping[str, int | None]
 ) -> None:
     """Tag each table of the pipeline at the snapshot the batch committed (`snapshots`, by
-    qualified name), else its current one: `CONSISTENT_TAG` and the cut's own tag."""
+    qualified name), else its current one: first the cut's own tag on every table, then
+    `CONSISTENT_TAG` on every table. Iceberg commits table by table, so a load killed
+    half-way leaves the moving tag at two cuts until the next batch; a cut's own tag on
+    every table is never partial that way (`cdclake_control.catalog` reads the newest)."""
     name = cut_tag(cut)
+    tagged = {}
     for table in pipeline.tables:
         qualified = pipeline.qualified_target(table)
         if not spark.catalog.tableExists(qualified):
@@ -52,14 +56,17 @@ def tag_consistent(
         snapshot_id = snapshots.get(qualified) or (current and int(current.snapshotId()))
         if snapshot_id is None:
             continue
-        refs = ice.refs()
+        tagged[qualified] = snapshot_id
+        if not ice.refs().containsKey(name):
+            keep_ms = pipeline.consistent_tags_hours * HOUR_MS
+            ice.manageSnapshots().createTag(name, snapshot_id).setMaxRefAgeMs(
+                name, keep_ms
+            ).commit()
+    for qualified, snapshot_id in tagged.items():
+        ice = fresh_table(spark, qualified)
         manage = ice.manageSnapshots()
-        if refs.containsKey(CONSISTENT_TAG):
-            manage = manage.replaceTag(CONSISTENT_TAG, snapshot_id)
+        if ice.refs().containsKey(CONSISTENT_TAG):
+            manage.replaceTag(CONSISTENT_TAG, snapshot_id).commit()
         else:
-            manage = manage.createTag(CONSISTENT_TAG, snapshot_id)
-        if not refs.containsKey(name):
-            manage = manage.createTag(name, snapshot_id)
-            manage = manage.setMaxRefAgeMs(name, pipeline.consistent_tags_hours * HOUR_MS)
-        manage.commit()
+            manage.createTag(CONSISTENT_TAG, snapshot_id).commit()
     log.info("%s: every table tagged %s (%s)", pipeline.name, name, cut.describe())
