@@ -77,7 +77,10 @@ def _cut(
     starts = {tp: committed.get(tp, m.low) for tp, m in marks.items()}
     capped = {tp: s for tp, s in starts.items() if s < marks[tp].high}
     capped.update({(r.topic, r.partition): r.end for r in ranges})
-    prober.order = order = {txid: i for i, (txid, *_) in enumerate(ends)}
+    order: dict[int, int] = {}
+    for i, (txid, *_) in enumerate(ends):  # a re-sent transaction keeps its first place
+        order.setdefault(txid, i)
+    prober.order, prober.past = order, len(ends)
     # no table goes back: a batch that failed half-way left some tables at a later cut
     cuts = [s.offsets_summary.get(SUMMARY_CUT) for s in states.values()]
     done = [Cut.from_json(text).txid for text in cuts if text]
@@ -135,7 +138,7 @@ def transaction_ends(
     settled_ms = int(time.time() * 1000) - SETTLED_MS
     out = []
     consumer.assign([TopicPartition(topic, 0, max(low, start or 0))])
-    for msg in _messages(consumer, high, pipeline.kafka.timeouts.request_s, topic):
+    for msg in _messages(consumer, topic, 0, high, pipeline.kafka.timeouts.request_s):
         note = _payload(pipeline, msg.value())
         if note.get("status") != "END":
             continue
@@ -154,6 +157,7 @@ class _Prober:
     def __init__(self, pipeline: PipelineConfig) -> None:
         self.pipeline = pipeline
         self.order: Mapping[int, int] = {}  # transaction id -> its place among those read
+        self.past = 0  # the place of a transaction after all of those
         self.consumer = _consumer(pipeline)
         self.seen: dict[tuple[str, int, int], tuple[int, int] | None] = {}
         self.reads = 0
@@ -175,7 +179,7 @@ class _Prober:
         if key not in self.seen:
             self.seen[key] = self._read(topic, partition, offset, high)
         found = self.seen[key]
-        return found if found is not None else (len(self.order), high)
+        return found if found is not None else (self.past, high)
 
     def cut(
         self,
@@ -205,11 +209,11 @@ class _Prober:
             return None
         self.consumer.assign([TopicPartition(topic, partition, offset)])
         timeout = self.pipeline.kafka.timeouts.request_s
-        for msg in _messages(self.consumer, high, timeout, f"{topic}[{partition}]"):
+        for msg in _messages(self.consumer, topic, partition, high, timeout):
             self.reads += 1
             txid = _txid(self.pipeline, msg.value())
             if txid is not None:
-                return self.order.get(txid, len(self.order)), int(cast(int, msg.offset()))
+                return self.order.get(txid, self.past), int(cast(int, msg.offset()))
         return None
 
 
@@ -250,17 +254,21 @@ def _consumer(pipeline: PipelineConfig) -> Consumer:
     )
 
 
-def _messages(consumer: Consumer, high: int, timeout_s: float, where: str) -> Iterator[Any]:
-    """The assigned partition's records up to `high`, each poll bounded, the whole read
-    by `timeout_s` without a record."""
+def _messages(
+    consumer: Consumer, topic: str, partition: int, high: int, timeout_s: float
+) -> Iterator[Any]:
+    """The records of the partition just assigned, up to `high` (records an earlier
+    assignment fetched are skipped), each poll bounded, the whole read by `timeout_s`
+    without a record."""
     deadline = time.monotonic() + timeout_s
     while True:
         msg = consumer.poll(POLL_S)
         if msg is None:
             if time.monotonic() > deadline:
+                where = f"{topic}[{partition}]"
                 raise EndpointError(f"Kafka: no record of {where} within {timeout_s:.0f}s")
             continue
-        if msg.error():
+        if msg.error() or (msg.topic(), msg.partition()) != (topic, partition):
             continue
         deadline = time.monotonic() + timeout_s
         yield msg

@@ -191,7 +191,15 @@ def test_status_json_and_table_match_kafka_and_iceberg(lake):
     # without --pipeline: every pipeline of the directory, as an aligned table
     text = cli().stdout.splitlines()
     header = re.split(r"\s{2,}", text[0])
-    assert header == ["TABLE", "LAST COMMIT", "OFFSETS BEHIND", "BEHIND SOURCE", "ROWS", "BATCH"]
+    assert header == [
+        "TABLE",
+        "LAST COMMIT",
+        "OFFSETS BEHIND",
+        "BEHIND SOURCE",
+        "ROWS",
+        "BATCH",
+        "NOTES",
+    ]
     cells = {line.split()[0]: re.split(r"\s{2,}", line) for line in text[1:]}
     assert cells[lake.table_a][2:5] == ["0", "0s", "45"]
     assert cells[lake.table_b][2] == str(B_UNLOADED) and cells[lake.table_b][4] == "30"

@@ -25,13 +25,13 @@ class Partition(_Prober):
 
     def __init__(self, pipeline, txids, order):
         super().__init__(pipeline)
-        self.txids, self.order = txids, order
+        self.txids, self.order, self.past = txids, order, len(order)
 
     def _read(self, topic, partition, offset, high):
         for at in range(offset, high):
             self.reads += 1
             if self.txids[at] is not None:
-                return self.order.get(self.txids[at], len(self.order)), at
+                return self.order.get(self.txids[at], self.past), at
         return None
 
 
@@ -82,3 +82,12 @@ def test_the_transaction_topic_defaults_to_debezium_s(pipeline):
     source = dataclasses.replace(pipeline.source, transaction_topic="other.tx")
     assert dataclasses.replace(pipeline, source=source).transaction_topic == "other.tx"
     assert WireFormat.JSON_FLAT.flat
+
+
+def test_a_transaction_not_read_is_after_every_place_re_sent_ones_included(pipeline):
+    """Places count END records, re-sent ones too (a connector restart), so they can
+    exceed the number of transactions: an unknown transaction is after all of them."""
+    order = {10: 0, 11: 5}  # 11's END came after four re-sent ones
+    with Partition(pipeline, [10, 11, 99], order) as prober:
+        prober.past = 6
+        assert prober.cut(T, 0, 0, 5, {(T, 0): Watermarks(0, 3)}) == 2
