@@ -30,7 +30,14 @@ from cdclake.iceberg.write import commit_heal, write_table
 from cdclake.kafka.reader import DRIVER_READ_BYTES, KAFKA, RawSource, arrow_frame, read_local
 from cdclake.kafka.scan import RawScan, scan_rows
 from cdclake.kafka.topics import discover
-from cdclake.offsets import SUMMARY_BATCH, BatchPlan, OffsetRange, PlanMode, TopicPartition
+from cdclake.offsets import (
+    SUMMARY_BATCH,
+    BatchPlan,
+    OffsetRange,
+    PlanMode,
+    TopicPartition,
+    utc_text,
+)
 from cdclake.placement import MEASURED, Placement, Tuning
 from cdclake.ranged import FailedTopic, RangedTopic, read_by_range
 from cdclake.resolve.lineage import Linked, linked
@@ -377,7 +384,7 @@ def _healing(plan: BatchPlan, table: TableConfig, swept: int) -> str | None:
     if heal.sweep:
         return f"healed: snapshot {heal.signal_id} done, {swept} rows deleted in the gap removed"
     lost = ", ".join(f"partition {p} offsets {a}..{b - 1}" for p, a, b in heal.lost)
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(heal.since_ms / 1000))
+    since = utc_text(heal.since_ms)
     return f"healing since {since}: snapshot {heal.signal_id} re-reads it ({lost} lost)"
 
 

@@ -51,6 +51,11 @@ class Watermarks:
     high: int  # next offset Kafka will assign
 
 
+def utc_text(ms: int) -> str:
+    """A time (epoch ms) as reports, logs and status say it: `2026-11-30 03:06:18 UTC`."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
 @dataclass(frozen=True)
 class Heal:
     """A table healing a retention gap (`on_gap: resnapshot`, `cdclake_control.gaps`): the
@@ -104,8 +109,8 @@ class Cut:
 
     def describe(self) -> str:
         """ "consistent as of <commit time>, LSN <lsn>", as status and reports say it."""
-        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.ts_ms / 1000))
-        return f"consistent as of {at}, LSN {self.lsn if self.lsn is not None else '?'}"
+        lsn = self.lsn if self.lsn is not None else "?"
+        return f"consistent as of {utc_text(self.ts_ms)}, LSN {lsn}"
 
 
 class PlanMode(StrEnum):

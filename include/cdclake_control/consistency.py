@@ -50,13 +50,18 @@ def consistent_ranges(
     if not ranges:
         return (), None
     started = time.monotonic()
+    # the cut each table last committed (None: none yet)
+    done = {
+        name: Cut.from_json(text) if (text := s.offsets_summary.get(SUMMARY_CUT)) else None
+        for name, s in states.items()
+    }
     with _Prober(pipeline) as prober:
         ends = transaction_ends(
-            pipeline, prober.consumer, _read_from(pipeline, states, committed, marks)
+            pipeline, prober.consumer, _read_from(pipeline, done, committed, marks)
         )
         if not ends:
             return (), None
-        ranges, cut = _cut(prober, ends, states, committed, ranges, marks)
+        ranges, cut = _cut(prober, ends, done, committed, ranges, marks)
     log.info(
         "%s in %.2fs (%d records read)", cut.describe(), time.monotonic() - started, prober.reads
     )
@@ -66,7 +71,7 @@ def consistent_ranges(
 def _cut(
     prober: _Prober,
     ends: list[tuple[int, int | None, int, int]],
-    states: Mapping[str, TableState],
+    done: Mapping[str, Cut | None],
     committed: Mapping[TopicPartition, int],
     ranges: tuple[OffsetRange, ...],
     marks: Mapping[TopicPartition, Watermarks],
@@ -82,9 +87,7 @@ def _cut(
         order.setdefault(txid, i)
     prober.order, prober.past = order, len(ends)
     # no table goes back: a batch that failed half-way left some tables at a later cut
-    cuts = [s.offsets_summary.get(SUMMARY_CUT) for s in states.values()]
-    done = [Cut.from_json(text).txid for text in cuts if text]
-    floor = max([order[t] for t in done if t in order] + [0])
+    floor = max([order[c.txid] for c in done.values() if c and c.txid in order] + [0])
     beyond = [prober.first_order(t, p, end, marks)[0] for (t, p), end in capped.items()]
     # a transaction bigger than the cap is loaded whole
     last = max(floor, min([k - 1 for k in beyond] + [len(ends) - 1]))
@@ -99,7 +102,7 @@ def _cut(
 
 def _read_from(
     pipeline: PipelineConfig,
-    states: Mapping[str, TableState],
+    done: Mapping[str, Cut | None],
     committed: Mapping[TopicPartition, int],
     marks: Mapping[TopicPartition, Watermarks],
 ) -> int | None:
@@ -107,12 +110,11 @@ def _read_from(
     records to read (their records belong to transactions after it); its first offset
     when one of them has no cut yet."""
     after: list[int | None] = []
-    for name, state in states.items():
+    for name, cut in done.items():
         table = pipeline.table_named(name)
         topic = pipeline.topic_for(table) if table is not None else ""
         if any(committed.get(tp, m.low) < m.high for tp, m in marks.items() if tp[0] == topic):
-            text = state.offsets_summary.get(SUMMARY_CUT)
-            after.append(Cut.from_json(text).after if text else None)
+            after.append(cut.after if cut else None)
     return None if None in after else min((a for a in after if a is not None), default=None)
 
 

@@ -8,7 +8,6 @@ state written with the data, not a separate bookkeeping table that could disagre
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.snapshots import live_rows
 from cdclake.kafka.topics import discover
-from cdclake.offsets import SUMMARY_BATCH
+from cdclake.offsets import SUMMARY_BATCH, utc_text
 from cdclake.pipeline_file import load_pipeline
 
 from cdclake_control.catalog import TableState, load_catalog, table_state
@@ -90,7 +89,7 @@ def pipeline_freshness(pipeline: PipelineConfig, now_ms: int) -> list[TableFresh
 def format_time(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_text(ms)
 
 
 def format_seconds(seconds: float | None) -> str:

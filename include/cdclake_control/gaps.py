@@ -31,6 +31,7 @@ from cdclake.offsets import (
     OffsetRange,
     TopicPartition,
     Watermarks,
+    utc_text,
 )
 
 from cdclake_control.catalog import TableState
@@ -214,9 +215,5 @@ def heal_status(summary: Mapping[str, str], committed_at_ms: int | None) -> str 
         return None
     heal = Heal.from_dict(json.loads(text))
     if SUMMARY_HEAL in summary:
-        return f"healing since {_utc(heal.since_ms)} (snapshot {heal.signal_id})"
-    return f"healed at {_utc(committed_at_ms or heal.since_ms)}"
-
-
-def _utc(ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+        return f"healing since {utc_text(heal.since_ms)} (snapshot {heal.signal_id})"
+    return f"healed at {utc_text(committed_at_ms or heal.since_ms)}"

@@ -43,6 +43,17 @@ def load_all(stack, spark, pipeline: PipelineConfig, batch: str, placement: str 
     raise AssertionError("still loading after 10 batches")
 
 
+def delete_records(pipeline: PipelineConfig, topic: str, below: int) -> None:
+    """What retention does: Kafka's DeleteRecords drops partition 0's records below
+    `below`, which becomes its earliest offset."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(pipeline.kafka.client_config())
+    (deleted,) = admin.delete_records([TopicPartition(topic, 0, below)]).values()
+    assert deleted.result(30).low_watermark == below
+
+
 def assert_lake_equals_source(pipeline: PipelineConfig, dsn: str) -> None:
     results = compare_pipeline(pipeline, dsn)
     diffs = {r.source: (r.missing[:2], r.extra[:2]) for r in results if not r.equal}

@@ -14,12 +14,11 @@ from cdclake.offsets import SUMMARY_HEAL, SUMMARY_HEALED
 from cdclake_control.freshness import pipeline_freshness
 from cdclake_control.planner import plan_pipeline
 from cdclake_control.watermarks import fetch_watermarks
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from tests.integration.helpers import (
     assert_lake_equals_source,
     concurrent_writes,
+    delete_records,
     load_all,
     make_pipeline,
 )
@@ -47,9 +46,7 @@ def test_a_retention_gap_heals_by_a_snapshot_and_the_rows_deleted_in_it_go(stack
         conn.execute(f"insert into {table} select i, i, 'new' from generate_series(301, 320) i")
     stack.wait_for_capture()
     high = fetch_watermarks(pipeline.kafka, [topic])[(topic, 0)].high
-    admin = AdminClient(pipeline.kafka.client_config())
-    (deleted,) = admin.delete_records([TopicPartition(topic, 0, high)]).values()
-    assert deleted.result(30).low_watermark == high
+    delete_records(pipeline, topic, high)
 
     reports, summaries = [], []
     with concurrent_writes(stack.source_dsn, table, 400, 500, seed=5):

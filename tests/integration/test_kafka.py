@@ -16,7 +16,12 @@ from cdclake_control.catalog import load_catalog, table_state
 from cdclake_control.planner import plan_pipeline
 from cdclake_control.watermarks import fetch_watermarks
 
-from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline
+from tests.integration.helpers import (
+    assert_lake_equals_source,
+    delete_records,
+    load_all,
+    make_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -92,8 +97,6 @@ def test_records_deleted_below_the_committed_offsets_fail_the_plan_until_a_snaps
     from cdclake_control.cli import main
     from cdclake_control.signals import follow_snapshot, submit
     from cdclake_control.signals import parse_request as snapshot_request
-    from confluent_kafka import TopicPartition
-    from confluent_kafka.admin import AdminClient
 
     n = uuid.uuid4().hex[:6]
     table = new_table(stack.source_dsn, f"gap_{n}", 30)
@@ -109,9 +112,7 @@ def test_records_deleted_below_the_committed_offsets_fail_the_plan_until_a_snaps
     high = fetch_watermarks(pipeline.kafka, [topic])[(topic, 0)].high
     cut = done + 8  # among the updates: the lake has not seen them
     assert high > cut
-    admin = AdminClient(pipeline.kafka.client_config())
-    (deleted,) = admin.delete_records([TopicPartition(topic, 0, cut)]).values()
-    assert deleted.result(30).low_watermark == cut
+    delete_records(pipeline, topic, cut)
     assert fetch_watermarks(pipeline.kafka, [topic])[(topic, 0)].low == cut
 
     message = (
