@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.iceberg.deadletters import set_aside
 from cdclake.iceberg.write import WrittenBy
+from cdclake.kafka.reader import KAFKA, RawSource
 from cdclake.kafka.scan import RawScan
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement, Tuning
@@ -83,9 +84,11 @@ class Batch:
         before: Mapping[str, str | None],
         tuning: Tuning,
         set_aside: Mapping[str, int] | None = None,
+        read: RawSource = KAFKA,
     ) -> None:
         self.spark, self.pipeline, self.plan, self.raw, self.scan = spark, pipeline, plan, raw, scan
         self.tuning = tuning
+        self.read = read  # where the records are read from (Kafka, or recorded files)
         self.rows = rows  # the raw records as an Arrow table, when the driver read them
         self.ranged = ranged  # topics read and resolved range by range (not in `raw`)
         self.read_seconds = read_seconds  # reading the raw records and their scan

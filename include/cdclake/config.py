@@ -200,6 +200,8 @@ class TableConfig:
     delete_mode: DeleteMode = DeleteMode.HARD
     partition_by: tuple[Transform, ...] = ()  # Iceberg transforms: "bucket(16, id)", "days(ts)"
     properties: Settings = field(default_factory=dict)  # Iceberg table properties
+    # keep every version of each row (SCD type 2) in `<target>_history` beside the table
+    history: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -372,10 +374,12 @@ class PipelineConfig:
         tables = tuple(t for t in self.tables if not is_glob(t.source))
         seen: dict[str, str] = {}
         for t in tables:
-            if t.target in seen:
-                problem = f"{seen[t.target]} and {t.source} both land in {t.target!r}"
-                raise FieldProblem("tables", problem)
-            seen[t.target] = t.source
+            names = [t.target, *([t.target + "_history"] if t.history else [])]
+            for name in names:
+                if name in seen:
+                    problem = f"{seen[name]} and {t.source} both land in {name!r}"
+                    raise FieldProblem("tables", problem)
+                seen[name] = t.source
         registry = self.kafka.schema_registry
         if registry is not None:
             registry = replace(registry, timeout_s=self.timeouts.request_s)

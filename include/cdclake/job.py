@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, cast
 from cdclake.batch import Batch, LoadStatus, TableResult
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import TopicSchema, topic_schema
-from cdclake.exceptions import CdclakeError, CommitConflictError, DecodeError
+from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.iceberg.deleted_keys import deleted_keys_table
+from cdclake.iceberg.history import commit_history, history_before, history_table, written
 from cdclake.iceberg.key_changes import key_changes_table, read_key_changes
 from cdclake.iceberg.tables import (
     TableState,
@@ -40,9 +41,10 @@ from cdclake.offsets import (
 )
 from cdclake.placement import MEASURED, Placement, Tuning
 from cdclake.ranged import FailedTopic, RangedTopic, read_by_range
+from cdclake.resolve.history import history, lookups
 from cdclake.resolve.lineage import Linked, linked
 from cdclake.resolved import Resolved
-from cdclake.resolving import resolve_table
+from cdclake.resolving import history_changes, resolve_table
 from cdclake.setaside import handle_broken_envelopes, set_aside_misfits
 from cdclake.spark import (
     SMALL_BATCH_CONF,
@@ -129,6 +131,7 @@ def _run_batch(
             before,
             tuning,
             set_aside,
+            read,
         )
         work = [t for t in pipeline.tables if batch.ranges_of(t)]
         results = _run_tables(work, partial(_load, batch), pipeline.parallel_tables, pipeline)
@@ -237,7 +240,8 @@ def _drop_for_rebuild(spark: SparkSession, pipeline: PipelineConfig, plan: Batch
             continue
         log.warning("%s: dropped for rebuild %s", qualified, plan.run_prefix)
         spark.sql(f"DROP TABLE {qualified} PURGE")
-        for ledger in (deleted_keys_table(qualified), key_changes_table(qualified)):
+        ledgers = (deleted_keys_table(qualified), key_changes_table(qualified))
+        for ledger in (*ledgers, history_table(qualified)):
             spark.sql(f"DROP TABLE IF EXISTS {ledger} PURGE")
 
 
@@ -351,6 +355,8 @@ def _load_table(
     clock.lap("state")
     resolved = resolve_table(batch, topic, table, schema, schemas, state.truncate_applied)
     resolved, moved = _linked(spark, qualified, schema, state, resolved)
+    if table.history:  # before the table: a failed table's batch is written again
+        _history(batch, table, schema, schemas, ends)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
@@ -374,6 +380,31 @@ def _load_table(
         snapshot_id=after_id,
         heal=_healing(plan, table, swept),
     )
+
+
+def _history(
+    batch: Batch,
+    table: TableConfig,
+    schema: TopicSchema,
+    schemas: dict[str, list[tuple[int, str]]],
+    ends: dict[TopicPartition, int],
+) -> None:
+    """Write the batch's versions into the table's history (`cdclake.iceberg.history`)."""
+    qualified = batch.pipeline.qualified_target(table)
+    if not schema.key_names:
+        raise ConfigError(
+            f"{qualified}: history needs a key, and the table has none (its rows are already "
+            "a changelog); set the table's `key`, or turn history off"
+        )
+    topic = batch.pipeline.topic_for(table)
+    changes = history_changes(batch, topic, schema, schemas)
+    keys, pointers = lookups(changes, schema)
+    spark = batch.spark
+    state, before = history_before(spark, qualified, schema, keys, pointers, table.properties)
+    if written(state, ends):
+        return
+    changed = history(changes, schema, before)
+    commit_history(spark, qualified, schema, state, changed, ends, batch.plan.batch_id)
 
 
 def _healing(plan: BatchPlan, table: TableConfig, swept: int) -> str | None:

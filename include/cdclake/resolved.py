@@ -5,8 +5,8 @@ beside the table's own. Neither the fold's rules nor the storage: both sides imp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from cdclake.placement import Placement
 
@@ -61,3 +61,50 @@ class Resolved:
     def release(self) -> None:
         """Unpersist the rows (once written)."""
         (self.rows if self.cached is None else self.cached).unpersist()
+
+
+# ---- a keyed table's history (SCD type 2, `cdclake.resolve.history`) ----------------
+
+Key = tuple[Any, ...]
+VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"  # its columns
+
+
+@dataclass
+class Version:
+    """One version of a row: its columns, from when (source time, ms) and the change that
+    opened it; `end`: when it was closed (None: open), `end_lsn` by the change of which
+    LSN."""
+
+    key: Key
+    values: dict[str, Any]
+    start: int
+    lsn: int | None
+    partition: int
+    offset: int
+    op: str
+    end: int | None = None
+    end_lsn: int | None = None  # the LSN of the change that closed it
+
+
+@dataclass(frozen=True)
+class Before:
+    """What the history held before the batch: each of the batch's keys' latest version
+    (open or closed), the values of an old key before a change moved it (old key, the
+    change's LSN), the LSN of the last truncate it applied, and each key's highest LSN
+    (of a change that opened or closed a version)."""
+
+    latest: Mapping[Key, Version] = field(default_factory=dict)
+    as_of: Mapping[tuple[Key, int], dict[str, Any]] = field(default_factory=dict)
+    truncated: int | None = None
+    high: Mapping[Key, int] = field(default_factory=dict)
+
+
+@dataclass
+class Changed:
+    """What a batch does to the history: its new versions (`end` set for those it closed
+    too), the earlier versions it closes (when, by which LSN), and the batch's truncates
+    not re-sent (LSN, source time): the first closes every other open version."""
+
+    versions: list[Version] = field(default_factory=list)
+    closes: list[tuple[Version, int, int | None]] = field(default_factory=list)
+    truncates: list[tuple[int | None, int]] = field(default_factory=list)  # (LSN, ms)

@@ -4,17 +4,19 @@ fail the table or go to the dead letters."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from cdclake.batch import Batch
 from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
-from cdclake.kafka.reader import arrow_frame
+from cdclake.kafka.reader import arrow_frame, read_local, slice_ranges
 from cdclake.placement import Placement
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolved import Resolved
+
+HISTORY_READ_BYTES = 1 << 30  # a slice's raw records the history's read holds at most
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,18 +50,10 @@ def resolve_table(
             Placement.RANGES,
             dead,
         )
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    # read by the driver: the topic's envelopes of the schemas kept
-    rows = cast("pa.Table", batch.rows)
-    keep = pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"]))
-    for side in ("key", "value"):
-        ids = rows[f"{side}_schema_id"]
-        kept = pa.array([sid for sid, _ in schemas.get(side, [])], ids.type)
-        keep = pc.and_(keep, pc.or_(pc.is_null(ids), pc.is_in(ids, kept)))
+    # read by the driver
+    rows = _kept(cast("pa.Table", batch.rows), topic, schemas)
     done = resolve_rows(
-        rows.filter(keep), schema, dict(schemas.get("key", [])), dict(schemas.get("value", [])), cut
+        rows, schema, dict(schemas.get("key", [])), dict(schemas.get("value", [])), cut
     )
     dead = _bad_records(batch, topic, table, list(done.bad))
     frame = arrow_frame(batch.spark, done.rows, done.ddl)
@@ -72,6 +66,51 @@ def resolve_table(
         Placement.DRIVER,
         dead,
     )
+
+
+def _kept(rows: pa.Table, topic: str, schemas: dict[str, list[tuple[int, str]]]) -> pa.Table:
+    """The raw rows of the topic's envelopes of the schemas kept (`schemas`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keep = pc.and_(pc.equal(rows["topic"], topic), pc.is_null(rows["error"]))
+    for side in ("key", "value"):
+        ids = rows[f"{side}_schema_id"]
+        kept = pa.array([sid for sid, _ in schemas.get(side, [])], ids.type)
+        keep = pc.and_(keep, pc.or_(pc.is_null(ids), pc.is_in(ids, kept)))
+    return rows.filter(keep)
+
+
+def history_changes(
+    batch: Batch, topic: str, schema: TopicSchema, schemas: dict[str, list[tuple[int, str]]]
+) -> list[dict[str, Any]]:
+    """Every decoded change of the topic in the batch (records that cannot be applied left
+    out), for its history (`cdclake.iceberg.history`): from the records the driver read,
+    or read again slice by slice in the driver when the batch was read range by range."""
+    import pyarrow.compute as pc
+
+    from cdclake.debezium.json_decode import decoded
+
+    keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    if batch.rows is not None:
+        parts: Iterable[pa.Table | None] = [batch.rows]
+    else:
+        ranges = [r for r in batch.plan.ranges if r.topic == topic]
+        parts = (
+            read_local(batch.pipeline.kafka, [r], max_bytes=HISTORY_READ_BYTES, source=batch.read)
+            for r in slice_ranges(ranges)
+        )
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if part is None:
+            raise DecodeError(
+                f"{topic}: a slice of the batch holds more than {HISTORY_READ_BYTES >> 20} MiB "
+                "of records, more than the history's read takes; lower max_records_per_batch"
+            )
+        changes = decoded(_kept(part, topic, schemas), schema, keys, values)
+        if changes is not None:
+            out += changes.filter(pc.is_null(changes["reason"])).to_pylist()
+    return out
 
 
 def _bad_records(

@@ -23,6 +23,8 @@ from cdclake.debezium.connect import (
 )
 from cdclake.debezium.schema import DELETED, METADATA_COLUMNS
 from cdclake.exceptions import EndpointError
+from cdclake.iceberg.history import CLOSED_LSN, HISTORY_SUFFIX
+from cdclake.resolved import CURRENT, VALID_FROM, VALID_TO
 
 from cdclake_control.catalog import load_catalog
 from cdclake_control.source import connect_source, describe_dsn
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
 
 DEFAULT_MODES = ConnectorModes()
 _NUMERIC = ("numeric", "money")
+
+
+HISTORY_COLUMNS = (VALID_FROM, VALID_TO, CURRENT, CLOSED_LSN)
 
 
 @dataclass
@@ -212,22 +217,28 @@ def source_columns(conn: psycopg.Connection[Any], table: TableConfig) -> list[So
 
 
 def lake_table(
-    pipeline: PipelineConfig, table: TableConfig, cat: Catalog | None = None
+    pipeline: PipelineConfig,
+    table: TableConfig,
+    cat: Catalog | None = None,
+    history: bool = False,
 ) -> pa.Table | None:
-    """The lake table as Arrow (soft-deleted rows dropped), or None if it does not exist."""
+    """The lake table as Arrow (soft-deleted rows dropped), or None if it does not exist;
+    with `history`, its history table's current versions."""
+    import pyarrow.compute as pc
     from pyiceberg.exceptions import NoSuchTableError
 
     cat = cat or load_catalog(pipeline.catalog)
+    name = table.target + HISTORY_SUFFIX if history else table.target
     try:
-        ice = cat.load_table((pipeline.namespace, table.target))
+        ice = cat.load_table((pipeline.namespace, name))
     except NoSuchTableError:
         return None
     data = ice.scan().to_arrow()
-    if DELETED in data.column_names:  # soft deletes: flagged rows are not source rows
-        import pyarrow.compute as pc
-
-        data = data.filter(pc.invert(pc.fill_null(data.column(DELETED), False)))
-    return data
+    flag = CURRENT if history else DELETED  # soft deletes: flagged rows are not source rows
+    if flag in data.column_names:
+        kept = pc.fill_null(data.column(flag), False)
+        data = data.filter(kept if history else pc.invert(kept))
+    return data.drop_columns([c for c in HISTORY_COLUMNS if c in data.column_names])
 
 
 def _display(value: Any) -> Any:
@@ -241,12 +252,18 @@ def _display(value: Any) -> Any:
 
 
 def compare_table(
-    pipeline: PipelineConfig, table: TableConfig, dsn: str, cat: Catalog | None = None
+    pipeline: PipelineConfig,
+    table: TableConfig,
+    dsn: str,
+    cat: Catalog | None = None,
+    history: bool = False,
 ) -> TableComparison:
+    """The source table against its lake table (with `history`: its history table's
+    current versions)."""
     import psycopg
 
     modes = pipeline.connector
-    data = lake_table(pipeline, table, cat)
+    data = lake_table(pipeline, table, cat, history)
     lake_names = (
         []
         if data is None
@@ -286,7 +303,7 @@ def compare_table(
     lake_rows = [tuple(_display(row[c.name]) for c in cols) for row in lake_dicts]
     return TableComparison(
         source=table.source,
-        target=pipeline.qualified_target(table),
+        target=pipeline.qualified_target(table) + (HISTORY_SUFFIX if history else ""),
         columns=[c.name for c in cols],
         source_rows=sorted((tuple(_display(v) for v in r) for r in source_rows), key=repr),
         lake_rows=sorted(lake_rows, key=repr),
@@ -301,7 +318,11 @@ def compare_pipeline(pipeline: PipelineConfig, dsn: str) -> list[TableComparison
 
     pipeline = discover(pipeline)
     cat = load_catalog(pipeline.catalog)
-    return [compare_table(pipeline, t, dsn, cat) for t in pipeline.tables]
+    return [
+        compare_table(pipeline, t, dsn, cat, history)
+        for t in pipeline.tables
+        for history in ((False, True) if t.history else (False,))
+    ]
 
 
 def render_comparison(results: Iterable[TableComparison], max_rows: int = 12) -> str:

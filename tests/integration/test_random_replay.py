@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
-import zlib
 from functools import partial
 
 import pytest
@@ -28,14 +27,10 @@ from cdclake_bench.avro_records import AvroWriter, registry_register
 
 from tests.conftest import DEMO_PIPELINE
 from tests.debezium_records import PAIR_COLUMNS, key_record, pair_key, value_record
+from tests.histories import generate, history_rows, item, placed, versions
 from tests.integration.helpers import make_pipeline, stray_files
 
 pytestmark = pytest.mark.integration
-
-
-def item(i: int, name: str) -> dict:
-    return {"id": i, "name": name, "price": None, "day": None, "at": None, "at_tz": None,
-            "blob": None}  # fmt: skip
 
 
 def records_source(records, start: int = 0) -> RawSource:
@@ -92,89 +87,6 @@ def lake_names(spark, pipeline) -> dict[int, str]:
     """id -> name of the rows in the pipeline's one table."""
     target = pipeline.qualified_target(pipeline.tables[0])
     return {r["id"]: r["name"] for r in spark.table(target).collect()}
-
-
-def generate(rng: random.Random, steps: int, keys: int, truncates: bool = False):
-    """Kafka records (key, value, headers) and, per record, the source state once it is
-    consumed, and the keys deleted by then with the value each had when it was deleted
-    (what a soft-deleted row keeps).
-
-    A replay re-sends a suffix of what was streamed, in order (Debezium restarting from an
-    earlier committed position): after it, the source state is unchanged. An update may
-    leave `name` unchanged (a TOAST placeholder). A primary-key change moves a row to a
-    free key (a delete naming the new key, its tombstone, a create naming the old key,
-    its `name` a placeholder): chains, cycles and the old key inserted again follow.
-    With `truncates`, now and then the table is truncated (a record with no key).
-    """
-    state: dict[int, str] = {}
-    gone: dict[int, str] = {}
-    streamed: list[tuple] = []  # what a replay may re-send
-    records: list[tuple] = []
-    states: list[dict[int, str]] = []  # source state after records[i]
-    gones: list[dict[int, str]] = []  # the deleted keys' last values after records[i]
-    lsn = 100
-    between: list[tuple] = []  # (state, gone) after each record of a change not yet whole
-    for step in range(steps):
-        action = rng.random()
-        k = rng.randint(1, keys)
-        free = [f for f in range(1, keys + 3) if f not in state]
-        if action < 0.2 and len(streamed) > 2:  # connector restart: re-send a suffix
-            starts = [i for i in range(max(0, len(streamed) - 8), len(streamed))
-                      if streamed[i][1] is not None]  # fmt: skip
-            new = streamed[rng.choice(starts) :]  # from a change, never from its tombstone
-        elif action < 0.3 and k in state:  # incremental snapshot read: current value, no LSN
-            new = [(key_record(k), value_record("r", None, item(k, state[k]), lsn=None), None)]
-        else:
-            lsn += 10
-            if truncates and action > 0.97:
-                gone.update(state)
-                state.clear()
-                new = [(None, value_record("t", None, None, lsn=lsn), None)]
-            elif k not in state:
-                state[k] = f"v{step}"
-                gone.pop(k, None)
-                new = [(key_record(k), value_record("c", None, item(k, state[k]), lsn=lsn), None)]
-            elif action < 0.55:
-                state[k] = f"v{step}"
-                new = [(key_record(k), value_record("u", None, item(k, state[k]), lsn=lsn), None)]
-            elif action < 0.65:  # `name` unchanged: a TOAST placeholder
-                new = [(key_record(k), value_record("u", None, item(k, TOAST_PLACEHOLDER),
-                                                    lsn=lsn), None)]  # fmt: skip
-            elif action < 0.8 and free:  # the key changes: the row moves, `name` unchanged
-                to = rng.choice(free)
-                gone[k] = state.pop(k)
-                between = [(dict(state), dict(gone))] * 2  # the delete read, the create not
-                state[to] = gone[k]
-                gone.pop(to, None)
-                new = [(key_record(k), value_record("d", item(k, "x"), None, lsn=lsn),
-                        kept_headers([(NEW_KEY_HEADER, key_record(to))])),
-                       (key_record(k), None, None),
-                       (key_record(to), value_record("c", None, item(to, TOAST_PLACEHOLDER),
-                                                     lsn=lsn),
-                        kept_headers([(OLD_KEY_HEADER, key_record(k))]))]  # fmt: skip
-            else:
-                gone[k] = state.pop(k)
-                new = [(key_record(k), value_record("d", item(k, "x"), None, lsn=lsn), None),
-                       (key_record(k), None, None)]  # fmt: skip
-            streamed.extend(new)
-        records.extend(new)
-        states.extend([s for s, _ in between] + [dict(state)] * (len(new) - len(between)))
-        gones.extend([g for _, g in between] + [dict(gone)] * (len(new) - len(between)))
-        between = []
-    return records, states, gones
-
-
-def placed(records, partitions: int) -> list[tuple]:
-    """Each record (key, value, headers) as (partition, offset, key, value, headers): a
-    key's records in one partition (as Kafka's partitioner sends them), a truncate's
-    (no key) in the first."""
-    ends = [0] * partitions
-    out = []
-    for key, value, headers in records:
-        p = zlib.crc32(key) % partitions if key is not None else 0
-        out.append((p, ends[p], key, value, headers))
-        ends[p] += 1
-    return out
 
 
 def load_slice(spark, pipeline, name: str, part, raw_by: str, tuning: Tuning = MEASURED):
@@ -251,7 +163,9 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
     # gave rows) in one partition (a snapshot read has no LSN to order it by against a
     # truncate in another partition)
     truncates = delete_mode == "hard" and partitions == 1
-    records, states, gones = generate(rng, steps=steps, keys=4, truncates=truncates)
+    log: list = []  # the versions the records hold: seeds 0 and 4 keep a history too
+    history = seed in (0, 4)
+    records, states, gones = generate(rng, steps=steps, keys=4, truncates=truncates, log=log)
     name = f"it_rand_{seed}_{uuid.uuid4().hex[:6]}"
     fields = {}
     if fmt == "avro":  # the same records as the Avro converter writes them
@@ -259,7 +173,10 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         fields["kafka"] = {**yaml.safe_load(DEMO_PIPELINE.read_text())["kafka"], "format": fmt,
                            "schema_registry": {"url": registry.url}}  # fmt: skip
     pipeline = make_pipeline(
-        tmp_path, name, [{"source": "public.items", "delete_mode": delete_mode}], **fields
+        tmp_path,
+        name,
+        [{"source": "public.items", "delete_mode": delete_mode, "history": history}],
+        **fields,
     )
     topic = pipeline.topic_for(pipeline.tables[0])
     if fmt == "avro":
@@ -279,7 +196,11 @@ def test_random_interleavings_and_cuts_match_the_reference_model(
         if delete_mode == "soft":
             dead = {r["id"]: r["name"] for r in rows if r["_cdc_deleted"]}
             assert dead == gones[end - 1], f"seed {seed}: batch {i} ({start}..{end}) of {cuts}"
+        if history and partitions == 1:  # one partition: a cut is a point in source order
+            assert history_rows(spark, pipeline) == versions(log, end), f"batch {i} of {cuts}"
         start = end
+    if history:
+        assert history_rows(spark, pipeline) == versions(log, len(records))
     if key_filter:  # the filter was there (batches with a truncate go without)
         assert any(f for f in filtered), filtered
         ranged = {isinstance(v, KeyRange) for f in filtered if f for v in f.values()}

@@ -578,7 +578,7 @@ def test_every_problem_of_a_file_is_reported_one_line_each(tmp_path):
         load_pipeline(path)
     assert str(err.value).splitlines() == [
         f"{path}: name: 'Shop' must be lower-case letters, digits and underscores (at most 100)",
-        f"{path}: tables[2].colour: unknown key (known: delete_mode, exclude, key, "
+        f"{path}: tables[2].colour: unknown key (known: delete_mode, exclude, history, key, "
         "partition_by, properties, source, target)",
         f"{path}: parallel_tables: Input should be greater than 0",
         f"{path}: maintenance.retain_last: must be a whole number, got True",  # no 1

@@ -141,8 +141,6 @@ def write_table(
         # the snapshot the offsets were read from: a commit by anyone else since then
         # makes the fast-forward of the batch's branch (`_staged`) fail
         before_id = state.snapshot_id
-        stage = None if before_id is None else _stage_name(batch.plan.batch_id)
-        target = qualified if stage is None else f"{qualified}.branch_{stage}"
         view = f"cdclake_changes_{table.target}"
         # hard deletes: a ledger of deleted keys keeps re-sent older changes out
         hard = bool(schema.key_names) and not soft
@@ -156,12 +154,9 @@ def write_table(
         keyed = bool(schema.key_names)
         first_load = keyed and batch.tuning.first_load_append and state.empty and not dropped
         mode = (soft, hard, first_load)
-        sql = _write_sql(batch.tuning, state, schema, resolved, view, target, dropped, mode)
         try:
-            with (
-                commit_properties(spark, props),
-                _staged(spark, qualified, before_id, stage, props),
-            ):
+            with committing(spark, qualified, before_id, batch.plan.batch_id, props) as target:
+                sql = _write_sql(batch.tuning, state, schema, resolved, view, target, dropped, mode)
                 swept = _sweep(spark, target, heal, soft, keyed)
                 if first_load:
                     append_to_empty(spark, target, sql, before_id)
@@ -169,7 +164,7 @@ def write_table(
                     spark.sql(sql)
         finally:
             spark.catalog.dropTempView(view)
-        after_id = _check_commit(spark, qualified, before_id, props)
+        after_id = check_commit(spark, qualified, before_id, props)
         if moved is not None:
             forget_key_changes(spark, qualified, moved.taken, schema)
     return after_id, WrittenBy.MERGE if keyed and not first_load else WrittenBy.APPEND, swept
@@ -186,13 +181,11 @@ def commit_heal(
     props = _summary_properties(
         batch.plan.batch_id, offsets, 0, None, state.truncate_applied, heal, batch.plan.cut
     )
-    before_id = state.snapshot_id
-    stage = None if before_id is None else _stage_name(batch.plan.batch_id)
-    target = qualified if stage is None else f"{qualified}.branch_{stage}"
     soft = table.delete_mode is DeleteMode.SOFT
-    with commit_properties(spark, props), _staged(spark, qualified, before_id, stage, props):
+    before_id = state.snapshot_id
+    with committing(spark, qualified, before_id, batch.plan.batch_id, props) as target:
         swept = _sweep(spark, target, heal, soft, bool(state.key_names))
-    return _check_commit(spark, qualified, before_id, props), swept
+    return check_commit(spark, qualified, before_id, props), swept
 
 
 def _heal_of(plan: BatchPlan, table: TableConfig, state: TableState) -> Heal | None:
@@ -272,6 +265,23 @@ def _stage_name(batch_id: str) -> str:
 
 
 @contextmanager
+def committing(
+    spark: SparkSession,
+    qualified: str,
+    before_id: int | None,
+    batch_id: str,
+    props: Mapping[str, str],
+) -> Iterator[str]:
+    """Where a load writes (yielded): a branch of the table made at `before_id` that main
+    takes once the writes inside are done, every commit carrying `props` (`_staged`); the
+    table itself when it has no snapshot (`check_commit` checks it)."""
+    stage = None if before_id is None else _stage_name(batch_id)
+    target = qualified if stage is None else f"{qualified}.branch_{stage}"
+    with commit_properties(spark, props), _staged(spark, qualified, before_id, stage, props):
+        yield target
+
+
+@contextmanager
 def _staged(
     spark: SparkSession,
     qualified: str,
@@ -282,7 +292,7 @@ def _staged(
     """The load's commits inside go to the branch `name` (`qualified.branch_<name>`), made
     at `before_id`, that main takes at the end (after an empty commit carrying `props`
     when nothing else was committed to it). Without a branch (a table without snapshot)
-    they go to the table directly, and `_check_commit` checks them."""
+    they go to the table directly, and `check_commit` checks them."""
     if name is None:
         yield
         return
@@ -336,7 +346,7 @@ def _made_by_batch(ice: JvmObject, name: str, before_id: int | None, batch_id: s
     return snapshot is not None
 
 
-def _check_commit(
+def check_commit(
     spark: SparkSession, qualified: str, before_id: int | None, props: Mapping[str, str]
 ) -> int | None:
     """The snapshot that carries the batch's offsets: an empty commit carries them when

@@ -45,18 +45,25 @@ LINEAGE_OPS = (KEY_CHANGE, KEY_CREATE)
 MOVED = "moved"
 
 
-def last_truncate(truncates: Iterable[Truncate], applied: int | None = None) -> Truncate | None:
-    """The batch's last truncate, the one every resolve applies: the highest offset, then
-    the highest partition, of those not re-sent. A truncate is re-sent (a connector
-    restart) when its LSN is not above `applied` (the LSN of the last truncate the table
-    applied) nor above an earlier one's of the batch: it removes nothing, and the rows
-    loaded since, incremental snapshot reads without an LSN among them, stay."""
-    last, high = None, applied
+def fresh_truncates(truncates: Iterable[Truncate], applied: int | None = None) -> list[Truncate]:
+    """The batch's truncates that are not re-sent, in Kafka order (offset, then
+    partition). A truncate is re-sent (a connector restart) when its LSN is not above
+    `applied` (the LSN of the last truncate the table applied) nor above an earlier one's
+    of the batch: it removes nothing, and the rows loaded since, incremental snapshot reads
+    without an LSN among them, stay."""
+    out, high = [], applied
     for t in sorted(truncates, key=lambda t: (t.offset, t.partition)):
         if t.lsn is None or high is None or t.lsn > high:
-            last = t
+            out.append(t)
             high = t.lsn if t.lsn is not None else high
-    return last
+    return out
+
+
+def last_truncate(truncates: Iterable[Truncate], applied: int | None = None) -> Truncate | None:
+    """The batch's last truncate not re-sent (`fresh_truncates`), the one every resolve
+    applies."""
+    fresh = fresh_truncates(truncates, applied)
+    return fresh[-1] if fresh else None
 
 
 def toastable(schema: TopicSchema) -> list[Column]:

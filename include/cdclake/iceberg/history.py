@@ -1,0 +1,289 @@
+"""A keyed table's history table (`history: true`): `<table>_history`, a row per version of
+each row (SCD type 2, `cdclake.resolve.history`), beside the table.
+
+Its columns are the table's, then `_valid_from` and `_valid_to` (source commit times; the
+open version's `_valid_to` is NULL), `_is_current`, the change that opened the version
+(`_cdc_op`, `_cdc_source_ts`, `_cdc_lsn`, `_cdc_kafka_partition`, `_cdc_kafka_offset`)
+and the LSN of the one that closed it (`_cdc_closed_lsn`). A batch writes it before the
+table, in one commit that carries its offsets; a batch written again (its table's commit
+failed) finds every change re-sent and adds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cdclake.debezium.connect import arrow_type
+from cdclake.debezium.schema import (
+    LSN,
+    OFFSET,
+    OP,
+    PARTITION,
+    SOURCE_TS,
+    Column,
+    TopicSchema,
+)
+from cdclake.iceberg.merge_sql import quote
+from cdclake.iceberg.tables import TableState, ensure_table, table_columns, table_state
+from cdclake.iceberg.write import check_commit, committing
+from cdclake.offsets import (
+    SUMMARY_BATCH,
+    SUMMARY_OFFSETS,
+    SUMMARY_RECORDS,
+    SUMMARY_TRUNCATE,
+    TopicPartition,
+    encode_offsets,
+)
+from cdclake.resolved import CURRENT, VALID_FROM, VALID_TO, Before, Changed, Key, Version
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+CLOSED_LSN = "_cdc_closed_lsn"
+HISTORY_SUFFIX = "_history"
+_NEW = "_cdc_new"  # a staged row is a new version (else it closes one)
+
+
+def history_table(qualified: str) -> str:
+    return qualified + HISTORY_SUFFIX
+
+
+def history_schema(schema: TopicSchema) -> TopicSchema:
+    """The history table's columns (before the metadata ones every table has)."""
+    extra = (
+        Column(VALID_FROM, "timestamp"),
+        Column(VALID_TO, "timestamp"),
+        Column(CURRENT, "boolean"),
+        Column(CLOSED_LSN, "bigint"),
+    )
+    return TopicSchema((), (*schema.columns, *extra), schema.format)
+
+
+def history_before(
+    spark: SparkSession,
+    qualified: str,
+    schema: TopicSchema,
+    keys: set[Key],
+    pointers: set[tuple[Key, int]],
+    properties: Mapping[str, str],
+) -> tuple[TableState, Before]:
+    """The history table of table `qualified` as a batch finds it (made on first sight
+    with the table's `properties`, given the table's new columns), and what it holds of
+    the batch's `keys` and of the old keys of its key changes (`pointers`: old key, the
+    change's LSN)."""
+    target = history_table(qualified)
+    state = table_state(spark, target)
+    known = table_columns(spark, target) if state.exists else {}
+    ensure_table(spark, target, history_schema(schema), properties, (), False, known)
+    if not state.exists or not (keys or pointers):
+        return state, Before(truncated=state.truncate_applied)
+    return state, _before(spark, target, schema, keys, pointers, state.truncate_applied)
+
+
+def written(state: TableState, ends: Mapping[TopicPartition, int]) -> bool:
+    """Whether the history already holds the batch of offsets up to `ends` (written before
+    its table's commit failed)."""
+    return bool(ends) and all(state.committed.get(tp, -1) >= end for tp, end in ends.items())
+
+
+def commit_history(
+    spark: SparkSession,
+    qualified: str,
+    schema: TopicSchema,
+    state: TableState,
+    changed: Changed,
+    ends: Mapping[TopicPartition, int],
+    batch_id: str,
+) -> int | None:
+    """Write what the batch does to the history of table `qualified` (`changed`), the
+    batch's offsets (`ends`) in the same commit; the snapshot that carries them."""
+    target = history_table(qualified)
+    offsets = {**state.committed}
+    for tp, end in ends.items():
+        offsets[tp] = max(end, offsets.get(tp, 0))
+    truncated = [x for x in (state.truncate_applied, *(t for t, _ in changed.truncates)) if x]
+    props = {
+        SUMMARY_OFFSETS: encode_offsets(offsets),
+        SUMMARY_BATCH: batch_id,
+        SUMMARY_RECORDS: str(len(changed.versions)),
+        **({SUMMARY_TRUNCATE: str(max(truncated))} if truncated else {}),
+    }
+    view = f"cdclake_history_{target.replace('.', '_')}"
+    with committing(spark, target, state.snapshot_id, batch_id, props) as into:
+        if changed.versions or changed.closes or changed.truncates:
+            _staged_rows(spark, schema, changed).createOrReplaceTempView(view)
+            try:
+                spark.sql(_merge_sql(into, view, schema, changed))
+            finally:
+                spark.catalog.dropTempView(view)
+    after = check_commit(spark, target, state.snapshot_id, props)
+    log.info(
+        "%s: %d versions opened, %d closed before the batch",
+        target,
+        len(changed.versions),
+        len(changed.closes),
+    )
+    return after
+
+
+def _before(
+    spark: SparkSession,
+    target: str,
+    schema: TopicSchema,
+    keys: set[Key],
+    pointers: set[tuple[Key, int]],
+    truncated: int | None,
+) -> Before:
+    """What the history holds of the batch's keys: each one's latest version and highest
+    LSN, and the old keys' versions before the batch's key changes."""
+    wanted = keys | {k for k, _ in pointers}
+    rows = _versions_of(spark, target, schema, wanted)
+    by_key: dict[Key, list[Version]] = {}
+    high: dict[Key, int] = {}
+    for r in rows:
+        version = _version(r, schema)
+        by_key.setdefault(version.key, []).append(version)
+        for x in (version.lsn, version.end_lsn):
+            if x is not None:
+                high[version.key] = max(x, high.get(version.key, x))
+    latest = {k: max(vs, key=_recency) for k, vs in by_key.items()}
+    as_of = {}
+    for key, lsn in pointers:
+        older = [v for v in by_key.get(key, []) if v.lsn is not None and v.lsn < lsn]
+        if older:
+            as_of[(key, lsn)] = max(older, key=_recency).values
+    return Before(latest, as_of, truncated, high)
+
+
+def _recency(v: Version) -> tuple[bool, int, int]:
+    return (v.end is None, v.start, v.lsn if v.lsn is not None else -1)
+
+
+def _versions_of(
+    spark: SparkSession, target: str, schema: TopicSchema, keys: set[Key]
+) -> list[dict[str, Any]]:
+    """Every version of `keys` in the history, as Arrow reads them (the batch's types)."""
+    import pyarrow as pa
+
+    key_table = pa.table(
+        {
+            k.name: pa.array([key[i] for key in keys], arrow_type(k.type))
+            for i, k in enumerate(schema.key)
+        }
+    )
+    from cdclake.kafka.reader import arrow_frame
+
+    ddl = ", ".join(f"{quote(k.name)} {k.type}" for k in schema.key)
+    view = f"cdclake_history_keys_{target.replace('.', '_')}"
+    arrow_frame(spark, key_table, ddl).createOrReplaceTempView(view)
+    try:
+        on = " AND ".join(f"h.{quote(k)} = k.{quote(k)}" for k in schema.key_names)
+        found = spark.sql(f"SELECT h.* FROM {target} h LEFT SEMI JOIN {view} k ON {on}")
+        batches = found._collect_as_arrow()
+    finally:
+        spark.catalog.dropTempView(view)
+    rows: list[dict[str, Any]] = pa.Table.from_batches(batches).to_pylist() if batches else []
+    return rows
+
+
+def _ms(value: Any) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def _version(row: Mapping[str, Any], schema: TopicSchema) -> Version:
+    return Version(
+        key=tuple(row[k] for k in schema.key_names),
+        values={c.name: row[c.name] for c in schema.columns},
+        start=_ms(row[VALID_FROM]) or 0,
+        lsn=row[LSN],
+        partition=row[PARTITION],
+        offset=row[OFFSET],
+        op=row[OP],
+        end=_ms(row[VALID_TO]),
+        end_lsn=row[CLOSED_LSN],
+    )
+
+
+def _staged_rows(spark: SparkSession, schema: TopicSchema, changed: Changed) -> Any:
+    """The batch's new versions and the earlier versions it closes, as a DataFrame."""
+    from cdclake.kafka.reader import arrow_frame
+
+    rows = [(v, True, v.end, v.end_lsn) for v in changed.versions]
+    rows += [(v, False, at, lsn) for v, at, lsn in changed.closes]
+    columns = [(c.name, c.type) for c in schema.columns]
+    meta = [(VALID_FROM, "timestamp"), (VALID_TO, "timestamp"), (CURRENT, "boolean")]
+    meta += [(CLOSED_LSN, "bigint"), (OP, "string"), (SOURCE_TS, "timestamp"), (LSN, "bigint")]
+    meta += [(PARTITION, "int"), (OFFSET, "bigint"), (_NEW, "boolean")]
+    data: dict[str, list[Any]] = {name: [] for name, _ in [*columns, *meta]}
+    for v, new, end, end_lsn in rows:
+        for name, _ in columns:
+            data[name].append(v.values.get(name))
+        for name, value in (
+            (VALID_FROM, v.start * 1000),
+            (VALID_TO, None if end is None else end * 1000),
+            (CURRENT, end is None),
+            (CLOSED_LSN, end_lsn),
+            (OP, v.op),
+            (SOURCE_TS, v.start * 1000),
+            (LSN, v.lsn),
+            (PARTITION, v.partition),
+            (OFFSET, v.offset),
+            (_NEW, new),
+        ):
+            data[name].append(value)
+    table = _arrow(data, [*columns, *meta])
+    ddl = ", ".join(f"{quote(n)} {t}" for n, t in [*columns, *meta])
+    return arrow_frame(spark, table, ddl)
+
+
+def _arrow(data: Mapping[str, list[Any]], columns: Sequence[tuple[str, str]]) -> pa.Table:
+    import pyarrow as pa
+
+    arrays = []
+    for name, type_ in columns:
+        kind = arrow_type(type_)
+        if pa.types.is_timestamp(kind) and name in (VALID_FROM, VALID_TO, SOURCE_TS):
+            arrays.append(pa.array(data[name], pa.int64()).cast(kind))
+        else:
+            arrays.append(pa.array(data[name], kind))
+    return pa.table(arrays, names=[n for n, _ in columns])
+
+
+def _merge_sql(target: str, view: str, schema: TopicSchema, changed: Changed) -> str:
+    """Insert the new versions, close the earlier ones the batch closes, and at a
+    truncate every other open version."""
+    names = [
+        *(c.name for c in schema.columns),
+        VALID_FROM,
+        VALID_TO,
+        CURRENT,
+        CLOSED_LSN,
+        OP,
+        SOURCE_TS,
+        LSN,
+        PARTITION,
+        OFFSET,
+    ]
+    cols = ", ".join(quote(n) for n in names)
+    values = ", ".join(f"s.{quote(n)}" for n in names)
+    close = f"{VALID_TO} = s.{VALID_TO}, {CURRENT} = false, {CLOSED_LSN} = s.{CLOSED_LSN}"
+    sql = (
+        f"MERGE INTO {target} t USING {view} s ON NOT s.{_NEW} "
+        f"AND t.{PARTITION} = s.{PARTITION} AND t.{OFFSET} = s.{OFFSET} "
+        f"WHEN MATCHED THEN UPDATE SET {close} "
+        f"WHEN NOT MATCHED AND s.{_NEW} THEN INSERT ({cols}) VALUES ({values})"
+    )
+    if changed.truncates:
+        lsn, ms = changed.truncates[0]
+        at = f"timestamp_millis({int(ms)})"
+        closed = "NULL" if lsn is None else str(int(lsn))
+        sql += (
+            f" WHEN NOT MATCHED BY SOURCE AND t.{CURRENT} THEN UPDATE SET {VALID_TO} = {at}, "
+            f"{CURRENT} = false, {CLOSED_LSN} = {closed}"
+        )
+    return sql
