@@ -17,6 +17,10 @@ from cdclake.resolve.fold import resolve_rows
 from cdclake.resolved import Resolved
 
 HISTORY_READ_BYTES = 1 << 30  # a slice's raw records the history's read holds at most
+# what the history reads of each change beside its row after and its key
+HISTORY_FIELDS = (
+    *("partition", "offset", "is_tombstone", "follows_gap", "op", "ts_ms", "lsn", "moved"),
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,6 +96,8 @@ def history_changes(
     from cdclake.debezium.json_decode import decoded
 
     keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    wanted = [*HISTORY_FIELDS, *(f"after__{c.name}" for c in schema.columns)]
+    wanted += [f"{side}__{k}" for k in schema.key_names for side in ("key", "before", "from")]
     if batch.rows is not None:
         parts: Iterable[pa.Table | None] = [batch.rows]
     else:
@@ -109,7 +115,7 @@ def history_changes(
             )
         changes = decoded(_kept(part, topic, schemas), schema, keys, values)
         if changes is not None:
-            out += changes.filter(pc.is_null(changes["reason"])).to_pylist()
+            out += changes.filter(pc.is_null(changes["reason"])).select(wanted).to_pylist()
     return out
 
 

@@ -25,15 +25,16 @@ KAFKA_LOGIN = {
 def bench_pipeline(
     work: Path, settings: StackSettings, workload: Workload, label: str,
     spark_conf: dict[str, str] | None = None, fmt: str = "json", registry: str | None = None,
-    table_properties: dict[str, str] | None = None,
+    table_properties: dict[str, str] | None = None, history: bool = False,
 ) -> PipelineConfig:  # fmt: skip
     """Write and load `<work>/<label>.yaml` (namespace `<label>_<random>`; `fmt`: its
     `kafka.format`; `registry`: the schema registry of an Avro format; `table_properties`:
-    every table's `properties`)."""
+    every table's `properties`; `history`: every table keeps its history)."""
     prefix = workload.streams[0].topic.split(".", 1)[0]
     tables: list = [s.topic.split(".", 1)[1] for s in workload.streams]
-    if table_properties:
-        tables = [{"source": t, "properties": dict(table_properties)} for t in tables]
+    if table_properties or history:
+        tables = [{"source": t, "properties": dict(table_properties or {}), "history": history}
+                  for t in tables]  # fmt: skip
     kafka = {"format": fmt, **({"schema_registry": {"url": registry}}
                                if fmt.startswith("avro") else {})}  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)

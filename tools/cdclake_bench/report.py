@@ -14,6 +14,7 @@ STEP_FIGURES = {
     "throughput": ("throughput_eps", "cpu_s_per_m"),
     "throughput_merge": ("throughput_merge_eps", "peer_merge_ratio", "merge_cpu_s_per_m"),
     "throughput_merge_big": ("throughput_merge_big_eps", "peer_merge_big_ratio"),
+    "throughput_history": ("throughput_history_eps", "history_ratio"),
     "peers": ("peer_ratio", "peer_one_call_ratio", "naive_ratio"),
     "throughput_toast": ("toast_ratio",),
     "throughput_flat": ("flat_ratio",),
@@ -53,7 +54,7 @@ TARGETS = {
 # Figures without a target, shown for context.
 EXTRA_FIGURES = (
     "throughput_merge_big_eps", "throughput_kafka_eps", "naive_ratio", "toast_ratio",
-    "flat_ratio", "avro_ratio",
+    "flat_ratio", "avro_ratio", "throughput_history_eps", "history_ratio",
     "cpu_s_per_m", "merge_cpu_s_per_m", "v3_write_ratio", "v3_read_ratio",
     "freshness_cron_p50_s", "freshness_watch_p50_s", "freshness_cron_max_s",
     "freshness_watch_max_s",

@@ -63,6 +63,24 @@ class SteadySteps:
         self.details["throughput_merge_big"] = out | {"events": events, "rows": z.merge_rows[1],
                                                       "peer": peer}  # fmt: skip
 
+    def throughput_history(self) -> None:
+        """`throughput_merge` with `history: true` on every table: the same first load
+        (untimed) and batch, timed, each table's row versions written beside it. Its
+        events/s over `throughput_merge`'s is what keeping the history costs (1: nothing)."""
+        workload, first, second = self._merge_recording()
+        pipeline = bench_pipeline(self.work, self.stack.s, workload, "history", history=True)
+        self._recorded_batch(pipeline, first, "bench-history-first")
+        out = self._recorded_batch(pipeline, second, "bench-history")
+        events = sum(r.size for r in recorded_ranges(second))
+        eps = events / out["wall_s"]
+        self.figures["throughput_history_eps"] = eps
+        merge = self.figures.get("throughput_merge_eps")
+        if merge:
+            self.figures["history_ratio"] = eps / merge
+        self.say(f"with history: {eps:,.0f} events/s ({out['wall_s']:.1f}s), "
+                 f"{eps / merge if merge else float('nan'):.2f} of without")  # fmt: skip
+        self.details["throughput_history"] = out | {"events": events}
+
     def _merge_recording(self) -> tuple[Workload, Path, Path]:
         """Twice the throughput step's events over its keys, split into a first load and
         a batch MERGEd into it (`split_recording`). A recording of the same sizes in

@@ -79,7 +79,8 @@ def history_before(
     target = history_table(qualified)
     state = table_state(spark, target)
     known = table_columns(spark, target) if state.exists else {}
-    ensure_table(spark, target, history_schema(schema), properties, (), False, known)
+    # by the current flag: a batch's closes scan the open versions only
+    ensure_table(spark, target, history_schema(schema), properties, (CURRENT,), False, known)
     if not state.exists or not (keys or pointers):
         return state, Before(truncated=state.truncate_applied)
     return state, _before(spark, target, schema, keys, pointers, state.truncate_applied)
@@ -118,7 +119,8 @@ def commit_history(
         if changed.versions or changed.closes or changed.truncates:
             _staged_rows(spark, schema, changed).createOrReplaceTempView(view)
             try:
-                spark.sql(_merge_sql(into, view, schema, changed))
+                for sql in _write_sql(into, view, schema, changed):
+                    spark.sql(sql)
             finally:
                 spark.catalog.dropTempView(view)
     after = check_commit(spark, target, state.snapshot_id, props)
@@ -254,9 +256,9 @@ def _arrow(data: Mapping[str, list[Any]], columns: Sequence[tuple[str, str]]) ->
     return pa.table(arrays, names=[n for n, _ in columns])
 
 
-def _merge_sql(target: str, view: str, schema: TopicSchema, changed: Changed) -> str:
-    """Insert the new versions, close the earlier ones the batch closes, and at a
-    truncate every other open version."""
+def _write_sql(target: str, view: str, schema: TopicSchema, changed: Changed) -> list[str]:
+    """Close the open versions the batch closes (and at a truncate every other open
+    version), then append the new versions."""
     names = [
         *(c.name for c in schema.columns),
         VALID_FROM,
@@ -269,21 +271,24 @@ def _merge_sql(target: str, view: str, schema: TopicSchema, changed: Changed) ->
         PARTITION,
         OFFSET,
     ]
-    cols = ", ".join(quote(n) for n in names)
-    values = ", ".join(f"s.{quote(n)}" for n in names)
-    close = f"{VALID_TO} = s.{VALID_TO}, {CURRENT} = false, {CLOSED_LSN} = s.{CLOSED_LSN}"
-    sql = (
-        f"MERGE INTO {target} t USING {view} s ON NOT s.{_NEW} "
-        f"AND t.{PARTITION} = s.{PARTITION} AND t.{OFFSET} = s.{OFFSET} "
-        f"WHEN MATCHED THEN UPDATE SET {close} "
-        f"WHEN NOT MATCHED AND s.{_NEW} THEN INSERT ({cols}) VALUES ({values})"
-    )
-    if changed.truncates:
-        lsn, ms = changed.truncates[0]
-        at = f"timestamp_millis({int(ms)})"
-        closed = "NULL" if lsn is None else str(int(lsn))
-        sql += (
-            f" WHEN NOT MATCHED BY SOURCE AND t.{CURRENT} THEN UPDATE SET {VALID_TO} = {at}, "
-            f"{CURRENT} = false, {CLOSED_LSN} = {closed}"
+    out = []
+    if changed.closes or changed.truncates:
+        close = f"{VALID_TO} = s.{VALID_TO}, {CURRENT} = false, {CLOSED_LSN} = s.{CLOSED_LSN}"
+        merge = (
+            f"MERGE INTO {target} t USING (SELECT * FROM {view} WHERE NOT {_NEW}) s "
+            f"ON t.{CURRENT} AND t.{PARTITION} = s.{PARTITION} AND t.{OFFSET} = s.{OFFSET} "
+            f"WHEN MATCHED THEN UPDATE SET {close}"
         )
-    return sql
+        if changed.truncates:
+            lsn, ms = changed.truncates[0]
+            closed = "NULL" if lsn is None else str(int(lsn))
+            merge += (
+                f" WHEN NOT MATCHED BY SOURCE AND t.{CURRENT} THEN UPDATE SET "
+                f"{VALID_TO} = timestamp_millis({int(ms)}), {CURRENT} = false, "
+                f"{CLOSED_LSN} = {closed}"
+            )
+        out.append(merge)
+    if changed.versions:
+        cols = ", ".join(quote(n) for n in names)
+        out.append(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {view} WHERE {_NEW}")
+    return out

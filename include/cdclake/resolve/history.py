@@ -132,6 +132,7 @@ class _Run:
         times: Mapping[tuple[int, int], int],
     ) -> None:
         self.schema, self.before, self.truncates = schema, before, truncates
+        self.names = schema.key_names
         self.toasty = [c.name for c in toastable(schema)]
         self.open: dict[Key, Version | None] = {}
         self.passed: dict[Key, int] = {}  # the truncates each key has been closed by
@@ -179,7 +180,7 @@ class _Run:
         """Apply the key's changes in order until one waits for another key's change (not
         when `stuck`); the changes left."""
         for i, c in enumerate(changes):
-            source = moved_from(c, self.schema.key_names)
+            source = moved_from(c, self.names)
             pointer = (source, c["lsn"]) if source is not None else None
             if (
                 pointer is not None
