@@ -117,3 +117,11 @@ def test_history_keeps_every_version_with_toast_values_through_key_changes(stack
     # the chain 2 -> 12 -> 13 kept key 2's body, not the body of the row inserted as 2 after
     first_two = [v for v in expected_versions(states)[2]][0]
     assert lake_versions(spark, pipeline)[13][0][1] == first_two[1]
+    # a rebuild backfill builds the history again from Kafka
+    from cdclake_control.backfill import parse_request, plan_pipeline_backfill, run_backfill
+
+    rebuild = dict(tables=[t], mode="rebuild", start="earliest", end="latest")
+    run_backfill(spark, pipeline, plan_pipeline_backfill(pipeline, parse_request(pipeline,
+                                                         **rebuild), "hist-rebuild"))  # fmt: skip
+    assert lake_versions(spark, pipeline) == expected_versions(states)
+    assert all(c.equal for c in compare_pipeline(pipeline, stack.source_dsn))
