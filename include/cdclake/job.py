@@ -356,7 +356,7 @@ def _load_table(
     resolved = resolve_table(batch, topic, table, schema, schemas, state.truncate_applied)
     resolved, moved = _linked(spark, qualified, schema, state, resolved)
     if table.history:  # before the table: a failed table's batch is written again
-        _history(batch, table, schema, schemas, ends)
+        _history(batch, table, schema, schemas, ends, state)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
@@ -388,8 +388,10 @@ def _history(
     schema: TopicSchema,
     schemas: dict[str, list[tuple[int, str]]],
     ends: dict[TopicPartition, int],
+    current: TableState,
 ) -> None:
-    """Write the batch's versions into the table's history (`cdclake.iceberg.history`)."""
+    """Write the batch's versions into the table's history (`cdclake.iceberg.history`);
+    `current`: the table's state."""
     qualified = batch.pipeline.qualified_target(table)
     if not schema.key_names:
         raise ConfigError(
@@ -398,9 +400,8 @@ def _history(
         )
     topic = batch.pipeline.topic_for(table)
     changes = history_changes(batch, topic, schema, schemas)
-    keys, pointers = lookups(changes, schema)
-    spark = batch.spark
-    state, before = history_before(spark, qualified, schema, keys, pointers, table.properties)
+    spark, lookup = batch.spark, lookups(changes, schema)
+    state, before = history_before(spark, qualified, schema, lookup, table.properties, current)
     if written(state, ends):
         return
     changed = history(changes, schema, before)

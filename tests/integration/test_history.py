@@ -91,6 +91,8 @@ def test_history_keeps_every_version_with_toast_values_through_key_changes(stack
          f"truncate {t}",
          f"insert into {t} values (1, 'after', {BIG})"],
     ]  # fmt: skip
+    # another pipeline loads the table without its history, which is turned on later
+    late = make_pipeline(tmp_path, f"it_late_{n}", [t])
     states: list[dict[int, tuple]] = []
     target = pipeline.qualified_target(pipeline.tables[0])
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -108,6 +110,15 @@ def test_history_keeps_every_version_with_toast_values_through_key_changes(stack
                 history_table(pipeline.qualified_target(pipeline.tables[0])),
             ]
             assert all(c.equal for c in compared), [(c.missing, c.extra) for c in compared]
+            if i == 0:
+                load_all(stack, spark, late, "late-0")
+                late = make_pipeline(tmp_path, f"it_late_{n}", [{"source": t, "history": True}])
+            if i == 1:  # history on for a table loaded before: its rows are the first versions
+                load_all(stack, spark, late, "late-1")
+                assert all(c.equal for c in compare_pipeline(late, stack.source_dsn))
+                seeded = lake_versions(spark, late)
+                assert seeded[1] == [(*states[0][1], False), (*states[-1][1], True)], seeded
+                assert seeded[13] == [(*states[-1][13], True)]  # a key change: the new key's
             if i == 1:  # the table's commit lost after the history's: the next batch reads
                 # these changes again, and the history adds nothing of them
                 table = target.split(".", 1)[1]

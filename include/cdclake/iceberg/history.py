@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import (
+    DELETED,
     LSN,
+    METADATA_COLUMNS,
     OFFSET,
     OP,
     PARTITION,
@@ -26,7 +28,13 @@ from cdclake.debezium.schema import (
     TopicSchema,
 )
 from cdclake.iceberg.merge_sql import quote
-from cdclake.iceberg.tables import TableState, ensure_table, table_columns, table_state
+from cdclake.iceberg.tables import (
+    TableState,
+    commit_properties,
+    ensure_table,
+    table_columns,
+    table_state,
+)
 from cdclake.iceberg.write import check_commit, committing
 from cdclake.offsets import (
     SUMMARY_BATCH,
@@ -68,22 +76,44 @@ def history_before(
     spark: SparkSession,
     qualified: str,
     schema: TopicSchema,
-    keys: set[Key],
-    pointers: set[tuple[Key, int]],
+    lookup: tuple[set[Key], set[tuple[Key, int]]],
     properties: Mapping[str, str],
+    table: TableState,
 ) -> tuple[TableState, Before]:
-    """The history table of table `qualified` as a batch finds it (made on first sight
-    with the table's `properties`, given the table's new columns), and what it holds of
-    the batch's `keys` and of the old keys of its key changes (`pointers`: old key, the
-    change's LSN)."""
+    """The history table of table `qualified` as a batch finds it, and what it holds of
+    the batch's keys and of the old keys of its key changes (`lookup`: the keys, and
+    (old key, the change's LSN) pairs). Made on first sight with the table's `properties`,
+    holding the rows of the table (`table`: its state) as their open versions; given the
+    table's new columns."""
+    keys, pointers = lookup
     target = history_table(qualified)
     state = table_state(spark, target)
     known = table_columns(spark, target) if state.exists else {}
     # by the current flag: a batch's closes scan the open versions only
     ensure_table(spark, target, history_schema(schema), properties, (CURRENT,), False, known)
+    if not state.exists and not table.empty:
+        _seed(spark, qualified, target, table)
+        state = table_state(spark, target)
     if not state.exists or not (keys or pointers):
         return state, Before(truncated=state.truncate_applied)
     return state, _before(spark, target, schema, keys, pointers, state.truncate_applied)
+
+
+def _seed(spark: SparkSession, qualified: str, target: str, table: TableState) -> None:
+    """The table's rows as the history's first versions, open since their last change,
+    at the table's offsets: a history turned on for a table already loaded."""
+    have, kept = table_columns(spark, qualified), table_columns(spark, target)
+    cols = [quote(n) for n in have if n in kept and n not in METADATA_COLUMNS and n != DELETED]
+    meta = [VALID_FROM, VALID_TO, CURRENT, CLOSED_LSN, OP, SOURCE_TS, LSN, PARTITION, OFFSET]
+    values = [SOURCE_TS, "NULL", "true", "NULL", OP, SOURCE_TS, LSN, PARTITION, OFFSET]
+    live = f" WHERE NOT coalesce({DELETED}, false)" if DELETED in have else ""
+    props = {SUMMARY_OFFSETS: encode_offsets(table.committed), SUMMARY_BATCH: "history-seed"}
+    with commit_properties(spark, props):
+        spark.sql(
+            f"INSERT INTO {target} ({', '.join([*cols, *meta])}) "
+            f"SELECT {', '.join([*cols, *values])} FROM {qualified}{live}"
+        )
+    log.info("%s: the rows of %s taken as their open versions", target, qualified)
 
 
 def written(state: TableState, ends: Mapping[TopicPartition, int]) -> bool:
