@@ -202,6 +202,8 @@ class TableConfig:
     properties: Settings = field(default_factory=dict)  # Iceberg table properties
     # keep every version of each row (SCD type 2) in `<target>_history` beside the table
     history: bool = False
+    # the columns whose change opens a version (default all); others are set in place
+    history_columns: tuple[Column, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -222,6 +224,11 @@ class TableConfig:
         clash = sorted(set(self.key) & set(self.exclude))
         if clash:
             raise FieldProblem("exclude", f"key column(s) {clash} cannot be excluded")
+        if self.history_columns and not self.history:
+            raise FieldProblem("history_columns", "needs history: true")
+        gone = sorted(set(self.history_columns) & set(self.exclude))
+        if gone:
+            raise FieldProblem("history_columns", f"column(s) {gone} are excluded")
         if self.target or is_glob(self.source):
             return self
         return replace(self, target=self.source_table)

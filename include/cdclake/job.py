@@ -404,7 +404,14 @@ def _history(
     state, before = history_before(spark, qualified, schema, lookup, table.properties, current)
     if written(state, ends):
         return
-    changed = history(changes, schema, before)
+    known = {c.name for c in schema.columns}
+    unknown = [c for c in table.history_columns if c not in known]
+    if unknown:
+        raise ConfigError(
+            f"{qualified}: history_columns {unknown} are not columns of the table "
+            f"(its columns: {', '.join(sorted(known))})"
+        )
+    changed = history(changes, schema, before, table.history_columns)
     commit_history(spark, qualified, schema, state, changed, ends, batch.plan.batch_id)
 
 

@@ -84,6 +84,8 @@ class Version:
     op: str
     end: int | None = None
     end_lsn: int | None = None  # the LSN of the change that closed it
+    # the LSN of the last change of columns outside `history_columns`, taken in place
+    updated_lsn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Before:
     """What the history held before the batch: each of the batch's keys' latest version
     (open or closed), the values of an old key before a change moved it (old key, the
     change's LSN), the LSN of the last truncate it applied, and each key's highest LSN
-    (of a change that opened or closed a version)."""
+    (of a change that opened, changed or closed a version)."""
 
     latest: Mapping[Key, Version] = field(default_factory=dict)
     as_of: Mapping[tuple[Key, int], dict[str, Any]] = field(default_factory=dict)
@@ -102,9 +104,10 @@ class Before:
 @dataclass
 class Changed:
     """What a batch does to the history: its new versions (`end` set for those it closed
-    too), the earlier versions it closes (when, by which LSN), and the batch's truncates
-    not re-sent (LSN, source time): the first closes every other open version."""
+    too), the versions from before it that it changed (closed, or their untracked columns
+    taken in place), and the batch's truncates not re-sent (LSN, source time): the first
+    closes every other open version."""
 
     versions: list[Version] = field(default_factory=list)
-    closes: list[tuple[Version, int, int | None]] = field(default_factory=list)
+    earlier: list[Version] = field(default_factory=list)
     truncates: list[tuple[int | None, int]] = field(default_factory=list)  # (LSN, ms)

@@ -26,7 +26,7 @@ def source_state(conn, table: str) -> dict[int, tuple]:
 
 
 def expected_versions(states: list[dict[int, tuple]]) -> dict[int, list[tuple]]:
-    """Per key, its versions' (note, md5 of body, open) from the source's state after
+    """Per key, its versions (the state's values, open) from the source's state after
     each transaction."""
     out: dict[int, list[list]] = {}
     last: dict[int, tuple] = {}
@@ -36,7 +36,7 @@ def expected_versions(states: list[dict[int, tuple]]) -> dict[int, list[tuple]]:
             if now == was:
                 continue
             if was is not None:
-                out[key][-1][2] = False
+                out[key][-1][-1] = False
             if now is not None:
                 out.setdefault(key, []).append([*now, True])
         last = state
@@ -93,6 +93,9 @@ def test_history_keeps_every_version_with_toast_values_through_key_changes(stack
     ]  # fmt: skip
     # another pipeline loads the table without its history, which is turned on later
     late = make_pipeline(tmp_path, f"it_late_{n}", [t])
+    # and one whose versions follow `note` only: `body` is set in the open version
+    tracked = {"source": t, "history": True, "history_columns": ["note"]}
+    notes = make_pipeline(tmp_path, f"it_notes_{n}", [tracked])
     states: list[dict[int, tuple]] = []
     target = pipeline.qualified_target(pipeline.tables[0])
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
@@ -110,6 +113,11 @@ def test_history_keeps_every_version_with_toast_values_through_key_changes(stack
                 history_table(pipeline.qualified_target(pipeline.tables[0])),
             ]
             assert all(c.equal for c in compared), [(c.missing, c.extra) for c in compared]
+            load_all(stack, spark, notes, f"notes-{i}")
+            by_note = [{k: v[:1] for k, v in state.items()} for state in states]
+            got = {k: [(v[0], v[2]) for v in vs] for k, vs in lake_versions(spark, notes).items()}
+            assert got == expected_versions(by_note), f"step {i}"
+            assert all(c.equal for c in compare_pipeline(notes, stack.source_dsn))
             if i == 0:
                 load_all(stack, spark, late, "late-0")
                 late = make_pipeline(tmp_path, f"it_late_{n}", [{"source": t, "history": True}])

@@ -86,6 +86,11 @@ def test_environment_variables_are_interpolated(tmp_path, monkeypatch):
         (('"days(at)"', '"days(at); drop table x"'), "tables[2].partition_by[1]"),
         (("exclude: [secret]", "exclude: [id], key: [id]"), "tables[2].exclude"),
         (("delete_mode: soft", "colour: red"), "tables[2].colour"),  # unknown table field
+        (("delete_mode: soft", "history_columns: [x]"), "tables[2].history_columns"),  # no history
+        (
+            ("exclude: [secret]", "exclude: [secret], history: true, history_columns: [secret]"),
+            "tables[2].history_columns",
+        ),  # excluded
         (
             ("tables:", "connector: {binary_handling_mode: octal}\ntables:"),
             "connector.binary_handling_mode",
@@ -578,8 +583,8 @@ def test_every_problem_of_a_file_is_reported_one_line_each(tmp_path):
         load_pipeline(path)
     assert str(err.value).splitlines() == [
         f"{path}: name: 'Shop' must be lower-case letters, digits and underscores (at most 100)",
-        f"{path}: tables[2].colour: unknown key (known: delete_mode, exclude, history, key, "
-        "partition_by, properties, source, target)",
+        f"{path}: tables[2].colour: unknown key (known: delete_mode, exclude, history, "
+        "history_columns, key, partition_by, properties, source, target)",
         f"{path}: parallel_tables: Input should be greater than 0",
         f"{path}: maintenance.retain_last: must be a whole number, got True",  # no 1
     ]

@@ -2,6 +2,7 @@
 versions the generator says the records hold (`tests.histories`)."""
 
 import random
+from datetime import date
 
 import pytest
 from cdclake.debezium.json_decode import decoded
@@ -43,7 +44,7 @@ class Store:
             by_key.setdefault(v.key, []).append(v)
         latest = {k: max(vs, key=lambda v: v.lsn or 0) for k, vs in by_key.items()}
         high = {
-            k: max(x for v in vs for x in (v.lsn, v.end_lsn) if x is not None)
+            k: max(x for v in vs for x in (v.lsn, v.end_lsn, v.updated_lsn) if x is not None)
             for k, vs in by_key.items()
         }
         as_of = {}
@@ -56,8 +57,8 @@ class Store:
         return Before(latest, as_of, self.truncated, high)
 
     def apply(self, changed) -> None:
-        for version, at, lsn in changed.closes:
-            version.end, version.end_lsn = at, lsn
+        for version in changed.earlier:
+            self.rows[(version.partition, version.offset)] = version
         if changed.truncates:
             (lsn, ms), self.truncated = changed.truncates[0], changed.truncates[-1][0]
             for v in self.rows.values():
@@ -121,4 +122,27 @@ def test_a_placeholder_takes_the_open_versions_value_from_before_the_batch():
     )
     got = history(changes, schema, Before({(1,): opened}, high={(1,): 20}))
     assert [(v.values["name"], v.lsn) for v in got.versions] == [("kept", 40)]
-    assert [(v.lsn, at, lsn) for v, at, lsn in got.closes] == [(20, 1_700_000_000_000, 40)]
+    assert [(v.lsn, v.end, v.end_lsn) for v in got.earlier] == [(20, 1_700_000_000_000, 40)]
+    assert opened.end is None  # the history's own is left as it was
+
+
+def test_untracked_columns_change_the_open_version_in_place_and_resent_ones_do_not():
+    def update(offset, lsn, **row):
+        return (0, offset, key_record(1), value_record("u", None, {**item(1, "a"), **row},
+                                                       lsn=lsn), None)  # fmt: skip
+
+    part = [(0, 0, key_record(1), value_record("c", None, item(1, "a"), lsn=10), None),
+            update(1, 20, day=1),  # only `day`: in place
+            update(2, 30, day=2, name="b")]  # fmt: skip
+    schema, changes = changes_of(part)
+    got = history(changes, schema, Before(), tracked=["name"])
+    assert [(v.values["name"], v.values["day"], v.updated_lsn) for v in got.versions] == [
+        ("a", date(1970, 1, 2), 20),
+        ("b", date(1970, 1, 3), None),
+    ]
+    opened = got.versions[-1]
+    later = [update(3, 40, name="b", day=5), update(4, 35, name="b", day=4)]  # 35: re-sent
+    schema, changes = changes_of(later)
+    again = history(changes, schema, Before({(1,): opened}, high={(1,): 30}), tracked=["name"])
+    assert again.versions == []
+    assert [(v.values["day"], v.updated_lsn) for v in again.earlier] == [(date(1970, 1, 6), 40)]

@@ -12,14 +12,13 @@ failed) finds every change re-sent and adds nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import (
     DELETED,
     LSN,
-    METADATA_COLUMNS,
     OFFSET,
     OP,
     PARTITION,
@@ -53,8 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSED_LSN = "_cdc_closed_lsn"
+UPDATED_LSN = "_cdc_updated_lsn"  # the last change of untracked columns taken in place
 HISTORY_SUFFIX = "_history"
-_NEW = "_cdc_new"  # a staged row is a new version (else it closes one)
+_NEW = "_cdc_new"  # a staged row is a new version (else one from before the batch)
 
 
 def history_table(qualified: str) -> str:
@@ -68,6 +68,7 @@ def history_schema(schema: TopicSchema) -> TopicSchema:
         Column(VALID_TO, "timestamp"),
         Column(CURRENT, "boolean"),
         Column(CLOSED_LSN, "bigint"),
+        Column(UPDATED_LSN, "bigint"),
     )
     return TopicSchema((), (*schema.columns, *extra), schema.format)
 
@@ -102,17 +103,17 @@ def history_before(
 def _seed(spark: SparkSession, qualified: str, target: str, table: TableState) -> None:
     """The table's rows as the history's first versions, open since their last change,
     at the table's offsets: a history turned on for a table already loaded."""
-    have, kept = table_columns(spark, qualified), table_columns(spark, target)
-    cols = [quote(n) for n in have if n in kept and n not in METADATA_COLUMNS and n != DELETED]
-    meta = [VALID_FROM, VALID_TO, CURRENT, CLOSED_LSN, OP, SOURCE_TS, LSN, PARTITION, OFFSET]
-    values = [SOURCE_TS, "NULL", "true", "NULL", OP, SOURCE_TS, LSN, PARTITION, OFFSET]
+    have = table_columns(spark, qualified)
+    meta = {VALID_FROM: SOURCE_TS, CURRENT: "true", OP: OP, SOURCE_TS: SOURCE_TS, LSN: LSN}
+    meta |= {PARTITION: PARTITION, OFFSET: OFFSET}
+    values = [
+        meta.get(n) or (quote(n) if n in have and n != DELETED else "NULL")
+        for n in table_columns(spark, target)
+    ]
     live = f" WHERE NOT coalesce({DELETED}, false)" if DELETED in have else ""
     props = {SUMMARY_OFFSETS: encode_offsets(table.committed), SUMMARY_BATCH: "history-seed"}
     with commit_properties(spark, props):
-        spark.sql(
-            f"INSERT INTO {target} ({', '.join([*cols, *meta])}) "
-            f"SELECT {', '.join([*cols, *values])} FROM {qualified}{live}"
-        )
+        spark.sql(f"INSERT INTO {target} SELECT {', '.join(values)} FROM {qualified}{live}")
     log.info("%s: the rows of %s taken as their open versions", target, qualified)
 
 
@@ -146,10 +147,10 @@ def commit_history(
     }
     view = f"cdclake_history_{target.replace('.', '_')}"
     with committing(spark, target, state.snapshot_id, batch_id, props) as into:
-        if changed.versions or changed.closes or changed.truncates:
+        if changed.versions or changed.earlier or changed.truncates:
             _staged_rows(spark, schema, changed).createOrReplaceTempView(view)
             try:
-                for sql in _write_sql(into, view, schema, changed):
+                for sql in _write_sql(into, view, schema, changed, table_columns(spark, target)):
                     spark.sql(sql)
             finally:
                 spark.catalog.dropTempView(view)
@@ -158,7 +159,7 @@ def commit_history(
         "%s: %d versions opened, %d closed before the batch",
         target,
         len(changed.versions),
-        len(changed.closes),
+        len(changed.earlier),
     )
     return after
 
@@ -173,17 +174,18 @@ def _before(
 ) -> Before:
     """What the history holds of the batch's keys: each one's latest version and highest
     LSN, and the old keys' versions before the batch's key changes."""
-    wanted = keys | {k for k, _ in pointers}
-    rows = _versions_of(spark, target, schema, wanted)
-    by_key: dict[Key, list[Version]] = {}
+    latest: dict[Key, Version] = {}
     high: dict[Key, int] = {}
-    for r in rows:
-        version = _version(r, schema)
+    for row in _versions_of(spark, target, schema, keys, latest=True):
+        version = _version(row, schema)
+        latest[version.key] = version
+        if row[_HIGH] != _NO_LSN:
+            high[version.key] = row[_HIGH]
+    by_key: dict[Key, list[Version]] = {}
+    olds = {k for k, _ in pointers}
+    for row in _versions_of(spark, target, schema, olds, latest=False) if olds else []:
+        version = _version(row, schema)
         by_key.setdefault(version.key, []).append(version)
-        for x in (version.lsn, version.end_lsn):
-            if x is not None:
-                high[version.key] = max(x, high.get(version.key, x))
-    latest = {k: max(vs, key=_recency) for k, vs in by_key.items()}
     as_of = {}
     for key, lsn in pointers:
         older = [v for v in by_key.get(key, []) if v.lsn is not None and v.lsn < lsn]
@@ -193,30 +195,47 @@ def _before(
 
 
 def _recency(v: Version) -> tuple[bool, int, int]:
+    """The order of a key's versions, latest last: the open one, else by start and LSN."""
     return (v.end is None, v.start, v.lsn if v.lsn is not None else -1)
 
 
+_HIGH, _NO_LSN = "_cdc_high", -(2**63)
+
+
 def _versions_of(
-    spark: SparkSession, target: str, schema: TopicSchema, keys: set[Key]
+    spark: SparkSession, target: str, schema: TopicSchema, keys: set[Key], latest: bool
 ) -> list[dict[str, Any]]:
-    """Every version of `keys` in the history, as Arrow reads them (the batch's types)."""
+    """Every version of `keys` in the history, as Arrow reads them (the batch's types); with
+    `latest`, each key's latest (`_recency`) with its highest LSN (`_HIGH`)."""
     import pyarrow as pa
 
+    from cdclake.kafka.reader import arrow_frame
+
+    if not keys:
+        return []
     key_table = pa.table(
         {
             k.name: pa.array([key[i] for key in keys], arrow_type(k.type))
             for i, k in enumerate(schema.key)
         }
     )
-    from cdclake.kafka.reader import arrow_frame
-
     ddl = ", ".join(f"{quote(k.name)} {k.type}" for k in schema.key)
     view = f"cdclake_history_keys_{target.replace('.', '_')}"
     arrow_frame(spark, key_table, ddl).createOrReplaceTempView(view)
+    on = " AND ".join(f"h.{quote(k)} = k.{quote(k)}" for k in schema.key_names)
+    sql = f"SELECT h.* FROM {target} h LEFT SEMI JOIN {view} k ON {on}"
+    if latest:
+        by = ", ".join(quote(k) for k in schema.key_names)
+        lsns = ", ".join(f"coalesce({n}, {_NO_LSN})" for n in (LSN, CLOSED_LSN, UPDATED_LSN))
+        lsns = f"greatest({lsns})"
+        order = f"{CURRENT} DESC, {VALID_FROM} DESC, {LSN} DESC NULLS LAST"
+        sql = (
+            f"SELECT * FROM (SELECT v.*, max({lsns}) OVER (PARTITION BY {by}) AS {_HIGH}, "
+            f"row_number() OVER (PARTITION BY {by} ORDER BY {order}) AS _cdc_rank "
+            f"FROM ({sql}) v) WHERE _cdc_rank = 1"
+        )
     try:
-        on = " AND ".join(f"h.{quote(k)} = k.{quote(k)}" for k in schema.key_names)
-        found = spark.sql(f"SELECT h.* FROM {target} h LEFT SEMI JOIN {view} k ON {on}")
-        batches = found._collect_as_arrow()
+        batches = spark.sql(sql)._collect_as_arrow()
     finally:
         spark.catalog.dropTempView(view)
     rows: list[dict[str, Any]] = pa.Table.from_batches(batches).to_pylist() if batches else []
@@ -238,28 +257,31 @@ def _version(row: Mapping[str, Any], schema: TopicSchema) -> Version:
         op=row[OP],
         end=_ms(row[VALID_TO]),
         end_lsn=row[CLOSED_LSN],
+        updated_lsn=row.get(UPDATED_LSN),
     )
 
 
 def _staged_rows(spark: SparkSession, schema: TopicSchema, changed: Changed) -> Any:
-    """The batch's new versions and the earlier versions it closes, as a DataFrame."""
+    """The batch's new versions and the versions from before it that it changed, as a
+    DataFrame."""
     from cdclake.kafka.reader import arrow_frame
 
-    rows = [(v, True, v.end, v.end_lsn) for v in changed.versions]
-    rows += [(v, False, at, lsn) for v, at, lsn in changed.closes]
+    rows = [(v, True) for v in changed.versions] + [(v, False) for v in changed.earlier]
     columns = [(c.name, c.type) for c in schema.columns]
     meta = [(VALID_FROM, "timestamp"), (VALID_TO, "timestamp"), (CURRENT, "boolean")]
-    meta += [(CLOSED_LSN, "bigint"), (OP, "string"), (SOURCE_TS, "timestamp"), (LSN, "bigint")]
+    meta += [(CLOSED_LSN, "bigint"), (UPDATED_LSN, "bigint"), (OP, "string")]
+    meta += [(SOURCE_TS, "timestamp"), (LSN, "bigint")]
     meta += [(PARTITION, "int"), (OFFSET, "bigint"), (_NEW, "boolean")]
     data: dict[str, list[Any]] = {name: [] for name, _ in [*columns, *meta]}
-    for v, new, end, end_lsn in rows:
+    for v, new in rows:
         for name, _ in columns:
             data[name].append(v.values.get(name))
         for name, value in (
             (VALID_FROM, v.start * 1000),
-            (VALID_TO, None if end is None else end * 1000),
-            (CURRENT, end is None),
-            (CLOSED_LSN, end_lsn),
+            (VALID_TO, None if v.end is None else v.end * 1000),
+            (CURRENT, v.end is None),
+            (CLOSED_LSN, v.end_lsn),
+            (UPDATED_LSN, v.updated_lsn),
             (OP, v.op),
             (SOURCE_TS, v.start * 1000),
             (LSN, v.lsn),
@@ -286,28 +308,23 @@ def _arrow(data: Mapping[str, list[Any]], columns: Sequence[tuple[str, str]]) ->
     return pa.table(arrays, names=[n for n, _ in columns])
 
 
-def _write_sql(target: str, view: str, schema: TopicSchema, changed: Changed) -> list[str]:
-    """Close the open versions the batch closes (and at a truncate every other open
-    version), then append the new versions."""
-    names = [
-        *(c.name for c in schema.columns),
-        VALID_FROM,
-        VALID_TO,
-        CURRENT,
-        CLOSED_LSN,
-        OP,
-        SOURCE_TS,
-        LSN,
-        PARTITION,
-        OFFSET,
-    ]
+def _write_sql(
+    target: str, view: str, schema: TopicSchema, changed: Changed, columns: Iterable[str]
+) -> list[str]:
+    """Set the versions from before the batch that it changed (closed, or their untracked
+    columns taken), and at a truncate close every other open version; then append the
+    new versions (`columns`: the history table's, in order; those the batch lacks NULL)."""
+    staged = {c.name for c in schema.columns} | {VALID_FROM, VALID_TO, CURRENT, CLOSED_LSN}
+    staged |= {UPDATED_LSN, OP, SOURCE_TS, LSN, PARTITION, OFFSET}
+    values = ", ".join(quote(n) if n in staged else "NULL" for n in columns)
     out = []
-    if changed.closes or changed.truncates:
-        close = f"{VALID_TO} = s.{VALID_TO}, {CURRENT} = false, {CLOSED_LSN} = s.{CLOSED_LSN}"
+    if changed.earlier or changed.truncates:
+        changes = [*(c.name for c in schema.columns), VALID_TO, CURRENT, CLOSED_LSN, UPDATED_LSN]
+        update = ", ".join(f"{quote(n)} = s.{quote(n)}" for n in changes)
         merge = (
             f"MERGE INTO {target} t USING (SELECT * FROM {view} WHERE NOT {_NEW}) s "
             f"ON t.{CURRENT} AND t.{PARTITION} = s.{PARTITION} AND t.{OFFSET} = s.{OFFSET} "
-            f"WHEN MATCHED THEN UPDATE SET {close}"
+            f"WHEN MATCHED THEN UPDATE SET {update}"
         )
         if changed.truncates:
             lsn, ms = changed.truncates[0]
@@ -319,6 +336,5 @@ def _write_sql(target: str, view: str, schema: TopicSchema, changed: Changed) ->
             )
         out.append(merge)
     if changed.versions:
-        cols = ", ".join(quote(n) for n in names)
-        out.append(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {view} WHERE {_NEW}")
+        out.append(f"INSERT INTO {target} SELECT {values} FROM {view} WHERE {_NEW}")
     return out

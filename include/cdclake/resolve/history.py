@@ -5,8 +5,10 @@ Rules, per key in Kafka order (`cdclake.resolve.rules` decides which changes cou
 - a change whose LSN is not above one already seen for its key (in the history, or
   earlier in the batch) is re-sent and adds nothing, as in the fold; a tombstone adds
   nothing, but for one after a gap (its delete was compacted away), which deletes;
-- a create, update or snapshot read whose row differs from the key's open version closes
-  that version where it starts and opens its own; one whose row is the same adds nothing;
+- a create, update or snapshot read whose row differs from the key's open version (in the
+  tracked columns: `history_columns`, else all) closes that version where it starts and
+  opens its own; one that changes other columns only sets them in the open version (SCD
+  type 1 for them); one whose row is the same adds nothing;
 - a delete closes the open version; a truncate not re-sent (`rules.fresh_truncates`)
   closes every open version of the table, at its place in the WAL;
 - a TOAST placeholder takes the previous version's value; a primary-key change's create
@@ -17,6 +19,7 @@ Rules, per key in Kafka order (`cdclake.resolve.rules` decides which changes cou
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from cdclake.debezium.schema import TopicSchema
@@ -60,9 +63,15 @@ def _placeholder(value: Any) -> bool:
     return bool(value == TOAST_PLACEHOLDER)
 
 
-def history(changes: Sequence[Mapping[str, Any]], schema: TopicSchema, before: Before) -> Changed:
+def history(
+    changes: Sequence[Mapping[str, Any]],
+    schema: TopicSchema,
+    before: Before,
+    tracked: Sequence[str] = (),
+) -> Changed:
     """The batch's `changes` (decoded, records that cannot be applied left out) applied to
-    the history as it was (`before`); see the module's rules."""
+    the history as it was (`before`); `tracked`: the columns whose change opens a version
+    (none: every column). See the module's rules."""
     names = schema.key_names
     ordered = sorted(changes, key=lambda c: (c["partition"], c["offset"]))
     truncates = fresh_truncates(
@@ -77,7 +86,7 @@ def history(changes: Sequence[Mapping[str, Any]], schema: TopicSchema, before: B
         (c["partition"], c["offset"]): int(c["ts_ms"] or 0) for c in ordered if _is_truncate(c)
     }
     pending = {k: _fresh(v, before.high.get(k)) for k, v in by_key.items()}
-    run = _Run(schema, before, truncates, pending, times)
+    run = _Run(schema, before, truncates, pending, times, tracked)
     out = Changed(truncates=[(t.lsn, times[(t.partition, t.offset)]) for t in truncates])
     while pending:  # a create waiting for its old key's change: that key goes first
         progressed = False
@@ -94,7 +103,7 @@ def history(changes: Sequence[Mapping[str, Any]], schema: TopicSchema, before: B
                 del pending[k]
     for k in by_key:
         run.finish(k)
-    out.versions, out.closes = run.versions, run.closes
+    out.versions, out.earlier = run.versions, list(run.earlier.values())
     return out
 
 
@@ -130,6 +139,7 @@ class _Run:
         truncates: list[Truncate],
         by_key: Mapping[Key, list[Mapping[str, Any]]],
         times: Mapping[tuple[int, int], int],
+        tracked: Sequence[str],
     ) -> None:
         self.schema, self.before, self.truncates = schema, before, truncates
         self.names = schema.key_names
@@ -138,7 +148,8 @@ class _Run:
         self.passed: dict[Key, int] = {}  # the truncates each key has been closed by
         self.versions: list[Version] = []
         self._new: set[int] = set()  # ids of the batch's own versions
-        self.closes: list[tuple[Version, int, int | None]] = []
+        self.earlier: dict[int, Version] = {}  # versions from before the batch it changed
+        self.tracked = list(tracked)
         self.moved: dict[tuple[Key, int], dict[str, Any] | None] = {}  # as of a key change
         self.moving = {  # the key changes whose delete the batch applies
             (k, c["lsn"]) for k, cs in by_key.items() for c in cs if c["moved"] and c["op"] == "d"
@@ -149,19 +160,25 @@ class _Run:
         return self.ts[(t.partition, t.offset)]
 
     def _state(self, key: Key) -> Version | None:
+        """The key's open version (one from before the batch: a copy, changed in place)."""
         if key not in self.open:
             latest = self.before.latest.get(key)
-            self.open[key] = latest if latest is not None and latest.end is None else None
+            if latest is not None and latest.end is None:
+                self.open[key] = replace(latest, values=dict(latest.values))
+            else:
+                self.open[key] = None
         return self.open[key]
+
+    def _changed(self, version: Version) -> None:
+        if id(version) not in self._new:
+            self.earlier[id(version)] = version
 
     def _close(self, key: Key, at: int, lsn: int | None) -> None:
         version = self._state(key)
         if version is None:
             return
-        if id(version) in self._new:
-            version.end, version.end_lsn = at, lsn
-        else:
-            self.closes.append((version, at, lsn))
+        version.end, version.end_lsn = at, lsn
+        self._changed(version)
         self.open[key] = None
 
     def _past_truncates(self, key: Key, change: Mapping[str, Any] | None) -> None:
@@ -217,13 +234,22 @@ class _Run:
         for name in self.toasty:
             if _placeholder(values[name]):
                 values[name] = prior.get(name) if prior is not None else None
-        if current is not None and current.values == values:
-            return  # the same row: no new version
+        if current is not None and self._same(current.values, values):
+            if current.values != values:  # untracked columns only: taken in place
+                current.values, current.updated_lsn = values, c["lsn"]
+                self._changed(current)
+            return
         self._close(key, ts, c["lsn"])
         version = Version(key, values, ts, c["lsn"], c["partition"], c["offset"], op)
         self.versions.append(version)
         self._new.add(id(version))
         self.open[key] = version
+
+    def _same(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+        """Whether a row is the same version: equal in the tracked columns."""
+        if not self.tracked:
+            return old == new
+        return all(old.get(n) == new.get(n) for n in self.tracked)
 
 
 def _after(change: Mapping[str, Any], t: Truncate) -> bool:
