@@ -144,3 +144,14 @@ def test_history_keeps_every_version_with_toast_values_through_key_changes(stack
                                                          **rebuild), "hist-rebuild"))  # fmt: skip
     assert lake_versions(spark, pipeline) == expected_versions(states)
     assert all(c.equal for c in compare_pipeline(pipeline, stack.source_dsn))
+    # maintenance compacts and expires the history too, its offsets kept
+    from cdclake.iceberg.maintenance import run_maintenance
+
+    offsets = history_offsets(spark, target)
+    done = run_maintenance(pipeline, spark)
+    assert [(t["table"], t["status"]) for t in done["tables"]] == [
+        (target, "maintained"),
+        (history_table(target), "maintained"),
+    ]
+    assert history_offsets(spark, target) == offsets
+    assert lake_versions(spark, pipeline) == expected_versions(states)

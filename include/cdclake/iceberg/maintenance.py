@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from cdclake.config import MaintenanceConfig, PipelineConfig, TableConfig
 from cdclake.exceptions import MaintenanceError
 from cdclake.iceberg.deleted_keys import deleted_keys_table, prune_deleted_keys
+from cdclake.iceberg.history import history_table
 from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.iceberg.tables import (
     DEAD_LETTERS,
@@ -160,7 +161,11 @@ def run_maintenance(
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     run_id = run_id or uuid.uuid4().hex
     pipeline = discover(pipeline)
-    results = [maintain_table(spark, pipeline, t, now_ms, run_id) for t in pipeline.tables]
+    results = [
+        maintain_table(spark, pipeline, t, now_ms, run_id, history)
+        for t in pipeline.tables
+        for history in ((False, True) if t.history else (False,))
+    ]
     dead = f"{pipeline.catalog.name}.{pipeline.namespace}.{DEAD_LETTERS}"
     if spark.catalog.tableExists(dead):
         expired, orphans = maintain_side_table(spark, dead, pipeline.maintenance, now_ms)
@@ -195,9 +200,16 @@ def orphan_bound(settings: MaintenanceConfig, now_ms: int) -> int:
 
 
 def maintain_table(
-    spark: SparkSession, pipeline: PipelineConfig, table: TableConfig, now_ms: int, run_id: str
+    spark: SparkSession,
+    pipeline: PipelineConfig,
+    table: TableConfig,
+    now_ms: int,
+    run_id: str,
+    history: bool = False,
 ) -> TableMaintenance:
+    """Maintain the table (with `history`: its history table, which carries offsets too)."""
     qualified = pipeline.qualified_target(table)
+    qualified = history_table(qualified) if history else qualified
     if not spark.catalog.tableExists(qualified):
         log.info("%s: does not exist yet; nothing to maintain", qualified)
         return TableMaintenance(table=qualified, status=MaintenanceStatus.MISSING, run_id=run_id)
