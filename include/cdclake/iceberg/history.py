@@ -266,30 +266,27 @@ def _staged_rows(spark: SparkSession, schema: TopicSchema, changed: Changed) -> 
     DataFrame."""
     from cdclake.kafka.reader import arrow_frame
 
-    rows = [(v, True) for v in changed.versions] + [(v, False) for v in changed.earlier]
+    rows = [*changed.versions, *changed.earlier]
     columns = [(c.name, c.type) for c in schema.columns]
     meta = [(VALID_FROM, "timestamp"), (VALID_TO, "timestamp"), (CURRENT, "boolean")]
     meta += [(CLOSED_LSN, "bigint"), (UPDATED_LSN, "bigint"), (OP, "string")]
     meta += [(SOURCE_TS, "timestamp"), (LSN, "bigint")]
     meta += [(PARTITION, "int"), (OFFSET, "bigint"), (_NEW, "boolean")]
-    data: dict[str, list[Any]] = {name: [] for name, _ in [*columns, *meta]}
-    for v, new in rows:
-        for name, _ in columns:
-            data[name].append(v.values.get(name))
-        for name, value in (
-            (VALID_FROM, v.start * 1000),
-            (VALID_TO, None if v.end is None else v.end * 1000),
-            (CURRENT, v.end is None),
-            (CLOSED_LSN, v.end_lsn),
-            (UPDATED_LSN, v.updated_lsn),
-            (OP, v.op),
-            (SOURCE_TS, v.start * 1000),
-            (LSN, v.lsn),
-            (PARTITION, v.partition),
-            (OFFSET, v.offset),
-            (_NEW, new),
-        ):
-            data[name].append(value)
+    data: dict[str, list[Any]] = {name: [v.values.get(name) for v in rows] for name, _ in columns}
+    starts = [v.start * 1000 for v in rows]
+    data |= {
+        VALID_FROM: starts,
+        VALID_TO: [None if v.end is None else v.end * 1000 for v in rows],
+        CURRENT: [v.end is None for v in rows],
+        CLOSED_LSN: [v.end_lsn for v in rows],
+        UPDATED_LSN: [v.updated_lsn for v in rows],
+        OP: [v.op for v in rows],
+        SOURCE_TS: starts,
+        LSN: [v.lsn for v in rows],
+        PARTITION: [v.partition for v in rows],
+        OFFSET: [v.offset for v in rows],
+        _NEW: [True] * len(changed.versions) + [False] * len(changed.earlier),
+    }
     table = _arrow(data, [*columns, *meta])
     ddl = ", ".join(f"{quote(n)} {t}" for n, t in [*columns, *meta])
     return arrow_frame(spark, table, ddl)
