@@ -72,6 +72,9 @@ class OnGap(StrEnum):
     RESNAPSHOT = "resnapshot"
 
 
+HISTORY_SUFFIX = "_history"  # a table's history (`history: true`) is <target>_history
+
+
 class Consistency(StrEnum):
     """Where a batch's tables end."""
 
@@ -200,7 +203,7 @@ class TableConfig:
     delete_mode: DeleteMode = DeleteMode.HARD
     partition_by: tuple[Transform, ...] = ()  # Iceberg transforms: "bucket(16, id)", "days(ts)"
     properties: Settings = field(default_factory=dict)  # Iceberg table properties
-    # keep every version of each row (SCD type 2) in `<target>_history` beside the table
+    # keep every version of each row (SCD type 2) in `<target>_history` (HISTORY_SUFFIX)
     history: bool = False
     # the columns whose change opens a version (default all); others are set in place
     history_columns: tuple[Column, ...] = ()
@@ -381,7 +384,7 @@ class PipelineConfig:
         tables = tuple(t for t in self.tables if not is_glob(t.source))
         seen: dict[str, str] = {}
         for t in tables:
-            names = [t.target, *([t.target + "_history"] if t.history else [])]
+            names = [t.target, *([t.target + HISTORY_SUFFIX] if t.history else [])]
             for name in names:
                 if name in seen:
                     problem = f"{seen[name]} and {t.source} both land in {name!r}"

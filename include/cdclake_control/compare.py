@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from cdclake.config import ConnectorModes, PipelineConfig, TableConfig
+from cdclake.config import HISTORY_SUFFIX, ConnectorModes, PipelineConfig, TableConfig
 from cdclake.debezium.connect import (
     LAKE_MAX_DATE,
     LAKE_MAX_TIMESTAMP,
@@ -23,8 +23,8 @@ from cdclake.debezium.connect import (
 )
 from cdclake.debezium.schema import DELETED, METADATA_COLUMNS
 from cdclake.exceptions import EndpointError
-from cdclake.iceberg.history import CLOSED_LSN, HISTORY_SUFFIX
-from cdclake.resolved import CURRENT, VALID_FROM, VALID_TO
+from cdclake.iceberg.history import HISTORY_COLUMNS
+from cdclake.resolved import CURRENT
 
 from cdclake_control.catalog import load_catalog
 from cdclake_control.source import connect_source, describe_dsn
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 
 DEFAULT_MODES = ConnectorModes()
 _NUMERIC = ("numeric", "money")
-
-
-HISTORY_COLUMNS = (VALID_FROM, VALID_TO, CURRENT, CLOSED_LSN)
 
 
 @dataclass

@@ -15,10 +15,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cdclake.config import HISTORY_SUFFIX
 from cdclake.debezium.connect import arrow_type
 from cdclake.debezium.schema import (
     DELETED,
     LSN,
+    METADATA_COLUMNS,
     OFFSET,
     OP,
     PARTITION,
@@ -53,7 +55,14 @@ log = logging.getLogger(__name__)
 
 CLOSED_LSN = "_cdc_closed_lsn"
 UPDATED_LSN = "_cdc_updated_lsn"  # the last change of untracked columns taken in place
-HISTORY_SUFFIX = "_history"
+# the columns a history table has beside the table's (and the metadata ones every table has)
+HISTORY_COLUMNS = {
+    VALID_FROM: "timestamp",
+    VALID_TO: "timestamp",
+    CURRENT: "boolean",
+    CLOSED_LSN: "bigint",
+    UPDATED_LSN: "bigint",
+}
 _NEW = "_cdc_new"  # a staged row is a new version (else one from before the batch)
 
 
@@ -63,13 +72,7 @@ def history_table(qualified: str) -> str:
 
 def history_schema(schema: TopicSchema) -> TopicSchema:
     """The history table's columns (before the metadata ones every table has)."""
-    extra = (
-        Column(VALID_FROM, "timestamp"),
-        Column(VALID_TO, "timestamp"),
-        Column(CURRENT, "boolean"),
-        Column(CLOSED_LSN, "bigint"),
-        Column(UPDATED_LSN, "bigint"),
-    )
+    extra = tuple(Column(name, type_) for name, type_ in HISTORY_COLUMNS.items())
     return TopicSchema((), (*schema.columns, *extra), schema.format)
 
 
@@ -268,10 +271,7 @@ def _staged_rows(spark: SparkSession, schema: TopicSchema, changed: Changed) -> 
 
     rows = [*changed.versions, *changed.earlier]
     columns = [(c.name, c.type) for c in schema.columns]
-    meta = [(VALID_FROM, "timestamp"), (VALID_TO, "timestamp"), (CURRENT, "boolean")]
-    meta += [(CLOSED_LSN, "bigint"), (UPDATED_LSN, "bigint"), (OP, "string")]
-    meta += [(SOURCE_TS, "timestamp"), (LSN, "bigint")]
-    meta += [(PARTITION, "int"), (OFFSET, "bigint"), (_NEW, "boolean")]
+    meta = [*HISTORY_COLUMNS.items(), *METADATA_COLUMNS.items(), (_NEW, "boolean")]
     data: dict[str, list[Any]] = {name: [v.values.get(name) for v in rows] for name, _ in columns}
     starts = [v.start * 1000 for v in rows]
     data |= {
@@ -311,8 +311,7 @@ def _write_sql(
     """Set the versions from before the batch that it changed (closed, or their untracked
     columns taken), and at a truncate close every other open version; then append the
     new versions (`columns`: the history table's, in order; those the batch lacks NULL)."""
-    staged = {c.name for c in schema.columns} | {VALID_FROM, VALID_TO, CURRENT, CLOSED_LSN}
-    staged |= {UPDATED_LSN, OP, SOURCE_TS, LSN, PARTITION, OFFSET}
+    staged = {c.name for c in schema.columns} | set(HISTORY_COLUMNS) | set(METADATA_COLUMNS)
     values = ", ".join(quote(n) if n in staged else "NULL" for n in columns)
     out = []
     if changed.earlier or changed.truncates:
