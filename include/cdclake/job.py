@@ -17,7 +17,13 @@ from cdclake.config import PipelineConfig, TableConfig
 from cdclake.debezium.schema import TopicSchema, topic_schema
 from cdclake.exceptions import CdclakeError, CommitConflictError, ConfigError, DecodeError
 from cdclake.iceberg.deleted_keys import deleted_keys_table
-from cdclake.iceberg.history import commit_history, history_before, history_table, written
+from cdclake.iceberg.history import (
+    commit_history,
+    history_before,
+    history_state,
+    history_table,
+    written,
+)
 from cdclake.iceberg.key_changes import key_changes_table, read_key_changes
 from cdclake.iceberg.tables import (
     TableState,
@@ -356,7 +362,7 @@ def _load_table(
     resolved = resolve_table(batch, topic, table, schema, schemas, state.truncate_applied)
     resolved, moved = _linked(spark, qualified, schema, state, resolved)
     if table.history:  # before the table: a failed table's batch is written again
-        _history(batch, table, schema, schemas, ends, state)
+        _history(batch, table, schema, schemas, ends, state, resolved)
     clock.lap("resolve")
     new_offsets = {**committed, **ends}
     try:
@@ -389,21 +395,16 @@ def _history(
     schemas: dict[str, list[tuple[int, str]]],
     ends: dict[TopicPartition, int],
     current: TableState,
+    resolved: Resolved,
 ) -> None:
     """Write the batch's versions into the table's history (`cdclake.iceberg.history`);
-    `current`: the table's state."""
+    `current`: the table's state, `resolved`: its resolve's."""
     qualified = batch.pipeline.qualified_target(table)
     if not schema.key_names:
         raise ConfigError(
             f"{qualified}: history needs a key, and the table has none (its rows are already "
             "a changelog); set the table's `key`, or turn history off"
         )
-    topic = batch.pipeline.topic_for(table)
-    changes = history_changes(batch, topic, schema, schemas)
-    spark, lookup = batch.spark, lookups(changes, schema)
-    state, before = history_before(spark, qualified, schema, lookup, table.properties, current)
-    if written(state, ends):
-        return
     known = {c.name for c in schema.columns}
     unknown = [c for c in table.history_columns if c not in known]
     if unknown:
@@ -411,6 +412,12 @@ def _history(
             f"{qualified}: history_columns {unknown} are not columns of the table "
             f"(its columns: {', '.join(sorted(known))})"
         )
+    spark = batch.spark
+    state = history_state(spark, qualified, schema, table.properties, current)
+    if written(state, ends):
+        return
+    changes = history_changes(batch, batch.pipeline.topic_for(table), schema, schemas, resolved)
+    before = history_before(spark, qualified, schema, lookups(changes, schema), state)
     changed = history(changes, schema, before, table.history_columns)
     commit_history(spark, qualified, schema, state, changed, ends, batch.plan.batch_id)
 

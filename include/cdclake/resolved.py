@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cdclake.placement import Placement
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 # a keyed table's resolved row, per TOAST column: the column's value is a placeholder left
@@ -49,6 +50,8 @@ class Resolved:
     by: Placement
     dead_letters: int = 0
     cached: DataFrame | None = None  # the persisted frame the rows come from, when not the rows
+    # the decoded changes the rows were resolved from, kept for a history (the driver's)
+    changes: pa.Table | None = None
 
     @property
     def upserts(self) -> int:

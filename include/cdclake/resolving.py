@@ -12,6 +12,7 @@ from cdclake.config import OnError, TableConfig
 from cdclake.debezium.schema import TopicSchema
 from cdclake.exceptions import DecodeError
 from cdclake.kafka.reader import arrow_frame, read_local, slice_ranges
+from cdclake.offsets import OffsetRange
 from cdclake.placement import Placement
 from cdclake.resolve.fold import resolve_rows
 from cdclake.resolved import Resolved
@@ -69,6 +70,7 @@ def resolve_table(
         done.toast,
         Placement.DRIVER,
         dead,
+        changes=done.changes if table.history else None,
     )
 
 
@@ -86,37 +88,52 @@ def _kept(rows: pa.Table, topic: str, schemas: dict[str, list[tuple[int, str]]])
 
 
 def history_changes(
-    batch: Batch, topic: str, schema: TopicSchema, schemas: dict[str, list[tuple[int, str]]]
+    batch: Batch,
+    topic: str,
+    schema: TopicSchema,
+    schemas: dict[str, list[tuple[int, str]]],
+    resolved: Resolved,
 ) -> list[dict[str, Any]]:
     """Every decoded change of the topic in the batch (records that cannot be applied left
-    out), for its history (`cdclake.iceberg.history`): from the records the driver read,
-    or read again slice by slice in the driver when the batch was read range by range."""
+    out), for its history (`cdclake.iceberg.history`): those the driver decoded for the
+    table's resolve (`resolved`), or read again slice by slice in the driver when the batch
+    was read range by range."""
+    wanted = [*HISTORY_FIELDS, *(f"after__{c.name}" for c in schema.columns)]
+    wanted += [f"{side}__{k}" for k in schema.key_names for side in ("key", "before", "from")]
+    if batch.rows is not None:
+        parts: Iterable[pa.Table | None] = [resolved.changes]
+    else:
+        ranges = [r for r in batch.plan.ranges if r.topic == topic]
+        parts = (_decoded(batch, topic, schema, schemas, r) for r in slice_ranges(ranges))
+    out: list[dict[str, Any]] = []
+    for changes in parts:
+        if changes is not None:
+            out += changes.select(wanted).to_pylist()
+    return out
+
+
+def _decoded(
+    batch: Batch,
+    topic: str,
+    schema: TopicSchema,
+    schemas: dict[str, list[tuple[int, str]]],
+    part: OffsetRange,
+) -> pa.Table | None:
+    """The decoded changes of a slice of the topic's records, read again in the driver
+    (records that cannot be applied left out)."""
     import pyarrow.compute as pc
 
     from cdclake.debezium.json_decode import decoded
 
-    keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
-    wanted = [*HISTORY_FIELDS, *(f"after__{c.name}" for c in schema.columns)]
-    wanted += [f"{side}__{k}" for k in schema.key_names for side in ("key", "before", "from")]
-    if batch.rows is not None:
-        parts: Iterable[pa.Table | None] = [batch.rows]
-    else:
-        ranges = [r for r in batch.plan.ranges if r.topic == topic]
-        parts = (
-            read_local(batch.pipeline.kafka, [r], max_bytes=HISTORY_READ_BYTES, source=batch.read)
-            for r in slice_ranges(ranges)
+    rows = read_local(batch.pipeline.kafka, [part], max_bytes=HISTORY_READ_BYTES, source=batch.read)
+    if rows is None:
+        raise DecodeError(
+            f"{topic}: a slice of the batch holds more than {HISTORY_READ_BYTES >> 20} MiB "
+            "of records, more than the history's read takes; lower max_records_per_batch"
         )
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        if part is None:
-            raise DecodeError(
-                f"{topic}: a slice of the batch holds more than {HISTORY_READ_BYTES >> 20} MiB "
-                "of records, more than the history's read takes; lower max_records_per_batch"
-            )
-        changes = decoded(_kept(part, topic, schemas), schema, keys, values)
-        if changes is not None:
-            out += changes.filter(pc.is_null(changes["reason"])).select(wanted).to_pylist()
-    return out
+    keys, values = dict(schemas.get("key", [])), dict(schemas.get("value", []))
+    changes = decoded(_kept(rows, topic, schemas), schema, keys, values)
+    return None if changes is None else changes.filter(pc.is_null(changes["reason"]))
 
 
 def _bad_records(

@@ -76,20 +76,16 @@ def history_schema(schema: TopicSchema) -> TopicSchema:
     return TopicSchema((), (*schema.columns, *extra), schema.format)
 
 
-def history_before(
+def history_state(
     spark: SparkSession,
     qualified: str,
     schema: TopicSchema,
-    lookup: tuple[set[Key], set[tuple[Key, int]]],
     properties: Mapping[str, str],
     table: TableState,
-) -> tuple[TableState, Before]:
-    """The history table of table `qualified` as a batch finds it, and what it holds of
-    the batch's keys and of the old keys of its key changes (`lookup`: the keys, and
-    (old key, the change's LSN) pairs). Made on first sight with the table's `properties`,
-    holding the rows of the table (`table`: its state) as their open versions; given the
-    table's new columns."""
-    keys, pointers = lookup
+) -> TableState:
+    """The history table of table `qualified` as a batch finds it: made on first sight with
+    the table's `properties`, holding the rows of the table (`table`: its state) as their
+    open versions; given the table's new columns."""
     target = history_table(qualified)
     state = table_state(spark, target)
     known = table_columns(spark, target) if state.exists else {}
@@ -98,9 +94,24 @@ def history_before(
     if not state.exists and not table.empty:
         _seed(spark, qualified, target, table)
         state = table_state(spark, target)
+    return state
+
+
+def history_before(
+    spark: SparkSession,
+    qualified: str,
+    schema: TopicSchema,
+    lookup: tuple[set[Key], set[tuple[Key, int]]],
+    state: TableState,
+) -> Before:
+    """What the history (`state`: as `history_state` found it) holds of the batch's keys
+    and of the old keys of its key changes (`lookup`: the keys, and (old key, the
+    change's LSN) pairs)."""
+    keys, pointers = lookup
     if not state.exists or not (keys or pointers):
-        return state, Before(truncated=state.truncate_applied)
-    return state, _before(spark, target, schema, keys, pointers, state.truncate_applied)
+        return Before(truncated=state.truncate_applied)
+    target = history_table(qualified)
+    return _before(spark, target, schema, keys, pointers, state.truncate_applied)
 
 
 def _seed(spark: SparkSession, qualified: str, target: str, table: TableState) -> None:

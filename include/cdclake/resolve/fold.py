@@ -39,6 +39,7 @@ class TopicResolved:
     toast: bool  # the rows carry the TOAST flags (a placeholder was left for the table)
     # records that cannot be applied: (partition, offset, reason), in Kafka order
     bad: tuple[tuple[int, int, str], ...] = ()
+    changes: pa.Table | None = None  # the decoded changes, those in `bad` left out
 
 
 _SCALAR_KEYS = (
@@ -107,4 +108,5 @@ def resolve_rows(
     table = typed_table(data, columns)
     counts: dict[bool, int] = {}
     latest_ms = tally(table, counts, None)
-    return TopicResolved(table, columns_ddl(columns), truncate, counts, latest_ms, toast, bad)
+    ddl = columns_ddl(columns)
+    return TopicResolved(table, ddl, truncate, counts, latest_ms, toast, bad, changes)
