@@ -70,6 +70,8 @@ FILE_SECONDS = {
     "integration/test_semantics.py": 290,
     "integration/test_random_replay.py": 180,
     "integration/test_faults.py": 127,
+    "integration/test_spark_connect.py": 240,  # with the server's start (~30 s)
+    "e2e/test_connect_dag.py": 150,
     "e2e/test_watch.py": 112,
     "e2e/test_airflow_ui.py": 102,
     "integration/test_connector_restarts.py": 91,
@@ -142,6 +144,22 @@ def stack():
     yield local
     if not os.environ.get("CDCLAKE_KEEP_STACK"):
         local.down()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(stack):
+    """A Spark Connect server of the stack's (`cdclake_local.spark_connect`), on a free port."""
+    import socket
+
+    from cdclake_local.spark_connect import LocalSparkConnect
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = LocalSparkConnect(stack.s.state_dir / "spark-connect", port)
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

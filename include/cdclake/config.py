@@ -170,6 +170,15 @@ class KafkaConfig:
         return str(self.client_config()["bootstrap.servers"])
 
 
+def libpq_settings(timeouts: TimeoutsConfig, limit_statements: bool = True) -> dict[str, str]:
+    """The pipeline's timeouts as libpq connection settings: `connect_timeout` (libpq
+    counts whole seconds, 2 at least) and a `statement_timeout` the server applies."""
+    settings = {"connect_timeout": str(max(2, round(timeouts.connect_s)))}
+    if limit_statements:
+        settings["options"] = f"-c statement_timeout={int(timeouts.request_s * 1000)}"
+    return settings
+
+
 @with_config(FILE)
 @dataclass(frozen=True)
 class CatalogConfig:
@@ -250,6 +259,9 @@ class TableConfig:
 class SparkConfig:
     conn_id: str = "spark_default"
     master: str = "local[2]"  # used by the CLI; Airflow takes the master from conn_id
+    # an Airflow `spark_connect` connection: the DAGs' loads run on that Spark Connect
+    # server instead of spark-submit (`cdclake.spark.connect_session`)
+    connect_conn_id: str = ""
     conf: Settings = field(default_factory=dict)
 
     @model_validator(mode="before")

@@ -35,7 +35,7 @@ from cdclake.resolve.range_plan import (
 from cdclake.resolve.ranges import range_task
 from cdclake.resolve.rules import LINEAGE_OPS
 from cdclake.setaside import misfits
-from cdclake.spark import cache_level
+from cdclake.spark import cache_level, is_connect
 
 if TYPE_CHECKING:
     import numpy as np
@@ -244,7 +244,10 @@ def start_python_workers(spark: SparkSession) -> list[int]:
     `mapInArrow` as the range tasks are: Spark keeps a pool of workers per environment,
     and an RDD job's workers get another environment than a DataFrame's Arrow tasks.
     Returns the workers' process ids. Best effort: a failure is logged and the range
-    tasks start their workers themselves."""
+    tasks start their workers themselves. A Spark Connect server's workers outlive its
+    batches: none are started there."""
+    if is_connect(spark):
+        return []
     sc = spark.sparkContext
     names = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
     try:

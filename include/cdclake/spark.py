@@ -142,30 +142,29 @@ def launch_conf(pipeline: PipelineConfig) -> dict[str, str]:
     return {k: v for k, v in spark_conf(pipeline).items() if k in LAUNCH_SETTINGS}
 
 
-def spark_conf(
-    pipeline: PipelineConfig,
-    records: int | None = None,
-    ranged: bool | None = None,
-) -> dict[str, str]:
-    """Every Spark setting a load needs; the pipeline's own `spark.conf` wins. The
-    driver's Java options depend on the batch's size (`records`; None when unknown) and
-    whether it resolves range by range (`ranged`; None: as `resolves_by_range` says of
-    the pipeline alone)."""
+# The settings of the driver itself (its JVM, its SparkContext, its SQL extensions): a
+# spark-submit'd load sets them at its start, a Spark Connect server at its own
+# (`cdclake local up`; docs/operations.md for a server of your own).
+DRIVER_CONF = {
+    "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # a task's log shows the job's answer, not Spark's INFO lines (from the
+    # SparkContext's start on); a pipeline that wants them sets it in `spark.conf`
+    "spark.log.level": "WARN",
+    "spark.driver.memory": "4g",
+    # cached batches that spill to disk are read back whole: Kryo keeps them compact
+    "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+}
+
+
+def session_conf(pipeline: PipelineConfig) -> dict[str, str]:
+    """The settings a load's session takes once it runs, on either engine: the catalog's,
+    the SQL engine's, and the pipeline's own `spark.conf` of `spark.sql.*`."""
     conf = {
-        "spark.sql.extensions": (
-            "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
-        ),
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.adaptive.enabled": "true",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        # a task's log shows the job's answer, not Spark's INFO lines (from the
-        # SparkContext's start on); a pipeline that wants them sets it in `spark.conf`
-        "spark.log.level": "WARN",
-        "spark.driver.memory": "4g",
-        # cached batches that spill to disk are read back whole: Kryo keeps them compact
-        "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
         # rows of decoded changes are wide (every column, before and after): cache them in
         # batches of 2,000 rather than 10,000 so building one stays small
         "spark.sql.inMemoryColumnarStorage.batchSize": "2000",
@@ -173,9 +172,26 @@ def spark_conf(
         # find little in mostly unique text, and trying them on every column costs the
         # executors more than the ~15% memory it saves while a batch runs
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        **catalog_spark_conf(pipeline.catalog),
+    }
+    own = {k: v for k, v in pipeline.spark.conf.items() if k.startswith("spark.sql.")}
+    return {**conf, **{k: v for k, v in own.items() if k not in DRIVER_CONF}}
+
+
+def spark_conf(
+    pipeline: PipelineConfig,
+    records: int | None = None,
+    ranged: bool | None = None,
+) -> dict[str, str]:
+    """Every Spark setting a spark-submit'd load needs; the pipeline's own `spark.conf`
+    wins. The driver's Java options depend on the batch's size (`records`; None when
+    unknown) and whether it resolves range by range (`ranged`; None: as
+    `resolves_by_range` says of the pipeline alone)."""
+    conf = {
+        **DRIVER_CONF,
         PYTHON: sys.executable,
         DRIVER_PYTHON: sys.executable,
-        **catalog_spark_conf(pipeline.catalog),
+        **session_conf(pipeline),
     }
     if not any(key in pipeline.spark.conf for key in USER_JAR_SETTINGS):
         conf["spark.jars"] = ",".join(str(j) for j in spark_jars(pipeline))
@@ -186,6 +202,62 @@ def spark_conf(
         conf[DRIVER_OPTIONS] = options
     conf.update(pipeline.spark.conf)
     return conf
+
+
+# The Spark Connect server a load runs on instead of a driver of its own:
+# sc://host:port/;x-cdclake-token=<token> (docs/operations.md, "Spark Connect")
+REMOTE_ENV = "CDCLAKE_SPARK_REMOTE"
+# backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s: about 45 s of retries in all
+CONNECT_RETRIES = {"max_retries": 8, "max_backoff": 10_000}
+TOKEN_HEADER = "x-cdclake-token"  # sent with every call (`stack/spark-connect/ConnectGuard.java`)
+
+
+def remote_url(host: str, port: int | str, token: str) -> str:
+    """The `REMOTE_ENV` URL of a server at `host`:`port` whose guard takes `token`."""
+    return f"sc://{host}:{port}/;{TOKEN_HEADER}={token}"
+
+
+def connect_session(pipeline: PipelineConfig, remote: str, key: str) -> SparkSession:
+    """The session named `key` on the Spark Connect server at `remote` (`REMOTE_ENV`'s
+    form), with the load's `session_conf`; the server holds the driver's settings.
+
+    Loads that never run at once share a key, so their session: an Airflow task's
+    (`max_active_runs=1`), the CLI's of a pipeline. A Spark Connect 3.5 server cannot
+    end a session before an hour idle, and each session keeps its catalog's connections:
+    a session per batch would hold ~60 catalog connections a pipeline at one batch a
+    minute."""
+    import uuid
+
+    from pyspark.sql import SparkSession
+
+    session = uuid.uuid5(uuid.NAMESPACE_URL, f"cdclake:{key}")
+    spark = SparkSession.builder.remote(f"{remote};session_id={session}").create()
+    # the client retries a call the server did not answer for at least 10 minutes by
+    # default; a batch whose server went away fails within about a minute instead
+    spark.client._retry_policy.update(CONNECT_RETRIES)
+    for key_, value in session_conf(pipeline).items():
+        spark.conf.set(key_, value)
+    return spark
+
+
+def load_session(
+    pipeline: PipelineConfig,
+    master: str | None = None,
+    records: int | None = None,
+    ranged: bool | None = None,
+) -> SparkSession:
+    """The session a load of the CLI runs in: the pipeline's on the Spark Connect server
+    `REMOTE_ENV` names, else a driver of its own (`build_session`)."""
+    remote = os.environ.get(REMOTE_ENV, "").strip()
+    if remote:
+        return connect_session(pipeline, remote, f"cli/{pipeline.name}")
+    return build_session(pipeline, master, records=records, ranged=ranged)
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session (a client of a long-lived server) rather
+    than a classic one with its driver in this process."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def build_session(

@@ -353,7 +353,9 @@ def plan_pipeline_backfill(
     pipeline: PipelineConfig, request: BackfillRequest, backfill_id: str
 ) -> list[BatchPlan]:
     """`plan_backfill` with the committed offsets from the catalog and Kafka's watermarks."""
-    from cdclake_control.catalog import load_catalog, table_state
+    from cdclake.iceberg.catalog import load_catalog
+
+    from cdclake_control.catalog import table_state
     from cdclake_control.watermarks import fetch_watermarks, offsets_for_time
 
     cat = load_catalog(pipeline.catalog)

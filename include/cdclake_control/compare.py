@@ -23,10 +23,10 @@ from cdclake.debezium.connect import (
 )
 from cdclake.debezium.schema import DELETED, METADATA_COLUMNS
 from cdclake.exceptions import EndpointError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.iceberg.history import HISTORY_COLUMNS
 from cdclake.resolved import CURRENT
 
-from cdclake_control.catalog import load_catalog
 from cdclake_control.source import connect_source, describe_dsn
 
 if TYPE_CHECKING:

@@ -13,12 +13,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cdclake.config import PipelineConfig, TableConfig
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.iceberg.snapshots import live_rows
 from cdclake.kafka.topics import discover
 from cdclake.offsets import SUMMARY_BATCH, utc_text
 from cdclake.pipeline_file import load_pipeline
 
-from cdclake_control.catalog import TableState, load_catalog, table_state
+from cdclake_control.catalog import TableState, table_state
 from cdclake_control.gaps import heal_status
 from cdclake_control.lag import offsets_behind, source_lag
 from cdclake_control.pipelines import read_pipelines

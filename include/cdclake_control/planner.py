@@ -12,10 +12,11 @@ from collections.abc import Mapping
 
 from cdclake.config import Consistency, PipelineConfig
 from cdclake.exceptions import DataLossError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.kafka.topics import discover
 from cdclake.offsets import BatchPlan, OffsetRange, TopicPartition, Watermarks
 
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.catalog import table_state
 from cdclake_control.consistency import consistent_ranges
 from cdclake_control.gaps import heal_gaps, pending_heals, with_heals
 from cdclake_control.watermarks import fetch_watermarks

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdclake.config import PipelineConfig, TableConfig
 from cdclake.exceptions import EndpointError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.kafka.topics import discover
 from cdclake.offsets import (
     SUMMARY_BATCH,
@@ -18,7 +19,7 @@ from cdclake.offsets import (
     BatchPlan,
 )
 
-from cdclake_control.catalog import TableState, load_catalog, table_state
+from cdclake_control.catalog import TableState, table_state
 from cdclake_control.lag import offsets_behind, source_lag
 from cdclake_control.watermarks import fetch_watermarks
 

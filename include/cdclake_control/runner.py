@@ -7,7 +7,7 @@ from typing import Any
 from cdclake.config import PipelineConfig
 from cdclake.job import run_batch
 from cdclake.jvm import resolves_by_range
-from cdclake.spark import build_session
+from cdclake.spark import load_session
 
 from cdclake_control.planner import plan_pipeline
 
@@ -18,7 +18,7 @@ def run_once(pipeline: PipelineConfig, batch_id: str | None = None) -> dict[str,
     if not plan.ranges:
         return {"pipeline": pipeline.name, "batch_id": plan.batch_id, "tables": []}
     ranged = resolves_by_range(pipeline, plan.ranges)
-    spark = build_session(pipeline, pipeline.spark.master, records=plan.total, ranged=ranged)
+    spark = load_session(pipeline, pipeline.spark.master, records=plan.total, ranged=ranged)
     results = run_batch(spark, pipeline, plan)
     return {
         "pipeline": pipeline.name,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from cdclake.config import TimeoutsConfig
+from cdclake.config import TimeoutsConfig, libpq_settings
 from cdclake.exceptions import EndpointError
 
 if TYPE_CHECKING:
@@ -31,15 +31,6 @@ def describe_dsn(dsn: str) -> str:
     dbname = str(params.get("dbname") or os.environ.get("PGDATABASE", ""))
     where = f"{host or 'the local socket'}:{port}"
     return f"{where}/{dbname}" if dbname else where
-
-
-def libpq_settings(timeouts: TimeoutsConfig, limit_statements: bool = True) -> dict[str, str]:
-    """The pipeline's timeouts as libpq connection settings: `connect_timeout` (libpq
-    counts whole seconds, 2 at least) and a `statement_timeout` the server applies."""
-    settings = {"connect_timeout": str(max(2, round(timeouts.connect_s)))}
-    if limit_statements:
-        settings["options"] = f"-c statement_timeout={int(timeouts.request_s * 1000)}"
-    return settings
 
 
 def connect_source(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import (
     DAG,
     Asset,
@@ -116,9 +117,20 @@ def load_task(
     timeout: dt.timedelta,
     driver_options: str | None = None,
     **kwargs: Any,
-) -> SparkSubmitOperator:
+) -> SparkSubmitOperator | PythonOperator:
     """The task that loads `plans` (a template of a plan's JSON, or of a list of them):
-    spark-submit of jobs/load.py."""
+    on the pipeline's Spark Connect server (`spark.connect_conn_id`), else spark-submit
+    of jobs/load.py."""
+    if pipeline.spark.connect_conn_id:
+        from cdclake_airflow import tasks
+
+        return PythonOperator(
+            task_id=task_id,
+            python_callable=tasks.load_on_connect,
+            op_kwargs={"pipeline_path": str(pipeline.path), "plans_json": plans},
+            execution_timeout=timeout,
+            **kwargs,
+        )
     return spark_submit(
         pipeline,
         driver_options=driver_options,

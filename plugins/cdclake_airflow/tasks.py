@@ -197,6 +197,51 @@ def source_dsn(pipeline: PipelineConfig) -> str:
     return make_conninfo("", **{k: v for k, v in params.items() if v not in (None, "")})
 
 
+def load_on_connect(pipeline_path: str, plans_json: str, **context: Any) -> list[dict[str, Any]]:
+    """Load `plans_json` (a plan, or a list of them run in order) on the pipeline's Spark
+    Connect server (`spark.connect_conn_id`) in this task's session: the per-table
+    results of each batch."""
+    from cdclake.job import run_batch
+    from cdclake.offsets import plans_from_json
+    from cdclake.pipeline_file import load_pipeline
+    from cdclake.spark import connect_session
+
+    pipeline = load_pipeline(pipeline_path)
+    plans = plans_from_json(plans_json)
+    if not plans:
+        return []
+    ti = context["ti"]
+    spark = connect_session(pipeline, connect_remote(pipeline), f"{ti.dag_id}/{ti.task_id}")
+    done = []
+    for batch in plans:
+        results = [r.to_dict() for r in run_batch(spark, pipeline, batch)]
+        log.info("batch %s: %s", batch.batch_id, json.dumps(results))
+        done.append({"batch_id": batch.batch_id, "tables": results})
+    return done
+
+
+def connect_remote(pipeline: PipelineConfig) -> str:
+    """The URL of the pipeline's Spark Connect server, from its Airflow connection
+    (`spark.connect_conn_id`: host, port, the server's token as password). Never logged."""
+    from airflow.sdk import BaseHook
+    from cdclake.exceptions import ConfigError
+    from cdclake.spark import remote_url
+
+    name = pipeline.spark.connect_conn_id
+    try:
+        conn = BaseHook.get_connection(name)
+    except Exception:
+        raise ConfigError(
+            f"{pipeline.path}: spark.connect_conn_id: Airflow connection {name!r} does not exist"
+        ) from None
+    if not conn.host or not conn.password:
+        raise ConfigError(
+            f"{pipeline.path}: spark.connect_conn_id: Airflow connection {name!r} needs the "
+            "server's host and its token as password"
+        )
+    return remote_url(conn.host, conn.port or 15002, conn.password)
+
+
 def snapshot_send(paths: dict[str, str], **context: Any) -> dict[str, Any]:
     """Validate everything, then send the signal; what the sensor needs to follow it."""
     from cdclake.pipeline_file import load_pipeline

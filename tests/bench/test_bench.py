@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import pyarrow.parquet as pq
 import pytest
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.raw_rows import split_envelope
 from cdclake.resolve.rules import TOAST_PLACEHOLDER
 from cdclake_bench.events import Workload, generate_slice
@@ -33,7 +34,6 @@ from cdclake_bench.report import (
 from cdclake_bench.runner import Sizes, run_bench
 from cdclake_bench.scaling import MERGE_ROUNDS
 from cdclake_bench.sources import _file_name, recorded_ranges
-from cdclake_control.catalog import load_catalog
 
 pytestmark = pytest.mark.integration
 

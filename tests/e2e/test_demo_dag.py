@@ -7,10 +7,11 @@ import datetime as dt
 import json
 
 import pytest
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.jvm import QUICK_JIT_RECORDS
 from cdclake.offsets import BatchPlan
 from cdclake_airflow.tasks import DRIVER_OPTIONS_XCOM
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.catalog import table_state
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.workload import apply_workload

@@ -26,8 +26,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from cdclake.config import PipelineConfig
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.offsets import SUMMARY_OFFSETS, decode_offsets
-from cdclake_control.catalog import load_catalog
 from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_server import api_token, free_port
 

@@ -9,9 +9,10 @@ import uuid
 import psycopg
 import pytest
 import yaml
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.offsets import SUMMARY_BATCH
 from cdclake.pipeline_file import load_pipeline
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.catalog import table_state
 from cdclake_control.watermarks import fetch_watermarks
 
 from tests.conftest import DEMO_PIPELINE

@@ -12,7 +12,8 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DataLossError
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake.iceberg.catalog import load_catalog
+from cdclake_control.catalog import table_state
 from cdclake_control.planner import plan_pipeline
 from cdclake_control.watermarks import fetch_watermarks
 

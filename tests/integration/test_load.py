@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 from cdclake.exceptions import CommitConflictError, EndpointError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import MEASURED, Placement
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.catalog import table_state
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.planner import plan_pipeline
 from cdclake_local.workload import apply_workload

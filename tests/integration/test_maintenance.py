@@ -11,11 +11,12 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DataLossError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.iceberg.maintenance import SUMMARY_MAINTENANCE, run_maintenance
 from cdclake.iceberg.tables import load_iceberg_table
 from cdclake.offsets import SUMMARY_OFFSETS
 from cdclake_control import cli
-from cdclake_control.catalog import last_runs, load_catalog, table_state
+from cdclake_control.catalog import last_runs, table_state
 from cdclake_control.planner import plan_pipeline
 
 from tests.integration.helpers import assert_lake_equals_source, load_all, make_pipeline

@@ -8,8 +8,9 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DecodeError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.job import run_batch
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.catalog import table_state
 from cdclake_control.compare import compare_pipeline
 from cdclake_control.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition

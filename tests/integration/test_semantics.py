@@ -8,12 +8,13 @@ import uuid
 import psycopg
 import pytest
 from cdclake.exceptions import DecodeError
+from cdclake.iceberg.catalog import load_catalog
 from cdclake.iceberg.key_changes import key_changes_table
 from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.placement import Placement
 from cdclake.raw_rows import NEW_KEY_HEADER
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake_control.catalog import table_state
 from cdclake_control.planner import plan_pipeline
 from confluent_kafka import Consumer, Producer, TopicPartition
 

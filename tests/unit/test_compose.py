@@ -124,7 +124,16 @@ def test_every_endpoint_asks_for_a_login(compose):
     published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
     assert not {n for n, ports in published.items() if not all(
         str(p).startswith("127.0.0.1:") for p in ports)}, published  # fmt: skip
-    assert not {"iceberg-rest", "spark-master", "spark-worker"} & set(published), published
+    assert not {"iceberg-rest", "spark-master", "spark-worker", "spark-connect"} & set(published), (
+        published
+    )
+    server = services["spark-connect"]
+    assert "CDCLAKE_CONNECT_TOKEN" in server["environment"]
+    script = (ROOT / "docker" / "spark" / "connect-server.sh").read_text()
+    assert "spark.connect.grpc.interceptor.classes=cdclake.ConnectGuard" in script
+    assert "--properties-file /opt/spark-auth.conf" in script
+    conn = json.loads(compose["x-airflow"]["environment"]["AIRFLOW_CONN_CDCLAKE_SPARK_CONNECT"])
+    assert conn["conn_type"] == "spark_connect" and conn["password"]
 
 
 def pom_version(part: str, prop: str) -> str:

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from cdclake.config import TimeoutsConfig
 from cdclake.exceptions import ConfigError
+from cdclake.iceberg.catalog import catalog_endpoint, sqlalchemy_uri
 from cdclake.pipeline_file import load_pipeline
 from cdclake.spark import catalog_spark_conf
-from cdclake_control.catalog import catalog_endpoint, sqlalchemy_uri
 from cdclake_control.source import describe_dsn
 
 PIPELINE = """

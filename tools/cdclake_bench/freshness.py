@@ -26,20 +26,26 @@ from pathlib import Path
 
 import psycopg
 from cdclake.config import PipelineConfig
-from cdclake_control.catalog import load_catalog, table_state
+from cdclake.iceberg.catalog import load_catalog
+from cdclake_control.catalog import table_state
 from cdclake_control.lag import source_time_ms
 from cdclake_control.watermarks import fetch_watermarks
 from cdclake_local.airflow_home import connections, kafka_connection, setup_airflow_home
 from cdclake_local.airflow_server import AirflowServer, free_port
+from cdclake_local.spark_connect import LocalSparkConnect
 
 from cdclake_bench.pipeline import write_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 WATCH_CONN = "cdclake_kafka_bench"
+CONNECT_CONN = "cdclake_spark_connect_bench"
 MODES = {
     "cron": {"schedule": "* * * * *"},  # Airflow's finest cron: every minute
     "watch": {"schedule": None, "watch": {"conn_id": WATCH_CONN}},
-}
+    # woken by records, loaded on a Spark Connect server instead of spark-submit
+    "connect": {"schedule": None, "watch": {"conn_id": WATCH_CONN},
+                "spark": {"connect_conn_id": CONNECT_CONN}},
+}  # fmt: skip
 TICK_S = 0.1  # one source transaction per tick
 POLL_S = 1.0  # the lake reader's poll
 CATCH_UP_S = 300  # after the writes, how long the last changes may take to be visible
@@ -247,15 +253,17 @@ def topic_records(pipeline: PipelineConfig) -> list[tuple[int, int, int]]:
 
 
 # ---- the step -----------------------------------------------------------------------------
-def start_airflow(stack, work: Path, pipelines: Path) -> AirflowServer:
-    """A new AIRFLOW_HOME under `work` with the stack's connections and the watch one,
-    and `airflow standalone` over the pipelines in `pipelines`."""
+def start_airflow(stack, work: Path, pipelines: Path, connect: dict) -> AirflowServer:
+    """A new AIRFLOW_HOME under `work` with the stack's connections, the watch one and
+    the Spark Connect server's (`connect`), and `airflow standalone` over the pipelines
+    in `pipelines`."""
     home = work / "freshness-airflow"
     shutil.rmtree(home, ignore_errors=True)
     port = free_port()
     client = stack.broker.client_config()
     conns = connections(stack.s.pg_port, client, stack.s.source_db)
     conns[WATCH_CONN] = kafka_connection(client, f"cdclake-watch-bench-{uuid.uuid4().hex[:6]}")
+    conns[CONNECT_CONN] = connect
     setup_airflow_home(ROOT, home, conns, port)
     env = {k: v for k, v in stack.env().items() if k != "AIRFLOW_HOME"}
     env["CDCLAKE_PIPELINES_DIR"] = str(pipelines)
@@ -325,13 +333,17 @@ def run_phase(stack, server: AirflowServer, phase: Phase, rate: int, seconds: fl
 
 
 def run_freshness(stack, work: Path, rate: int, seconds: float, keys: int, say) -> dict:
-    """Both modes, one after the other, under one `airflow standalone`."""
+    """The modes, one after the other, under one `airflow standalone` (and a Spark
+    Connect server of its own for `connect`)."""
     pipelines = work / "freshness-pipelines"
     shutil.rmtree(pipelines, ignore_errors=True)
     pipelines.mkdir(parents=True)
     phases = [new_phase(stack, pipelines, mode, keys) for mode in MODES]
-    server = start_airflow(stack, work, pipelines)
+    spark = LocalSparkConnect(work / "freshness-spark-connect", free_port())
+    spark.start()
+    server = start_airflow(stack, work, pipelines, spark.airflow_connection())
     try:
         return {p.mode: run_phase(stack, server, p, rate, seconds, keys, say) for p in phases}
     finally:
         server.stop()
+        spark.stop()

@@ -20,15 +20,17 @@ STEP_FIGURES = {
     "throughput_flat": ("flat_ratio",),
     "throughput_avro": ("avro_ratio",),
     "throughput_kafka": ("throughput_kafka_eps",),
-    "fixed_overhead": ("fixed_overhead_s",),
+    "fixed_overhead": ("fixed_overhead_s", "fixed_connect_s", "fixed_connect_cpu_s"),
     "merge_scaling": ("merge_scaling_ratio",),
     "deletes_v3": ("v3_write_ratio", "v3_read_ratio"),
     "memory": ("memory_ratio", "snapshot_memory_ratio"),
     "capture": ("capture_ratio",),
     "freshness": (
-        "freshness_cron_p95_s", "freshness_watch_p95_s", "freshness_cron_p50_s",
-        "freshness_watch_p50_s", "freshness_cron_max_s", "freshness_watch_max_s",
+        "freshness_cron_p95_s", "freshness_watch_p95_s", "freshness_connect_p95_s",
+        "freshness_cron_p50_s", "freshness_watch_p50_s", "freshness_connect_p50_s",
+        "freshness_cron_max_s", "freshness_watch_max_s", "freshness_connect_max_s",
         "freshness_cron_lag_growth", "freshness_watch_lag_growth",
+        "freshness_connect_lag_growth",
     ),
 }  # fmt: skip
 STEPS = tuple(STEP_FIGURES)
@@ -41,6 +43,7 @@ TARGETS = {
     "peer_merge_big_ratio": (">=", 5),
     "merge_scaling_ratio": ("<=", 1.5),
     "fixed_overhead_s": ("<=", 15),
+    "fixed_connect_s": ("<=", 1.5),
     "peer_ratio": (">=", 10),
     "memory_ratio": ("<=", 1.5),
     "snapshot_memory_ratio": ("<=", 1.2),
@@ -49,6 +52,8 @@ TARGETS = {
     "freshness_watch_p95_s": ("<=", 60),
     "freshness_cron_lag_growth": ("<=", 1.5),
     "freshness_watch_lag_growth": ("<=", 1.5),
+    "freshness_connect_p95_s": ("<=", 15),
+    "freshness_connect_lag_growth": ("<=", 1.5),
 }
 
 # Figures without a target, shown for context.
@@ -57,7 +62,8 @@ EXTRA_FIGURES = (
     "flat_ratio", "avro_ratio", "throughput_history_eps", "history_ratio",
     "cpu_s_per_m", "merge_cpu_s_per_m", "v3_write_ratio", "v3_read_ratio",
     "freshness_cron_p50_s", "freshness_watch_p50_s", "freshness_cron_max_s",
-    "freshness_watch_max_s",
+    "freshness_watch_max_s", "fixed_connect_cpu_s", "freshness_connect_p50_s",
+    "freshness_connect_max_s",
 )  # fmt: skip
 FIGURES = (*TARGETS, *EXTRA_FIGURES)
 

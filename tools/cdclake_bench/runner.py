@@ -32,6 +32,7 @@ from cdclake.spark import spark_conf
 from cdclake_local.stack import LocalStack, StackSettings
 
 from cdclake_bench.avro_records import avro_recording
+from cdclake_bench.connect import connect_fixed
 from cdclake_bench.events import Workload, toast_column
 from cdclake_bench.jvm_archive import build_archive
 from cdclake_bench.memory import peak_memory
@@ -296,6 +297,14 @@ class Bench(SteadySteps, ScalingSteps):
             "tables_committed": committed_tables(out),
         }
         self.say(f"the same with Spark's JVM defaults: {wall:.1f}s ({cpu:.1f} CPU s)")
+        self.details["fixed_overhead"]["connect"] = found = connect_fixed(
+            self.work, self.stack.s, workload, plan
+        )
+        self.figures["fixed_connect_s"] = found["steady"]["wall_s"]
+        self.figures["fixed_connect_cpu_s"] = found["steady"]["client_cpu_s"]
+        self.say(f"on a warm Spark Connect server: first load {found['first']['wall_s']:.1f}s, "
+                 f"next batch {found['steady']['wall_s']:.1f}s "
+                 f"({found['steady']['client_cpu_s']:.1f} CPU s in the client)")  # fmt: skip
 
     def _submit_load(self, pipeline, label: str, plan: BatchPlan, records: int | None):
         """spark-submit jobs/load.py of `plan` for the pipeline of `<work>/<label>.yaml`:
@@ -320,7 +329,7 @@ class Bench(SteadySteps, ScalingSteps):
 
     # ---- peers on the recorded events ---------------------------------------------------
     def peers(self) -> None:
-        from cdclake_control.catalog import load_catalog
+        from cdclake.iceberg.catalog import load_catalog
 
         from cdclake_bench.peers import naive_merge, peer_handler, peer_upsert
 

@@ -111,7 +111,7 @@ class SteadySteps:
         """pyiceberg's upsert of the second half, each table's events in one call, into
         tables that hold the first half (the peers step's one-call peer, in the steady
         state); `prepare`: called with its tables' names before the timed upsert."""
-        from cdclake_control.catalog import load_catalog
+        from cdclake.iceberg.catalog import load_catalog
 
         from cdclake_bench.peers import peer_upsert
 

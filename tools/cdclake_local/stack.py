@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from cdclake.spark import REMOTE_ENV, remote_url
 
-from cdclake_local import StackError, maven, rest_catalog
+from cdclake_local import StackError, maven, rest_catalog, spark_connect
 from cdclake_local.airflow_home import airflow_env, connections, setup_airflow_home
 from cdclake_local.airflow_server import stop_airflow
 from cdclake_local.broker import MECHANISM, PROTOCOL, USER, LocalBroker
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 REGISTRY_ENV = "CDCLAKE_REGISTRY"  # 1: `up` starts the schema registry too
+SPARK_CONNECT_CONN = "cdclake_spark_connect"  # the stack's server, for `spark.connect_conn_id`
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,16 @@ class LocalStack:
         self._register(self.s.topic_prefix)
         self.warehouse.mkdir(parents=True, exist_ok=True)
         conns = connections(self.s.pg_port, self.broker.client_config(), self.s.source_db)
+        server = spark_connect.stack_spark_connect(self.s.state_dir)
+        if spark_connect.enabled():  # CDCLAKE_SPARK_CONNECT=1: loads skip a JVM's start
+            server.start()
+            conns[SPARK_CONNECT_CONN] = server.airflow_connection()
         setup_airflow_home(self.s.project_root, self.airflow_home, conns)
         status = self.status()
+        if server.pid() is not None:
+            status["spark_connect"] = {"port": server.port, "pid": server.pid(),
+                                       "token_file": str(server.token_file),
+                                       "airflow_connection": SPARK_CONNECT_CONN}  # fmt: skip
         if rest_catalog.enabled():  # CDCLAKE_REST_CATALOG=1: the S3 store and REST catalog
             rest = rest_catalog.stack_rest_catalog(self.s.state_dir)
             rest.start()
@@ -183,6 +193,7 @@ class LocalStack:
             "postgres": self.postgres.stop(),
             **rest_catalog.stop_stack_rest_catalog(self.s.state_dir),
             "schema_registry": stack_registry(self.s.state_dir).stop(),
+            "spark_connect": spark_connect.stack_spark_connect(self.s.state_dir).stop(),
         }
         return stopped
 
@@ -204,11 +215,17 @@ class LocalStack:
         """`env` as shell exports; the Kafka password is read from its file by the shell,
         never printed."""
         secret = {"CDCLAKE_KAFKA_PASSWORD": self.broker.password_file}
-        return [
+        exports = [
             f'export {k}="$(cat {shlex.quote(str(secret[k]))})"' if k in secret
             else f"export {k}={v}"
             for k, v in self.env().items()
         ]  # fmt: skip
+        server = spark_connect.stack_spark_connect(self.s.state_dir)
+        if server.pid() is not None:  # loads of the CLI through the stack's server
+            token = f"$(cat {shlex.quote(str(server.token_file))})"
+            url = remote_url("127.0.0.1", server.port, token)
+            exports.append(f'export {REMOTE_ENV}="{url}"')
+        return exports
 
     # ---- parts -----------------------------------------------------------------------
     def _seed_source(self) -> None:

@@ -31,7 +31,7 @@ from cdclake.debezium.schema import (
 from cdclake.iceberg.merge_sql import quote
 from cdclake.iceberg.tables import (
     TableState,
-    commit_properties,
+    append_with,
     ensure_table,
     table_columns,
     table_state,
@@ -121,13 +121,12 @@ def _seed(spark: SparkSession, qualified: str, target: str, table: TableState) -
     meta = {VALID_FROM: SOURCE_TS, CURRENT: "true", OP: OP, SOURCE_TS: SOURCE_TS, LSN: LSN}
     meta |= {PARTITION: PARTITION, OFFSET: OFFSET}
     values = [
-        meta.get(n) or (quote(n) if n in have and n != DELETED else "NULL")
+        f"{meta.get(n) or (quote(n) if n in have and n != DELETED else 'NULL')} AS {quote(n)}"
         for n in table_columns(spark, target)
     ]
     live = f" WHERE NOT coalesce({DELETED}, false)" if DELETED in have else ""
     props = {SUMMARY_OFFSETS: encode_offsets(table.committed), SUMMARY_BATCH: "history-seed"}
-    with commit_properties(spark, props):
-        spark.sql(f"INSERT INTO {target} SELECT {', '.join(values)} FROM {qualified}{live}")
+    append_with(spark.sql(f"SELECT {', '.join(values)} FROM {qualified}{live}"), target, props)
     log.info("%s: the rows of %s taken as their open versions", target, qualified)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cdclake.config_fields import partition_field
 from cdclake.debezium.schema import DELETED, METADATA_COLUMNS, TopicSchema, widens
 from cdclake.exceptions import CommitConflictError, ConfigError, DecodeError
+from cdclake.iceberg.catalog import lake_table, summaries, summary_of
 from cdclake.iceberg.merge_sql import (
     PIPELINE_PROPERTIES,
     RESERVED_PROPERTIES,
@@ -33,7 +34,8 @@ from cdclake.iceberg.snapshots import (
 from cdclake.offsets import SUMMARY_HEAL, SUMMARY_TRUNCATE, TopicPartition
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyiceberg.table import Table as LakeTable
+    from pyspark.sql import DataFrame, SparkSession
 
 # a py4j proxy of a JVM object (an Iceberg `Table`, Spark actions): untyped
 JvmObject = Any
@@ -153,11 +155,12 @@ def _follow_key(spark: SparkSession, table: str, key_names: Sequence[str]) -> No
     identifier fields and cannot make an optional column required: when a column of the
     new key may hold NULL in the table, the old key's fields are dropped rather than
     left naming a key the table no longer has."""
-    schema = load_iceberg_table(spark, table).schema()
-    have = set(schema.identifierFieldNames())
+    ice = lake_table(spark, table)
+    have = set(_key_names(ice)) if ice is not None else set()
     if have == set(key_names):
         return
-    optional = [k for k in key_names if (f := schema.findField(k)) is None or f.isOptional()]
+    fields = {f.name: f for f in ice.schema().fields} if ice is not None else {}
+    optional = [k for k in key_names if k not in fields or fields[k].optional]
     if not optional:
         spark.sql(
             f"ALTER TABLE {table} SET IDENTIFIER FIELDS {', '.join(quote(k) for k in key_names)}"
@@ -231,24 +234,15 @@ def ensure_table(
     return names + [n for n in existing if n not in names and n not in internal]
 
 
-@contextmanager
-def commit_properties(spark: SparkSession, properties: Mapping[str, str]) -> Iterator[None]:
-    """Snapshot-summary properties for every Iceberg commit this thread makes inside.
-
-    Iceberg's Spark writes read them from `CommitMetadata`'s thread-local; PySpark pins
-    each Python thread to one JVM thread, and SQL commands commit on the calling thread.
-    """
-    jvm: Any = spark.sparkContext._jvm
-    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    cls = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata", True, loader)
-    field = cls.getDeclaredField("COMMIT_PROPERTIES")
-    field.setAccessible(True)
-    local = field.get(None)
-    local.set(properties)  # py4j passes a Python mapping as a java.util.HashMap
-    try:
-        yield
-    finally:
-        local.remove()
+def append_with(frame: DataFrame, target: str, properties: Mapping[str, str]) -> None:
+    """Append `frame`'s rows to `target` (a table, or a branch: `<table>.branch_<name>`) in
+    one commit whose snapshot summary carries `properties`; an empty frame commits a
+    snapshot of no data change. Iceberg takes summary properties from a write's options
+    (`snapshot-property.<name>`), on a classic session and a Spark Connect one alike."""
+    writer = frame.writeTo(target)
+    for key, value in properties.items():
+        writer = writer.option(f"snapshot-property.{key}", value)
+    writer.append()
 
 
 def load_iceberg_table(spark: SparkSession, table: str) -> JvmObject:
@@ -287,20 +281,17 @@ def jvm_ancestors(ice: JvmObject, table: str) -> Iterator[tuple[int, int, dict[s
 
 def committed_offsets(spark: SparkSession, table: str) -> dict[TopicPartition, int]:
     """The table's committed offsets, by the planner's walk (`committed_from_snapshots`),
-    read through the JVM from the table as it is now."""
-    ice = fresh_table(spark, table)
-    return committed_from_snapshots(summary for _, _, summary in jvm_ancestors(ice, table))
+    from the table's metadata as it is now."""
+    ice = lake_table(spark, table)
+    return {} if ice is None else committed_from_snapshots(summaries(ice, table))
 
 
 def commit_empty(
     spark: SparkSession, table: str, properties: Mapping[str, str], branch: str = "main"
 ) -> None:
     """A snapshot with no data change, carrying the summary (offsets moved, rows did not)."""
-    ice = load_iceberg_table(spark, table)
-    append = ice.newAppend().toBranch(branch)
-    for k, v in properties.items():
-        append = append.set(k, v)
-    append.commit()
+    target = table if branch == "main" else f"{table}.branch_{branch}"
+    append_with(spark.table(table).where("false"), target, properties)
 
 
 @dataclass(frozen=True)
@@ -327,36 +318,41 @@ class TableState:
 
 
 def table_state(spark: SparkSession, table: str) -> TableState:
-    """Whether the table exists, its committed offsets and current snapshot: one catalog
-    lookup and one metadata read instead of one each."""
-    if not spark.catalog.tableExists(table):
+    """Whether the table exists, its committed offsets and current snapshot: one read of
+    its metadata."""
+    ice = lake_table(spark, table)
+    if ice is None:
         return TableState(False, {}, None, empty=True)
-    ice = fresh_table(spark, table)
-    snap = ice.currentSnapshot()
-    last = offsets_summary(summary for _, _, summary in jvm_ancestors(ice, table))
+    snap = ice.current_snapshot()
+    last = offsets_summary(summaries(ice, table))
     committed = offsets_in(last)
     applied = last.get(SUMMARY_TRUNCATE)
-    properties = dict(ice.properties())
+    properties = dict(ice.properties)
     below = [int(x) for x in (applied, properties.get(TRUNCATED_BELOW)) if x is not None]
-    rows = snap.summary().get("total-records") if snap is not None else None
+    rows = summary_of(snap).get("total-records") if snap is not None else None
     schema = ice.schema()
     fields = tuple(
-        (str(f.name()), str(f.transform().toString()), str(schema.findColumnName(f.sourceId())))
-        for f in ice.spec().fields()
+        (f.name, str(f.transform), str(schema.find_column_name(f.source_id)))
+        for f in ice.spec().fields
     )
     return TableState(
         True,
         committed,
-        int(snap.snapshotId()) if snap is not None else None,
+        snap.snapshot_id if snap is not None else None,
         max(below, default=None),
         int(rows) if rows is not None else 0,
         truncate_applied=int(applied) if applied is not None else None,
-        key_names=tuple(str(n) for n in schema.identifierFieldNames()),
+        key_names=_key_names(ice),
         empty=snap is None or rows == "0",
         properties=properties,
         partition_fields=fields,
         heal=last.get(SUMMARY_HEAL),
     )
+
+
+def _key_names(ice: LakeTable) -> tuple[str, ...]:
+    schema = ice.schema()
+    return tuple(str(schema.find_column_name(i)) for i in sorted(schema.identifier_field_ids))
 
 
 def property_changes(
@@ -429,8 +425,9 @@ def apply_table_settings(
 
 
 def current_snapshot(spark: SparkSession, table: str) -> tuple[int | None, dict[str, str]]:
-    """Snapshot id and summary of the table's current snapshot, read through the JVM."""
-    snap = fresh_table(spark, table).currentSnapshot()
+    """Snapshot id and summary of the table's current snapshot, as it is now."""
+    ice = lake_table(spark, table)
+    snap = None if ice is None else ice.current_snapshot()
     if snap is None:
         return None, {}
-    return int(snap.snapshotId()), dict(snap.summary())
+    return snap.snapshot_id, summary_of(snap)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from cdclake.config import PipelineConfig
-from cdclake.iceberg.tables import fresh_table
+from cdclake.iceberg.catalog import lake_table
 from cdclake.offsets import Cut
 
 if TYPE_CHECKING:
@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 CONSISTENT_TAG = "cdclake_consistent"  # moves to each consistent batch
 # one per consistent batch, kept `consistent_tags_hours`: cdclake_cut_<ms>_<txid>_<lsn>
 CUT_TAG = re.compile(r"cdclake_cut_(\d+)_(\d+)_(\d+)$")
-HOUR_MS = 3_600_000
 
 
 def cut_tag(cut: Cut) -> str:
@@ -49,24 +48,21 @@ def tag_consistent(
     tagged = {}
     for table in pipeline.tables:
         qualified = pipeline.qualified_target(table)
-        if not spark.catalog.tableExists(qualified):
-            continue
-        ice = fresh_table(spark, qualified)
-        current = ice.currentSnapshot()
-        snapshot_id = snapshots.get(qualified) or (current and int(current.snapshotId()))
-        if snapshot_id is None:
+        ice = lake_table(spark, qualified)
+        current = None if ice is None else ice.current_snapshot()
+        snapshot_id = snapshots.get(qualified) or (current and current.snapshot_id)
+        if ice is None or snapshot_id is None:
             continue
         tagged[qualified] = snapshot_id
-        if not ice.refs().containsKey(name):
-            keep_ms = pipeline.consistent_tags_hours * HOUR_MS
-            ice.manageSnapshots().createTag(name, snapshot_id).setMaxRefAgeMs(
-                name, keep_ms
-            ).commit()
+        if name not in ice.metadata.refs:
+            hours = pipeline.consistent_tags_hours
+            spark.sql(
+                f"ALTER TABLE {qualified} CREATE TAG IF NOT EXISTS {name} "
+                f"AS OF VERSION {snapshot_id} RETAIN {hours} HOURS"
+            )
     for qualified, snapshot_id in tagged.items():
-        ice = fresh_table(spark, qualified)
-        manage = ice.manageSnapshots()
-        if ice.refs().containsKey(CONSISTENT_TAG):
-            manage.replaceTag(CONSISTENT_TAG, snapshot_id).commit()
-        else:
-            manage.createTag(CONSISTENT_TAG, snapshot_id).commit()
+        spark.sql(
+            f"ALTER TABLE {qualified} CREATE OR REPLACE TAG {CONSISTENT_TAG} "
+            f"AS OF VERSION {snapshot_id}"
+        )
     log.info("%s: every table tagged %s (%s)", pipeline.name, name, cut.describe())

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from cdclake.config import DeleteMode, PipelineConfig, TableConfig
 from cdclake.debezium.schema import DELETED, OFFSET, PARTITION, TopicSchema
 from cdclake.exceptions import CommitConflictError
+from cdclake.iceberg.catalog import lake_table, summary_of
 from cdclake.iceberg.deleted_keys import record_deleted_keys, with_deleted_lsn
 from cdclake.iceberg.key_changes import (
     forget_key_changes,
@@ -31,16 +32,13 @@ from cdclake.iceberg.merge_sql import (
 )
 from cdclake.iceberg.tables import (
     STAGE_PREFIX,
-    JvmObject,
     TableState,
     append_to_empty,
     apply_table_settings,
     commit_empty,
-    commit_properties,
     conflicts_reported,
     current_snapshot,
     ensure_table,
-    load_iceberg_table,
 )
 from cdclake.offsets import (
     SUMMARY_BATCH,
@@ -63,6 +61,7 @@ from cdclake.placement import Tuning
 from cdclake.resolved import TOAST_PREFIX, Resolved, Truncate
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table as LakeTable
     from pyspark.sql import DataFrame, Row, SparkSession
 
 log = logging.getLogger(__name__)
@@ -272,77 +271,92 @@ def committing(
     batch_id: str,
     props: Mapping[str, str],
 ) -> Iterator[str]:
-    """Where a load writes (yielded): a branch of the table made at `before_id` that main
-    takes once the writes inside are done, every commit carrying `props` (`_staged`); the
-    table itself when it has no snapshot (`check_commit` checks it)."""
-    stage = None if before_id is None else _stage_name(batch_id)
-    target = qualified if stage is None else f"{qualified}.branch_{stage}"
-    with commit_properties(spark, props), _staged(spark, qualified, before_id, stage, props):
-        yield target
+    """Where a load writes (yielded): a branch of the table made at `before_id` (a table
+    without a snapshot gets an empty one first) that main takes once the writes inside
+    are done, its last commit carrying `props` (`_staged`)."""
+    if before_id is None:
+        commit_empty(spark, qualified, {})  # no offsets: as a table without snapshot
+        before_id, _ = current_snapshot(spark, qualified)
+        if before_id is None:
+            raise CommitConflictError(f"{qualified}: dropped while this batch loaded. Plan again.")
+    stage = _stage_name(batch_id)
+    with _staged(spark, qualified, before_id, stage, props):
+        yield f"{qualified}.branch_{stage}"
 
 
 @contextmanager
 def _staged(
     spark: SparkSession,
     qualified: str,
-    before_id: int | None,
-    name: str | None,
+    before_id: int,
+    name: str,
     props: Mapping[str, str],
 ) -> Iterator[None]:
     """The load's commits inside go to the branch `name` (`qualified.branch_<name>`), made
-    at `before_id`, that main takes at the end (after an empty commit carrying `props`
-    when nothing else was committed to it). Without a branch (a table without snapshot)
-    they go to the table directly, and `check_commit` checks them."""
-    if name is None:
-        yield
-        return
+    at `before_id`; an empty commit carrying `props` ends it, and main takes it."""
     # another load's branch stays: it may be at work (a backfill beside a scheduled run);
     # a killed load's goes with maintenance (`_drop_dead_branches`)
-    load_iceberg_table(spark, qualified).manageSnapshots().createBranch(name, before_id).commit()
+    spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH {name} AS OF VERSION {before_id}")
+    removed = CommitConflictError(
+        f"{qualified}: this batch's branch {name} was removed while it loaded (taken for "
+        "a killed load's); nothing of the batch was committed. Plan again."
+    )
     try:
         yield
-        ice = load_iceberg_table(spark, qualified)
-        branch = ice.refs().get(name)  # None: removed meanwhile (a dead load's, it seemed)
-        if branch is not None and branch.snapshotId() == before_id:  # the offsets move alone
-            commit_empty(spark, qualified, props, branch=name)
-            ice = load_iceberg_table(spark, qualified)
-        if not _made_by_batch(ice, name, before_id, props[SUMMARY_BATCH]):
-            raise CommitConflictError(
-                f"{qualified}: this batch's branch {name} was removed while it loaded "
-                "(taken for a killed load's); nothing of the batch was committed. Plan again."
-            )
-        # main takes the branch and the branch goes, in one metadata commit; refused
-        # when main is no longer at `before_id`'s line (another commit reached it)
-        try:
-            ice.manageSnapshots().fastForwardBranch("main", name).removeBranch(name).commit()
-        except Exception as exc:
-            if "Cannot fast-forward" not in str(exc):
-                raise
-            raise CommitConflictError(
-                f"{qualified}: another commit reached the table after snapshot {before_id}, "
-                "which this batch's offsets were read from; nothing of the batch was "
-                "committed. Plan again."
-            ) from exc
+        written = _branch_head(spark, qualified, name)
+        if written is None:
+            raise removed
+        commit_empty(spark, qualified, props, branch=name)
+        ice = lake_table(spark, qualified)
+        if ice is None or not _made_by_batch(ice, name, before_id, written, props[SUMMARY_BATCH]):
+            raise removed
+        _fast_forward(spark, qualified, name, before_id)
     except BaseException:
         try:
-            load_iceberg_table(spark, qualified).manageSnapshots().removeBranch(name).commit()
+            spark.sql(f"ALTER TABLE {qualified} DROP BRANCH IF EXISTS {name}")
         except Exception as exc:  # maintenance removes it
             log.warning("%s: branch %s not removed: %s", qualified, name, exc)
         raise
 
 
-def _made_by_batch(ice: JvmObject, name: str, before_id: int | None, batch_id: str) -> bool:
-    """Whether branch `name` holds, above snapshot `before_id`, only commits of batch
-    `batch_id`. A branch removed while its load wrote (by maintenance or another load)
-    and made again by the load's commit stands on main's snapshot of then, which may
-    hold another run's commit: main must not take it."""
-    ref = ice.refs().get(name)
-    snapshot = None if ref is None else ice.snapshot(ref.snapshotId())
-    while snapshot is not None and int(snapshot.snapshotId()) != before_id:
-        if dict(snapshot.summary()).get(SUMMARY_BATCH) != batch_id:
+def _fast_forward(spark: SparkSession, qualified: str, name: str, before_id: int) -> None:
+    """Main takes branch `name`, then the branch goes; refused when main is no longer at
+    `before_id`'s line (another commit reached it)."""
+    catalog, _, identifier = qualified.partition(".")
+    try:
+        spark.sql(f"CALL {catalog}.system.fast_forward('{identifier}', 'main', '{name}')")
+    except Exception as exc:
+        if "Cannot fast-forward" not in str(exc):
+            raise
+        raise CommitConflictError(
+            f"{qualified}: another commit reached the table after snapshot {before_id}, "
+            "which this batch's offsets were read from; nothing of the batch was "
+            "committed. Plan again."
+        ) from exc
+    spark.sql(f"ALTER TABLE {qualified} DROP BRANCH IF EXISTS {name}")
+
+
+def _branch_head(spark: SparkSession, qualified: str, name: str) -> int | None:
+    ice = lake_table(spark, qualified)
+    ref = None if ice is None else ice.metadata.refs.get(name)
+    return None if ref is None else ref.snapshot_id
+
+
+def _made_by_batch(ice: LakeTable, name: str, before_id: int, written: int, batch: str) -> bool:
+    """Whether branch `name` ends with batch `batch`'s summary right on `written` (where
+    the batch's writes left it) and holds no other batch's above snapshot `before_id`:
+    what main may take. A branch removed (by maintenance) and made again meanwhile may
+    stand on another run's batch, and lacks the load's writes."""
+    ref = ice.metadata.refs.get(name)
+    head = None if ref is None else ice.snapshot_by_id(ref.snapshot_id)
+    if head is None or head.parent_snapshot_id != written:
+        return False
+    snapshot = head if summary_of(head).get(SUMMARY_BATCH) == batch else None
+    while snapshot is not None and snapshot.snapshot_id != before_id:
+        if summary_of(snapshot).get(SUMMARY_BATCH, batch) != batch:
             return False
-        parent = snapshot.parentId()
-        snapshot = None if parent is None else ice.snapshot(parent)
+        parent = snapshot.parent_snapshot_id
+        snapshot = None if parent is None else ice.snapshot_by_id(parent)
     return snapshot is not None
 
 

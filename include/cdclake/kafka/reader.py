@@ -26,6 +26,7 @@ from cdclake.raw_rows import (
     kept_headers,
     raw_arrow_schema,
 )
+from cdclake.spark import is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -156,6 +157,8 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.sql.types import _parse_datatype_string
 
+    if is_connect(spark):
+        return _connect_frame(spark, rows if ddl else rows.select(RAW_FIELD_NAMES), ddl)
     schema = cast("StructType", _parse_datatype_string(ddl or RAW_SCHEMA))  # a DDL's: a struct
     jvm: Any = spark._jvm
     batches = (rows if ddl else rows.select(RAW_FIELD_NAMES)).to_batches()
@@ -170,6 +173,20 @@ def arrow_frame(spark: SparkSession, rows: pa.Table, ddl: str | None = None) -> 
     return DataFrame(
         jvm.PythonSQLUtils.toDataFrame(stream, schema.json(), spark._jsparkSession), spark
     )
+
+
+def _connect_frame(spark: Any, rows: pa.Table, ddl: str | None) -> DataFrame:
+    """`arrow_frame` on Spark Connect: the rows sent as a local relation, and one of more
+    than the session's `localRelationCacheThreshold` bytes as an artifact first (what
+    its `createDataFrame` does once the data is in Arrow)."""
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectFrame
+    from pyspark.sql.connect.plan import CachedLocalRelation, LocalRelation
+
+    plan: Any = LocalRelation(rows, schema=ddl or RAW_SCHEMA)  # the server parses the DDL
+    limit = spark.conf.get("spark.sql.session.localRelationCacheThreshold", None)
+    if limit is not None and int(limit) <= rows.nbytes:
+        plan = CachedLocalRelation(spark._cache_local_relation(plan))
+    return cast("DataFrame", ConnectFrame.withPlan(plan, spark))
 
 
 def _read_slice(

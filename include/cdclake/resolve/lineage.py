@@ -39,6 +39,7 @@ from cdclake.resolve.rules import (
     TOAST_PREFIX,
     toastable,
 )
+from cdclake.spark import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -211,7 +212,9 @@ def _followed(
             froms,
             pointer=True,
         )
-        if steps > 2:  # each step reads the last twice: a long chain's plan would double
+        # each step reads the last twice: a long chain's plan would double (Spark Connect
+        # 3.5 has no checkpoint: there it does)
+        if steps > 2 and not is_connect(rows.sparkSession):
             rows = rows.localCheckpoint()
     if entries is not None:
         rows = _taken(

@@ -1,0 +1,110 @@
+"""The fixed cost of a batch on a warm Spark Connect server, beside spark-submit's
+(`fixed_overhead`): the same plan loaded by a client process as the Airflow task runs it
+(`cdclake_airflow.tasks.load_on_connect`), its wall and CPU seconds, and the server's CPU
+seconds for the batch. The server is warmed by a first batch of the same workload into
+tables of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cdclake.offsets import BatchPlan
+from cdclake_local.spark_connect import LocalSparkConnect
+
+# a client process: load the plan (argv[2]) of the pipeline file argv[1] on the server
+CLIENT = """
+import json, sys
+from cdclake.job import run_batch
+from cdclake.offsets import plans_from_json
+from cdclake.pipeline_file import load_pipeline
+from cdclake.spark import REMOTE_ENV, connect_session
+import os
+
+pipeline = load_pipeline(sys.argv[1])
+spark = connect_session(pipeline, os.environ[REMOTE_ENV], "bench/" + pipeline.name)
+results = run_batch(spark, pipeline, plans_from_json(sys.argv[2])[0])
+print(json.dumps({"tables": [r.to_dict() for r in results]}))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its waited-for children (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_java_pid(server: LocalSparkConnect) -> int | None:
+    """The server's JVM (spark-submit's child) or spark-submit itself."""
+    pid = server.pid()
+    if pid is None:
+        return None
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    found = children.read_text().split() if children.exists() else []
+    return int(found[0]) if found else pid
+
+
+def connect_load(server: LocalSparkConnect, path: Path, plan: BatchPlan) -> dict:
+    """Load `plan` of the pipeline file `path` from a client process: its wall and CPU
+    seconds, the server JVM's CPU seconds meanwhile, and the job's answer."""
+    env = {**os.environ, "CDCLAKE_SPARK_REMOTE": server.remote}
+    java = server_java_pid(server)
+    server_before = process_cpu_s(java) if java else 0.0
+    before = _children_cpu_s()
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", CLIENT, str(path), plan.to_json()],
+                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    wall = time.perf_counter() - started
+    cpu = _children_cpu_s() - before
+    if done.returncode != 0:
+        raise RuntimeError(f"the Spark Connect client failed: {done.stderr[-2000:]}")
+    server_cpu = (process_cpu_s(java) - server_before) if java else None
+    return {"wall_s": round(wall, 2), "client_cpu_s": round(cpu, 2),
+            "server_cpu_s": None if server_cpu is None else round(server_cpu, 2),
+            "answer": json.loads(done.stdout.strip().splitlines()[-1])}  # fmt: skip
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def connect_fixed(work: Path, settings, workload, plan: BatchPlan) -> dict:
+    """On a server of its own, warmed by the whole `plan` into tables of their own: the
+    first half of each range into new tables (`first`), then the second half (`steady`:
+    a scheduled batch of a pipeline already loaded)."""
+    from cdclake.offsets import OffsetRange
+
+    from cdclake_bench.pipeline import bench_pipeline
+
+    server = LocalSparkConnect(work / "spark-connect", free_port())
+    started = time.perf_counter()
+    server.start()
+    found: dict = {"server_start_s": round(time.perf_counter() - started, 1)}
+    try:
+        warm = bench_pipeline(work, settings, workload, "fixed_warm")
+        connect_load(server, work / "fixed_warm.yaml", BatchPlan(warm.name, "warm", plan.ranges))
+        on = bench_pipeline(work, settings, workload, "fixed_connect")
+        halves = [(r, (r.start + r.end) // 2) for r in plan.ranges]
+        first = [OffsetRange(r.topic, r.partition, r.start, mid) for r, mid in halves]
+        rest = [OffsetRange(r.topic, r.partition, mid, r.end) for r, mid in halves]
+        for label, ranges in (("first", first), ("steady", rest)):
+            batch = BatchPlan(on.name, f"bench-connect-{label}", tuple(ranges))
+            found[label] = connect_load(server, work / "fixed_connect.yaml", batch)
+            found[label].pop("answer")
+    finally:
+        server.stop()
+    return found
