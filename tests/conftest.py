@@ -70,8 +70,8 @@ FILE_SECONDS = {
     "integration/test_semantics.py": 290,
     "integration/test_random_replay.py": 180,
     "integration/test_faults.py": 127,
-    "integration/test_spark_connect.py": 240,  # with the server's start (~30 s)
-    "e2e/test_connect_dag.py": 150,
+    "integration/test_spark_connect.py": 185,  # with the server's start (~30 s)
+    "e2e/test_connect_dag.py": 65,
     "e2e/test_watch.py": 112,
     "e2e/test_airflow_ui.py": 102,
     "integration/test_connector_restarts.py": 91,

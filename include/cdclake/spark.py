@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdclake.config import CatalogConfig, CatalogType, PipelineConfig
-from cdclake.exceptions import ConfigError
+from cdclake.exceptions import ConfigError, EndpointError
 from cdclake.jvm import DRIVER_OPTIONS, driver_java_options, resolves_by_range
 
 if TYPE_CHECKING:
@@ -207,8 +207,8 @@ def spark_conf(
 # The Spark Connect server a load runs on instead of a driver of its own:
 # sc://host:port/;x-cdclake-token=<token> (docs/operations.md, "Spark Connect")
 REMOTE_ENV = "CDCLAKE_SPARK_REMOTE"
-# backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s: about 45 s of retries in all
-CONNECT_RETRIES = {"max_retries": 8, "max_backoff": 10_000}
+# backoffs of 0.05, 0.2, 0.8, 3.2 and 5 s: about 10 s of retries a call
+CONNECT_RETRIES = {"max_retries": 5, "max_backoff": 5_000}
 TOKEN_HEADER = "x-cdclake-token"  # sent with every call (`stack/spark-connect/ConnectGuard.java`)
 
 
@@ -230,14 +230,33 @@ def connect_session(pipeline: PipelineConfig, remote: str, key: str) -> SparkSes
 
     from pyspark.sql import SparkSession
 
+    _check_reachable(remote, pipeline.timeouts.connect_s)
     session = uuid.uuid5(uuid.NAMESPACE_URL, f"cdclake:{key}")
     spark = SparkSession.builder.remote(f"{remote};session_id={session}").create()
     # the client retries a call the server did not answer for at least 10 minutes by
-    # default; a batch whose server went away fails within about a minute instead
+    # default; a batch whose server went away fails within seconds instead
     spark.client._retry_policy.update(CONNECT_RETRIES)
     for key_, value in session_conf(pipeline).items():
         spark.conf.set(key_, value)
     return spark
+
+
+def _check_reachable(remote: str, timeout_s: float) -> None:
+    """An EndpointError naming the server when nothing answers at `remote`'s host and
+    port within `timeout_s` (the client's first call would retry for minutes)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(remote.split(";", 1)[0].replace("sc://", "http://", 1))
+    host, port = where.hostname or "", where.port or 15002
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise EndpointError(
+            f"Spark Connect server at {host}:{port} could not be reached within "
+            f"{timeout_s:g}s ({exc}) -- check that it runs and that {REMOTE_ENV} or "
+            "spark.connect_conn_id names it"
+        ) from None
 
 
 def load_session(

@@ -277,8 +277,11 @@ def test_thread_parts(process, thread, part):
 
 
 # freshness runs Airflow's scheduler for minutes whatever the size; tests/e2e/test_watch.py
-# runs its event-driven path, and test_freshness_* below its figures' arithmetic
-SMOKE_STEPS = [s for s in STEPS if s not in ("fixed_overhead", "memory", "freshness")]
+# runs its event-driven path, and test_freshness_* below its figures' arithmetic;
+# throughput_connect starts a Spark Connect server (tests/integration/test_spark_connect.py
+# loads through one)
+SLOW_STEPS = ("fixed_overhead", "memory", "freshness", "throughput_connect")
+SMOKE_STEPS = [s for s in STEPS if s not in SLOW_STEPS]
 
 
 def test_bench_smoke_reports_every_figure_and_loads_the_events(stack, tmp_path):

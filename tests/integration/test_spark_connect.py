@@ -152,9 +152,11 @@ def test_killed_clients_and_a_killed_server_keep_offsets_and_data_together(
             killed[victim] += 1
         started = time.monotonic()
         proc.wait(timeout=600)
-        if victim == "server":  # the client gives up on its own, bounded (CONNECT_RETRIES)
-            assert proc.returncode != 0 and time.monotonic() - started < 180
-            server.start()
+        gave_up_s = time.monotonic() - started
+        if victim == "server":
+            server.start()  # before the checks, for the tests after this one
+            # the client gave up on its own, bounded (CONNECT_RETRIES: ~10 s a call)
+            assert proc.returncode != 0 and gave_up_s < 120, gave_up_s
     assert killed == {"client": 3, "server": 1}, killed
     bigger = dataclasses.replace(pipeline, max_records_per_batch=100_000)
     load_to_the_end(server, bigger, "driver", f"{n}-end")

@@ -50,3 +50,20 @@ def test_the_remote_url_carries_the_token_as_a_header_not_as_grpcs_token():
     url = remote_url("spark-connect", 15002, "s3cret")
     assert url == "sc://spark-connect:15002/;x-cdclake-token=s3cret"
     assert ";token=" not in url  # pyspark would then want TLS, which the server lacks
+
+
+def test_a_server_that_is_not_there_fails_the_session_at_once_naming_it(tmp_path):
+    import socket
+    import time
+
+    from cdclake.exceptions import EndpointError
+    from cdclake.spark import connect_session
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = pipeline_with(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(EndpointError, match=f"Spark Connect server at 127.0.0.1:{port}"):
+        connect_session(p, remote_url("127.0.0.1", port, "t" * 32), "unit")
+    assert time.monotonic() - started < 5

@@ -23,7 +23,7 @@ from cdclake.job import run_batch
 from cdclake.offsets import BatchPlan, OffsetRange
 from cdclake.pipeline_file import load_pipeline
 from cdclake.placement import MEASURED, Placement
-from cdclake.spark import build_session
+from cdclake.spark import REMOTE_ENV, build_session, connect_session
 
 from cdclake_bench.cpu import cpu_parts, cpu_snapshot
 from cdclake_bench.events import Workload
@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         p.error("give --recording, or --events and --keys")
     records = sum(r.size for r in ranges)
-    spark = build_session(pipeline, "local[2]", records=records)
+    remote = os.environ.get(REMOTE_ENV)  # a Spark Connect server's, else a driver's own
+    if remote:
+        spark = connect_session(pipeline, remote, f"bench/{pipeline.name}")
+    else:
+        spark = build_session(pipeline, "local[2]", records=records)
     before = cpu_snapshot(os.getpid())
     started = time.perf_counter()
     results = run_batch(

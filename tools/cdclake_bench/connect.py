@@ -13,9 +13,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cdclake.offsets import BatchPlan
 from cdclake_local.spark_connect import LocalSparkConnect
+
+from cdclake_bench.pipeline import bench_pipeline
 
 # a client process: load the plan (argv[2]) of the pipeline file argv[1] on the server
 CLIENT = """
@@ -88,8 +91,6 @@ def connect_fixed(work: Path, settings, workload, plan: BatchPlan) -> dict:
     a scheduled batch of a pipeline already loaded)."""
     from cdclake.offsets import OffsetRange
 
-    from cdclake_bench.pipeline import bench_pipeline
-
     server = LocalSparkConnect(work / "spark-connect", free_port())
     started = time.perf_counter()
     server.start()
@@ -108,3 +109,42 @@ def connect_fixed(work: Path, settings, workload, plan: BatchPlan) -> dict:
     finally:
         server.stop()
     return found
+
+
+class ConnectSteps:
+    """Steps of `cdclake_bench.runner.Bench` (which gives `sizes`, `work`, `stack`,
+    `figures`, `details`, `say`, `_recorded_batch` and `_merge_recording`)."""
+
+    def throughput_connect(self) -> None:  # type: ignore[misc]
+        """The throughput step's first load and `throughput_merge`'s MERGE, each loaded
+        side by side by a process of its own (its driver JVM started for the batch) and
+        by a client of a Spark Connect server (warmed by the first pair): the walls of the
+        load alone, and their ratios (spark-submit's wall over the server's)."""
+        self_: Any = self
+        rec = self_.work / "recording"
+        workload, first, second = self_._merge_recording()
+        server = LocalSparkConnect(self_.work / "spark-connect-throughput", free_port())
+        server.start()
+        found: dict = {}
+        try:
+            for engine, remote in (("submit", ""), ("connect", server.remote)):
+                load = bench_pipeline(self_.work, self_.stack.s, workload, f"tc_{engine}")
+                found[f"{engine}_first"] = self_._recorded_batch(
+                    load, rec, f"bench-tc-{engine}", remote
+                )
+                merge = bench_pipeline(self_.work, self_.stack.s, workload, f"tm_{engine}")
+                self_._recorded_batch(merge, first, f"bench-tm-{engine}-first", remote)
+                found[f"{engine}_merge"] = self_._recorded_batch(
+                    merge, second, f"bench-tm-{engine}", remote
+                )
+        finally:
+            server.stop()
+        for kind in ("first", "merge"):
+            ratio = found[f"submit_{kind}"]["wall_s"] / found[f"connect_{kind}"]["wall_s"]
+            self_.figures[f"connect_{kind}_ratio"] = ratio
+            self_.say(
+                f"{kind} batch on the Spark Connect server: "
+                f"{found[f'connect_{kind}']['wall_s']:.1f}s against "
+                f"{found[f'submit_{kind}']['wall_s']:.1f}s ({ratio:.2f}x)"
+            )
+        self_.details["throughput_connect"] = found

@@ -28,11 +28,11 @@ from cdclake.jvm import (
     resolves_by_range,
 )
 from cdclake.offsets import BatchPlan
-from cdclake.spark import spark_conf
+from cdclake.spark import REMOTE_ENV, spark_conf
 from cdclake_local.stack import LocalStack, StackSettings
 
 from cdclake_bench.avro_records import avro_recording
-from cdclake_bench.connect import connect_fixed
+from cdclake_bench.connect import ConnectSteps, connect_fixed
 from cdclake_bench.events import Workload, toast_column
 from cdclake_bench.jvm_archive import build_archive
 from cdclake_bench.memory import peak_memory
@@ -66,7 +66,7 @@ TOAST_SHARE = 0.7
 
 
 @dataclass
-class Bench(SteadySteps, ScalingSteps):
+class Bench(SteadySteps, ScalingSteps, ConnectSteps):
     scale: float
     work: Path
     stack: LocalStack
@@ -106,10 +106,11 @@ class Bench(SteadySteps, ScalingSteps):
         self.details["file_workload"] = workload
         self.say(f"throughput from file: {events / wall:,.0f} events/s ({wall:.1f}s)")
 
-    def _recorded_batch(self, pipeline, rec: Path, batch_id: str) -> dict:
+    def _recorded_batch(self, pipeline, rec: Path, batch_id: str, remote: str = "") -> dict:
         """Load a recording in a process of its own (`cdclake_bench.batch`), whose driver
-        JVM starts as a load's of its size does: its wall, CPU parts and stages. Its log
-        is kept in `<work>/<batch_id>.log`."""
+        JVM starts as a load's of its size does (or a client of the Spark Connect server
+        at `remote`): its wall, CPU parts and stages. Its log is kept in
+        `<work>/<batch_id>.log`."""
         self.jvm_archive()
         ranges = recorded_ranges(rec)
         options = driver_java_options(sum(r.size for r in ranges), resolves_by_range(pipeline))
@@ -118,7 +119,8 @@ class Bench(SteadySteps, ScalingSteps):
         cmd = [sys.executable, "-m", "cdclake_bench.batch", "--pipeline",
                str(pipeline.path), "--recording", str(rec), "--batch-id",
                batch_id]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        env = {**os.environ, REMOTE_ENV: remote} if remote else None
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         (self.work / f"{batch_id}.log").write_text(done.stderr)
         if done.returncode != 0:
             raise RuntimeError(f"the recorded batch failed: {done.stderr[-2000:]}")
