@@ -159,8 +159,33 @@ def catalog_of_settings(conf: list[tuple[str, str]], name: str) -> CatalogConfig
 
 
 @functools.lru_cache(maxsize=8)
-def _session_catalog(spark: SparkSession, name: str) -> Catalog:
+def _session_catalog(spark: SparkSession, name: str) -> Catalog | _HadoopTables:
+    warehouse = spark.conf.get(f"{_PREFIX}{name}.warehouse", None)
+    if spark.conf.get(f"{_PREFIX}{name}.type", None) == "hadoop" and warehouse:
+        return _HadoopTables(warehouse)
     return load_catalog(session_catalog(spark, name))
+
+
+class _HadoopTables:
+    """The tables of a Hadoop catalog (files only, which pyiceberg has no catalog for: each
+    table's `version-hint.text` names its metadata), as the JVM archive's warm-up keeps
+    them (`cdclake_bench.jvm_archive`); pipelines name a JDBC or REST catalog."""
+
+    def __init__(self, warehouse: str) -> None:
+        self.warehouse = warehouse.rstrip("/")
+
+    def load_table(self, identifier: str) -> Table:
+        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.io import load_file_io
+        from pyiceberg.table import StaticTable
+
+        base = f"{self.warehouse}/{identifier.replace('.', '/')}/metadata"
+        hint = load_file_io(location=base).new_input(f"{base}/version-hint.text")
+        if not hint.exists():
+            raise NoSuchTableError(identifier)
+        with hint.open() as f:
+            version = f.read().decode().strip()
+        return StaticTable.from_metadata(f"{base}/v{version}.metadata.json")
 
 
 def lake_table(spark: SparkSession, qualified: str) -> Table | None:

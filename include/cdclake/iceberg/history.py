@@ -36,7 +36,7 @@ from cdclake.iceberg.tables import (
     table_columns,
     table_state,
 )
-from cdclake.iceberg.write import check_commit, committing
+from cdclake.iceberg.write import committing
 from cdclake.offsets import (
     SUMMARY_BATCH,
     SUMMARY_OFFSETS,
@@ -159,7 +159,8 @@ def commit_history(
         **({SUMMARY_TRUNCATE: str(max(truncated))} if truncated else {}),
     }
     view = f"cdclake_history_{target.replace('.', '_')}"
-    with committing(spark, target, state.snapshot_id, batch_id, props) as into:
+    with committing(spark, target, state.snapshot_id, batch_id, props) as commit:
+        into = commit.target
         if changed.versions or changed.earlier or changed.truncates:
             _staged_rows(spark, schema, changed).createOrReplaceTempView(view)
             try:
@@ -167,7 +168,7 @@ def commit_history(
                     spark.sql(sql)
             finally:
                 spark.catalog.dropTempView(view)
-    after = check_commit(spark, target, state.snapshot_id, props)
+    after = commit.snapshot_id
     log.info(
         "%s: %d versions opened, %d closed before the batch",
         target,

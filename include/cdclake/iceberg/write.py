@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -154,7 +155,8 @@ def write_table(
         first_load = keyed and batch.tuning.first_load_append and state.empty and not dropped
         mode = (soft, hard, first_load)
         try:
-            with committing(spark, qualified, before_id, batch.plan.batch_id, props) as target:
+            with committing(spark, qualified, before_id, batch.plan.batch_id, props) as commit:
+                target = commit.target
                 sql = _write_sql(batch.tuning, state, schema, resolved, view, target, dropped, mode)
                 swept = _sweep(spark, target, heal, soft, keyed)
                 if first_load:
@@ -163,7 +165,7 @@ def write_table(
                     spark.sql(sql)
         finally:
             spark.catalog.dropTempView(view)
-        after_id = check_commit(spark, qualified, before_id, props)
+        after_id = commit.snapshot_id
         if moved is not None:
             forget_key_changes(spark, qualified, moved.taken, schema)
     return after_id, WrittenBy.MERGE if keyed and not first_load else WrittenBy.APPEND, swept
@@ -182,9 +184,9 @@ def commit_heal(
     )
     soft = table.delete_mode is DeleteMode.SOFT
     before_id = state.snapshot_id
-    with committing(spark, qualified, before_id, batch.plan.batch_id, props) as target:
-        swept = _sweep(spark, target, heal, soft, bool(state.key_names))
-    return check_commit(spark, qualified, before_id, props), swept
+    with committing(spark, qualified, before_id, batch.plan.batch_id, props) as commit:
+        swept = _sweep(spark, commit.target, heal, soft, bool(state.key_names))
+    return commit.snapshot_id, swept
 
 
 def _heal_of(plan: BatchPlan, table: TableConfig, state: TableState) -> Heal | None:
@@ -263,6 +265,15 @@ def _stage_name(batch_id: str) -> str:
     )
 
 
+@dataclass
+class Commit:
+    """Where a load's writes go (`target`: a branch of the table), and once main took
+    them the snapshot that carries the batch's offsets (`snapshot_id`)."""
+
+    target: str
+    snapshot_id: int | None = None
+
+
 @contextmanager
 def committing(
     spark: SparkSession,
@@ -270,7 +281,7 @@ def committing(
     before_id: int | None,
     batch_id: str,
     props: Mapping[str, str],
-) -> Iterator[str]:
+) -> Iterator[Commit]:
     """Where a load writes (yielded): a branch of the table made at `before_id` (a table
     without a snapshot gets an empty one first) that main takes once the writes inside
     are done, its last commit carrying `props` (`_staged`)."""
@@ -280,8 +291,8 @@ def committing(
         if before_id is None:
             raise CommitConflictError(f"{qualified}: dropped while this batch loaded. Plan again.")
     stage = _stage_name(batch_id)
-    with _staged(spark, qualified, before_id, stage, props):
-        yield f"{qualified}.branch_{stage}"
+    with _staged(spark, qualified, before_id, stage, props) as commit:
+        yield commit
 
 
 @contextmanager
@@ -291,7 +302,7 @@ def _staged(
     before_id: int,
     name: str,
     props: Mapping[str, str],
-) -> Iterator[None]:
+) -> Iterator[Commit]:
     """The load's commits inside go to the branch `name` (`qualified.branch_<name>`), made
     at `before_id`; an empty commit carrying `props` ends it, and main takes it."""
     # another load's branch stays: it may be at work (a backfill beside a scheduled run);
@@ -301,16 +312,19 @@ def _staged(
         f"{qualified}: this batch's branch {name} was removed while it loaded (taken for "
         "a killed load's); nothing of the batch was committed. Plan again."
     )
+    commit = Commit(f"{qualified}.branch_{name}")
     try:
-        yield
-        written = _branch_head(spark, qualified, name)
-        if written is None:
-            raise removed
-        commit_empty(spark, qualified, props, branch=name)
+        yield commit
+        try:
+            commit_empty(spark, qualified, props, branch=name)
+        except Exception as exc:  # Iceberg refuses a write to a branch that is gone
+            if "Cannot use branch" not in str(exc):
+                raise
+            raise removed from exc
         ice = lake_table(spark, qualified)
-        if ice is None or not _made_by_batch(ice, name, before_id, written, props[SUMMARY_BATCH]):
+        if ice is None or not _made_by_batch(ice, name, before_id, props[SUMMARY_BATCH]):
             raise removed
-        _fast_forward(spark, qualified, name, before_id)
+        commit.snapshot_id = _fast_forward(spark, qualified, name, before_id)
     except BaseException:
         try:
             spark.sql(f"ALTER TABLE {qualified} DROP BRANCH IF EXISTS {name}")
@@ -319,12 +333,14 @@ def _staged(
         raise
 
 
-def _fast_forward(spark: SparkSession, qualified: str, name: str, before_id: int) -> None:
+def _fast_forward(spark: SparkSession, qualified: str, name: str, before_id: int) -> int:
     """Main takes branch `name`, then the branch goes; refused when main is no longer at
-    `before_id`'s line (another commit reached it)."""
+    `before_id`'s line (another commit reached it). The snapshot main is at now."""
     catalog, _, identifier = qualified.partition(".")
     try:
-        spark.sql(f"CALL {catalog}.system.fast_forward('{identifier}', 'main', '{name}')")
+        done = spark.sql(
+            f"CALL {catalog}.system.fast_forward('{identifier}', 'main', '{name}')"
+        ).collect()
     except Exception as exc:
         if "Cannot fast-forward" not in str(exc):
             raise
@@ -334,46 +350,22 @@ def _fast_forward(spark: SparkSession, qualified: str, name: str, before_id: int
             "committed. Plan again."
         ) from exc
     spark.sql(f"ALTER TABLE {qualified} DROP BRANCH IF EXISTS {name}")
+    return int(done[0]["updated_ref"])
 
 
-def _branch_head(spark: SparkSession, qualified: str, name: str) -> int | None:
-    ice = lake_table(spark, qualified)
-    ref = None if ice is None else ice.metadata.refs.get(name)
-    return None if ref is None else ref.snapshot_id
-
-
-def _made_by_batch(ice: LakeTable, name: str, before_id: int, written: int, batch: str) -> bool:
-    """Whether branch `name` ends with batch `batch`'s summary right on `written` (where
-    the batch's writes left it) and holds no other batch's above snapshot `before_id`:
-    what main may take. A branch removed (by maintenance) and made again meanwhile may
-    stand on another run's batch, and lacks the load's writes."""
+def _made_by_batch(ice: LakeTable, name: str, before_id: int, batch: str) -> bool:
+    """Whether branch `name` ends with batch `batch`'s summary and holds no other batch's
+    above snapshot `before_id`: what main may take."""
     ref = ice.metadata.refs.get(name)
-    head = None if ref is None else ice.snapshot_by_id(ref.snapshot_id)
-    if head is None or head.parent_snapshot_id != written:
+    snapshot = None if ref is None else ice.snapshot_by_id(ref.snapshot_id)
+    if snapshot is None or summary_of(snapshot).get(SUMMARY_BATCH) != batch:
         return False
-    snapshot = head if summary_of(head).get(SUMMARY_BATCH) == batch else None
     while snapshot is not None and snapshot.snapshot_id != before_id:
         if summary_of(snapshot).get(SUMMARY_BATCH, batch) != batch:
             return False
         parent = snapshot.parent_snapshot_id
         snapshot = None if parent is None else ice.snapshot_by_id(parent)
     return snapshot is not None
-
-
-def check_commit(
-    spark: SparkSession, qualified: str, before_id: int | None, props: Mapping[str, str]
-) -> int | None:
-    """The snapshot that carries the batch's offsets: an empty commit carries them when
-    nothing changed; another run's commit in between fails the check."""
-    after_id, summary = current_snapshot(spark, qualified)
-    if after_id == before_id:
-        commit_empty(spark, qualified, props)  # nothing changed, offsets still move
-        after_id, summary = current_snapshot(spark, qualified)
-    if summary.get(SUMMARY_OFFSETS) != props[SUMMARY_OFFSETS]:
-        raise CommitConflictError(
-            f"{qualified}: snapshot {after_id} does not carry this batch's offsets"
-        )
-    return after_id
 
 
 def _key_filter(
