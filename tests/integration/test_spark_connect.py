@@ -141,7 +141,7 @@ def test_killed_clients_and_a_killed_server_keep_offsets_and_data_together(
     workload(stack.source_dsn, table, 2, rng)
     load_to_the_end(server, pipeline, "driver", f"{n}-first")
     killed = {"client": 0, "server": 0}
-    for i, victim in enumerate(("client", "client", "server", "client")):
+    for i, victim in enumerate(("client", "server", "client")):
         workload(stack.source_dsn, table, 2, rng)
         stack.wait_for_capture()
         before = load_branches(pipeline)
@@ -157,7 +157,7 @@ def test_killed_clients_and_a_killed_server_keep_offsets_and_data_together(
             server.start()  # before the checks, for the tests after this one
             # the client gave up on its own, bounded (CONNECT_RETRIES: ~10 s a call)
             assert proc.returncode != 0 and gave_up_s < 120, gave_up_s
-    assert killed == {"client": 3, "server": 1}, killed
+    assert killed == {"client": 2, "server": 1}, killed
     bigger = dataclasses.replace(pipeline, max_records_per_batch=100_000)
     load_to_the_end(server, bigger, "driver", f"{n}-end")
     assert_exactly_once(stack, spark, pipeline)
