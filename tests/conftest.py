@@ -71,8 +71,7 @@ FILE_SECONDS = {
     "integration/test_random_replay.py": 180,
     "integration/test_faults.py": 127,
     "integration/test_spark_connect.py": 185,  # with the server's start (~30 s)
-    "e2e/test_connect_dag.py": 65,
-    "e2e/test_watch.py": 112,
+    "e2e/test_watch.py": 200,  # with the Spark Connect DAG's runs
     "e2e/test_airflow_ui.py": 102,
     "integration/test_connector_restarts.py": 91,
     "e2e/test_manual_dags.py": 90,

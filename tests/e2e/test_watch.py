@@ -1,7 +1,10 @@
-"""Event-driven loads through the real scheduler and triggerer (`airflow standalone`): a
-pipeline with `watch:` and no cron schedule runs when records arrive on its topic, one
-run at a time; a burst of records queues no burst of runs, a backlog does not keep waking
-it, and the lake equals the source.
+"""Loads through the real scheduler and triggerer, under one `airflow standalone`:
+
+- event-driven: a pipeline with `watch:` and no cron schedule runs when records arrive on
+  its topic, one run at a time; a burst of records queues no burst of runs, a backlog
+  does not keep waking it, and the lake equals the source;
+- on a Spark Connect server (`spark.connect_conn_id`): each run's load task is a Spark
+  Connect client in the worker, not spark-submit, and the lake equals the source.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tests.integration.helpers import assert_lake_equals_source, make_pipeline
 
 pytestmark = pytest.mark.e2e
 
+CONNECT_CONN = "cdclake_spark_connect_e2e"
 WAKE_S = 240  # from the first record after the DAG is switched on to its first run
 IDLE_S = 600  # the burst loaded
 BURST = 5_000
@@ -40,17 +44,20 @@ def active(runs: list[dict]) -> list[dict]:
     return [r for r in runs if r["state"] in ("queued", "running")]
 
 
-@pytest.fixture
-def watched(stack, tmp_path):
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    return tmp_path_factory.mktemp("pipelines")
+
+
+@pytest.fixture(scope="module")
+def watched(stack, pipelines):
     """A new source table with one row already in its topic, and a pipeline that watches
-    it, in a pipelines folder of its own."""
+    it."""
     tag = uuid.uuid4().hex[:6]
     table = f"watch_{tag}"
     with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
         conn.execute(f"create table inventory.{table} (id int primary key, note text)")
         conn.execute(f"insert into inventory.{table} values (0, 'before the watch')")
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
     pipeline = make_pipeline(pipelines, f"watched_{tag}", [f"inventory.{table}"],
                              schedule=None, watch={"conn_id": "cdclake_kafka_watch"})  # fmt: skip
     topic = pipeline.topic_for(pipeline.tables[0])
@@ -60,17 +67,30 @@ def watched(stack, tmp_path):
     return pipeline, table
 
 
-@pytest.fixture
-def airflow(stack, watched, tmp_path):
+@pytest.fixture(scope="module")
+def connected(stack, pipelines):
+    """A new source table and its pipeline, loading on the Spark Connect server."""
+    table = f"inventory.sc_dag_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+        conn.execute(f"create table {table} (id int primary key, note text)")
+        conn.execute(f"insert into {table} select g, 'first' from generate_series(1, 50) g")
+    pipeline = make_pipeline(pipelines, f"sc_dag_{uuid.uuid4().hex[:6]}", [table],
+                             schedule=None, spark={"connect_conn_id": CONNECT_CONN})  # fmt: skip
+    return pipeline, table
+
+
+@pytest.fixture(scope="module")
+def airflow(stack, spark_connect, watched, connected, pipelines, tmp_path_factory):
     pipeline, _ = watched
-    home, port = tmp_path / "airflow", free_port()
+    home, port = tmp_path_factory.mktemp("airflow"), free_port()
     conns = connections(stack.s.pg_port, stack.broker.client_config(), stack.s.source_db)
     conns["cdclake_kafka_watch"] = kafka_connection(stack.broker.client_config(),
                                                     f"cdclake-watch-{pipeline.name}")  # fmt: skip
+    conns[CONNECT_CONN] = spark_connect.airflow_connection()
     setup_airflow_home(ROOT, home, conns, port)
     env = {k: v for k, v in stack.env().items() if k != "AIRFLOW_HOME"}
-    env["CDCLAKE_PIPELINES_DIR"] = str(pipeline.path.parent)
-    server = AirflowServer(home, port, env, tmp_path / "standalone.log").start()
+    env["CDCLAKE_PIPELINES_DIR"] = str(pipelines)
+    server = AirflowServer(home, port, env, home / "standalone.log").start()
     try:
         yield server
     finally:
@@ -139,6 +159,38 @@ def test_records_wake_the_dag_one_run_at_a_time(stack, watched, airflow):
     time.sleep(30)
     assert len(airflow.runs(dag_id)) <= len(runs) + 1, "runs without new records"
     assert_lake_equals_source(pipeline, stack.source_dsn)
+
+
+def run_once(airflow: AirflowServer, dag_id: str, timeout: float = 300) -> dict:
+    run = airflow.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}"
+    return wait(f"{dag_id}: run done", lambda: _finished(airflow.request("GET", path)),
+                timeout, airflow, step=3)  # fmt: skip
+
+
+def _finished(run: dict) -> dict | None:
+    return run if run["state"] in ("success", "failed") else None
+
+
+def test_the_dag_loads_on_the_spark_connect_server(stack, connected, airflow):
+    pipeline, table = connected
+    dag_id = f"cdclake__{pipeline.name}"
+    wait(f"{dag_id} parsed", lambda: airflow.dag(dag_id), 180, airflow)
+    airflow.unpause(dag_id)
+    for step in range(3):
+        if step:  # updates, a delete and a primary-key change since the last run
+            with psycopg.connect(stack.source_dsn, autocommit=True) as conn:
+                conn.execute(f"update {table} set note = 'round {step}' where id % 3 = {step}")
+                conn.execute(f"delete from {table} where id = {10 + step}")
+                conn.execute(f"update {table} set id = id + 100 where id = {20 + step}")
+        stack.wait_for_capture()
+        run = run_once(airflow, dag_id)
+        assert run["state"] == "success", airflow.tail()
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances"
+        load = next(t for t in airflow.request("GET", path)["task_instances"]
+                    if t["task_id"] == "load")  # fmt: skip
+        assert load["state"] == "success" and load["operator"] == "PythonOperator", load
+        assert_lake_equals_source(pipeline, stack.source_dsn)
 
 
 def _unloaded(pipeline) -> int:

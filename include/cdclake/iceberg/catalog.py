@@ -9,6 +9,7 @@ the JVM. Writes stay Spark's: SQL, the DataFrame API and Iceberg's procedures.""
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -158,8 +159,18 @@ def catalog_of_settings(conf: list[tuple[str, str]], name: str) -> CatalogConfig
     )
 
 
-@functools.lru_cache(maxsize=8)
+_CATALOGS = threading.Lock()
+
+
 def _session_catalog(spark: SparkSession, name: str) -> Catalog | _HadoopTables:
+    """The session's catalog `name`, made once per session (a batch's table threads
+    share it)."""
+    with _CATALOGS:
+        return _made_catalog(spark, name)
+
+
+@functools.lru_cache(maxsize=8)
+def _made_catalog(spark: SparkSession, name: str) -> Catalog | _HadoopTables:
     warehouse = spark.conf.get(f"{_PREFIX}{name}.warehouse", None)
     if spark.conf.get(f"{_PREFIX}{name}.type", None) == "hadoop" and warehouse:
         return _HadoopTables(warehouse)
