@@ -447,7 +447,7 @@ def _freshness(bench: Bench) -> None:
 
     z = bench.sizes
     found = run_freshness(bench.stack, bench.work, z.fresh_rate, z.fresh_seconds, z.fresh_keys,
-                          bench.say)  # fmt: skip
+                          z.fresh_warm_seconds, bench.say)  # fmt: skip
     for mode, out in found.items():
         for figure in ("p50_s", "p95_s", "max_s"):
             bench.figures[f"freshness_{mode}_{figure}"] = out[figure]

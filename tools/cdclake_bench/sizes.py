@@ -31,6 +31,7 @@ class Sizes:
     fresh_rate: int  # `freshness`: source changes a second
     fresh_seconds: int  # how long each mode's workload writes
     fresh_keys: int
+    fresh_warm_seconds: int  # `freshness`: the Spark Connect server's warm-up writes
 
     @classmethod
     def at_scale(cls, scale: float) -> Sizes:
@@ -45,7 +46,7 @@ class Sizes:
             memory_events=(n(1_000_000), n(10_000_000)), memory_keys=n(250_000, 4),
             capture_rows=n(20_000, 200), peer_batch=HANDLER_BATCH, peer_seconds=60,
             v3_batches=n(50, 3), fresh_rate=2000, fresh_seconds=n(600, 30),
-            fresh_keys=n(20_000, 100),
+            fresh_keys=n(20_000, 100), fresh_warm_seconds=30,
         )  # fmt: skip
 
     @classmethod
@@ -57,6 +58,7 @@ class Sizes:
             fixed_events=10, fixed_tables=1, merge_rows=(100, 1000), merge_batch=20,
             memory_events=(50, 500), memory_keys=10, capture_rows=20, peer_batch=64,
             peer_seconds=600, v3_batches=2, fresh_rate=50, fresh_seconds=20, fresh_keys=100,
+            fresh_warm_seconds=0,
         )  # fmt: skip
 
     def replace(self, overrides: dict[str, str]) -> Sizes:
