@@ -5,7 +5,7 @@ record that is not a JSON-with-schema envelope is kept with its error."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:
@@ -51,6 +51,9 @@ _KEPT = frozenset((OLD_KEY_HEADER, NEW_KEY_HEADER, *META_HEADERS))
 
 # a column of records' values: an Arrow array (chunked or not) or a list
 Values: TypeAlias = "pa.Array | pa.ChunkedArray | Sequence[Any]"
+# one side of records a reader split: each one's payload text, the key of its schema
+# text (null: no data on this side), and the schema texts by key
+Split: TypeAlias = "tuple[pa.Array, pa.Array, Mapping[int, bytes]]"
 
 
 class RawRowsWriter(Protocol):
@@ -270,10 +273,12 @@ class RawRows:
         split by Arrow compute functions."""
         import pyarrow as pa
 
-        offsets, timestamps = _array(offsets, pa.int64()), _array(timestamps, pa.int64())
-        keys, values = _array(keys, pa.binary()), _array(values, pa.binary())
+        offsets, timestamps = arrow_array(offsets, pa.int64()), arrow_array(timestamps, pa.int64())
+        keys, values = arrow_array(keys, pa.binary()), arrow_array(values, pa.binary())
         heads = (
-            pa.nulls(len(offsets), pa.string()) if headers is None else _array(headers, pa.string())
+            pa.nulls(len(offsets), pa.string())
+            if headers is None
+            else arrow_array(headers, pa.string())
         )
         start, n = 0, len(offsets)
         while start < n:
@@ -290,6 +295,47 @@ class RawRows:
                     heads[start].as_py(),
                 )
                 start += 1
+
+    def add_split(
+        self,
+        offsets: pa.Array,
+        timestamps: pa.Array,
+        sides: Mapping[str, Split],
+        is_tombstone: pa.Array,
+        headers: pa.Array,
+    ) -> None:
+        """Records another converter's reader split already: per side, each record's
+        payload text and the key of its schema text in the `Split`'s schemas (null
+        where the record has no data on that side)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(offsets)
+        cols: dict[str, Any] = {
+            "topic": pa.array([self.topic] * n, pa.string()),
+            "partition": pa.array(np.full(n, self.partition, np.int32)),
+            "offset": offsets,
+            "timestamp": timestamps,
+        }
+        for side, (payloads, keys, schemas) in sides.items():
+            present = pc.unique(keys.drop_null()).to_pylist()
+            ids = {key: self.seen.id_of(side, schemas[key]) for key in present}
+            at = pc.index_in(keys, value_set=pa.array(present, pa.int64()))
+            cols[f"{side}_schema_id"] = pa.array([ids[k][0] for k in present], pa.int64()).take(at)
+            texts: list[str | None] = [None] * n
+            for key, (_, first) in ids.items():
+                if first:  # the task's first record with it carries its text
+                    texts[pc.index(keys, key).as_py()] = schemas[key].decode("utf-8")
+            cols[f"{side}_schema"] = pa.array(texts, pa.string())
+            cols[f"{side}_payload"] = payloads
+        cols["is_tombstone"] = is_tombstone
+        cols["follows_gap"] = pa.array(np.zeros(n, bool))  # the reader sets it (`_read_slice`)
+        cols["error"] = pa.nulls(n, pa.string())
+        cols["headers"] = headers
+        self._flush()
+        self._done.append(pa.RecordBatch.from_pydict(cols, schema=raw_arrow_schema()))
+        self._rows += n
 
     def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
         """The end of the run of records from `start` that split with the last schemas."""
@@ -389,7 +435,7 @@ class RawRows:
         return pa.Table.from_batches(done).combine_chunks().to_batches()[0]
 
 
-def _array(values: Values, kind: pa.DataType) -> pa.Array:
+def arrow_array(values: Values, kind: pa.DataType) -> pa.Array:
     """`values` as one Arrow array of `kind`."""
     import pyarrow as pa
 

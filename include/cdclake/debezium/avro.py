@@ -5,6 +5,12 @@ what the JSON converter would have written for the same Connect data, a `{"schem
 after the reader is the JSON formats' (`json_records`, `json_flat`): the Connect schema
 decides the lake types, whichever converter wrote the record.
 
+A task's datums of one schema are read together by `rugo` (C++), framed as an Avro
+container file whose record has the datum as its one field, which rugo gives as JSON
+text: the payload. rugo writes NaN and infinities as null and -0.0 as 0, so a datum with
+such a float, and a run rugo refuses (it does not say which datum), are read datum by
+datum by fastavro (`Translation.payload`), which names what is wrong.
+
 The Avro schema carries the Connect schema (`AvroData`'s `connect.name`,
 `connect.parameters`, `connect.type` and the logical types), so the translation is
 lossless: the values the JSON converter writes as text (bytes and decimals as base64,
@@ -22,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cdclake.debezium.avro_rugo import container, payload_texts
 from cdclake.debezium.registry import RegistryConfig, UnknownSchema, schema_text
 from cdclake.exceptions import DecodeError
-from cdclake.raw_rows import RawRows, Values
+from cdclake.raw_rows import RawRows, Split, Values, arrow_array
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,12 +53,14 @@ _LOGICAL = {
     "timestamp-millis": "org.apache.kafka.connect.data.Timestamp",
 }
 _FLOAT_TEXTS = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_NO_DATA, _NOT_WIRE = -1, -2  # a side's schema id when it has no data, or not the wire format
+_MAX_BYTES = (1 << 31) - 1  # an end past any record (binary_slice wants one)
 Convert = Callable[[Any], Any]
 
 
 class Translation:
     """One Avro schema (its registry text) as the JSON converter's Connect schema text
-    and a decoder of its records into the JSON converter's payload values."""
+    and a decoder of its records into the JSON converter's payload texts."""
 
     def __init__(self, text: str) -> None:
         import fastavro
@@ -62,13 +71,51 @@ class Translation:
         self.schema = json.dumps(connect, separators=(",", ":")).encode()
         # logical types left out: values stay as the converter wrote them (days, millis,
         # the decimal's unscaled bytes), which is what the JSON converter writes too
-        self.reader = fastavro.parse_schema(_without_logical(avro))
+        plain = _without_logical(avro)
+        self.reader = fastavro.parse_schema(plain)
+        self.container, self.floats = container(plain)
 
-    def payload(self, data: bytes) -> Any:
+    def payload(self, data: bytes) -> bytes:
+        """One datum's payload text, read by fastavro; `ValueError` saying why the
+        datum is not of this schema."""
         from fastavro import schemaless_reader
 
-        value = schemaless_reader(io.BytesIO(data), self.reader, None)
-        return value if self.convert is None else self.convert(value)
+        stream = io.BytesIO(data)
+        try:
+            value = schemaless_reader(stream, self.reader, None)
+        except Exception as exc:  # fastavro's errors of bytes that do not match the schema
+            why = str(exc) or ("it ends early" if isinstance(exc, EOFError) else "")
+            raise ValueError(f"{type(exc).__name__}: {why}") from None
+        if stream.tell() != len(data):
+            raise ValueError(f"{len(data) - stream.tell()} bytes left after the datum")
+        return msgspec.json.encode(value if self.convert is None else self.convert(value))
+
+    def payloads(self, datums: pa.Array) -> tuple[pa.Array, dict[int, str]]:
+        """The datums' payload texts, read together (`avro_rugo`) and each it leaves
+        alone (`payload`); null for a datum that is not of this schema, with why (by
+        position)."""
+        import numpy as np
+        import pyarrow as pa
+
+        texts = (
+            pa.nulls(len(datums), pa.string())
+            if self.container is None
+            else payload_texts(self.container, self.floats, datums)
+        )
+        alone = np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False))
+        if not len(alone):
+            return texts, {}
+        errors: dict[int, str] = {}
+        read: list[str | None] = []
+        for j in alone.tolist():
+            try:
+                read.append(self.payload(datums[j].as_py()).decode("utf-8"))
+            except ValueError as exc:
+                errors[j] = str(exc)
+                read.append(None)
+        order = np.arange(len(texts))
+        order[alone] = len(texts) + np.arange(len(alone))
+        return pa.concat_arrays([texts, pa.array(read, pa.string())]).take(order), errors
 
     def _schema(self, avro: Any, namespace: str) -> tuple[dict[str, Any], Convert | None]:
         """The Connect schema (JSON) of an Avro type, and what its values need to be
@@ -103,6 +150,8 @@ class Translation:
             connect, convert, name = self._record(avro, namespace, connect, name)
         elif kind == "array":
             items, each = self._schema(avro["items"], namespace)
+            if _empty(items):  # a count of such items is read without reading a byte
+                raise DecodeError("an Avro array of items that take no bytes")
             connect.update(type="array", items=items)
             convert = None if each is None else (lambda v: [each(x) for x in v])
         elif kind == "map":
@@ -110,6 +159,8 @@ class Translation:
             connect.update(type="map", keys={"type": "string", "optional": False}, values=values)
             convert = None if member is None else (lambda v: {k: member(x) for k, x in v.items()})
         elif kind in ("enum", "fixed"):
+            if kind == "fixed" and not avro.get("size"):
+                raise DecodeError("an Avro fixed of no bytes")
             connect["type"] = "string" if kind == "enum" else "bytes"
             convert = None if kind == "enum" else _base64
         elif kind in _PRIMITIVES:
@@ -179,6 +230,14 @@ def _without_logical(avro: Any) -> Any:
     return {k: _without_logical(v) for k, v in avro.items() if k != "logicalType"}
 
 
+def _empty(connect: dict[str, Any]) -> bool:
+    """Whether a value of the Connect schema is written in no bytes (a struct of
+    such fields only)."""
+    if connect.get("optional") or connect.get("type") != "struct":
+        return False
+    return all(_empty(field) for field in connect["fields"])
+
+
 # (registry url, id) -> the schema's translation, or why there is none
 _TRANSLATIONS: dict[tuple[str, int], Translation | str] = {}
 
@@ -201,22 +260,69 @@ def translation(registry: RegistryConfig, sid: int) -> Translation:
     return found
 
 
+def read_side(registry: RegistryConfig, side: str, datas: Values) -> tuple[Split, dict[int, str]]:
+    """Each record's side (`side`: key or value) as the JSON converter would have split
+    it, and why each that cannot be read cannot (by position). The datums of each schema
+    are read together (`avro_rugo`), those it leaves one by one (`Translation.payload`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    datas = arrow_array(datas, pa.binary())
+    sids = _schema_ids(datas)
+    errors = {
+        int(i): f"{side}: not Avro in the Confluent wire format (it starts "
+        f"{datas[int(i)].as_py()[:5]!r}, not with a zero byte and a schema id)"
+        for i in np.flatnonzero(sids == _NOT_WIRE)
+    }
+    parts: list[pa.Array] = []
+    schemas: dict[int, bytes] = {}
+    where = np.full(len(datas), -1)
+    for sid in np.unique(sids[sids >= 0]).tolist():
+        at = np.flatnonzero(sids == sid)
+        try:
+            found = translation(registry, sid)
+        except ValueError as exc:
+            errors.update((int(i), f"{side}: {exc}") for i in at)
+            continue
+        texts, bad = found.payloads(pc.binary_slice(datas.take(at), 5, _MAX_BYTES))
+        why = f"{side}: not Avro of schema id {sid}"
+        errors.update((int(at[j]), f"{why} ({reason})") for j, reason in bad.items())
+        where[at] = sum(len(part) for part in parts) + np.arange(len(at))
+        parts.append(texts)
+        schemas[sid] = found.schema
+    at_all = pa.array(where, mask=where < 0)
+    payloads = (pa.concat_arrays(parts) if parts else pa.nulls(0, pa.string())).take(at_all)
+    keys = pa.array(np.where(where < 0, 0, sids), mask=where < 0)
+    return (payloads, keys, schemas), errors
+
+
+def _schema_ids(datas: pa.Array) -> Any:
+    """Each datum's registry id (numpy), `_NO_DATA` or `_NOT_WIRE`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(datas)
+    valid = datas.is_valid().to_numpy(zero_copy_only=False)
+    long = pc.fill_null(pc.greater_equal(pc.binary_length(datas), 5), False)
+    start = pc.if_else(long, pc.binary_slice(datas, 0, 5), pa.scalar(b"\x01" * 5, pa.binary()))
+    heads = start.cast(pa.binary(5))
+    raw = np.frombuffer(heads.buffers()[1], np.uint8)[: n * 5].reshape(n, 5).astype(np.int64)
+    sids = (raw[:, 1] << 24) | (raw[:, 2] << 16) | (raw[:, 3] << 8) | raw[:, 4]
+    sids[raw[:, 0] != 0] = _NOT_WIRE
+    sids[~valid] = _NO_DATA
+    return sids
+
+
 def envelope(registry: RegistryConfig, data: bytes) -> bytes:
-    """One side of a record, as the JSON converter would have written it; `ValueError`
-    saying why it cannot be read."""
-    if len(data) < 5 or data[0] != 0:
-        raise ValueError(
-            f"not Avro in the Confluent wire format (it starts {data[:5]!r}, "
-            "not with a zero byte and a schema id)"
-        )
-    sid = int.from_bytes(data[1:5], "big")
-    found = translation(registry, sid)
-    try:
-        payload = found.payload(data[5:])
-    except Exception as exc:  # fastavro's errors of bytes that do not match the schema
-        why = str(exc) or ("it ends early" if isinstance(exc, EOFError) else "")
-        raise ValueError(f"not Avro of schema id {sid} ({type(exc).__name__}: {why})") from None
-    return b'{"schema":' + found.schema + b',"payload":' + msgspec.json.encode(payload) + b"}"
+    """A record's value as the JSON converter's envelope; `ValueError` saying why it
+    cannot be read."""
+    (payloads, keys, schemas), errors = read_side(registry, "value", [data])
+    if errors:
+        raise ValueError(errors[0])
+    payload: str = payloads[0].as_py()
+    return b'{"schema":' + schemas[keys[0].as_py()] + b',"payload":' + payload.encode() + b"}"
 
 
 class AvroRawRows:
@@ -243,43 +349,41 @@ class AvroRawRows:
         values: Values,
         headers: Values | None = None,
     ) -> None:
-        """`RawRows.add_many` of the records as envelopes, in order; a record a side of
+        """The records' raw rows, in order (`RawRows.add_split`); a record a side of
         which cannot be read is kept with why (`RawRows.add_error`)."""
-        offsets, timestamps = _list(offsets), _list(timestamps)
-        heads = [None] * len(offsets) if headers is None else _list(headers)
-        run: list[tuple[int, bytes | None, bytes | None]] = []  # read, not yet added
-        for i, (key, value) in enumerate(zip(_list(keys), _list(values), strict=True)):
-            try:
-                run.append((i, self._side("key", key), self._side("value", value)))
-            except ValueError as exc:
-                self._add(run, offsets, timestamps, heads)
-                run = []
-                self.rows.add_error(offsets[i], timestamps[i], value is None, str(exc), heads[i])
-        self._add(run, offsets, timestamps, heads)
+        import pyarrow as pa
 
-    def _side(self, side: str, data: bytes | None) -> bytes | None:
-        try:
-            return None if data is None else envelope(self.registry, data)
-        except ValueError as exc:
-            raise ValueError(f"{side}: {exc}") from None
-
-    def _add(
-        self,
-        run: list[tuple[int, bytes | None, bytes | None]],
-        offsets: list[int],
-        timestamps: list[int],
-        heads: list[Any],
-    ) -> None:
-        if run:
-            at, keys, values = zip(*run, strict=True)
-            self.rows.add_many(
-                [offsets[i] for i in at],
-                [timestamps[i] for i in at],
-                list(keys),
-                list(values),
-                [heads[i] for i in at],
-            )
+        offsets, timestamps = arrow_array(offsets, pa.int64()), arrow_array(timestamps, pa.int64())
+        values = arrow_array(values, pa.binary())
+        heads = (
+            pa.nulls(len(offsets), pa.string())
+            if headers is None
+            else arrow_array(headers, pa.string())
+        )
+        keys_read, key_errors = read_side(self.registry, "key", keys)
+        values_read, errors = read_side(self.registry, "value", values)
+        errors.update(key_errors)  # a record's key is told first
+        tombstones = values.is_null()
+        start = 0
+        for i in [*sorted(errors), len(offsets)]:
+            if i > start:
+                run = slice(start, i)
+                sides = {"key": _sliced(keys_read, run), "value": _sliced(values_read, run)}
+                self.rows.add_split(
+                    offsets[run], timestamps[run], sides, tombstones[run], heads[run]
+                )
+            if i < len(offsets):
+                is_tombstone = not values[i].is_valid
+                self.rows.add_error(
+                    offsets[i].as_py(),
+                    timestamps[i].as_py(),
+                    is_tombstone,
+                    errors[i],
+                    heads[i].as_py(),
+                )
+            start = i + 1
 
 
-def _list(values: Values) -> list[Any]:
-    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+def _sliced(split: Split, run: slice) -> Split:
+    payloads, keys, schemas = split
+    return payloads[run], keys[run], schemas
