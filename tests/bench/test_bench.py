@@ -452,3 +452,13 @@ def test_freshness_latency_is_first_poll_that_saw_a_record_committed():
     assert lag_growth(steady, 0, 90)["growth"] == pytest.approx(1.0, abs=0.1)
     growing = [Poll(t, {0: 0}, {0: t}) for t in range(0, 90)]
     assert lag_growth(growing, 0, 90)["growth"] > 1.4
+
+
+def test_freshness_tasks_are_their_median_successful_runs():
+    from cdclake_bench.freshness import _task_times
+
+    tasks = [{"task_id": "load", "state": "success", "duration": d} for d in (3.0, 9.0, 4.0)]
+    tasks += [{"task_id": "plan", "state": "success", "duration": 0.5},
+              {"task_id": "plan", "state": "failed", "duration": 60.0},
+              {"task_id": "report", "state": "running", "duration": None}]  # fmt: skip
+    assert _task_times(tasks) == {"load": 4.0, "plan": 0.5}

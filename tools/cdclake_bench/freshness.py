@@ -108,8 +108,11 @@ def lag_growth(polls: list[Poll], start_ms: int, end_ms: int) -> dict:
     return {"middle": middle, "last": last, "growth": last / middle if middle else None}
 
 
-def summarize(phase: Phase, records: list[tuple[int, int, int]], runs: list[dict]) -> dict:
-    """The phase's figures: latency percentiles of the changes written in it, lag."""
+def summarize(
+    phase: Phase, records: list[tuple[int, int, int]], runs: list[dict], tasks: list[dict]
+) -> dict:
+    """The phase's figures: latency percentiles of the changes written in it, lag, and
+    the median of each task's time running."""
     start_ms, end_ms = phase.written["start_ms"], phase.written["end_ms"]
     lat, unseen = latencies_s(phase.polls, [r for r in records if r[2] >= start_ms])
     series = [(round((p.at_ms - start_ms) / 1000), p.behind) for p in phase.polls[::10]]
@@ -125,6 +128,7 @@ def summarize(phase: Phase, records: list[tuple[int, int, int]], runs: list[dict
         "runs": len(runs),
         "run_states": sorted({r["state"] for r in runs}),
         **_run_times(done),
+        "task_s_median": _task_times(tasks),
         **phase.written,
     }
 
@@ -149,6 +153,15 @@ def _run_times(runs: list[dict]) -> dict:
             at(b, "start_date") - at(a, "end_date") for a, b in itertools.pairwise(runs)
         ),
     }
+
+
+def _task_times(tasks: list[dict]) -> dict[str, float]:
+    """Each task's median time running, by task id."""
+    found: dict[str, list[float]] = {}
+    for task in tasks:
+        if task.get("duration") is not None and task.get("state") == "success":
+            found.setdefault(task["task_id"], []).append(task["duration"])
+    return {name: round(statistics.median(times), 2) for name, times in sorted(found.items())}
 
 
 # ---- the source writer ----------------------------------------------------------------
@@ -308,6 +321,21 @@ def pause_when_idle(server: AirflowServer, dag_id: str) -> None:
                        f"{server.tail()}")  # fmt: skip
 
 
+def wait_listening(stack, server: AirflowServer, phase: Phase, keys: int) -> float:
+    """A record-woken DAG's trigger starts in the triggerer some seconds after the DAG is
+    switched on, then waits for records newer than itself: a trickle of changes until
+    the DAG's first run, so that the phase's changes find it listening. The seconds it
+    took."""
+    dag_id = f"cdclake__{phase.pipeline.name}"
+    start = time.monotonic()
+    while not server.runs(dag_id):
+        if time.monotonic() - start > CATCH_UP_S:
+            raise RuntimeError(f"{dag_id}: no run {CATCH_UP_S} s after it was switched on\n"
+                               f"{server.tail()}")  # fmt: skip
+        write_changes(stack.source_dsn, phase.table, 10, 1.0, keys)
+    return round(time.monotonic() - start, 1)
+
+
 def run_phase(stack, server: AirflowServer, phase: Phase, rate: int, seconds: float,
               keys: int, say) -> dict:  # fmt: skip
     """Switch the phase's DAG on, write for `seconds` while the reader polls, wait for
@@ -317,6 +345,7 @@ def run_phase(stack, server: AirflowServer, phase: Phase, rate: int, seconds: fl
     reader = Reader(phase)
     reader.start()
     server.unpause(dag_id)
+    listening_s = None if phase.mode == "cron" else wait_listening(stack, server, phase, keys)
     say(f"freshness, {phase.mode}: {rate:,} changes/s for {seconds:.0f} s into {phase.table}")
     phase.written = write_changes(stack.source_dsn, phase.table, rate, seconds, keys)
     stack.wait_for_capture(timeout=CATCH_UP_S)
@@ -326,10 +355,13 @@ def run_phase(stack, server: AirflowServer, phase: Phase, rate: int, seconds: fl
     reader.halt.set()
     reader.join()
     pause_when_idle(server, dag_id)
-    found = summarize(phase, topic_records(phase.pipeline), server.runs(dag_id))
+    runs, tasks = server.runs(dag_id), server.task_instances(dag_id)
+    found = {**summarize(phase, topic_records(phase.pipeline), runs, tasks),
+             "listening_s": listening_s}  # fmt: skip
     say(
         f"freshness, {phase.mode}: p50 {found['p50_s']} s, p95 {found['p95_s']} s, "
-        f"max {found['max_s']} s over {found['records']:,} records, {found['runs']} runs"
+        f"max {found['max_s']} s over {found['records']:,} records, {found['runs']} runs "
+        f"of {found['run_s_median']} s, tasks {found['task_s_median']}"
     )
     return found
 

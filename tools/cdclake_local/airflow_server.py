@@ -190,6 +190,12 @@ class AirflowServer:
         found = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns?{query}")
         return found["dag_runs"] if found else []
 
+    def task_instances(self, dag_id: str) -> list[dict]:
+        """The task instances of every run of the DAG."""
+        query = urllib.parse.urlencode({"limit": 1000})
+        found = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/~/taskInstances?{query}")
+        return found["task_instances"] if found else []
+
     def asset_events(self, name: str) -> list[dict]:
         """The events of the asset called `name`, oldest first."""
         assets = self.request("GET", "/api/v2/assets?" + urllib.parse.urlencode(

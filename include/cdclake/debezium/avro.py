@@ -84,7 +84,7 @@ class Translation:
         try:
             value = schemaless_reader(stream, self.reader, None)
         except Exception as exc:  # fastavro's errors of bytes that do not match the schema
-            why = str(exc) or ("it ends early" if isinstance(exc, EOFError) else "")
+            why = "it ends early" if isinstance(exc, EOFError) else str(exc)
             raise ValueError(f"{type(exc).__name__}: {why}") from None
         if stream.tell() != len(data):
             raise ValueError(f"{len(data) - stream.tell()} bytes left after the datum")

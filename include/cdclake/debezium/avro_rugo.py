@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 _SYNC = bytes(16)  # the container's sync marker (any 16 bytes do)
-ALONE = 64
+ALONE = 64  # a refused run of no more datums is read datum by datum
 
 
 def payload_texts(head: bytes, floats: tuple[str, ...], datums: pa.Array) -> pa.Array:
-    """The payload texts of `datums` (binary, of the schema `container` gave `head` and
-    `floats` for); null for each datum to be read alone."""
+    """The payload texts (JSON) of `datums` (binary, of the schema `container` gave
+    `head` and `floats` for); null for each datum to be read alone."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -34,7 +34,7 @@ def payload_texts(head: bytes, floats: tuple[str, ...], datums: pa.Array) -> pa.
         special = np.zeros(n, bool)
         for column in _read(blob, list(floats)).columns if floats else ():
             special |= _special_floats(column, n)
-    except Exception:  # noqa: BLE001 (rugo's errors name no datum: each half again)
+    except Exception:  # rugo's errors name no datum: each half again
         if n <= ALONE:
             return pa.nulls(n, pa.string())
         half = n // 2
