@@ -307,35 +307,22 @@ class RawRows:
         """Records another converter's reader split already: per side, each record's
         payload text and the key of its schema text in the `Split`'s schemas (null
         where the record has no data on that side)."""
-        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        n = len(offsets)
-        cols: dict[str, Any] = {
-            "topic": pa.array([self.topic] * n, pa.string()),
-            "partition": pa.array(np.full(n, self.partition, np.int32)),
-            "offset": offsets,
-            "timestamp": timestamps,
-        }
+        cols: dict[str, Any] = {}
         for side, (payloads, keys, schemas) in sides.items():
             present = pc.unique(keys.drop_null()).to_pylist()
             ids = {key: self.seen.id_of(side, schemas[key]) for key in present}
             at = pc.index_in(keys, value_set=pa.array(present, pa.int64()))
             cols[f"{side}_schema_id"] = pa.array([ids[k][0] for k in present], pa.int64()).take(at)
-            texts: list[str | None] = [None] * n
+            texts: list[str | None] = [None] * len(keys)
             for key, (_, first) in ids.items():
                 if first:  # the task's first record with it carries its text
                     texts[pc.index(keys, key).as_py()] = schemas[key].decode("utf-8")
             cols[f"{side}_schema"] = pa.array(texts, pa.string())
             cols[f"{side}_payload"] = payloads
-        cols["is_tombstone"] = is_tombstone
-        cols["follows_gap"] = pa.array(np.zeros(n, bool))  # the reader sets it (`_read_slice`)
-        cols["error"] = pa.nulls(n, pa.string())
-        cols["headers"] = headers
-        self._flush()
-        self._done.append(pa.RecordBatch.from_pydict(cols, schema=raw_arrow_schema()))
-        self._rows += n
+        self._append(offsets, timestamps, cols, is_tombstone, headers)
 
     def _run(self, keys: pa.Array, values: pa.Array, start: int) -> int:
         """The end of the run of records from `start` that split with the last schemas."""
@@ -366,17 +353,11 @@ class RawRows:
         start: int,
         end: int,
     ) -> None:
-        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
         n = end - start
-        cols: dict[str, pa.Array] = {
-            "topic": pa.array([self.topic] * n, pa.string()),
-            "partition": pa.array([self.partition] * n, pa.int32()),
-            "offset": offsets.slice(start, n),
-            "timestamp": timestamps.slice(start, n),
-        }
+        cols: dict[str, pa.Array] = {}
         for side, data in (("key", keys), ("value", values)):
             data = data.slice(start, n)
             head = self._head[side]
@@ -402,10 +383,39 @@ class RawRows:
                     )
                 return
             cols[f"{side}_payload"] = payload
-        cols["is_tombstone"] = pc.is_null(values.slice(start, n))
-        cols["follows_gap"] = pa.array(np.zeros(n, bool))  # the reader sets it (`_read_slice`)
-        cols["error"] = pa.nulls(n, pa.string())
-        cols["headers"] = heads.slice(start, n)
+        self._append(
+            offsets.slice(start, n),
+            timestamps.slice(start, n),
+            cols,
+            pc.is_null(values.slice(start, n)),
+            heads.slice(start, n),
+        )
+
+    def _append(
+        self,
+        offsets: pa.Array,
+        timestamps: pa.Array,
+        sides: dict[str, pa.Array],
+        is_tombstone: pa.Array,
+        headers: pa.Array,
+    ) -> None:
+        """A batch of split records (`sides`: each side's schema id, schema and payload
+        columns) after the rows gathered before them."""
+        import numpy as np
+        import pyarrow as pa
+
+        n = len(offsets)
+        cols = {
+            "topic": pa.array([self.topic] * n, pa.string()),
+            "partition": pa.array([self.partition] * n, pa.int32()),
+            "offset": offsets,
+            "timestamp": timestamps,
+            **sides,
+            "is_tombstone": is_tombstone,
+            "follows_gap": pa.array(np.zeros(n, bool)),  # the reader sets it (`_read_slice`)
+            "error": pa.nulls(n, pa.string()),
+            "headers": headers,
+        }
         self._flush()
         self._done.append(pa.RecordBatch.from_pydict(cols, schema=raw_arrow_schema()))
         self._rows += n

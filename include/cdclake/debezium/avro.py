@@ -277,7 +277,7 @@ def read_side(registry: RegistryConfig, side: str, datas: Values) -> tuple[Split
     }
     parts: list[pa.Array] = []
     schemas: dict[int, bytes] = {}
-    where = np.full(len(datas), -1)
+    where, taken = np.full(len(datas), -1), 0  # each datum's row in `parts` joined
     for sid in np.unique(sids[sids >= 0]).tolist():
         at = np.flatnonzero(sids == sid)
         try:
@@ -288,7 +288,8 @@ def read_side(registry: RegistryConfig, side: str, datas: Values) -> tuple[Split
         texts, bad = found.payloads(pc.binary_slice(datas.take(at), 5, _MAX_BYTES))
         why = f"{side}: not Avro of schema id {sid}"
         errors.update((int(at[j]), f"{why} ({reason})") for j, reason in bad.items())
-        where[at] = sum(len(part) for part in parts) + np.arange(len(at))
+        where[at] = taken + np.arange(len(at))
+        taken += len(at)
         parts.append(texts)
         schemas[sid] = found.schema
     at_all = pa.array(where, mask=where < 0)
@@ -373,11 +374,10 @@ class AvroRawRows:
                     offsets[run], timestamps[run], sides, tombstones[run], heads[run]
                 )
             if i < len(offsets):
-                is_tombstone = not values[i].is_valid
                 self.rows.add_error(
                     offsets[i].as_py(),
                     timestamps[i].as_py(),
-                    is_tombstone,
+                    tombstones[i].as_py(),
                     errors[i],
                     heads[i].as_py(),
                 )
